@@ -1,0 +1,3 @@
+from localchat.cli import main
+
+main()

@@ -1,0 +1,262 @@
+"""AsyncEngine: one LLMEngine in a background thread, streamed to many asyncio consumers.
+
+The engine thread owns torch; the asyncio side only enqueues commands and reads per-request queues of
+deltas. Deltas of one step reach each event loop in a single call_soon_threadsafe. Leaving the `async for`
+early (break, exception, task cancellation, client disconnect) aborts the request and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from localchat.config import EngineConfig
+from localchat.engine.llm_engine import EngineStats, LLMEngine
+from localchat.engine.outputs import RequestOutput
+from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import EngineDeadError, InvalidParameterError, LocalchatError, QueueFullError
+
+logger = logging.getLogger("localchat.engine")
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finished: bool = False
+
+
+class RequestStream:
+    """An accepted request: iterate it for delta RequestOutputs; `aclose()` (or leaving early) aborts it."""
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, stream: _Stream, prompt_token_ids: list[int]):
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self._stream = stream
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while True:
+                item = await self._stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    self._stream.finished = True
+                    return
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if not self._stream.finished:
+            self._stream.finished = True
+            self.engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    """Serve one model to many concurrent coroutines.
+
+    >>> engine = AsyncEngine(EngineConfig())
+    >>> await engine.start()
+    >>> async for delta in engine.generate("Hello", SamplingParams(max_tokens=8)):
+    ...     print(delta.outputs[0].text, end="")
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *, max_waiting: int | None = None,
+                 on_load_progress: Callable[[str], None] | None = None, **kwargs):
+        self.config = config or EngineConfig.from_kwargs(**kwargs)
+        self.max_waiting = max_waiting
+        self.engine: LLMEngine | None = None
+        self.error: BaseException | None = None
+        self._on_load_progress = on_load_progress
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._ready = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._stats: EngineStats | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> "AsyncEngine":
+        """Load the model in the engine thread; returns when it is ready (raises what loading raised)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="localchat-engine", daemon=True)
+            self._thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
+        if self.engine is None:
+            raise self.error or EngineDeadError("the engine failed to start")
+        return self
+
+    @property
+    def is_ready(self) -> bool:
+        return self.engine is not None and self.error is None and not self._stopping
+
+    @property
+    def is_dead(self) -> bool:
+        return self.error is not None
+
+    async def shutdown(self) -> None:
+        """Abort everything, stop the engine thread and wait for it."""
+        self._stopping = True
+        self._commands.put(("stop",))
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    # --- requests ------------------------------------------------------------------------------------
+    async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                          request_id: str | None = None) -> RequestStream:
+        """Validate and queue a request; raises its LocalchatError here, before any output."""
+        self._check_alive()
+        if self.max_waiting is not None and self.stats().num_waiting >= self.max_waiting:
+            raise QueueFullError(f"too many requests are waiting ({self.max_waiting}); retry later")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise InvalidParameterError(f"request id {request_id!r} is already in use", param="request_id")
+        stream = _Stream(asyncio.get_running_loop())
+        self._streams[request_id] = stream
+        accepted: asyncio.Future = stream.loop.create_future()
+        self._commands.put(("add", request_id, prompt, params or SamplingParams(), accepted))
+        try:
+            prompt_token_ids = await accepted
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        return RequestStream(self, request_id, stream, prompt_token_ids)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        stream = await self.add_request(prompt, params, request_id)
+        async for delta in stream:
+            yield delta
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        if self._stats is None and self.engine is not None:
+            self._stats = self.engine.stats()
+        return self._stats
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self.error}")
+        if self._stopping:
+            raise EngineDeadError("the engine is shutting down")
+        if self.engine is None:
+            raise EngineDeadError("the engine is not started")
+
+    # --- the engine thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.engine = LLMEngine(self.config)
+            self._stats = self.engine.stats()
+        except BaseException as exc:  # reported by start()
+            self.error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                if not self._handle_commands(block=not self.engine.has_unfinished()):
+                    break
+                if self.engine.has_unfinished():
+                    self._deliver(self.engine.step())
+                self._stats = self.engine.stats()
+        except BaseException as exc:
+            logger.error("engine step failed:\n%s", traceback.format_exc())
+            self.error = exc
+            self._fail_all(EngineDeadError(f"the engine stopped after an error: {exc}"))
+            return
+        self._fail_all(EngineDeadError("the engine shut down"))
+
+    def _handle_commands(self, block: bool) -> bool:
+        """Run queued commands (waiting for one when idle); False once asked to stop."""
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            kind = command[0]
+            if kind == "stop":
+                for request_id in list(self.engine.requests):
+                    self.engine.abort(request_id)
+                return False
+            if kind == "add":
+                self._add(*command[1:])
+            elif kind == "abort":
+                output = self.engine.abort(command[1])
+                if output is not None:
+                    self._deliver([output])
+
+    def _add(self, request_id, prompt, params, accepted: asyncio.Future) -> None:
+        stream = self._streams.get(request_id)
+        try:
+            request = self.engine.add_request(request_id, prompt, params)
+            result = request.prompt_token_ids
+        except LocalchatError as exc:
+            result = exc
+        except Exception as exc:  # a bad prompt must not take the engine down
+            result = InvalidParameterError(f"invalid request: {exc}")
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(_settle, accepted, result)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            if output.finished:
+                del self._streams[output.request_id]
+            by_loop.setdefault(stream.loop, []).append((stream.queue, output))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that event loop is closed: nobody is listening
+                pass
+
+    def _fail_all(self, error: BaseException) -> None:
+        while True:  # requests still queued will never be added: fail their acceptance
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command[0] == "add":
+                stream = self._streams.get(command[1])
+                if stream is not None:
+                    stream.loop.call_soon_threadsafe(_settle, command[4], error)
+        streams, self._streams = self._streams, {}
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream in streams.values():
+            by_loop.setdefault(stream.loop, []).append((stream.queue, error))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                pass
+
+
+def _put_all(items) -> None:
+    for target, item in items:
+        target.put_nowait(item)
+
+
+def _settle(future: asyncio.Future, result) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

@@ -1,0 +1,114 @@
+"""Render a conversation with the model's Jinja chat template, exactly as transformers does.
+
+The environment matches transformers' (sandboxed, trim_blocks/lstrip_blocks, loop controls, a tojson that
+keeps non-ASCII, raise_exception, strftime_now), and the template sees the tokenizer's special tokens, so
+the rendered text equals `tokenizer.apply_chat_template(..., tokenize=False)`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+from localchat.errors import InvalidParameterError, LocalchatError
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str):
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Validate roles, join lists of text parts into one string, drop None-valued keys."""
+    normalized = []
+    for position, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message:
+            raise InvalidParameterError(f"messages[{position}] must be an object with a 'role'", param="messages")
+        if message["role"] not in ROLES:
+            raise InvalidParameterError(
+                f"messages[{position}].role {message['role']!r} is not one of {', '.join(ROLES)}", param="messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidParameterError(
+                        f"messages[{position}].content parts must be {{'type': 'text', 'text': ...}}", param="messages")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        elif content is not None and not isinstance(content, str):
+            raise InvalidParameterError(f"messages[{position}].content must be a string or a list of text parts",
+                                        param="messages")
+        normalized.append({k: v for k, v in {**message, "content": content}.items() if v is not None})
+    return normalized
+
+
+class ChatTemplate:
+    """A model's chat template plus the special tokens it may refer to."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str]):
+        self.source = source
+        self.special_tokens = special_tokens
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, override: str | None = None) -> "ChatTemplate | None":
+        """The tokenizer's template, or `override` (a file path or the template text itself)."""
+        source = getattr(tokenizer, "chat_template", None)
+        if override is not None:
+            path = Path(override).expanduser()
+            if path.is_file():
+                source = path.read_text()
+            elif "{" in override:
+                source = override
+            else:
+                raise InvalidParameterError(f"chat template file {override!r} does not exist", param="chat_template")
+        if isinstance(source, dict):  # several named templates: take the default one
+            source = source.get("default") or next(iter(source.values()))
+        if not source:
+            return None
+        return cls(source, {k: str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)})
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               continue_final_message: bool = False, tools: list[dict] | None = None,
+               documents: list[dict] | None = None, **kwargs) -> str:
+        """The prompt text for `messages`; `kwargs` (chat_template_kwargs, e.g. enable_thinking) reach the template."""
+        import jinja2
+
+        messages = normalize_messages(messages)
+        if continue_final_message:
+            if not messages or not isinstance(messages[-1].get("content"), str):
+                raise InvalidParameterError("continue_final_message needs a final message with text content",
+                                            param="continue_final_message")
+            final = messages[-1]["content"]
+            messages[-1] = {**messages[-1], "content": final + _CONTINUE_TAG}
+        try:
+            text = _compile(self.source).render(
+                messages=messages, tools=tools, documents=documents,
+                add_generation_prompt=add_generation_prompt, **{**self.special_tokens, **kwargs})
+        except jinja2.TemplateError as exc:
+            raise InvalidParameterError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+        if continue_final_message:
+            tag = text.rfind(_CONTINUE_TAG.strip())
+            if tag < 0:
+                raise LocalchatError("the chat template dropped the final message; cannot continue it")
+            text = text[:tag] if text[tag:tag + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:tag].rstrip()
+        return text

@@ -1,0 +1,103 @@
+"""LLM: the offline API, a loop over LLMEngine.step() for a batch of prompts or conversations."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as SequenceABC
+
+from localchat.config import EngineConfig
+from localchat.engine.llm_engine import LLMEngine
+from localchat.engine.outputs import RequestOutput
+from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import InvalidParameterError, LocalchatError
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Load a model and generate for many prompts at once with continuous batching.
+
+    >>> llm = LLM()                      # the embedded default model
+    >>> llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))[0].text
+    """
+
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
+        self.engine = LLMEngine(config or EngineConfig.from_kwargs(model, **kwargs))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """One accumulated RequestOutput per prompt, in order."""
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        request_ids = []
+        try:
+            for prompt, params in zip(prompt_list, params_list):
+                request_id = f"offline-{next(self._ids)}"
+                self.engine.add_request(request_id, prompt, params)
+                request_ids.append(request_id)
+            return self._run(request_ids)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            raise
+
+    def chat(self, conversations: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+             chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Generate a reply for one conversation (a list of messages) or each of several."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [self.render_chat(c, chat_template_kwargs=chat_template_kwargs,
+                                    add_generation_prompt=add_generation_prompt,
+                                    continue_final_message=continue_final_message) for c in conversations]
+        return self.generate(prompts, sampling_params)
+
+    def render_chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
+        """Token ids of a conversation rendered with the chat template (no extra special tokens)."""
+        template = self.engine.runtime.chat_template
+        if template is None:
+            raise LocalchatError("this model has no chat template; pass one with --chat-template FILE")
+        text = template.render(messages, add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+        return self.engine.tokenize(text, add_special_tokens=False)
+
+    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        pending = set(request_ids)
+        while pending:
+            for delta in self.engine.step():
+                if delta.request_id in results:
+                    results[delta.request_id].merge(delta)
+                else:
+                    results[delta.request_id] = delta
+                if delta.finished:
+                    pending.discard(delta.request_id)
+        return [results[request_id] for request_id in request_ids]
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, SequenceABC) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    if not isinstance(prompts, SequenceABC) or not prompts:
+        raise InvalidParameterError("prompts must be a string, a list of token ids, or a non-empty list of those",
+                                    param="prompts")
+    return [p if isinstance(p, str) else list(p) for p in prompts]
+
+
+def _as_params_list(params, count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(count)]
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    if len(params) != count:
+        raise InvalidParameterError(f"got {len(params)} sampling params for {count} prompts", param="sampling_params")
+    return list(params)

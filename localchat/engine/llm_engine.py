@@ -1,0 +1,197 @@
+"""LLMEngine: the synchronous core. add_request / abort / step, one thread, owns the device."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from localchat.config import EngineConfig
+from localchat.engine.block_manager import BlockManager
+from localchat.engine.detokenizer import IncrementalDetokenizer
+from localchat.engine.model_runner import ModelRunner
+from localchat.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from localchat.engine.runtime import EngineRuntime
+from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.scheduler import Scheduler
+from localchat.engine.sequence import Request, Sequence
+from localchat.errors import EmptyPromptError, InvalidParameterError, NoTokenizerError, PromptTooLongError
+
+logger = logging.getLogger("localchat.engine")
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for the status bar, /metrics and benchmarks."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_blocks: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+
+
+class LLMEngine:
+    """Continuous batching over one model: requests join and leave between steps.
+
+    `step()` schedules a batch, runs it, samples, detokenizes, checks stops and returns a delta
+    RequestOutput for every request that advanced (or finished) in that step.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, **kwargs):
+        self.config = config = config or EngineConfig.from_kwargs(**kwargs)
+        self.runtime = runtime = EngineRuntime.load(config)
+        self.tokenizer = runtime.tokenizer
+        self.max_model_len = runtime.max_model_len
+        self.eos_token_ids = runtime.eos_token_ids
+        self.runner = ModelRunner(runtime.model, runtime.hf_config, device=runtime.device, dtype=runtime.dtype,
+                                  block_size=config.block_size, max_model_len=self.max_model_len,
+                                  eos_token_ids=self.eos_token_ids)
+        num_blocks = runtime.num_kv_blocks(self.runner)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+
+    # --- requests ------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise NoTokenizerError("this model was loaded without a tokenizer: pass token ids, not text")
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
+        """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with it."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidParameterError(f"request id {request_id!r} is already in use", param="request_id")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        self._validate_prompt(token_ids, params)
+        request = Request(request_id, token_ids, params, prompt=text)
+        for seq in request.seqs:
+            if self.tokenizer is not None:
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+            self.scheduler.add(seq)
+        self.requests[request_id] = request
+        self._prompt_tokens_total += len(token_ids)
+        return request
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise EmptyPromptError("the prompt is empty", param="prompt")
+        vocab = self.runner.spec.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in token_ids):
+            raise InvalidParameterError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        limit = self.max_model_len
+        if params.max_tokens is None and len(token_ids) >= limit:
+            raise PromptTooLongError(
+                f"the prompt has {len(token_ids)} tokens, but the context holds {limit} (max_model_len), "
+                "leaving no room for output", param="prompt")
+        if params.max_tokens is not None and len(token_ids) + params.max_tokens > limit:
+            raise PromptTooLongError(
+                f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is "
+                f"{len(token_ids) + params.max_tokens} tokens, beyond the context of {limit} (max_model_len)",
+                param="max_tokens")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final (delta) output, or None if unknown."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        outputs = []
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "abort"
+                outputs.append(CompletionOutput(seq.index, self._take_text(seq, True), [], None, "abort"))
+        return self._request_output(request, outputs)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- the step ------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        now = time.monotonic()
+        for seq in batch.seqs:
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = now
+        results = self.runner.run(batch)
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results):
+            seq.num_computed_tokens += num_new
+            if result is None:
+                continue
+            token_id, logprob = result
+            deltas.setdefault(seq.request.request_id, []).append(self._advance(seq, token_id, logprob))
+        outputs = []
+        for request_id, pieces in deltas.items():
+            request = self.requests[request_id]
+            outputs.append(self._request_output(request, pieces))
+            if request.is_finished:
+                del self.requests[request_id]
+        return outputs
+
+    def _advance(self, seq: Sequence, token_id: int, logprob) -> CompletionOutput:
+        """Append a sampled token, check every stop condition, and return the sequence's delta."""
+        seq.append_token(token_id)
+        self._generation_tokens_total += 1
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        params = seq.params
+        may_stop = seq.num_output_tokens >= params.min_tokens
+        finish_reason = stop_reason = None
+        stop_token = may_stop and (token_id in params.stop_token_ids or
+                                   (not params.ignore_eos and token_id in self.eos_token_ids))
+        if stop_token:
+            finish_reason = "stop"
+            stop_reason = token_id if token_id in params.stop_token_ids else None
+        if seq.detokenizer is not None and not (stop_token and not params.include_stop_str_in_output):
+            stop_string = seq.detokenizer.add_token(token_id)
+            if stop_string is not None and may_stop and finish_reason is None:
+                finish_reason, stop_reason = "stop", stop_string
+        if finish_reason is None and (
+            (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
+            or seq.num_tokens >= self.max_model_len
+        ):
+            finish_reason = "length"
+        if finish_reason is not None:
+            seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
+            self.scheduler.finish(seq)
+        return CompletionOutput(seq.index, self._take_text(seq, finish_reason is not None), [token_id],
+                                [logprob] if logprob is not None else None, finish_reason, stop_reason)
+
+    @staticmethod
+    def _take_text(seq: Sequence, finished: bool) -> str:
+        return seq.detokenizer.take_delta(finished) if seq.detokenizer is not None else ""
+
+    def _request_output(self, request: Request, pieces: list[CompletionOutput]) -> RequestOutput:
+        metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time,
+                                 min((s.first_token_time for s in request.seqs if s.first_token_time), default=None))
+        finished = request.is_finished
+        if finished:
+            metrics.finished_time = time.monotonic()
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, pieces,
+                             finished, request.num_cached_tokens, metrics)
+
+    # --- introspection -------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len({s.request.request_id for s in self.scheduler.running}),
+            num_waiting=len({s.request.request_id for s in self.scheduler.waiting}),
+            kv_cache_usage=bm.usage, num_blocks=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
+        )

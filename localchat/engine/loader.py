@@ -1,0 +1,111 @@
+"""Load what the engine runs: HF config, our model with its weights, and the tokenizer if there is one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from localchat.engine.model_cache import ensure_converted
+from localchat.engine.model_source import ModelSource
+from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.models.registry import build_model
+from localchat.engine.models.weights import load_hf_weights
+from localchat.errors import ModelNotFoundError
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+@dataclass
+class ModelFiles:
+    """A Hugging Face style directory: the model itself, or a GGUF file's converted copy."""
+
+    directory: Path
+    source: ModelSource
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return any((self.directory / name).is_file() for name in _TOKENIZER_FILES)
+
+
+def model_files(source: ModelSource) -> ModelFiles:
+    directory = ensure_converted(source.path) if source.kind == "gguf" else source.path
+    return ModelFiles(directory, source)
+
+
+def load_hf_config(files: ModelFiles):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(files.directory))
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"{files.source.path}: cannot read config.json: {exc}") from exc
+
+
+def eos_token_ids(files: ModelFiles, hf_config) -> set[int]:
+    """EOS ids from generation_config.json (which may list several) and config.json."""
+    ids: set[int] = set()
+    candidates = [getattr(hf_config, "eos_token_id", None)]
+    generation = files.directory / "generation_config.json"
+    if generation.is_file():
+        candidates.append(json.loads(generation.read_text()).get("eos_token_id"))
+    for value in candidates:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(
+            f"{directory}: no *.safetensors weights (use --load-format dummy for random weights from config.json)"
+        )
+    return files
+
+
+def _iter_safetensors(files: list[Path]):
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torch.device,
+               load_format: str = "auto", seed: int = 0) -> DecoderForCausalLM:
+    """Build the model for `hf_config` on `device` in `dtype`, with real or (load_format='dummy') random weights."""
+    with torch.device("meta"):
+        model = build_model(hf_config)
+    model = model.to(dtype).to_empty(device=device)
+    if load_format == "dummy":
+        _init_dummy(model, seed)
+    else:
+        missing = load_hf_weights(model, _iter_safetensors(_safetensors_files(files.directory)))
+        if missing:
+            raise ModelNotFoundError(f"{files.source.path}: checkpoint lacks weights for {', '.join(sorted(missing)[:5])}")
+    return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def _init_dummy(model: DecoderForCausalLM, seed: int) -> None:
+    """Random weights with a sane scale (norm weights 1), reproducible from `seed`, generated on the device."""
+    generator = torch.Generator(device=model.embed_tokens.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith("bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, 0.02, generator=generator)

@@ -1,0 +1,66 @@
+"""Convert a GGUF file once into a Hugging Face style directory in the user cache.
+
+GGUF parsing (metadata, tokenizer conversion) and dequantization take seconds; the converted directory
+(config.json, tokenizer files, float32 model.safetensors) loads memory-mapped in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import platformdirs
+
+_FORMAT_VERSION = 1
+
+
+def cache_root() -> Path:
+    root = os.environ.get("LOCALCHAT_CACHE_DIR") or platformdirs.user_cache_dir("localchat")
+    return Path(root)
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{_FORMAT_VERSION}"
+
+
+def ensure_converted(gguf_path: Path, quiet: bool = False) -> Path:
+    """The converted directory for `gguf_path`, creating it on first use."""
+    target = converted_dir(gguf_path)
+    if (target / "done").is_file():
+        return target
+    if not quiet:
+        print(f"converting {gguf_path.name} for fast loading (first run only) ...", file=sys.stderr, flush=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        _convert(gguf_path, staging)
+        (staging / "done").write_text("ok\n")
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _convert(gguf_path: Path, out: Path) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    from localchat.engine.gguf_checkpoint import GGUFCheckpoint
+
+    checkpoint = GGUFCheckpoint(gguf_path)
+    config = checkpoint.hf_config()
+    config.save_pretrained(out)
+    generation = {"eos_token_id": config.eos_token_id, "bos_token_id": config.bos_token_id}
+    (out / "generation_config.json").write_text(json.dumps(generation))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(out)
+    save_file(dict(checkpoint.hf_tensors()), str(out / "model.safetensors"), metadata={"format": "pt"})

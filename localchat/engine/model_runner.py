@@ -1,0 +1,117 @@
+"""ModelRunner: turns a scheduled batch into flat tensors, runs the model once, and samples.
+
+Decodes (one query token) are placed before prefills, as the attention kernels expect; the sampled tokens
+are handed back in the scheduler's order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from localchat.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
+from localchat.engine.layers.rotary import RotaryTables, rope_parameters
+from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
+from localchat.engine.scheduler import ScheduledBatch
+from localchat.engine.sequence import Sequence, TokenLogprob
+
+
+class ModelRunner:
+    """Owns the model, the KV pool and the rotary tables on one device."""
+
+    def __init__(self, model: DecoderForCausalLM, hf_config, *, device: torch.device, dtype: torch.dtype,
+                 block_size: int, max_model_len: int, eos_token_ids: set[int]):
+        self.model = model
+        self.spec = model.spec
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        theta, scaling = rope_parameters(hf_config)
+        rotary_dim = int(self.spec.head_dim * getattr(hf_config, "partial_rotary_factor", 1.0))
+        self.rotary = RotaryTables(rotary_dim, max_model_len, theta, scaling, device)
+        self.sampler = Sampler()
+        self.kv_cache: torch.Tensor | None = None
+
+    # --- KV pool -------------------------------------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        spec = self.spec
+        elements = 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim
+        return elements * torch.empty(0, dtype=self.dtype).element_size()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """One pool [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets views of it."""
+        spec = self.spec
+        shape = (2, spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        # On the CPU, empty() maps fresh zero pages that are touched as blocks are first used, instead of
+        # zero-filling the whole pool up front (seconds for a GiB); on CUDA zeroing is instant.
+        allocate = torch.zeros if self.device.type == "cuda" else torch.empty
+        self.kv_cache = allocate(shape, dtype=self.dtype, device=self.device)
+        for index, layer in enumerate(self.model.layers):
+            layer.self_attn.k_cache = self.kv_cache[0, index]
+            layer.self_attn.v_cache = self.kv_cache[1, index]
+
+    # --- one step ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[tuple[int, TokenLogprob | None] | None]:
+        """Compute the batch; per scheduled sequence (scheduler order) its (token, logprob) or None when
+        it does not sample this step (a prefill chunk short of the prompt's end)."""
+        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_new_tokens[i] != 1)
+        seqs = [batch.seqs[i] for i in order]
+        num_new = [batch.num_new_tokens[i] for i in order]
+        input_ids, positions, md, sample_rows = self._prepare(seqs, num_new)
+        sampling_seqs = [seqs[row] for row in sample_rows]
+        context = ForwardContext(md, *self.rotary.lookup(positions))
+        with forward_context(context):
+            hidden = self.model(input_ids)
+        results: list = [None] * len(batch.seqs)
+        if not sample_rows:
+            return results
+        last_token_index = torch.tensor([md.query_start_loc_cpu[row + 1] - 1 for row in sample_rows],
+                                        device=self.device)
+        logits = self.model.compute_logits(hidden[last_token_index])
+        sampled = self._sample(logits, sampling_seqs)
+        for row, token, logprob in zip(sample_rows, sampled.token_ids, sampled.logprobs):
+            results[order[row]] = (token, logprob)
+        return results
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        sampling = SamplingBatch.from_seqs(seqs, self.spec.vocab_size, self.eos_token_ids, self.device)
+        return self.sampler(logits, sampling)
+
+    def _prepare(self, seqs: list[Sequence], num_new: list[int]):
+        """Flat input ids, positions and attention metadata for the ordered batch."""
+        block_size = self.block_size
+        starts = [seq.num_computed_tokens for seq in seqs]
+        seq_lens = [start + n for start, n in zip(starts, num_new)]
+        input_ids: list[int] = []
+        for seq, start, end in zip(seqs, starts, seq_lens):
+            input_ids.extend(seq.token_ids[start:end])
+        query_start_loc = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(num_new, out=query_start_loc[1:])
+        seq_index = np.repeat(np.arange(len(seqs)), num_new)
+        positions = np.arange(len(input_ids)) - np.repeat(query_start_loc[:-1] - np.asarray(starts), num_new)
+        max_blocks = max(len(seq.block_table) for seq in seqs)
+        block_tables = np.full((len(seqs), max_blocks), -1, dtype=np.int32)
+        for row, seq in enumerate(seqs):
+            block_tables[row, :len(seq.block_table)] = seq.block_table
+        slot_mapping = (block_tables[seq_index, positions // block_size].astype(np.int64) * block_size
+                        + positions % block_size)
+        num_decodes = sum(1 for n in num_new if n == 1)
+        sample_rows = [row for row, seq in enumerate(seqs) if seq_lens[row] == seq.num_tokens]
+        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        md = AttentionMetadata(
+            slot_mapping=to_device(slot_mapping),
+            query_start_loc=to_device(query_start_loc.astype(np.int32)),
+            seq_lens=to_device(np.asarray(seq_lens, dtype=np.int32)),
+            block_tables=to_device(block_tables),
+            num_decodes=num_decodes,
+            max_query_len=max(num_new),
+            max_seq_len=max(seq_lens),
+            seq_lens_cpu=seq_lens,
+            query_start_loc_cpu=query_start_loc.tolist(),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        return ids, to_device(positions), md, sample_rows

@@ -1,0 +1,115 @@
+"""EngineRuntime: everything loaded and decided before the first step (device, dtype, model, tokenizer,
+context length, batch limits, KV pool size)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from localchat.config import EngineConfig
+from localchat.engine.chat_template import ChatTemplate
+from localchat.engine.loader import ModelFiles, eos_token_ids, load_hf_config, load_model, load_tokenizer, model_files
+from localchat.engine.model_source import resolve_model
+from localchat.errors import InvalidParameterError
+from localchat.utils import format_bytes
+
+logger = logging.getLogger("localchat.engine")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CPU_DEFAULT_KV_MEMORY = 1 << 30
+CPU_DEFAULT_MAX_MODEL_LEN = 8192  # keeps the rotary tables and the pool modest on a laptop
+
+
+@dataclass
+class EngineRuntime:
+    config: EngineConfig
+    files: ModelFiles
+    hf_config: object
+    model: torch.nn.Module
+    tokenizer: object | None
+    chat_template: ChatTemplate | None
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    eos_token_ids: set[int]
+
+    @property
+    def model_name(self) -> str:
+        return self.files.source.name
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> "EngineRuntime":
+        device = _pick_device(config.device)
+        if device.type == "cpu":
+            torch.set_num_threads(config.num_threads or min(os.cpu_count() or 1, torch.get_num_threads()))
+        dtype = _DTYPES.get(config.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        torch.manual_seed(config.seed)
+        files = model_files(resolve_model(config.model))
+        hf_config = load_hf_config(files)
+        tokenizer = None
+        tokenizer_path = config.tokenizer or (files.directory if files.has_tokenizer else None)
+        if tokenizer_path is not None:
+            tokenizer = load_tokenizer(tokenizer_path)
+        chat_template = ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
+        max_model_len = _max_model_len(config, hf_config, device)
+        model = load_model(files, hf_config, dtype=dtype, device=device, load_format=config.load_format,
+                           seed=config.seed)
+        cuda = device.type == "cuda"
+        max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
+        max_num_batched_tokens = config.max_num_batched_tokens or (8192 if cuda else 512)
+        return cls(config, files, hf_config, model, tokenizer, chat_template, device, dtype, max_model_len,
+                   max_num_seqs, max(max_num_batched_tokens, max_num_seqs), eos_token_ids(files, hf_config))
+
+    def num_kv_blocks(self, runner) -> int:
+        """Blocks that fit the KV budget; the budget must hold at least one full-length sequence."""
+        per_block = runner.bytes_per_block()
+        if self.config.kv_cache_memory is not None:
+            budget = self.config.kv_cache_memory
+        elif self.device.type == "cuda":
+            budget = _cuda_kv_budget(self.config.gpu_memory_utilization)
+        else:
+            budget = CPU_DEFAULT_KV_MEMORY
+        num_blocks = budget // per_block
+        needed = -(-self.max_model_len // self.config.block_size)
+        if num_blocks < needed:
+            raise InvalidParameterError(
+                f"the KV cache ({format_bytes(budget)}, {num_blocks} blocks of {self.config.block_size} tokens) "
+                f"cannot hold one sequence of max_model_len={self.max_model_len} tokens ({needed} blocks, "
+                f"{format_bytes(needed * per_block)}); raise --kv-cache-memory or lower --max-model-len",
+                param="kv_cache_memory")
+        logger.info("KV cache: %d blocks (%s)", num_blocks, format_bytes(num_blocks * per_block))
+        return int(num_blocks)
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InvalidParameterError("device 'cuda' was requested but no CUDA GPU is available", param="device")
+    return torch.device(name)
+
+
+def _max_model_len(config: EngineConfig, hf_config, device: torch.device) -> int:
+    model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
+    sliding = getattr(hf_config, "sliding_window", None)
+    if sliding and getattr(hf_config, "use_sliding_window", True) and sliding < model_max:
+        model_max = sliding  # full attention is only exact within the window
+    if config.max_model_len is None:
+        return model_max if device.type == "cuda" else min(model_max, CPU_DEFAULT_MAX_MODEL_LEN)
+    if config.max_model_len > model_max:
+        raise InvalidParameterError(
+            f"max_model_len={config.max_model_len} exceeds the model's context of {model_max} tokens",
+            param="max_model_len")
+    return config.max_model_len
+
+
+def _cuda_kv_budget(utilization: float) -> int:
+    """What is left of `utilization` x total GPU memory after weights and a peak activation allowance."""
+    free, total = torch.cuda.mem_get_info()
+    used = total - free
+    return max(int(total * utilization) - used, 0)

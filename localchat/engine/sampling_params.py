@@ -1,0 +1,85 @@
+"""SamplingParams: how one request picks its tokens and when it stops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localchat.errors import InvalidParameterError
+
+MAX_LOGPROBS = 20
+INT64_MAX = 2**63 - 1
+
+
+def _range_error(name: str, allowed: str, value) -> InvalidParameterError:
+    return InvalidParameterError(f"{name} must be {allowed}, got {value!r}", param=name)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Sampling and stopping for one request, validated on construction.
+
+    temperature 0 means greedy. top_k <= 0 and top_p 1 disable those filters. `max_tokens=None` generates
+    until the context is full. `seed` makes a request's samples reproducible whatever else shares its batch.
+    `logprobs=k` returns the chosen token's logprob and the k most likely alternatives (0 <= k <= 20).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._validate()
+
+    def _validate(self) -> None:
+        def check(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise _range_error(name, allowed, getattr(self, name))
+
+        check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer in [1, 128]")
+        check(0.0 <= self.temperature <= 100.0, "temperature", "in [0, 100]")
+        check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]")
+        check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (disabled) or a positive integer")
+        check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
+        check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "in (0, 10]")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]")
+        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]")
+        check(self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed <= INT64_MAX),
+              "seed", "a 64-bit integer")
+        check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+              "max_tokens", "an integer >= 1")
+        check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidParameterError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", param="min_tokens"
+            )
+        check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+              "logprobs", f"an integer in [0, {MAX_LOGPROBS}]")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
+        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+              "a list of non-negative token ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
