@@ -113,6 +113,29 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
+    # --- model facts (read-only, safe from the event loop) ----------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.engine.runtime.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.engine.tokenize(text, add_special_tokens)
+
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.engine.detokenize(token_ids, skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
+        """Prompt token ids for a conversation (kwargs as LLMEngine.render_chat)."""
+        return self.engine.render_chat(messages, **kwargs)
+
     # --- requests ------------------------------------------------------------------------------------
     async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                           request_id: str | None = None) -> RequestStream:

@@ -9,7 +9,7 @@ from localchat.config import EngineConfig
 from localchat.engine.llm_engine import LLMEngine
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
-from localchat.errors import InvalidParameterError, LocalchatError
+from localchat.errors import InvalidParameterError
 
 Prompt = str | list[int]
 
@@ -58,15 +58,9 @@ class LLM:
                                     continue_final_message=continue_final_message) for c in conversations]
         return self.generate(prompts, sampling_params)
 
-    def render_chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
-        """Token ids of a conversation rendered with the chat template (no extra special tokens)."""
-        template = self.engine.runtime.chat_template
-        if template is None:
-            raise LocalchatError("this model has no chat template; pass one with --chat-template FILE")
-        text = template.render(messages, add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
-        return self.engine.tokenize(text, add_special_tokens=False)
+    def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
+        """Token ids of a conversation rendered with the chat template (see LLMEngine.render_chat)."""
+        return self.engine.render_chat(messages, **kwargs)
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}

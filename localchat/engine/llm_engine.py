@@ -17,7 +17,8 @@ from localchat.engine.runtime import EngineRuntime
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.sequence import Request, Sequence
-from localchat.errors import EmptyPromptError, InvalidParameterError, NoTokenizerError, PromptTooLongError
+from localchat.errors import (EmptyPromptError, InvalidParameterError, LocalchatError, NoTokenizerError,
+                              PromptTooLongError)
 
 logger = logging.getLogger("localchat.engine")
 
@@ -66,6 +67,24 @@ class LLMEngine:
         if self.tokenizer is None:
             raise NoTokenizerError("this model was loaded without a tokenizer: pass token ids, not text")
         return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            raise NoTokenizerError("this model was loaded without a tokenizer")
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a conversation rendered with the chat template (no special tokens added on top,
+        as transformers' apply_chat_template does)."""
+        template = self.runtime.chat_template
+        if template is None:
+            raise LocalchatError("this model has no chat template; pass one with --chat-template FILE")
+        text = template.render(messages, add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, tools=tools,
+                               **(chat_template_kwargs or {}))
+        return self.tokenize(text, add_special_tokens=False)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
         """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with it."""
