@@ -66,6 +66,9 @@ class RequestStream:
 class AsyncEngine:
     """Serve one model to many concurrent coroutines.
 
+    `max_waiting` bounds the requests queued beyond the `max_num_seqs` that can run: past it,
+    add_request raises QueueFullError (the server's 503).
+
     >>> engine = AsyncEngine(EngineConfig())
     >>> await engine.start()
     >>> async for delta in engine.generate("Hello", SamplingParams(max_tokens=8)):
@@ -141,8 +144,10 @@ class AsyncEngine:
                           request_id: str | None = None) -> RequestStream:
         """Validate and queue a request; raises its LocalchatError here, before any output."""
         self._check_alive()
-        if self.max_waiting is not None and self.stats().num_waiting >= self.max_waiting:
-            raise QueueFullError(f"too many requests are waiting ({self.max_waiting}); retry later")
+        capacity = self.engine.scheduler.max_num_seqs + (self.max_waiting or 0)
+        if self.max_waiting is not None and len(self._streams) >= capacity:
+            raise QueueFullError(f"too many requests are waiting (more than {self.max_waiting} beyond the "
+                                 f"{self.engine.scheduler.max_num_seqs} running); retry later")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidParameterError(f"request id {request_id!r} is already in use", param="request_id")

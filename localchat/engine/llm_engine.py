@@ -203,6 +203,17 @@ class LLMEngine:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, pieces,
                              finished, request.num_cached_tokens, metrics)
 
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity checks)."""
+        request = Request("prompt-logits", list(token_ids), SamplingParams(max_tokens=1))
+        seq = request.seqs[0]
+        if not self.block_manager.allocate(seq, len(token_ids)):
+            raise InvalidParameterError("not enough free KV blocks for this prompt", param="prompt")
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.block_manager.free(seq)
+
     # --- introspection -------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -77,6 +77,13 @@ class ModelRunner:
             results[order[row]] = (token, logprob)
         return results
 
+    @torch.inference_mode()
+    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
+        """Logits at every position of a sequence whose blocks are allocated (for parity checks)."""
+        input_ids, positions, md, _ = self._prepare([seq], [seq.num_tokens - seq.num_computed_tokens])
+        with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
+            return self.model.compute_logits(self.model(input_ids)).float()
+
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         sampling = SamplingBatch.from_seqs(seqs, self.spec.vocab_size, self.eos_token_ids, self.device)
         return self.sampler(logits, sampling)

@@ -14,11 +14,17 @@ ARCHITECTURES: dict[str, dict] = {
 }
 
 
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+
+
 def architecture_of(config) -> str:
     names = list(getattr(config, "architectures", None) or [])
     for name in names:
         if name in ARCHITECTURES:
             return name
+    if not names and getattr(config, "model_type", None) in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[config.model_type]
     raise UnsupportedModelError(
         f"unsupported architecture {', '.join(names) or '(none given in config.json)'}; "
         f"supported: {', '.join(ARCHITECTURES)}"

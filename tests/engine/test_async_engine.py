@@ -1,0 +1,110 @@
+"""AsyncEngine: streamed deltas, many concurrent consumers, cancellation frees blocks, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from localchat import AsyncEngine, EngineConfig, SamplingParams
+from localchat.errors import EmptyPromptError, EngineDeadError, PromptTooLongError, QueueFullError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+async def engine(default_gguf):
+    engine = await AsyncEngine(EngineConfig(), max_waiting=64).start()
+    yield engine
+    await engine.shutdown()
+
+
+async def collect(engine, prompt, params):
+    text, token_ids, finish = "", [], None
+    async for delta in engine.generate(prompt, params):
+        for out in delta.outputs:
+            text += out.text
+            token_ids += out.token_ids
+            finish = out.finish_reason or finish
+    return text, token_ids, finish
+
+
+async def wait_idle(engine):
+    for _ in range(200):
+        stats = engine.stats()
+        if stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_cache_usage == 0.0:
+            return stats
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"engine not idle: {engine.stats()}")
+
+
+async def test_streamed_deltas_add_up_to_the_offline_result(engine, llm):
+    prompt = engine.render_chat([{"role": "user", "content": "Name three planets."}])
+    params = SamplingParams(temperature=0, max_tokens=32)
+    text, token_ids, finish = await collect(engine, prompt, params)
+    offline = llm.generate([prompt], params)[0]
+    assert (text, token_ids) == (offline.text, offline.token_ids) and finish == offline.outputs[0].finish_reason
+
+
+async def test_many_concurrent_consumers(engine):
+    prompts = [engine.render_chat([{"role": "user", "content": f"Count from {i} to {i + 5}."}]) for i in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=16)
+    results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
+    assert all(len(ids) >= 1 and finish in ("stop", "length") for _, ids, finish in results)
+    await wait_idle(engine)
+
+
+async def test_leaving_early_or_cancelling_aborts_and_frees_blocks(engine):
+    params = SamplingParams(max_tokens=2000, ignore_eos=True)
+    async for _ in engine.generate("Write an endless story.", params):
+        break  # leaving the loop closes the generator, which aborts the request
+    await wait_idle(engine)
+
+    started = asyncio.Event()
+
+    async def consume():
+        async for _ in engine.generate("Another endless story.", params):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    assert engine.stats().num_running == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_idle(engine)
+
+
+async def test_explicit_abort_ends_the_stream_with_abort(engine):
+    stream = await engine.add_request("Tell me everything.", SamplingParams(max_tokens=2000, ignore_eos=True))
+    reasons = []
+    async for delta in stream:
+        if not reasons:
+            engine.abort(stream.request_id)
+        reasons += [o.finish_reason for o in delta.outputs]
+    assert reasons[-1] == "abort"
+    await wait_idle(engine)
+
+
+async def test_bad_requests_raise_before_any_output(engine):
+    with pytest.raises(EmptyPromptError):
+        await engine.add_request("", SamplingParams())
+    with pytest.raises(PromptTooLongError, match="8192"):
+        await engine.add_request([1] * 9000, SamplingParams())
+    text, _, _ = await collect(engine, "Still serving?", SamplingParams(temperature=0, max_tokens=4))
+    assert text
+
+
+async def test_waiting_queue_bound(default_gguf):
+    small = await AsyncEngine(EngineConfig(max_num_seqs=1), max_waiting=1).start()
+    try:  # one running, one waiting: the third is refused
+        first = await small.add_request("one", SamplingParams(max_tokens=50, ignore_eos=True))
+        second = await small.add_request("two", SamplingParams(max_tokens=50, ignore_eos=True))
+        with pytest.raises(QueueFullError):
+            await small.add_request("three", SamplingParams(max_tokens=5))
+        await first.aclose()
+        await second.aclose()
+    finally:
+        await small.shutdown()
+    with pytest.raises(EngineDeadError):
+        await small.add_request("after shutdown", SamplingParams())

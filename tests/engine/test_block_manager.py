@@ -1,0 +1,101 @@
+"""BlockManager: allocation, ref counts, prefix-cache hits and LRU reuse of freed blocks."""
+
+from localchat.engine.block_manager import BlockManager
+from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sequence import Request
+
+BS = 4
+
+
+def make_seq(tokens, request_id="r", n=1):
+    return Request(request_id, list(tokens), SamplingParams(n=n)).seqs
+
+
+def admit(bm, seq):
+    cached = bm.find_cached_prefix(seq)
+    assert bm.allocate(seq, seq.num_tokens - len(cached) * BS, cached)
+    return len(cached) * BS
+
+
+def test_allocate_and_free_returns_every_block():
+    bm = BlockManager(8, BS)
+    (seq,) = make_seq(range(10))
+    assert admit(bm, seq) == 0
+    assert len(seq.block_table) == 3 and bm.num_free_blocks == 5
+    bm.free(seq)
+    assert bm.num_free_blocks == 8 and seq.block_table == []
+
+
+def test_prefix_hit_reuses_full_blocks_but_never_the_last_token():
+    bm = BlockManager(16, BS)
+    (first,) = make_seq(range(10), "a")
+    admit(bm, first)
+    bm.free(first)
+    (second,) = make_seq(list(range(10)) + [99, 98], "b")
+    assert admit(bm, second) == 8  # two full blocks of the shared 10-token prefix
+    assert second.block_table[:2] == first_blocks_of(bm, range(8))
+    # A prompt that is exactly the cached blocks still computes its last token.
+    (third,) = make_seq(range(8), "c")
+    assert admit(bm, third) == 4
+
+
+def first_blocks_of(bm, tokens):
+    tokens = list(tokens)
+    found, parent = [], None
+    for i in range(len(tokens) // BS):
+        key = (None, parent, tuple(tokens[i * BS:(i + 1) * BS]))
+        found.append(bm.hash_to_block[hash(key)])
+        parent = hash(key)
+    return found
+
+
+def test_shared_blocks_are_ref_counted():
+    bm = BlockManager(16, BS)
+    (a,) = make_seq(range(9), "a")
+    admit(bm, a)
+    (b,) = make_seq(range(9), "b")
+    assert admit(bm, b) == 8
+    shared = a.block_table[:2]
+    assert b.block_table[:2] == shared
+    assert all(bm.blocks[i].ref_count == 2 for i in shared)
+    bm.free(a)
+    assert all(bm.blocks[i].ref_count == 1 for i in shared)
+    bm.free(b)
+    assert bm.num_free_blocks == 16
+
+
+def test_freed_cached_blocks_are_evicted_last_and_lose_their_hash_when_reused():
+    bm = BlockManager(4, BS)
+    (a,) = make_seq(range(9), "a")  # 3 blocks, 2 of them full and hashed
+    admit(bm, a)
+    bm.free(a)
+    (b,) = make_seq(range(100, 103), "b")  # needs one (partial) block: the unhashed one goes first
+    admit(bm, b)
+    assert len(bm.hash_to_block) == 2
+    (c,) = make_seq(range(200, 211), "c")  # needs 3: evicts a's hashed blocks, tail first
+    admit(bm, c)
+    bm.free(b), bm.free(c)
+    (d,) = make_seq(range(9), "d")
+    assert admit(bm, d) == 0
+
+
+def test_allocation_failure_changes_nothing():
+    bm = BlockManager(2, BS)
+    (a,) = make_seq(range(20))
+    assert not bm.allocate(a, 20)
+    assert bm.num_free_blocks == 2 and a.block_table == []
+
+
+def test_without_prefix_caching_only_samples_of_one_request_share():
+    bm = BlockManager(16, BS, enable_prefix_caching=False)
+    a0, a1 = make_seq(range(9), "a", n=2)
+    admit(bm, a0)
+    assert admit(bm, a1) == 8
+    (b,) = make_seq(range(9), "b")
+    assert admit(bm, b) == 0
+
+
+def test_prefix_query_counters():
+    bm = BlockManager(16, BS)
+    bm.record_prefix_query(10, 8)
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10, 8)
