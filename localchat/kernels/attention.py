@@ -65,17 +65,20 @@ def paged_attention_ref(
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     plan = _plan(md, block_size)
-    out = torch.empty_like(q)
     nd = md.num_decodes
+    out = torch.empty_like(q) if nd < q.shape[0] else None  # an all-decode batch needs no extra copy
     if nd:
         shape = (*plan.decode_slots.shape, num_kv_heads, head_dim)
         flat_slots = plan.decode_slots.flatten()  # index_select: advanced indexing scans the whole pool
         keys = k_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)  # [nd, Hkv, L, D]
         values = v_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
         queries = q[:nd].unsqueeze(2)  # [nd, Hq, 1, D]
-        out[:nd] = F.scaled_dot_product_attention(
+        decoded = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=plan.decode_mask, scale=scale, enable_gqa=True
         ).squeeze(2)
+        if out is None:
+            return decoded
+        out[:nd] = decoded
     for q_start, q_end, slots, mask in plan.prefills:
         keys = k_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
         values = v_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)
