@@ -77,6 +77,7 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig | None = None, *, max_waiting: int | None = None,
                  on_load_progress: Callable[[str], None] | None = None, **kwargs):
+        """`on_load_progress` is called from the engine thread with a line per loading stage."""
         self.config = config or EngineConfig.from_kwargs(**kwargs)
         self.max_waiting = max_waiting
         self.engine: LLMEngine | None = None
@@ -187,7 +188,7 @@ class AsyncEngine:
     # --- the engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = LLMEngine(self.config)
+            self.engine = LLMEngine(self.config, progress=self._on_load_progress)
             self._stats = self.engine.stats()
         except BaseException as exc:  # reported by start()
             self.error = exc
@@ -198,9 +199,9 @@ class AsyncEngine:
             while True:
                 if not self._handle_commands(block=not self.engine.has_unfinished()):
                     break
-                if self.engine.has_unfinished():
-                    self._deliver(self.engine.step())
-                self._stats = self.engine.stats()
+                outputs = self.engine.step() if self.engine.has_unfinished() else []
+                self._stats = self.engine.stats()  # before delivering, so consumers see the step's state
+                self._deliver(outputs)
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
             self.error = exc
@@ -226,6 +227,7 @@ class AsyncEngine:
             elif kind == "abort":
                 output = self.engine.abort(command[1])
                 if output is not None:
+                    self._stats = self.engine.stats()
                     self._deliver([output])
 
     def _add(self, request_id, prompt, params, accepted: asyncio.Future) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,15 +46,18 @@ class LLMEngine:
     RequestOutput for every request that advanced (or finished) in that step.
     """
 
-    def __init__(self, config: EngineConfig | None = None, **kwargs):
+    def __init__(self, config: EngineConfig | None = None, *, progress: Callable[[str], None] | None = None,
+                 **kwargs):
         self.config = config = config or EngineConfig.from_kwargs(**kwargs)
-        self.runtime = runtime = EngineRuntime.load(config)
+        self.runtime = runtime = EngineRuntime.load(config, progress)
         self.tokenizer = runtime.tokenizer
         self.max_model_len = runtime.max_model_len
         self.eos_token_ids = runtime.eos_token_ids
         self.runner = ModelRunner(runtime.model, runtime.hf_config, device=runtime.device, dtype=runtime.dtype,
                                   block_size=config.block_size, max_model_len=self.max_model_len,
                                   eos_token_ids=self.eos_token_ids)
+        if progress is not None:
+            progress("allocating the KV cache")
         num_blocks = runtime.num_kv_blocks(self.runner)
         self.runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)

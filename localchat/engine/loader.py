@@ -30,8 +30,8 @@ class ModelFiles:
         return any((self.directory / name).is_file() for name in _TOKENIZER_FILES)
 
 
-def model_files(source: ModelSource) -> ModelFiles:
-    directory = ensure_converted(source.path) if source.kind == "gguf" else source.path
+def model_files(source: ModelSource, progress=None) -> ModelFiles:
+    directory = ensure_converted(source.path, progress) if source.kind == "gguf" else source.path
     return ModelFiles(directory, source)
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import platformdirs
+
+from localchat.engine.model_source import _say
 
 _FORMAT_VERSION = 1
 
@@ -28,13 +30,12 @@ def converted_dir(gguf_path: Path) -> Path:
     return cache_root() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{_FORMAT_VERSION}"
 
 
-def ensure_converted(gguf_path: Path, quiet: bool = False) -> Path:
+def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None) -> Path:
     """The converted directory for `gguf_path`, creating it on first use."""
     target = converted_dir(gguf_path)
     if (target / "done").is_file():
         return target
-    if not quiet:
-        print(f"converting {gguf_path.name} for fast loading (first run only) ...", file=sys.stderr, flush=True)
+    _say(progress, f"converting {gguf_path.name} for fast loading (first run only) ...")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:

