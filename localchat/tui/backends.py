@@ -1,0 +1,96 @@
+"""The small interface the chat UI drives: the in-process engine, an OpenAI-compatible server, or a fake."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class ChatRequest:
+    """One turn: the messages for the chat template, the sampling settings, the template kwargs."""
+
+    messages: list[dict]
+    sampling: dict
+    chat_template_kwargs: dict | None = None
+
+
+@dataclass
+class ReplyDelta:
+    """A piece of a streamed reply. `thinking` and `text` are new text only; the counters and timings
+    describe the reply so far (None where the backend cannot tell)."""
+
+    text: str = ""
+    thinking: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass
+class BackendStats:
+    """Engine facts for the status bar."""
+
+    kv_cache_usage: float
+    prefix_cache_hits: int
+    num_running: int
+    num_waiting: int
+
+
+class ChatBackend:
+    """What the chat needs from a model server. Subclasses set `model_name` and `max_model_len` (None when
+    unknown) once `start()` returns; `stream()` is an async generator, and closing it stops the reply."""
+
+    model_name: str = "?"
+    max_model_len: int | None = None
+    description: str = ""
+
+    async def start(self, on_progress: Callable[[str], None] | None = None) -> None:
+        """Load or connect; may take seconds (report steps through on_progress); raises on failure."""
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
+        """Tokens the rendered prompt takes, or None when only the server knows."""
+        return None
+
+    async def render_prompt(self, request: ChatRequest) -> str:
+        """The exact text the model would see for this request (as well as this backend can tell)."""
+        raise NotImplementedError
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
+        raise NotImplementedError
+
+    def stats(self) -> BackendStats | None:
+        return None
+
+    async def close(self) -> None:
+        """Release the engine or the connection."""
+
+
+class ReplyTimer:
+    """Time to first token and decode speed of one reply, measured on the monotonic clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.start = clock()
+        self.first_token_time: float | None = None
+        self.tokens = 0
+
+    def add(self, num_tokens: int) -> None:
+        if num_tokens and self.first_token_time is None:
+            self.first_token_time = self.clock()
+        self.tokens += num_tokens
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.start
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.first_token_time is None or self.tokens < 2:
+            return None
+        elapsed = self.clock() - self.first_token_time
+        return (self.tokens - 1) / elapsed if elapsed > 0 else None

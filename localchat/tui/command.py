@@ -1,0 +1,63 @@
+"""`localchat chat [MODEL]`: the chat TUI (or plain streamed text when not on a terminal)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from localchat.cli_options import engine_options, stdin_is_tty
+from localchat.errors import EmptyPromptError
+
+
+@engine_options
+def chat(
+    model: Annotated[Optional[str], typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url, the model to ask the server for")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) instead of the in-process engine")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", help="API key for --url")] = None,
+    served_model: Annotated[Optional[str], typer.Option("--model", help="With --url: the model name to ask for (default: the server's first)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Reopen the last conversation")] = False,
+    no_history: Annotated[bool, typer.Option("--no-history", help="Keep nothing: conversations live in memory only")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt of new conversations")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature of new conversations (0 = greedy)")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Longest reply of new conversations")] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="Thinking models: pass enable_thinking")] = None,
+    engine_config=None,
+) -> None:
+    """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer stdin."""
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.tui.conversation import DEFAULT_SETTINGS, Conversation
+    from localchat.tui.store import ConversationStore, default_db_path
+
+    settings = dict(DEFAULT_SETTINGS)
+    if temperature is not None:
+        settings["temperature"] = temperature
+    if max_tokens is not None:
+        settings["max_tokens"] = max_tokens
+    SamplingParams(**settings)  # a bad flag is reported before anything loads
+    conversation = Conversation(system_prompt=system, settings=settings, think=think)
+    if url:
+        from localchat.tui.http_backend import OpenAIBackend
+
+        backend = OpenAIBackend(url, api_key, served_model or model)
+    else:
+        from localchat.tui.engine_backend import EngineBackend
+
+        backend = EngineBackend(engine_config)
+    store = ConversationStore(None if no_history else default_db_path())
+    try:
+        if not stdin_is_tty():
+            from localchat.tui.pipe import run_pipe
+
+            text = sys.stdin.read()
+            if not text.strip():
+                raise EmptyPromptError("nothing to send: stdin was empty")
+            asyncio.run(run_pipe(backend, store, text.strip(), conversation=conversation, resume=resume))
+            return
+        from localchat.tui.app import ChatApp
+
+        ChatApp(backend, store, conversation=conversation, resume=resume).run()
+    finally:
+        store.close()

@@ -1,0 +1,87 @@
+"""A conversation as data: its messages, system prompt and sampling settings, and its Markdown/JSON export."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_SETTINGS: dict = {
+    "temperature": 0.7,
+    "top_p": 0.95,
+    "top_k": 0,
+    "max_tokens": 1024,
+    "seed": None,
+    "repetition_penalty": 1.0,
+}
+SETTING_NAMES = tuple(DEFAULT_SETTINGS)
+
+
+@dataclass
+class ChatMessage:
+    """One message. Assistant messages keep their thinking apart from the answer, whether the user
+    stopped them, and `meta`: prompt/cached/completion tokens, ttft, tokens_per_s, finish_reason, error."""
+
+    role: str
+    content: str
+    thinking: str = ""
+    stopped: bool = False
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ChatMessage":
+        return cls(data["role"], data.get("content", ""), data.get("thinking", ""), bool(data.get("stopped")),
+                   dict(data.get("meta") or {}))
+
+
+@dataclass
+class Conversation:
+    """A chat: `id` is its SQLite row (None until first stored). `think` is the enable_thinking flag passed
+    to the chat template (None: the template's default)."""
+
+    id: int | None = None
+    title: str = "New chat"
+    messages: list[ChatMessage] = field(default_factory=list)
+    system_prompt: str | None = None
+    settings: dict = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
+    think: bool | None = None
+
+    def template_messages(self, first: int = 0, end: int | None = None) -> list[dict]:
+        """What goes into the chat template: the system prompt, then messages[first:end] (answers only)."""
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return head + [{"role": m.role, "content": m.content} for m in self.messages[first:end]]
+
+    def chat_template_kwargs(self) -> dict | None:
+        return None if self.think is None else {"enable_thinking": self.think}
+
+    def user_indices(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m.role == "user"]
+
+    def last_reply(self) -> ChatMessage | None:
+        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+
+    def to_json(self) -> str:
+        return json.dumps({"title": self.title, "system_prompt": self.system_prompt, "settings": self.settings,
+                           "think": self.think, "messages": [m.to_dict() for m in self.messages]},
+                          indent=2, ensure_ascii=False)
+
+    def to_markdown(self) -> str:
+        lines = [f"# {self.title}", ""]
+        if self.system_prompt:
+            lines += ["**System:**", "", self.system_prompt, ""]
+        for message in self.messages:
+            lines += [f"## {'You' if message.role == 'user' else 'Assistant'}", ""]
+            if message.thinking:
+                lines += ["<details><summary>Thinking</summary>", "", message.thinking.strip(), "", "</details>", ""]
+            lines += [message.content, ""]
+            if message.stopped:
+                lines += ["*(stopped)*", ""]
+        return "\n".join(lines)
+
+
+def title_from(text: str, width: int = 40) -> str:
+    """A conversation title from its first message: the first line, shortened."""
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"

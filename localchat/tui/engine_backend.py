@@ -1,0 +1,92 @@
+"""The chat backend on the in-process AsyncEngine: exact prompts, cached-token counts, live engine stats."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from localchat.config import EngineConfig
+from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.sampling_params import SamplingParams
+from localchat.tui.backends import BackendStats, ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
+from localchat.tui.thinking import OPEN, ThinkSplitter
+
+
+class EngineBackend(ChatBackend):
+    """Drive an AsyncEngine in this process. Pass a config to own the engine (started by `start()`, shut
+    down by `close()`), or an engine shared with others (started if need be, never shut down here).
+
+    `last_params` holds the SamplingParams of the latest request, as the engine received them.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *, engine: AsyncEngine | None = None):
+        self._on_progress: Callable[[str], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.owns_engine = engine is None
+        self.engine = engine or AsyncEngine(config or EngineConfig(), on_load_progress=self._progress)
+        model = self.engine.config.model
+        if model:
+            self.model_name = Path(model.rstrip("/")).name
+        else:
+            from localchat.engine.model_source import DEFAULT_MODEL_NAME
+
+            self.model_name = DEFAULT_MODEL_NAME
+        self.description = "in-process engine"
+        self.last_params: SamplingParams | None = None
+
+    def _progress(self, message: str) -> None:  # called from the engine thread while loading
+        if self._on_progress is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_progress, message)
+
+    async def start(self, on_progress: Callable[[str], None] | None = None) -> None:
+        self._on_progress, self._loop = on_progress, asyncio.get_running_loop()
+        if not self.engine.is_ready:
+            await self.engine.start()
+        self.model_name = self.engine.model_name
+        self.max_model_len = self.engine.max_model_len
+
+    def prompt_token_ids(self, request: ChatRequest) -> list[int]:
+        return self.engine.render_chat(request.messages, chat_template_kwargs=request.chat_template_kwargs,
+                                       add_generation_prompt=True)
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> int:
+        return len(self.prompt_token_ids(request))
+
+    async def render_prompt(self, request: ChatRequest) -> str:
+        return self.engine.detokenize(self.prompt_token_ids(request), skip_special_tokens=False)
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
+        token_ids = self.prompt_token_ids(request)
+        params = SamplingParams(**request.sampling)
+        self.last_params = params
+        tail = self.engine.detokenize(token_ids[-4:], skip_special_tokens=False)
+        splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
+        timer = ReplyTimer()
+        stream = await self.engine.add_request(token_ids, params)
+        try:
+            async for output in stream:
+                piece = output.outputs[0]
+                timer.add(len(piece.token_ids))
+                thinking, text = splitter.feed(piece.text)
+                if piece.finish_reason is not None:
+                    rest = splitter.flush()
+                    thinking, text = thinking + rest[0], text + rest[1]
+                ttft = timer.ttft
+                metrics = output.metrics
+                if metrics is not None and metrics.first_token_time is not None:
+                    ttft = metrics.first_token_time - metrics.arrival_time
+                yield ReplyDelta(text, thinking, piece.finish_reason, timer.tokens, len(output.prompt_token_ids),
+                                 output.num_cached_tokens, ttft, timer.tokens_per_s)
+        finally:
+            await stream.aclose()
+
+    def stats(self) -> BackendStats | None:
+        stats = self.engine.stats()
+        if stats is None:
+            return None
+        return BackendStats(stats.kv_cache_usage, stats.prefix_cache_hits, stats.num_running, stats.num_waiting)
+
+    async def close(self) -> None:
+        if self.owns_engine:
+            await self.engine.shutdown()

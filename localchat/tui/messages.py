@@ -1,0 +1,125 @@
+"""The conversation's widgets: user messages, streamed assistant replies, and notices."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Collapsible, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from localchat.tui.conversation import ChatMessage
+from localchat.tui.session import reply_meta_text
+
+
+class UserMessage(Static):
+    """A user message, shown as typed. `position` is its index in the conversation."""
+
+    def __init__(self, text: str, position: int):
+        super().__init__(text, markup=False, classes="message")
+        self.position = position
+        self.border_title = "You"
+
+
+class Notice(Static):
+    """A line from localchat itself inside the conversation: a dropped-context notice or an error."""
+
+    def __init__(self, text: str, *, error: bool = False):
+        super().__init__(text, markup=False, classes="error" if error else "")
+
+
+class AssistantMessage(Vertical):
+    """A reply: a collapsible thinking block, the answer as Markdown, and a line of facts about the turn.
+
+    While streaming, text is appended through a MarkdownStream; `finish()` re-renders the whole answer once
+    (so block structure that streaming got wrong is fixed) and collapses the thinking.
+    """
+
+    def __init__(self, message: ChatMessage | None = None, title: str = "Assistant"):
+        super().__init__(classes="message")
+        self.message = message
+        self.border_title = title
+        self.thinking = message.thinking if message else ""
+        self._stream: MarkdownStream | None = None
+        self._shown_text, self._finished = 0, False
+        done = message is not None
+        self.thinking_text = Static(self.thinking, markup=False, classes="thinking-text")
+        self.thinking_block = Collapsible(self.thinking_text, title="Thinking", collapsed=done)
+        self.thinking_block.display = bool(self.thinking)
+        self.markdown = Markdown(message.content if message else "")
+        self.meta = Static(self._meta_text(message) if done else "waiting for the first token…",
+                           markup=False, classes="meta")
+        if message is not None and message.stopped:
+            self.add_class("stopped")
+
+    def compose(self) -> ComposeResult:
+        yield self.thinking_block
+        yield self.markdown
+        yield self.meta
+
+    @staticmethod
+    def _meta_text(message: ChatMessage) -> str:
+        text = reply_meta_text(message.meta)
+        if message.stopped:
+            text = "■ stopped" + (f" · {text}" if text else "")
+        return text
+
+    def set_meta(self, text: str) -> None:
+        self.meta.update(text)
+
+    async def catch_up(self, message: ChatMessage) -> bool:
+        """Append what `message` gained since the last call; False when there was nothing new."""
+        if self._finished:
+            return False
+        thinking, text = message.thinking[len(self.thinking):], message.content[self._shown_text:]
+        self._shown_text = len(message.content)
+        await self.add(thinking, text)
+        return bool(thinking or text)
+
+    async def add(self, thinking: str, text: str) -> None:
+        """Append a streamed piece of thinking and/or answer."""
+        if thinking:
+            self.thinking += thinking
+            self.thinking_block.display = True
+            self.thinking_text.update(self.thinking)
+        if text:
+            if self._stream is None:
+                if self.thinking:
+                    self.thinking_block.collapsed = True  # thinking hides once the answer starts
+                self._stream = Markdown.get_stream(self.markdown)
+            await self._stream.write(text)
+
+    async def finish(self, message: ChatMessage) -> None:
+        """The reply is over (done, stopped or failed): render it once more, whole, and say how it went."""
+        self.message, self._finished = message, True
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        await self.markdown.update(message.content)
+        if message.thinking != self.thinking:
+            self.thinking = message.thinking
+            self.thinking_text.update(self.thinking)
+            self.thinking_block.display = bool(self.thinking)
+        if self.thinking:
+            self.thinking_block.collapsed = True
+        self.set_class(message.stopped, "stopped")
+        self.meta.update(self._meta_text(message))
+
+
+class ConversationView(VerticalScroll):
+    """The scrolling conversation. Anchored: it follows a streaming reply until the user scrolls up, and
+    every new message brings it back to the bottom."""
+
+    async def show(self, messages: list[ChatMessage], welcome: str) -> None:
+        """Show a whole conversation (or the welcome text when it is empty), from scratch."""
+        await self.remove_children()
+        widgets = [UserMessage(m.content, i) if m.role == "user" else AssistantMessage(m)
+                   for i, m in enumerate(messages)]
+        await self.mount_all(widgets or [Static(welcome, id="welcome", markup=False)])
+        self.scroll_end(animate=False, immediate=True)
+        self.anchor()
+
+    async def add(self, widget, *, before=None) -> None:
+        for welcome in self.query("#welcome"):
+            await welcome.remove()
+        await self.mount(widget, before=before)
+        self.anchor()

@@ -1,0 +1,56 @@
+"""The chat without a terminal (`echo "hi" | localchat chat`): stdin is one message, the reply streams to stdout."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from localchat.tui.backends import ChatBackend
+from localchat.tui.conversation import ChatMessage, Conversation
+from localchat.tui.session import ChatSession
+from localchat.tui.store import ConversationStore
+
+
+async def run_pipe(backend: ChatBackend, store: ConversationStore, text: str, *,
+                   conversation: Conversation | None = None, resume: bool = False,
+                   out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+    """Send `text` as the next user message and stream the answer (thinking goes to stderr). The turn is
+    stored like a TUI turn, so `localchat chat --resume` continues it."""
+    session = ChatSession(backend, store, conversation)
+    try:
+        await backend.start()
+        if resume and (last := store.last_id()) is not None:
+            session.open(last)
+        session.add_user(text)
+        plan = await session.plan_turn()
+        if plan.dropped:
+            err.write(f"[{plan.dropped} earlier message(s) no longer fit in the context and were left out]\n")
+        message = ChatMessage("assistant", "")
+        position = session.add_reply(message)
+        try:
+            async for delta in backend.stream(plan.request):
+                if delta.thinking:
+                    err.write(delta.thinking)
+                    err.flush()
+                if delta.text:
+                    out.write(delta.text)
+                    out.flush()
+                message.content += delta.text
+                message.thinking += delta.thinking
+                message.meta.update({"prompt_tokens": delta.prompt_tokens, "cached_tokens": delta.cached_tokens,
+                                     "completion_tokens": delta.completion_tokens, "ttft": delta.ttft,
+                                     "tokens_per_s": delta.tokens_per_s})
+                if delta.finish_reason:
+                    message.meta["finish_reason"] = delta.finish_reason
+        except BaseException:
+            message.stopped = True
+            raise
+        finally:
+            if message.content or message.thinking:
+                session.save_message(position)
+            else:
+                session.remove_from(position)
+        out.write("\n")
+        out.flush()
+    finally:
+        await backend.close()

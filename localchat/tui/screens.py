@@ -1,0 +1,130 @@
+"""Modal screens: help, a read-only text view (settings, rendered prompt), text input, sampling settings."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static, TextArea
+
+from localchat.errors import LocalchatError
+from localchat.tui.commands import PROMPT_KEYS, help_rows, parse_setting
+from localchat.tui.conversation import SETTING_NAMES
+
+
+def _table(headers: tuple[str, ...], rows) -> Table:
+    table = Table(*headers, box=box.SIMPLE_HEAD, expand=True, header_style="bold", padding=(0, 1))
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """Keys and slash commands."""
+
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog wide"):
+            yield Static("localchat — keys and commands  (Esc closes)", classes="dialog-title")
+            yield Static(_table(("Key", "In the prompt box"), PROMPT_KEYS))
+            yield Static(_table(("Command", "Key", "Does"), help_rows()))
+            yield Static("Start a message with // to send a literal /.", classes="hint", markup=False)
+
+
+class TextScreen(ModalScreen[None]):
+    """A titled block of text to read, select and copy (the rendered prompt, the settings)."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close")]
+
+    def __init__(self, title: str, text: str):
+        super().__init__()
+        self.title_text, self.text = title, text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide tall"):
+            yield Static(f"{self.title_text}  (Esc closes)", classes="dialog-title", markup=False)
+            yield TextArea(self.text, read_only=True, soft_wrap=True, id="text-view")
+
+
+class InputScreen(ModalScreen[str | None]):
+    """Ask for a text: one line (Enter accepts) or several (Ctrl+S accepts). Esc cancels (None)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Accept", priority=True)]
+
+    def __init__(self, title: str, text: str = "", *, multiline: bool = False):
+        super().__init__()
+        self.title_text, self.text, self.multiline = title, text, multiline
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            hint = "Ctrl+S accepts" if self.multiline else "Enter accepts"
+            yield Static(f"{self.title_text}  ({hint}, Esc cancels)", classes="dialog-title", markup=False)
+            if self.multiline:
+                yield TextArea(self.text, soft_wrap=True, id="input-text")
+            else:
+                yield Input(self.text, id="input-line")
+
+    def on_mount(self) -> None:
+        widget = self.query_one("#input-text" if self.multiline else "#input-line")
+        widget.focus()
+        if self.multiline:
+            widget.move_cursor(widget.document.end)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_accept(self) -> None:
+        widget = self.query_one("#input-text" if self.multiline else "#input-line")
+        self.dismiss(widget.text if self.multiline else widget.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SettingsScreen(ModalScreen[dict | None]):
+    """Edit the sampling parameters; each value is checked as /set checks it."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Save", priority=True)]
+
+    def __init__(self, settings: dict):
+        super().__init__()
+        self.settings = dict(settings)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static("Sampling settings  (Enter or Ctrl+S saves, Esc cancels; empty seed/max_tokens: none)",
+                         classes="dialog-title")
+            for name in SETTING_NAMES:
+                value = self.settings.get(name)
+                with Horizontal(classes="setting"):
+                    yield Label(name, classes="setting-name")
+                    yield Input("" if value is None else str(value), id=f"setting-{name}")
+            yield Static("", id="settings-error", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def on_input_submitted(self) -> None:
+        self.action_accept()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_accept() if event.button.id == "save" else self.action_cancel()
+
+    def action_accept(self) -> None:
+        settings = dict(self.settings)
+        try:
+            for name in SETTING_NAMES:
+                raw = self.query_one(f"#setting-{name}", Input).value.strip() or "none"
+                _, settings[name] = parse_setting(f"{name} {raw}", settings)
+        except LocalchatError as exc:
+            self.query_one("#settings-error", Static).update(exc.message)
+            return
+        self.dismiss(settings)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,175 @@
+"""The chat's controls: the prompt box, the status bar and the list of conversations."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, ListItem, ListView, ProgressBar, Static, TextArea
+
+
+class PromptBox(TextArea):
+    """Where the user types. Enter sends, Shift+Enter or Ctrl+J adds a line; Up on the first line and Down
+    on the last walk through earlier prompts."""
+
+    class Submitted(Message):
+        def __init__(self, text: str):
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("placeholder", "Message  (Enter sends · Shift+Enter new line · /help)")
+        super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
+        self.prompts: list[str] = []
+        self._recall: int | None = None  # index into history while walking it
+        self._draft = ""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            if self.text.strip():
+                self.post_message(self.Submitted(self.text))
+            return
+        if event.key in ("shift+enter", "ctrl+j"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+    def remember(self, text: str) -> None:
+        if not self.prompts or self.prompts[-1] != text:
+            self.prompts.append(text)
+        self._recall = None
+
+    def set_history(self, prompts: list[str]) -> None:
+        self.prompts, self._recall = list(prompts), None
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and self.cursor_location[0] == 0 and self.prompts and self._recall != 0:
+            if self._recall is None:
+                self._draft, self._recall = self.text, len(self.prompts)
+            self._recall -= 1
+            self._show(self.prompts[self._recall])
+            return
+        super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        if not select and self._recall is not None and self.cursor_location[0] == self.document.line_count - 1:
+            self._recall += 1
+            if self._recall >= len(self.prompts):
+                self._recall = None
+                self._show(self._draft)
+            else:
+                self._show(self.prompts[self._recall])
+            return
+        super().action_cursor_down(select)
+
+    def _show(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+
+class LoadingPanel(Vertical):
+    """Shown while the model loads: what, for how long, the latest step reported, and a busy bar."""
+
+    def __init__(self, what: str, **kwargs):
+        super().__init__(**kwargs)
+        self.what, self.last_step, self.started = what, "", time.monotonic()
+        self.label = Static(f"{what}…", markup=False)
+
+    def compose(self) -> ComposeResult:
+        yield self.label
+        yield ProgressBar(total=None, show_eta=False, show_percentage=False)
+
+    def on_mount(self) -> None:
+        self.set_interval(0.2, self.tick)
+
+    def step(self, message: str) -> None:
+        self.last_step = f"  ({message})"
+        self.tick()
+
+    def tick(self) -> None:
+        self.label.update(f"{self.what}… {time.monotonic() - self.started:.1f} s{self.last_step}")
+
+
+@dataclass
+class StatusInfo:
+    """What the status bar shows (None: unknown or not applicable)."""
+
+    model: str = "?"
+    state: str = "loading"
+    ttft: float | None = None
+    tokens_per_s: float | None = None
+    context_tokens: int | None = None
+    max_model_len: int | None = None
+    context_warning: bool = False
+    kv_cache_usage: float | None = None
+    prefix_cache_hits: int | None = None
+
+
+_STATE_STYLES = {"loading": "yellow", "idle": "green", "generating": "bold cyan", "error": "bold red"}
+
+
+class StatusBar(Static):
+    """One live line: model, state, speed of the current reply, context and KV-cache use."""
+
+    def show(self, info: StatusInfo) -> None:
+        parts: list[Text] = [Text(info.model, style="bold"), Text(f"● {info.state}", style=_STATE_STYLES.get(info.state, ""))]
+        if info.ttft is not None:
+            parts.append(Text(f"TTFT {info.ttft:.2f} s"))
+        if info.tokens_per_s is not None:
+            parts.append(Text(f"{info.tokens_per_s:.1f} tok/s"))
+        if info.max_model_len:
+            used = "?" if info.context_tokens is None else str(info.context_tokens)
+            parts.append(Text(f"ctx {used}/{info.max_model_len}" + (" ⚠ nearly full" if info.context_warning else ""),
+                              style="bold yellow" if info.context_warning else ""))
+        if info.kv_cache_usage is not None:
+            parts.append(Text(f"KV {info.kv_cache_usage:.0%}"))
+        if info.prefix_cache_hits is not None:
+            parts.append(Text(f"prefix hits {info.prefix_cache_hits} tok"))
+        self.update(Text(" │ ", style="dim").join(parts))
+
+
+class ChatList(ListView):
+    """The side list of stored conversations: Enter opens one, R renames it, Delete deletes it."""
+
+    BINDINGS = [Binding("r", "rename", "Rename"), Binding("delete,d", "delete", "Delete")]
+
+    class Action(Message):
+        def __init__(self, action: str, conversation_id: int):
+            super().__init__()
+            self.action = action
+            self.conversation_id = conversation_id
+
+    async def show(self, conversations: list[tuple[int, str]], current: int | None) -> None:
+        await self.clear()
+        items = [ListItem(Label(title, markup=False), id=f"chat-{cid}") for cid, title in conversations]
+        await self.extend(items)
+        ids = [cid for cid, _ in conversations]
+        if current in ids:
+            self.index = ids.index(current)
+
+    def _highlighted_id(self) -> int | None:
+        item = self.highlighted_child
+        return int(item.id.removeprefix("chat-")) if item is not None and item.id else None
+
+    def on_list_view_selected(self, event: ListView.Selected) -> None:
+        event.stop()
+        if event.item.id:
+            self.post_message(self.Action("open", int(event.item.id.removeprefix("chat-"))))
+
+    def action_rename(self) -> None:
+        if (cid := self._highlighted_id()) is not None:
+            self.post_message(self.Action("rename", cid))
+
+    def action_delete(self) -> None:
+        if (cid := self._highlighted_id()) is not None:
+            self.post_message(self.Action("delete", cid))

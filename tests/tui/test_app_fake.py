@@ -1,0 +1,313 @@
+"""The chat app on a deterministic fake backend: keys, slash commands, context fitting, thinking, errors,
+persistence of the conversation list, export."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from localchat.tui.app import ChatApp
+from localchat.tui.conversation import Conversation
+from localchat.tui.messages import AssistantMessage, Notice, UserMessage
+from localchat.tui.screens import HelpScreen, InputScreen, SettingsScreen, TextScreen
+from localchat.tui.store import ConversationStore
+from localchat.tui.widgets import ChatList, PromptBox, StatusBar
+
+from .conftest import reply_done, send, wait_until
+from .fakes import FakeBackend
+
+
+def make_app(backend=None, store=None, **kwargs) -> ChatApp:
+    return ChatApp(backend or FakeBackend(), store or ConversationStore(None), **kwargs)
+
+
+async def test_enter_sends_and_the_reply_streams_in():
+    backend = FakeBackend(["one two three four"], hold=asyncio.Event())
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await send(pilot, "hello")
+        await wait_until(pilot, lambda: app.query(AssistantMessage), what="the reply view")
+        assert app.generating and app.state == "generating"
+        backend.hold.set()
+        await reply_done(pilot)
+        messages = app.session.conversation.messages
+        assert [(m.role, m.content) for m in messages] == [("user", "hello"), ("assistant", "one two three four")]
+        assert app.query_one(AssistantMessage).markdown.source == "one two three four"
+        assert app.query_one(PromptBox).text == ""
+        assert "idle" in str(app.query_one(StatusBar).render())
+
+
+async def test_prompt_box_keys_newline_and_history():
+    app = make_app()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptBox)
+        await pilot.press(*"ab", "shift+enter", "c", "ctrl+j", "d")
+        assert prompt.text == "ab\nc\nd"
+        assert not app.session.conversation.messages
+        await pilot.press("enter")
+        await reply_done(pilot)
+        await send(pilot, "second")
+        await reply_done(pilot)
+        await pilot.press("up")
+        assert prompt.text == "second"
+        await pilot.press("up")
+        assert prompt.text == "ab\nc\nd"
+        await pilot.press("down", "down", "down")
+        assert prompt.text == ""
+
+
+async def test_escape_stops_the_reply_and_keeps_the_partial_text():
+    backend = FakeBackend(["alpha beta gamma delta"], stall_after=2)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await send(pilot, "go")
+        await wait_until(pilot, lambda: "beta" in app.session.conversation.messages[-1].content, what="two words")
+        await pilot.press("escape")
+        await reply_done(pilot)
+        reply = app.session.conversation.messages[-1]
+        assert reply.stopped and reply.content.startswith("alpha beta") and reply.content != "alpha beta gamma delta"
+        assert backend.running == 0
+        view = app.query_one(AssistantMessage)
+        assert view.has_class("stopped") and "stopped" in str(view.meta.render())
+
+
+async def test_slash_commands_change_settings_system_prompt_and_thinking():
+    backend = FakeBackend()
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        for command in ("/set temperature 0.3", "/set top_p 0.5", "/set top_k 7", "/set max_tokens 9",
+                        "/set seed 11", "/set repetition_penalty 1.2", "/system Be brief.", "/think off"):
+            await send(pilot, command)
+        await send(pilot, "/set temperature hot")  # refused with a message, nothing changes
+        await send(pilot, "/nonsense")
+        await send(pilot, "hi")
+        await reply_done(pilot)
+        request = backend.requests[-1]
+        assert request.sampling == {"temperature": 0.3, "top_p": 0.5, "top_k": 7, "max_tokens": 9, "seed": 11,
+                                    "repetition_penalty": 1.2}
+        assert request.messages[0] == {"role": "system", "content": "Be brief."}
+        assert request.chat_template_kwargs == {"enable_thinking": False}
+        await send(pilot, "//literal slash")
+        await reply_done(pilot)
+        assert backend.requests[-1].messages[-1]["content"] == "/literal slash"
+
+
+async def test_help_settings_and_prompt_screens():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await reply_done(pilot)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await send(pilot, "/show")
+        assert isinstance(app.screen, TextScreen) and "temperature" in app.screen.text
+        await pilot.press("escape")
+        await send(pilot, "/prompt")
+        assert isinstance(app.screen, TextScreen) and app.screen.text.endswith("<assistant>")
+        await pilot.press("escape")
+        await pilot.press("f2")
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#setting-temperature").value = "0.25"
+        await pilot.press("ctrl+s")
+        assert not isinstance(app.screen, SettingsScreen)
+        assert app.session.conversation.settings["temperature"] == 0.25
+
+
+async def test_regenerate_and_edit_resend_branch():
+    backend = FakeBackend(["first answer", "second answer", "edited answer"])
+    store = ConversationStore(None)
+    app = make_app(backend, store)
+    async with app.run_test() as pilot:
+        await send(pilot, "question")
+        await reply_done(pilot)
+        await pilot.press("ctrl+r")
+        await reply_done(pilot)
+        original = app.session.conversation
+        assert [m.content for m in original.messages] == ["question", "second answer"]
+        assert len(app.query(AssistantMessage)) == 1
+        await send(pilot, "/edit 1")
+        assert isinstance(app.screen, InputScreen)
+        app.screen.query_one("#input-text").load_text("better question")
+        await pilot.press("ctrl+s")
+        await reply_done(pilot)
+        branch = app.session.conversation
+        assert branch.id != original.id
+        assert [m.content for m in branch.messages] == ["better question", "edited answer"]
+        assert [m.content for m in store.load(original.id).messages] == ["question", "second answer"]
+        assert len(store.list_conversations()) == 2
+
+
+async def test_old_turns_are_dropped_with_a_notice_when_the_context_is_full():
+    backend = FakeBackend(["x " * 20] * 4, max_model_len=120)
+    app = make_app(backend, conversation=Conversation(settings={"temperature": 0, "top_p": 1.0, "top_k": 0,
+                                                                "max_tokens": 30, "seed": None,
+                                                                "repetition_penalty": 1.0}))
+    async with app.run_test() as pilot:
+        for i in range(4):
+            await send(pilot, f"message number {i} " + "words " * 20)
+            await reply_done(pilot)
+        notices = [str(n.render()) for n in app.query(Notice)]
+        assert any("no longer fit" in n for n in notices)
+        sent = backend.requests[-1].messages
+        assert sent[0]["content"].startswith("message number") and not sent[0]["content"].startswith("message number 0")
+        assert sent[-1]["content"].startswith("message number 3")
+        assert len(app.query(UserMessage)) == 4  # nothing disappears from the view
+
+
+async def test_thinking_is_a_collapsed_block_and_not_part_of_the_answer():
+    backend = FakeBackend(["<think>Let me see. Two and two.</think> It is 4."])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await send(pilot, "2+2?")
+        await reply_done(pilot)
+        reply = app.session.conversation.messages[-1]
+        assert reply.content == "It is 4." and reply.thinking.strip() == "Let me see. Two and two."
+        view = app.query_one(AssistantMessage)
+        assert view.thinking_block.display and view.thinking_block.collapsed
+
+
+async def test_backend_errors_become_messages_not_crashes():
+    app = make_app(FakeBackend(fail="the engine exploded"))
+    async with app.run_test() as pilot:
+        await send(pilot, "hi")
+        await reply_done(pilot)
+        errors = [str(n.render()) for n in app.query(Notice) if n.has_class("error")]
+        assert errors and "the engine exploded" in errors[0]
+        assert app.is_running and app.state == "idle"
+
+
+async def test_load_failure_is_shown_in_the_conversation():
+    class Broken(FakeBackend):
+        async def start(self, on_progress=None):
+            raise RuntimeError("no such model")
+
+    app = make_app(Broken())
+    async with app.run_test() as pilot:
+        await wait_until(pilot, app.ready.is_set)
+        await pilot.pause()
+        assert app.state == "error"
+        assert any("no such model" in str(n.render()) for n in app.query(Notice))
+        await send(pilot, "hello?")
+        await reply_done(pilot)
+        assert app.is_running
+
+
+async def test_conversation_list_rename_switch_and_delete():
+    store = ConversationStore(None)
+    app = make_app(FakeBackend(), store)
+    async with app.run_test() as pilot:
+        await send(pilot, "first chat")
+        await reply_done(pilot)
+        first = app.session.conversation.id
+        await pilot.press("ctrl+n")
+        await send(pilot, "second chat")
+        await reply_done(pilot)
+        await send(pilot, "/rename Renamed")
+        assert store.load(app.session.conversation.id).title == "Renamed"
+        await pilot.press("ctrl+b")
+        chats = app.query_one(ChatList)
+        assert chats.display and len(chats.children) == 2 and app.focused is chats
+        await pilot.press("down", "enter")  # the list is newest first
+        await pilot.pause()
+        assert app.focused is app.query_one(PromptBox)
+        assert [m.content for m in app.session.conversation.messages][0] == "first chat"
+        await send(pilot, "/delete")
+        assert store.load(first) is None and len(store.list_conversations()) == 1
+
+
+async def test_copy_and_export(tmp_path):
+    app = make_app(FakeBackend(["the answer"]))
+    async with app.run_test() as pilot:
+        await send(pilot, "question")
+        await reply_done(pilot)
+        await pilot.press("f5")
+        assert app.clipboard == "the answer"
+        await send(pilot, f"/save {tmp_path / 'out'}")
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert [m["content"] for m in data["messages"]] == ["question", "the answer"]
+        assert "the answer" in (tmp_path / "out.md").read_text()
+
+
+async def test_command_palette_runs_chat_actions():
+    app = make_app(FakeBackend(["the answer"]))
+    async with app.run_test() as pilot:
+        await send(pilot, "question")
+        await reply_done(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"New chat")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.session.conversation.messages == []
+        assert app.query("#welcome")
+
+
+async def test_quitting_mid_reply_keeps_the_partial_reply(data_dir):
+    store = ConversationStore(data_dir / "c.sqlite3")
+    backend = FakeBackend(["never finished story"], stall_after=1)
+    app = make_app(backend, store)
+    async with app.run_test() as pilot:
+        await send(pilot, "tell me")
+        await wait_until(pilot, lambda: app.session.conversation.messages[-1].content, what="a word")
+        await pilot.press("ctrl+q")
+    conversation = store.load(store.last_id())
+    assert [m.role for m in conversation.messages] == ["user", "assistant"]
+    assert conversation.messages[1].stopped and conversation.messages[1].content == "never "
+    assert backend.closed and backend.running == 0
+
+
+async def test_the_status_bar_warns_before_the_context_is_full():
+    backend = FakeBackend(["ok"], max_model_len=100)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        app.session.conversation.settings["max_tokens"] = 20
+        await send(pilot, "word " * 60)
+        await reply_done(pilot)
+        assert app.status.context_warning
+        assert "nearly full" in str(app.query_one(StatusBar).render())
+
+
+async def test_the_view_follows_the_reply_until_the_user_scrolls_up():
+    long_reply = " ".join(f"line{i}\n\n" for i in range(40))
+    hold = asyncio.Event()
+    backend = FakeBackend([long_reply, long_reply])
+    app = make_app(backend)
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.messages_view
+        await send(pilot, "first")
+        await reply_done(pilot)
+        assert view.max_scroll_y > 0 and view.scroll_y == view.max_scroll_y
+        backend.hold = hold
+        await send(pilot, "second")
+        hold.set()
+        await wait_until(pilot, lambda: len(app.session.conversation.messages[-1].content) > 60, what="text")
+        hold.clear()
+        await pilot.pause(0.3)
+        assert view.scroll_y == view.max_scroll_y  # pinned while streaming
+        view.scroll_home(animate=False, immediate=True)
+        await pilot.pause()
+        hold.set()
+        await reply_done(pilot)
+        await pilot.pause()
+        assert view.scroll_y < view.max_scroll_y  # the user scrolled up: left there
+
+
+async def test_loading_shows_progress_and_messages_typed_meanwhile_wait_for_the_model():
+    loaded = asyncio.Event()
+
+    class Slow(FakeBackend):
+        async def start(self, on_progress=None):
+            on_progress("reading weights")
+            await loaded.wait()
+
+    app = make_app(Slow(["ready now"]))
+    async with app.run_test() as pilot:
+        await pilot.pause(0.3)
+        panel = app.query_one("#loading")
+        assert "reading weights" in str(panel.label.render()) and app.state == "loading"
+        await send(pilot, "early message")
+        assert "waiting for the model" in str(app.query_one(AssistantMessage).meta.render())
+        loaded.set()
+        await reply_done(pilot)
+        assert not app.query("#loading")
+        assert app.session.conversation.messages[-1].content == "ready now"

@@ -1,0 +1,45 @@
+"""Pictures of the main screen, the help screen and a conversation with a code block, on the fake backend.
+
+Update them after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update`."""
+
+from __future__ import annotations
+
+from localchat.tui.app import ChatApp
+from localchat.tui.store import ConversationStore
+
+from .conftest import reply_done, send, wait_until
+from .fakes import CODE_REPLY, FakeBackend
+
+SIZE = (100, 30)
+
+
+def make_app(replies=()) -> ChatApp:
+    return ChatApp(FakeBackend(list(replies)), ConversationStore(None))
+
+
+async def loaded(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.ready.is_set() and not pilot.app.query("#loading"), what="loading")
+    await pilot.pause()
+
+
+def test_main_screen(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=loaded)
+
+
+def test_help_screen(snap_compare):
+    async def open_help(pilot):
+        await loaded(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=open_help)
+
+
+def test_conversation_with_code_block(snap_compare):
+    async def chat(pilot):
+        await loaded(pilot)
+        await send(pilot, "How do I add two numbers in Python?")
+        await reply_done(pilot)
+        await pilot.pause()
+
+    assert snap_compare(make_app([CODE_REPLY]), terminal_size=SIZE, run_before=chat)

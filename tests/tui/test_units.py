@@ -1,0 +1,128 @@
+"""The TUI's pieces without a screen: thinking split, slash-command parsing, the store, the SSE client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from localchat.errors import InvalidParameterError
+from localchat.tui.backends import ChatRequest
+from localchat.tui.commands import UnknownCommandError, parse_setting, parse_slash, parse_think
+from localchat.tui.conversation import DEFAULT_SETTINGS, ChatMessage, Conversation
+from localchat.tui.http_backend import OpenAIBackend, ServerError, api_base
+from localchat.tui.store import ConversationStore
+from localchat.tui.thinking import ThinkSplitter
+
+
+def split(pieces: list[str], in_thinking: bool = False) -> tuple[str, str]:
+    splitter, thinking, answer = ThinkSplitter(in_thinking), "", ""
+    for piece in pieces:
+        t, a = splitter.feed(piece)
+        thinking, answer = thinking + t, answer + a
+    t, a = splitter.flush()
+    return thinking + t, answer + a
+
+
+@pytest.mark.parametrize("pieces, expected", [
+    (["Hello", " world"], ("", "Hello world")),
+    (["<th", "ink>hmm", " ok</th", "ink>\n\nAnswer"], ("hmm ok", "Answer")),
+    (["\n<think>", "a</think>", "b"], ("a", "b")),
+    (["<", "b>bold</b>"], ("", "<b>bold</b>")),
+    (["<think>never closed"], ("never closed", "")),
+])
+def test_think_splitter(pieces, expected):
+    assert split(pieces) == expected
+
+
+def test_think_splitter_when_the_prompt_opened_the_block():
+    assert split(["pondering", "</think>", " done"], in_thinking=True) == ("pondering", "done")
+
+
+def test_slash_parsing():
+    command, args = parse_slash("/set temperature 0.2")
+    assert command.name == "set" and args == "temperature 0.2"
+    assert parse_slash("hello") is None and parse_slash("//not a command") is None
+    assert parse_slash("/regenerate")[0].name == "regen"
+    with pytest.raises(UnknownCommandError):
+        parse_slash("/frobnicate")
+
+
+def test_setting_values_are_checked_like_sampling_params():
+    settings = dict(DEFAULT_SETTINGS)
+    assert parse_setting("temperature 0.2", settings) == ("temperature", 0.2)
+    assert parse_setting("top-k 40", settings) == ("top_k", 40)
+    assert parse_setting("seed none", settings) == ("seed", None)
+    for bad in ("temperature -1", "top_p 0", "max_tokens 0", "top_k 1.5", "colour 3", "temperature"):
+        with pytest.raises(InvalidParameterError):
+            parse_setting(bad, settings)
+    assert parse_think("on") is True and parse_think("off") is False and parse_think("default") is None
+
+
+def test_store_round_trip_truncate_and_delete(tmp_path):
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    conversation = Conversation(title="t", system_prompt="sys", think=False)
+    conversation.messages = [ChatMessage("user", "q"), ChatMessage("assistant", "a", "why", True, {"ttft": 0.5})]
+    store.save_message(conversation, 0)
+    store.save_message(conversation, 1)
+    again = ConversationStore(tmp_path / "c.sqlite3")
+    assert again.load(conversation.id) == conversation
+    store.truncate(conversation, 1)
+    assert [m.content for m in again.load(conversation.id).messages] == ["q"]
+    assert again.last_id() == conversation.id and again.list_conversations() == [(conversation.id, "t")]
+    store.delete(conversation.id)
+    assert again.load(conversation.id) is None
+
+
+def test_api_base():
+    assert api_base("localhost:8000") == "http://localhost:8000/v1"
+    assert api_base("http://h:1/v1/") == "http://h:1/v1"
+    assert api_base("http://h:1/v1/chat/completions") == "http://h:1/v1"
+
+
+def _sse(*chunks) -> bytes:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
+
+
+async def test_openai_backend_streams_thinking_text_and_usage():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 512}]})
+        seen["body"] = json.loads(request.content)
+        seen["auth"] = request.headers.get("authorization")
+        body = _sse({"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
+                    {"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]},
+                    {"choices": [{"delta": {"content": "!"}, "finish_reason": "stop"}]},
+                    {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 3,
+                                              "prompt_tokens_details": {"cached_tokens": 8}}})
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    backend = OpenAIBackend("http://x", api_key="k", transport=httpx.MockTransport(handler))
+    await backend.start()
+    assert (backend.model_name, backend.max_model_len) == ("m", 512)
+    settings = {**DEFAULT_SETTINGS, "top_k": 5, "seed": 3}
+    deltas = [d async for d in backend.stream(ChatRequest([{"role": "user", "content": "q"}], settings,
+                                                          {"enable_thinking": True}))]
+    assert "".join(d.thinking for d in deltas) == "hmm" and "".join(d.text for d in deltas) == "Hi!"
+    assert (deltas[-1].prompt_tokens, deltas[-1].cached_tokens, deltas[-1].completion_tokens) == (10, 8, 3)
+    body = seen["body"]
+    assert body["stream"] and body["top_k"] == 5 and body["seed"] == 3 and "repetition_penalty" not in body
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and seen["auth"] == "Bearer k"
+    await backend.close()
+
+
+async def test_openai_backend_reports_http_errors():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        return httpx.Response(400, json={"error": {"message": "max_tokens is too large"}})
+
+    backend = OpenAIBackend("http://x", transport=httpx.MockTransport(handler))
+    await backend.start()
+    with pytest.raises(ServerError, match="max_tokens is too large"):
+        async for _ in backend.stream(ChatRequest([{"role": "user", "content": "q"}], dict(DEFAULT_SETTINGS))):
+            pass
+    await backend.close()
