@@ -1,0 +1,254 @@
+"""A small scripting client for a `localchat serve` server (or any OpenAI-compatible one), on httpx.
+
+>>> with Client("http://127.0.0.1:8000") as client:
+...     print(client.chat([{"role": "user", "content": "Hi!"}], max_tokens=32).text)
+...     for delta in client.chat([{"role": "user", "content": "Hi!"}], stream=True):
+...         print(delta.text, end="")
+
+AsyncClient has the same methods: `await client.chat(...)`, and `async for delta in client.chat(..., stream=True)`.
+A failed request raises APIError carrying the HTTP status and the server's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+
+
+class APIError(Exception):
+    """An HTTP error from the server: `status`, `message`, and the OpenAI error `type` and `param`."""
+
+    def __init__(self, status: int, message: str, error_type: str | None = None, param: str | None = None):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.type, self.param = status, message, error_type, param
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+
+    @classmethod
+    def from_dict(cls, usage: dict) -> "Usage":
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return cls(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), usage.get("total_tokens", 0),
+                   cached)
+
+
+@dataclass
+class Completion:
+    """A whole answer: `text` of the first choice, `texts` of all (n > 1), and the usage."""
+
+    texts: list[str]
+    finish_reasons: list[str | None]
+    usage: Usage
+    raw: dict = field(repr=False)
+
+    @property
+    def text(self) -> str:
+        return self.texts[0] if self.texts else ""
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.finish_reasons[0] if self.finish_reasons else None
+
+
+@dataclass
+class Delta:
+    """A piece of a streamed answer; the last one of a stream has empty text and the `usage`."""
+
+    text: str
+    index: int = 0
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# --- what both clients share: request bodies and response parsing ----------------------------------------
+def _payload(key: str, value, stream: bool, model: str | None, params: dict) -> dict:
+    body = {key: value, **params, "stream": stream}
+    if model is not None:
+        body.setdefault("model", model)
+    if stream:
+        body.setdefault("stream_options", {"include_usage": True})
+    return body
+
+
+def _completion(body: dict) -> Completion:
+    choices = sorted(body.get("choices", []), key=lambda c: c.get("index", 0))
+    texts = [c["message"].get("content") or "" if "message" in c else c.get("text", "") for c in choices]
+    return Completion(texts, [c.get("finish_reason") for c in choices], Usage.from_dict(body.get("usage") or {}),
+                      body)
+
+
+def _deltas(line: str) -> list[Delta] | None:
+    """The deltas of one SSE line; None at the end of the stream."""
+    if not line.startswith("data:"):
+        return []
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return None
+    chunk = json.loads(data)
+    if "error" in chunk:
+        error = chunk["error"]
+        raise APIError(error.get("code") or 500, error.get("message", "stream failed"), error.get("type"),
+                       error.get("param"))
+    deltas = []
+    for choice in chunk.get("choices", []):
+        text = choice["delta"].get("content") or "" if "delta" in choice else choice.get("text", "")
+        deltas.append(Delta(text, choice.get("index", 0), choice.get("finish_reason")))
+    if chunk.get("usage"):
+        deltas.append(Delta("", usage=Usage.from_dict(chunk["usage"])))
+    return deltas
+
+
+def _error(response: httpx.Response) -> APIError:
+    try:
+        error = response.json()["error"]
+        return APIError(response.status_code, error.get("message", ""), error.get("type"), error.get("param"))
+    except (ValueError, KeyError, TypeError):
+        return APIError(response.status_code, response.text or response.reason_phrase)
+
+
+def _headers(api_key: str | None) -> dict:
+    api_key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class Client:
+    """Blocking client. `model=None` lets the server use the model it serves."""
+
+    def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str | None = None, model: str | None = None,
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT):
+        self.model = model
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout)
+
+    def chat(self, messages: list[dict], stream: bool = False, **params) -> Completion | Iterator[Delta]:
+        """POST /v1/chat/completions; params are the OpenAI/vLLM fields (max_tokens, temperature, ...)."""
+        return self._generate("/v1/chat/completions", _payload("messages", messages, stream, self.model, params))
+
+    def complete(self, prompt: str | list, stream: bool = False, **params) -> Completion | Iterator[Delta]:
+        """POST /v1/completions: continue `prompt` (text or token ids)."""
+        return self._generate("/v1/completions", _payload("prompt", prompt, stream, self.model, params))
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in self._call("GET", "/v1/models")["data"]]
+
+    def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **params) -> dict:
+        """{'tokens', 'count', 'max_model_len'} of a text or of a conversation rendered by the chat template."""
+        body = {"prompt": prompt} if messages is None else {"messages": messages}
+        return self._call("POST", "/tokenize", json={**body, **params})
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._call("POST", "/detokenize", json={"tokens": tokens})["prompt"]
+
+    def health(self) -> bool:
+        """True when the server is up and its engine serves."""
+        try:
+            return self._http.get("/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> dict:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise _error(response)
+        return response.json()
+
+    def _generate(self, path: str, body: dict):
+        return self._stream(path, body) if body["stream"] else _completion(self._call("POST", path, json=body))
+
+    def _stream(self, path: str, body: dict) -> Iterator[Delta]:
+        with self._http.stream("POST", path, json=body) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error(response)
+            for line in response.iter_lines():
+                deltas = _deltas(line)
+                if deltas is None:
+                    return
+                yield from deltas
+
+
+class AsyncClient:
+    """The asyncio twin of Client: `await client.chat(...)`; `async for d in client.chat(..., stream=True)`."""
+
+    def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str | None = None, model: str | None = None,
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT):
+        self.model = model
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout)
+
+    def chat(self, messages: list[dict], stream: bool = False, **params):
+        return self._generate("/v1/chat/completions", _payload("messages", messages, stream, self.model, params))
+
+    def complete(self, prompt: str | list, stream: bool = False, **params):
+        return self._generate("/v1/completions", _payload("prompt", prompt, stream, self.model, params))
+
+    async def models(self) -> list[str]:
+        return [m["id"] for m in (await self._call("GET", "/v1/models"))["data"]]
+
+    async def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **params) -> dict:
+        body = {"prompt": prompt} if messages is None else {"messages": messages}
+        return await self._call("POST", "/tokenize", json={**body, **params})
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return (await self._call("POST", "/detokenize", json={"tokens": tokens}))["prompt"]
+
+    async def health(self) -> bool:
+        try:
+            return (await self._http.get("/health")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs) -> dict:
+        response = await self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise _error(response)
+        return response.json()
+
+    def _generate(self, path: str, body: dict):
+        return self._stream(path, body) if body["stream"] else self._complete(path, body)
+
+    async def _complete(self, path: str, body: dict) -> Completion:
+        return _completion(await self._call("POST", path, json=body))
+
+    async def _stream(self, path: str, body: dict) -> AsyncIterator[Delta]:
+        async with self._http.stream("POST", path, json=body) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _error(response)
+            async for line in response.aiter_lines():
+                deltas = _deltas(line)
+                if deltas is None:
+                    return
+                for delta in deltas:
+                    yield delta

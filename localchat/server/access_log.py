@@ -1,0 +1,41 @@
+"""One log line per HTTP request, written when its response is complete (streams included)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger("localchat.server")
+
+
+def access_log(app):
+    """Wrap an ASGI app: `client "METHOD path" status seconds [prompt/completion/cached tokens]`."""
+
+    async def middleware(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        start = time.monotonic()
+        status = 0
+
+        async def send_with_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_with_status)
+        finally:
+            client = scope.get("client")
+            line = (f'{client[0] if client else "-"} "{scope["method"]} {scope["path"]}" '
+                    f'{status or "disconnected"} {time.monotonic() - start:.3f}s')
+            generation = scope.get("localchat_generation")
+            if generation is not None:
+                usage = generation.usage()
+                line += (f' prompt={usage["prompt_tokens"]} completion={usage["completion_tokens"]}'
+                         f' cached={usage["prompt_tokens_details"]["cached_tokens"]}')
+                if generation.aborted:
+                    line += " aborted"
+            logger.info(line)
+
+    return middleware

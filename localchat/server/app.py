@@ -1,0 +1,34 @@
+"""Build the Litestar application of the OpenAI-compatible server around a started AsyncEngine."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+
+from localchat import __version__
+from localchat.server.access_log import access_log
+from localchat.server.errors import handle_exception
+from localchat.server.routes_chat import create_chat_completion
+from localchat.server.routes_completions import create_completion
+from localchat.server.routes_misc import ROUTES
+from localchat.server.state import ServerState
+
+
+def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Litestar:
+    """The Litestar app; OpenAPI docs at /docs. Every error is answered in OpenAI's error shape."""
+    return Litestar(
+        route_handlers=[create_chat_completion, create_completion, *ROUTES],
+        state=State({"server": server}),
+        exception_handlers={Exception: handle_exception},
+        cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"]) if cors_origins else None,
+        openapi_config=OpenAPIConfig(title="localchat", version=__version__, path="/docs",
+                                     description="OpenAI-compatible API of a localchat server."),
+        logging_config=None,
+    )
+
+
+def build_asgi_app(server: ServerState, cors_origins: list[str] | None = None):
+    """The app wrapped in the access log, as uvicorn runs it."""
+    return access_log(build_app(server, cors_origins))

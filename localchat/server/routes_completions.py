@@ -1,0 +1,95 @@
+"""POST /v1/completions: continue raw text or token ids (one prompt or a batch), whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from litestar import Request, Response, post
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from localchat.engine.outputs import CompletionOutput
+from localchat.errors import InvalidParameterError
+from localchat.server.generation import ChoiceState, Generation, until_disconnect
+from localchat.server.logprobs import CompletionLogprobs, TokenStrings
+from localchat.server.protocol import JSON_BODY, CompletionRequest
+from localchat.server.sampling import completion_sampling_params
+from localchat.server.state import require_api_key, server_of
+from localchat.server.streaming import SSE_HEADERS, ChunkEncoder, sse_events
+
+_PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def parse_prompts(prompt) -> list[str | list[int]]:
+    """The prompts of a request, each text or token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if _is_token_ids(prompt):
+        return [prompt]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if prompt and all(_is_token_ids(p) for p in prompt):
+        return list(prompt)
+    raise InvalidParameterError(f"prompt must be {_PROMPT_SHAPES}", param="prompt")
+
+
+class CompletionDialect:
+    """Completions' choice objects: `text`, and the legacy logprobs with offsets running across chunks."""
+
+    def __init__(self, token_str: TokenStrings, logprobs: bool, echoes: list[str], n: int):
+        self.token_str, self.logprobs, self.echoes, self.n = token_str, logprobs, echoes, n
+        self._builders: dict[int, CompletionLogprobs] = {}
+
+    def _logprobs(self, index: int, entries) -> dict | None:
+        if not self.logprobs:
+            return None
+        builder = self._builders.get(index)
+        if builder is None:
+            builder = self._builders[index] = CompletionLogprobs(self.token_str)
+        return builder.build(entries or [])
+
+    def stream_choice(self, index: int, position: int, out: CompletionOutput, first: bool) -> dict | None:
+        text = self.echoes[position] + out.text if first and self.echoes else out.text
+        if not (first or text or out.finish_reason or out.logprobs):
+            return None
+        return {"index": index, "text": text, "logprobs": self._logprobs(index, out.logprobs),
+                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+
+    def final_choice(self, index: int, choice: ChoiceState) -> dict:
+        echo = self.echoes[index // self.n] if self.echoes else ""
+        return {"index": index, "text": echo + choice.text, "logprobs": self._logprobs(index, choice.logprobs),
+                "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+
+
+@post("/v1/completions", status_code=200, guards=[require_api_key], summary="Create a completion")
+async def create_completion(request: Request, data: Annotated[CompletionRequest, JSON_BODY]) -> Response:
+    server = server_of(request)
+    server.check_model(data.model)
+    params = completion_sampling_params(data)
+    prompts = parse_prompts(data.prompt)
+    response_id = server.new_id("cmpl")
+    generation = Generation(server.engine, server.metrics, response_id, params)
+    await generation.start(prompts)
+    request.scope["localchat_generation"] = generation  # for the access log line
+    echoes = []
+    if data.echo:
+        echoes = [p if isinstance(p, str) else server.engine.detokenize(p, skip_special_tokens=False)
+                  for p in prompts]
+    dialect = CompletionDialect(server.token_str, data.logprobs is not None, echoes, params.n)
+    created = int(time.time())
+    if data.stream:
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        encoder = ChunkEncoder(response_id, "text_completion", created, server.model_name, include_usage)
+        return Stream(sse_events(generation, dialect, encoder, include_usage), media_type="text/event-stream",
+                      headers=SSE_HEADERS, background=BackgroundTask(generation.close))
+    choices = await until_disconnect(request.receive, generation.collect())
+    return Response({
+        "id": response_id, "object": "text_completion", "created": created, "model": server.model_name,
+        "choices": [dialect.final_choice(index, choice) for index, choice in sorted(choices.items())],
+        "usage": generation.usage(),
+    })

@@ -1,0 +1,77 @@
+"""What every handler shares: the engine, the served model name, metrics and the API key."""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler
+
+from localchat.errors import InvalidParameterError, LocalchatError, ModelNotFoundError
+from localchat.server.logprobs import TokenStrings
+from localchat.server.metrics import ServerMetrics
+
+# chat_template_kwargs may not override what the server itself passes to the template
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                                      "continue_final_message"})
+
+
+@dataclass
+class ServerState:
+    """Handlers reach it as `request.app.state.server`."""
+
+    engine: object  # AsyncEngine, started
+    model_name: str
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics: ServerMetrics = field(init=False)
+    token_str: TokenStrings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.engine)
+        self.token_str = TokenStrings(self.engine.tokenizer)
+
+    def check_model(self, name: str | None) -> None:
+        """An omitted model means the served one; any other name is a 404."""
+        if name is not None and name != self.model_name:
+            raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                                     param="model")
+
+    def render_chat(self, messages: list, *, chat_template_kwargs: dict | None, **kwargs) -> list[int]:
+        if not messages:
+            raise InvalidParameterError("messages must hold at least one message", param="messages")
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+        if clash:
+            raise InvalidParameterError(f"chat_template_kwargs may not set {', '.join(clash)}",
+                                        param="chat_template_kwargs")
+        try:
+            return self.engine.render_chat([m.to_dict() for m in messages], chat_template_kwargs=chat_template_kwargs,
+                                           **kwargs)
+        except LocalchatError:
+            raise
+        except Exception as exc:  # a template tripping over unexpected input is still bad input
+            raise InvalidParameterError(f"the chat template failed on these messages: {exc}", param="messages") from exc
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def server_of(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Litestar guard: `Authorization: Bearer KEY`, compared in constant time, when a key is set."""
+    expected = connection.app.state.server.api_key
+    if expected is None:
+        return
+    header = connection.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())):
+        raise NotAuthorizedException("invalid or missing API key: send 'Authorization: Bearer <key>'")

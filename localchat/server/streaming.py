@@ -1,0 +1,77 @@
+"""Server-sent events for streamed completions: `data: {chunk}` lines, then `data: [DONE]`.
+
+The part of a chunk shared by every chunk of a response (id, object, created, model) is encoded once;
+per delta only the choice is encoded, and all choices that advanced in one engine step go out in one
+write. Each choice's first chunk is marked `first` (chat puts the role there); the engine reports a
+finish_reason exactly once per choice, in its last delta, so it reaches the client exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+
+from localchat.engine.outputs import CompletionOutput
+from localchat.server.errors import error_from_exception
+from localchat.server.generation import Generation
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_encode = msgspec.json.Encoder().encode
+
+
+class Dialect(Protocol):
+    """How one endpoint (chat or completions) words a streamed choice."""
+
+    def stream_choice(self, index: int, position: int, out: CompletionOutput, first: bool) -> dict | None:
+        """The choice object of one delta, or None when there is nothing worth sending."""
+
+
+class ChunkEncoder:
+    """Encodes chunks of one response: a fixed prefix and suffix around the per-delta choice."""
+
+    def __init__(self, response_id: str, object_name: str, created: int, model: str, include_usage: bool):
+        head = _encode({"id": response_id, "object": object_name, "created": created, "model": model})
+        self._prefix = b"data: " + head[:-1] + b',"choices":['
+        self._suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+
+    def chunk(self, choice: dict) -> bytes:
+        return self._prefix + _encode(choice) + self._suffix
+
+    def usage_chunk(self, usage: dict) -> bytes:
+        return self._prefix + b'],"usage":' + _encode(usage) + b"}\n\n"
+
+
+def error_event(exc: BaseException) -> bytes:
+    body, _ = error_from_exception(exc)
+    return b"data: " + _encode(body) + b"\n\n"
+
+
+async def sse_events(generation: Generation, dialect: Dialect, encoder: ChunkEncoder,
+                     include_usage: bool) -> AsyncIterator[bytes]:
+    """The whole event stream of one response. An engine failure mid-stream becomes an error event, and
+    the stream still ends with [DONE]; a client disconnect cancels this and aborts the engine requests."""
+    n = generation.params.n
+    started: set[int] = set()
+    try:
+        async for position, delta in generation.deltas():
+            parts = []
+            for out in delta.outputs:
+                index = position * n + out.index
+                first = index not in started
+                if first:
+                    started.add(index)
+                choice = dialect.stream_choice(index, position, out, first)
+                if choice is not None:
+                    parts.append(encoder.chunk(choice))
+            if parts:
+                yield b"".join(parts)
+        if include_usage:
+            yield encoder.usage_chunk(generation.usage())
+    except Exception as exc:
+        yield error_event(exc)
+    finally:
+        await generation.close()
+    yield DONE

@@ -1,0 +1,107 @@
+"""Bad input gets its status and an OpenAI error body, never a 500; the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import MAX_MODEL_LEN
+
+pytestmark = pytest.mark.slow
+
+USER = [{"role": "user", "content": "Hi"}]
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+CASES = [
+    # (id, path, json body or raw bytes, status, param)
+    ("invalid-json", CHAT, b'{"messages": [', 400, None),
+    ("body-not-object", CHAT, [1, 2], 400, None),
+    ("missing-messages", CHAT, {"model": None}, 400, "messages"),
+    ("malformed-temperature", CHAT, {"messages": USER, "temperature": "hot"}, 400, "temperature"),
+    ("malformed-content", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, None),
+    ("image-part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
+    ("unknown-role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+    ("empty-messages", CHAT, {"messages": []}, 400, "messages"),
+    ("temperature-low", CHAT, {"messages": USER, "temperature": -0.5}, 400, "temperature"),
+    ("temperature-high", CHAT, {"messages": USER, "temperature": 1000}, 400, "temperature"),
+    ("top-p-zero", CHAT, {"messages": USER, "top_p": 0}, 400, "top_p"),
+    ("top-p-high", CHAT, {"messages": USER, "top_p": 1.5}, 400, "top_p"),
+    ("n-zero", CHAT, {"messages": USER, "n": 0}, 400, "n"),
+    ("max-tokens-zero", CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
+    ("max-completion-tokens-negative", CHAT, {"messages": USER, "max_completion_tokens": -3}, 400,
+     "max_completion_tokens"),
+    ("top-logprobs-21", CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("top-logprobs-without-logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("seed-over-int64", CHAT, {"messages": USER, "seed": 2**63}, 400, "seed"),
+    ("seed-under-int64", CHAT, {"messages": USER, "seed": -(2**63) - 1}, 400, "seed"),
+    ("stream-options-without-stream", CHAT, {"messages": USER, "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("presence-penalty", CHAT, {"messages": USER, "presence_penalty": 3}, 400, "presence_penalty"),
+    ("template-kwargs-clash", CHAT, {"messages": USER, "chat_template_kwargs": {"messages": []}}, 400,
+     "chat_template_kwargs"),
+    ("unknown-model", CHAT, {"messages": USER, "model": "gpt-9"}, 404, "model"),
+    ("completion-bad-prompt", COMPLETIONS, {"prompt": [["a"], 1]}, 400, "prompt"),
+    ("completion-missing-prompt", COMPLETIONS, {"max_tokens": 3}, 400, "prompt"),
+    ("completion-empty-prompt", COMPLETIONS, {"prompt": ""}, 400, "prompt"),
+    ("completion-token-out-of-vocab", COMPLETIONS, {"prompt": [10**9]}, 400, "prompt"),
+    ("completion-logprobs-21", COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("completion-unknown-model", COMPLETIONS, {"prompt": "x", "model": "nope"}, 404, "model"),
+    ("tokenize-neither", "/tokenize", {}, 400, "prompt"),
+    ("detokenize-out-of-vocab", "/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+    ("unknown-route", "/v1/nothing", {}, 404, None),
+]
+
+
+def _check_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["type"]
+    assert error["code"] == status
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+@pytest.mark.parametrize("path,body,status,param", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(http, path, body, status, param):
+    if isinstance(body, bytes):
+        response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    else:
+        response = http.post(path, json=body)
+    _check_error(response, status, param)
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_prompt_longer_than_context(http, path):
+    text = "hello " * (MAX_MODEL_LEN + 50)
+    body = {"messages": [{"role": "user", "content": text}]} if path == CHAT else {"prompt": text}
+    message = _check_error(http.post(path, json=body), 400)["message"]
+    prompt_tokens = http.post("/tokenize", json={k: v for k, v in body.items()}).json()["count"]
+    assert str(prompt_tokens) in message and str(MAX_MODEL_LEN) in message
+    # room for the prompt but not for max_tokens: both lengths named too
+    short = {"prompt": "hello " * 1000, "max_tokens": 100}
+    message = _check_error(http.post(COMPLETIONS, json=short), 400, "max_tokens")["message"]
+    assert "100" in message and str(MAX_MODEL_LEN) in message
+
+
+@pytest.mark.parametrize("path,method", [(CHAT, "POST"), (COMPLETIONS, "POST"), ("/v1/models", "GET"),
+                                         ("/tokenize", "POST"), ("/detokenize", "POST")])
+def test_api_key_required(base_url, path, method):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key-123"}):
+        response = httpx.request(method, f"{base_url}{path}", json={"prompt": "x"}, headers=headers)
+        _check_error(response, 401)
+
+
+@pytest.mark.parametrize("path", ["/health", "/version", "/metrics"])
+def test_open_endpoints(base_url, path):
+    assert httpx.get(f"{base_url}{path}").status_code == 200
+
+
+def test_server_still_serves_after_bad_input(http):
+    for case in CASES[:5]:
+        http.post(case[1], json=case[2]) if not isinstance(case[2], bytes) else http.post(case[1], content=case[2])
+    response = http.post(CHAT, json={"messages": USER, "max_tokens": 3, "temperature": 0})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] <= 3
+    assert http.get("/health").status_code == 200

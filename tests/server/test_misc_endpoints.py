@@ -1,0 +1,65 @@
+"""Models, health, version, tokenize/detokenize, Prometheus metrics and the OpenAPI docs."""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat import __version__
+
+from .conftest import MAX_MODEL_LEN
+
+pytestmark = pytest.mark.slow
+
+METRIC_NAMES = [
+    "localchat_num_requests_running", "localchat_num_requests_waiting", "localchat_kv_cache_usage_perc",
+    "localchat_prefix_cache_queries_total", "localchat_prefix_cache_hits_total", "localchat_prompt_tokens_total",
+    "localchat_generation_tokens_total", 'localchat_request_success_total{finished_reason="stop"}',
+    'localchat_request_success_total{finished_reason="length"}',
+    'localchat_request_success_total{finished_reason="abort"}',
+    "localchat_time_to_first_token_seconds_count", "localchat_inter_token_latency_seconds_count",
+    "localchat_e2e_request_latency_seconds_count", 'localchat_e2e_request_latency_seconds_bucket{le="+Inf"}',
+]
+
+
+def test_models_health_version(http):
+    models = http.get("/v1/models").json()
+    assert models["object"] == "list"
+    [model] = models["data"]
+    assert model["object"] == "model" and model["id"] and model["max_model_len"] == MAX_MODEL_LEN
+    assert http.get("/health").json() == {"status": "ok"}
+    assert http.get("/version").json() == {"version": __version__}
+
+
+def test_tokenize_detokenize(http):
+    result = http.post("/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+    assert result["count"] == len(result["tokens"]) > 0 and result["max_model_len"] == MAX_MODEL_LEN
+    assert "".join(result["token_strs"]) == "Hello world"
+    assert http.post("/detokenize", json={"tokens": result["tokens"]}).json() == {"prompt": "Hello world"}
+    chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "Hello world"}]}).json()
+    assert chat["count"] > result["count"]
+    text = http.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
+    assert "Hello world" in text and text.rstrip().endswith("assistant")  # the generation prompt is there
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    assert http.post("/tokenize", json={"messages": [{"role": "user", "content": parts}]}).json()["count"] > 0
+
+
+def test_metrics_exposition(http, metrics):
+    http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    samples = metrics()
+    for name in METRIC_NAMES:
+        assert name in samples, name
+    assert samples["localchat_generation_tokens_total"] >= 2
+    assert samples["localchat_prompt_tokens_total"] >= 1
+    assert samples["localchat_time_to_first_token_seconds_count"] >= 1
+    assert 0 <= samples["localchat_kv_cache_usage_perc"] <= 1
+    assert samples["localchat_prefix_cache_hits_total"] <= samples["localchat_prefix_cache_queries_total"]
+
+
+def test_openapi_docs(http):
+    schema = http.get("/docs/openapi.json").json()
+    assert "/v1/chat/completions" in schema["paths"] and "/v1/completions" in schema["paths"]
+
+
+def test_one_log_line_per_request(server, http):
+    http.get("/version")
+    assert '"GET /version" 200' in server.log()

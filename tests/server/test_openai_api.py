@@ -1,0 +1,140 @@
+"""The openai package against a real server: structure and token accounting of chat and completions."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"  # the default model
+MESSAGES = [{"role": "user", "content": "Name three colors."}]
+GREEDY = {"temperature": 0, "max_tokens": 8}
+
+
+def _stream_chat(client, **kwargs):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
+                                                 stream_options={"include_usage": True}, **kwargs))
+    return chunks
+
+
+def test_chat_non_streamed(openai_client):
+    response = openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    assert response.model == MODEL
+    [choice] = response.choices
+    assert choice.index == 0 and choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = response.usage
+    assert usage.prompt_tokens > 5 and 1 <= usage.completion_tokens <= 8
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_chat_streamed_equals_non_streamed(openai_client):
+    whole = openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    chunks = _stream_chat(openai_client, **GREEDY)
+    content_chunks = [c for c in chunks if c.choices]
+    assert content_chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in content_chunks[1:])
+    finishes = [c.choices[0].finish_reason for c in content_chunks if c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert content_chunks[-1].choices[0].finish_reason is not None
+    assert "".join(c.choices[0].delta.content or "" for c in content_chunks) == whole.choices[0].message.content
+    assert all(c.usage is None for c in content_chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # the same prompt again: its full blocks come from the prefix cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 16
+
+
+def test_completions_streamed_equals_non_streamed(openai_client):
+    kwargs = {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 8}
+    whole = openai_client.completions.create(model=MODEL, **kwargs)
+    assert whole.object == "text_completion" and whole.choices[0].text
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    chunks = list(openai_client.completions.create(model=MODEL, stream=True, stream_options={"include_usage": True},
+                                                   **kwargs))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_n2_chat_and_completions(openai_client):
+    response = openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, temperature=0.8, seed=7,
+                                                     max_tokens=5,
+                                                     extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in response.choices) == [0, 1]
+    assert all(c.finish_reason == "length" for c in response.choices)
+    assert response.usage.completion_tokens == 10
+    chunks = _stream_chat(openai_client, n=2, temperature=0.8, seed=7, max_tokens=5, extra_body={"ignore_eos": True})
+    texts, roles, finishes = {0: "", 1: ""}, {0: 0, 1: 0}, {0: 0, 1: 0}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles[choice.index] += choice.delta.role is not None
+            finishes[choice.index] += choice.finish_reason is not None
+    assert roles == {0: 1, 1: 1} and finishes == {0: 1, 1: 1}
+    assert texts == {c.index: c.message.content for c in response.choices}  # seeded: the same samples
+    assert chunks[-1].usage.completion_tokens == 10
+    completion = openai_client.completions.create(model=MODEL, prompt="Once upon a time", n=2, max_tokens=4, seed=1,
+                                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in completion.choices) == [0, 1] and completion.usage.completion_tokens == 8
+
+
+def test_stop_strings(openai_client):
+    kwargs = {"prompt": "1, 2, 3, 4, 5,", "temperature": 0, "max_tokens": 12}
+    free = openai_client.completions.create(model=MODEL, **kwargs).choices[0].text
+    assert " 7" in free, free
+    stopped = openai_client.completions.create(model=MODEL, stop=[" 7"], **kwargs).choices[0]
+    assert stopped.text == free[: free.index(" 7")]
+    assert stopped.finish_reason == "stop" and stopped.model_extra["stop_reason"] == " 7"
+    included = openai_client.completions.create(model=MODEL, stop=" 7", extra_body={"include_stop_str_in_output": True},
+                                                **kwargs).choices[0]
+    assert included.text == free[: free.index(" 7") + 2]
+    chunks = list(openai_client.completions.create(model=MODEL, stop=[" 7"], stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks) == stopped.text
+
+
+def test_chat_logprobs(openai_client):
+    response = openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3,
+                                                     **GREEDY)
+    choice = response.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    # the end-of-turn token has its logprob too, and no text
+    assert "".join(entry.token for entry in content).removesuffix("<|im_end|>") == choice.message.content
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.bytes == list(entry.token.encode())
+        assert entry.logprob == pytest.approx(max(t.logprob for t in entry.top_logprobs), abs=1e-4)  # greedy
+    chunks = _stream_chat(openai_client, logprobs=True, top_logprobs=1, **GREEDY)
+    streamed = [e.token for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == [entry.token for entry in content]
+
+
+def test_completion_logprobs(openai_client):
+    response = openai_client.completions.create(model=MODEL, prompt="The sky is", logprobs=2, temperature=0,
+                                                max_tokens=6)
+    choice = response.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(6)]
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert token in top and 1 <= len(top) <= 3 and logprob <= 0
+
+
+def test_echo_and_token_prompts(openai_client, http):
+    ids = http.post("/tokenize", json={"prompt": "Hello world"}).json()["tokens"]
+    response = openai_client.completions.create(model=MODEL, prompt=ids, echo=True, max_tokens=3, temperature=0)
+    assert response.choices[0].text.startswith("Hello world")
+    assert response.usage.prompt_tokens == len(ids)
+    batch = openai_client.completions.create(model=MODEL, prompt=["Hi", "Bye"], max_tokens=2, temperature=0, n=2,
+                                             extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]  # prompt position * n + sample
+    assert batch.usage.completion_tokens == 8
+    single = [openai_client.completions.create(model=MODEL, prompt=p, max_tokens=2, temperature=0).usage.prompt_tokens
+              for p in ("Hi", "Bye")]
+    assert batch.usage.prompt_tokens == sum(single)
