@@ -15,9 +15,15 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(generate)
-# chat: registered here from localchat/tui/command.py
-# serve: registered here from localchat/server/command.py
-# bench: registered here from localchat/bench/command.py
+from localchat.tui.command import chat  # noqa: E402
+
+app.command()(chat)
+from localchat.server.command import serve  # noqa: E402
+
+app.command()(serve)
+from localchat.bench.command import bench  # noqa: E402
+
+app.command()(bench)
 
 
 @app.command()

@@ -1,0 +1,136 @@
+"""Our engine, driven by a loop over `LLMEngine.step()` so every output token is timed as a caller sees it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.bench.records import RequestRecord, RunResult
+from localchat.bench.workloads import BenchRequest
+
+Advance = Callable[[int], None]
+
+
+def _noop(_: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """What the peers need to run the same model the engine ran (so the engine can be freed first)."""
+
+    name: str
+    directory: Path  # HF-style directory (for a GGUF model: its converted float32 copy)
+    gguf_path: Path | None
+    load_format: str
+    device: str
+    dtype: object  # torch.dtype
+    num_threads: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+
+
+def model_target(engine) -> ModelTarget:
+    import torch
+
+    runtime = engine.runtime
+    source = runtime.files.source
+    eos = tuple(sorted(engine.eos_token_ids))
+    tokenizer = engine.tokenizer
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    return ModelTarget(runtime.model_name, runtime.files.directory, source.path if source.kind == "gguf" else None,
+                       runtime.config.load_format, runtime.device.type, runtime.dtype, torch.get_num_threads(),
+                       runtime.max_model_len, eos, pad if pad is not None else (eos[0] if eos else 0))
+
+
+def engine_label(engine) -> str:
+    runtime = engine.runtime
+    prefix = "on" if runtime.config.enable_prefix_caching else "off"
+    return (f"localchat engine ({str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
+            f"max_num_seqs {runtime.max_num_seqs}, max_num_batched_tokens {runtime.max_num_batched_tokens}, "
+            f"prefix caching {prefix})")
+
+
+def _greedy(max_tokens: int):
+    from localchat.engine.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def warm_up(engine, token_ids: list[int]) -> None:
+    """One short request so first-call costs (allocations, kernel selection) stay out of the timings."""
+    engine.add_request("bench-warmup", token_ids[:8] or [0], _greedy(4))
+    while engine.has_unfinished():
+        engine.step()
+
+
+def run_engine(engine, requests: list[BenchRequest], advance: Advance = _noop) -> RunResult:
+    """All requests arrive at once; returns per-request token times and the engine's cache figures."""
+    before = engine.stats()
+    records = [RequestRecord(len(r.prompt_token_ids), r.output_len) for r in requests]
+    peak_usage = 0.0
+    start = time.perf_counter()
+    try:
+        for index, request in enumerate(requests):
+            engine.add_request(f"bench-{index}", request.prompt_token_ids, _greedy(request.output_len))
+            records[index].start = start
+        while engine.has_unfinished():
+            outputs = engine.step()
+            now = time.perf_counter()
+            peak_usage = max(peak_usage, engine.stats().kv_cache_usage)
+            for output in outputs:
+                count = output.num_output_tokens
+                records[int(output.request_id.rsplit("-", 1)[1])].token_times.extend([now] * count)
+                advance(count)
+    except BaseException:
+        for index in range(len(requests)):
+            engine.abort(f"bench-{index}")
+        raise
+    duration = time.perf_counter() - start
+    return RunResult("localchat", engine_label(engine), records, duration, _engine_figures(engine, before, peak_usage))
+
+
+def _engine_figures(engine, before, peak_usage: float) -> dict:
+    after = engine.stats()
+    queries = after.prefix_cache_queries - before.prefix_cache_queries
+    hits = after.prefix_cache_hits - before.prefix_cache_hits
+    return {"peak_kv_cache_usage": peak_usage,
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            "num_preemptions": after.num_preemptions - before.num_preemptions,
+            "kv_cache_blocks": after.num_blocks}
+
+
+def run_engine_chat(engine, user_messages: list[str], reply_len: int,
+                    advance: Advance = _noop) -> tuple[RunResult, list[list[int]]]:
+    """One conversation, a turn at a time: each turn's prompt is the whole history rendered with the chat
+    template (the prefix cache may serve what earlier turns computed). Returns the result and the prompt
+    token ids of every turn, which the peers then re-read in full."""
+    before = engine.stats()
+    messages: list[dict] = []
+    records, prompts = [], []
+    peak_usage = 0.0
+    start = time.perf_counter()
+    for turn, text in enumerate(user_messages):
+        messages.append({"role": "user", "content": text})
+        prompt = engine.render_chat(messages)
+        prompts.append(prompt)
+        record = RequestRecord(len(prompt), reply_len, start=time.perf_counter())
+        engine.add_request(f"bench-turn-{turn}", prompt, _greedy(reply_len))
+        reply: list[int] = []
+        while engine.has_unfinished():
+            outputs = engine.step()
+            now = time.perf_counter()
+            peak_usage = max(peak_usage, engine.stats().kv_cache_usage)
+            for output in outputs:
+                reply.extend(output.token_ids)
+                record.token_times.extend([now] * output.num_output_tokens)
+                advance(output.num_output_tokens)
+        records.append(record)
+        messages.append({"role": "assistant", "content": engine.detokenize(reply)})
+    duration = time.perf_counter() - start
+    result = RunResult("localchat", engine_label(engine), records, duration,
+                       _engine_figures(engine, before, peak_usage))
+    return result, prompts

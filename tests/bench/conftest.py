@@ -1,0 +1,87 @@
+"""A tiny C2-shaped mix shared by the offline and online end-to-end tests, and one `localchat serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from localchat.cli import app
+
+TINY_MIX = ["--num-requests", "4", "--input-len", "8:40", "--output-len", "4:12", "--seed", "3"]
+API_KEY = "bench-key"
+
+
+def run_bench(*args: str) -> str:
+    """Run `localchat bench ARGS` in this process; returns its output, failing on a non-zero exit."""
+    result = CliRunner().invoke(app, ["bench", "--no-progress", *args])
+    assert result.exit_code == 0, f"exit {result.exit_code}:\n{result.output}\n{result.exception!r}"
+    return result.output
+
+
+def check_figures(fig: dict, *, requests: int) -> None:
+    """Sane and self-consistent: every request answered in full, times positive, rates match counts."""
+    assert fig["requests"] == fig["completed"] == requests and fig["failures"] == 0
+    assert fig["output_tokens"] == fig["requested_output_tokens"] > 0
+    assert fig["prompt_tokens"] > 0 and fig["duration_s"] > 0
+    assert fig["output_throughput"] == pytest.approx(fig["output_tokens"] / fig["duration_s"])
+    assert fig["total_throughput"] == pytest.approx((fig["prompt_tokens"] + fig["output_tokens"]) / fig["duration_s"])
+    for key in ("ttft_ms", "tpot_ms"):
+        stats = fig[key]
+        assert 0 < stats["p50"] <= stats["p99"] and stats["mean"] > 0, (key, stats)
+    assert fig["ttft_ms"]["p99"] <= fig["duration_s"] * 1000
+
+
+@pytest.fixture(scope="session")
+def offline_json(default_gguf, tmp_path_factory):
+    """The tiny mix offline with the HF peer (and llama.cpp when installed), as a --json file."""
+    path = tmp_path_factory.mktemp("bench") / "offline.json"
+    peers = "hf,llama-cpp" if _has_llama_cpp() else "hf"
+    output = run_bench(*TINY_MIX, "--compare", peers, "--json", str(path))
+    return path, json.loads(path.read_text()), output
+
+
+def _has_llama_cpp() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def bench_server(default_gguf, tmp_path_factory):
+    """`localchat serve` on a free port with an API key; stopped with SIGTERM at the end."""
+    log_path = tmp_path_factory.mktemp("bench-serve") / "serve.log"
+    command = [sys.executable, "-m", "localchat", "serve", "--port", "0", "--max-model-len", "512",
+               "--kv-cache-memory", "128MiB", "--grace-period", "5"]
+    env = {**os.environ, "LOCALCHAT_API_KEY": API_KEY}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while not (match := re.search(r"on (http://127\.0\.0\.1:\d+)", log_path.read_text())):
+            assert process.poll() is None, f"serve exited early:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, f"serve did not start:\n{log_path.read_text()}"
+            time.sleep(0.2)
+        url = match.group(1)
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server never became healthy"
+            time.sleep(0.2)
+        yield url
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
