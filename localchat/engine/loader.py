@@ -95,7 +95,9 @@ def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torc
         missing = load_hf_weights(model, _iter_safetensors(_safetensors_files(files.directory)))
         if missing:
             raise ModelNotFoundError(f"{files.source.path}: checkpoint lacks weights for {', '.join(sorted(missing)[:5])}")
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    model.pack_weights()
+    return model
 
 
 @torch.no_grad()

@@ -14,6 +14,7 @@ from torch import nn
 
 from localchat.engine.forward_context import get_forward_context
 from localchat.kernels import paged_attention, rms_norm, rotary_embedding, silu_and_mul, store_kv_cache
+from localchat.kernels.linear import can_pack, linear, pack_weight
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
-        qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)
+        qkv = linear(hidden, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -69,7 +70,7 @@ class Attention(nn.Module):
         q, k = rotary_embedding(q, k, ctx.cos, ctx.sin)
         store_kv_cache(k, v, self.k_cache, self.v_cache, ctx.attn.slot_mapping)
         out = paged_attention(q, self.k_cache, self.v_cache, ctx.attn, self.scale)
-        return F.linear(out.view(-1, self.q_size), self.o_weight)
+        return linear(out.reshape(-1, self.q_size), self.o_weight)
 
 
 class MLP(nn.Module):
@@ -79,7 +80,7 @@ class MLP(nn.Module):
         self.down_weight = nn.Parameter(torch.empty(spec.hidden_size, spec.intermediate_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(silu_and_mul(F.linear(hidden, self.gate_up_weight)), self.down_weight)
+        return linear(silu_and_mul(linear(hidden, self.gate_up_weight)), self.down_weight)
 
 
 class DecoderLayer(nn.Module):
@@ -111,6 +112,7 @@ class DecoderForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
+        self.packed_head: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden, residual = F.embedding(input_ids, self.embed_tokens), None
@@ -120,5 +122,20 @@ class DecoderForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight)
+        if self.packed_head is not None:
+            return linear(hidden, self.packed_head)
+        return linear(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)
+
+    @torch.no_grad()
+    def pack_weights(self) -> bool:
+        """Swap every projection weight for its oneDNN-packed copy, freeing the plain one (CPU only).
+        The embedding stays plain for lookups; the LM head gets a packed copy. False if not possible."""
+        if not can_pack(self.embed_tokens):
+            return False
+        for layer in self.layers:
+            for module, name in ((layer.self_attn, "qkv_weight"), (layer.self_attn, "o_weight"),
+                                 (layer.mlp, "gate_up_weight"), (layer.mlp, "down_weight")):
+                setattr(module, name, pack_weight(module._parameters.pop(name)))
+        head = self.embed_tokens if self.lm_head is None else self._parameters.pop("lm_head")
+        self.packed_head = pack_weight(head)
+        return True
