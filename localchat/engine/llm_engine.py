@@ -55,11 +55,13 @@ class LLMEngine:
         self.eos_token_ids = runtime.eos_token_ids
         self.runner = ModelRunner(runtime.model, runtime.hf_config, device=runtime.device, dtype=runtime.dtype,
                                   block_size=config.block_size, max_model_len=self.max_model_len,
-                                  eos_token_ids=self.eos_token_ids)
+                                  eos_token_ids=self.eos_token_ids, max_num_seqs=runtime.max_num_seqs)
         if progress is not None:
             progress("allocating the KV cache")
         num_blocks = runtime.num_kv_blocks(self.runner)
         self.runner.allocate_kv_cache(num_blocks)
+        if not config.enforce_eager and self.runner.capture_cuda_graphs():
+            logger.info("captured CUDA graphs for decode batches up to %d", self.runner.graphs.max_batch_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}

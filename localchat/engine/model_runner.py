@@ -9,19 +9,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from localchat.engine.cuda_graphs import DecodeGraphs
 from localchat.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from localchat.engine.scheduler import ScheduledBatch
 from localchat.engine.sequence import Sequence, TokenLogprob
+from localchat.kernels.dispatch import triton_available
+
+
+class _ProfileSequence:
+    """Just enough of a Sequence for a profiling pass: token ids and a block table."""
+
+    def __init__(self, num_tokens: int, block_size: int):
+        self.token_ids = [0] * num_tokens
+        self.num_tokens = num_tokens
+        self.num_computed_tokens = 0
+        self.block_table = list(range(-(-num_tokens // block_size)))
 
 
 class ModelRunner:
     """Owns the model, the KV pool and the rotary tables on one device."""
 
     def __init__(self, model: DecoderForCausalLM, hf_config, *, device: torch.device, dtype: torch.dtype,
-                 block_size: int, max_model_len: int, eos_token_ids: set[int]):
+                 block_size: int, max_model_len: int, eos_token_ids: set[int], max_num_seqs: int = 256):
         self.model = model
         self.spec = model.spec
         self.device = device
@@ -32,8 +44,10 @@ class ModelRunner:
         theta, scaling = rope_parameters(hf_config)
         rotary_dim = int(self.spec.head_dim * getattr(hf_config, "partial_rotary_factor", 1.0))
         self.rotary = RotaryTables(rotary_dim, max_model_len, theta, scaling, device)
+        self.max_num_seqs = max_num_seqs
         self.sampler = Sampler()
         self.kv_cache: torch.Tensor | None = None
+        self.graphs: DecodeGraphs | None = None
 
     # --- KV pool -------------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -53,6 +67,37 @@ class ModelRunner:
             layer.self_attn.k_cache = self.kv_cache[0, index]
             layer.self_attn.v_cache = self.kv_cache[1, index]
 
+    def capture_cuda_graphs(self) -> bool:
+        """Capture decode graphs (CUDA with Triton only; the reference kernels synchronize)."""
+        if self.device.type != "cuda" or not triton_available():
+            return False
+        max_blocks = -(-self.max_model_len // self.block_size)
+        self.graphs = DecodeGraphs(self, min(self.max_num_seqs, 512), max_blocks)
+        return True
+
+    @torch.inference_mode()
+    def profile_peak_memory(self, num_tokens: int) -> int:
+        """Peak bytes allocated by a forward pass over `num_tokens` prompt tokens plus sampling
+        `max_num_seqs` rows, using a temporary KV pool just large enough (CUDA)."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        num_tokens = min(num_tokens, self.max_model_len)
+        self.allocate_kv_cache(-(-num_tokens // self.block_size))
+        seq = _ProfileSequence(num_tokens, self.block_size)
+        input_ids, positions, md, _ = self._prepare([seq], [num_tokens])
+        with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
+            hidden = self.model(input_ids)
+        rows = hidden[-1:].expand(min(self.max_num_seqs, num_tokens), -1)
+        self.model.compute_logits(rows).float().softmax(dim=-1)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        self.kv_cache = None
+        for layer in self.model.layers:
+            layer.self_attn.k_cache = layer.self_attn.v_cache = torch.empty(0)
+        del hidden, rows
+        torch.cuda.empty_cache()
+        return peak
+
     # --- one step ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[tuple[int, TokenLogprob | None] | None]:
@@ -63,9 +108,11 @@ class ModelRunner:
         num_new = [batch.num_new_tokens[i] for i in order]
         input_ids, positions, md, sample_rows = self._prepare(seqs, num_new)
         sampling_seqs = [seqs[row] for row in sample_rows]
-        context = ForwardContext(md, *self.rotary.lookup(positions))
-        with forward_context(context):
-            hidden = self.model(input_ids)
+        if self.graphs is not None and md.num_decodes == len(seqs) <= self.graphs.max_batch_size:
+            hidden = self.graphs.replay(input_ids, positions, md)
+        else:
+            with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
+                hidden = self.model(input_ids)
         results: list = [None] * len(batch.seqs)
         if not sample_rows:
             return results
@@ -108,7 +155,7 @@ class ModelRunner:
                         + positions % block_size)
         num_decodes = sum(1 for n in num_new if n == 1)
         sample_rows = [row for row, seq in enumerate(seqs) if seq_lens[row] == seq.num_tokens]
-        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        to_device = self._to_device
         md = AttentionMetadata(
             slot_mapping=to_device(slot_mapping),
             query_start_loc=to_device(query_start_loc.astype(np.int32)),
@@ -120,5 +167,12 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             query_start_loc_cpu=query_start_loc.tolist(),
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        ids = self._to_device(np.asarray(input_ids, dtype=np.int64))
         return ids, to_device(positions), md, sample_rows
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return tensor
+        # through pinned memory (torch caches those buffers), so the copy is asynchronous
+        return tensor.pin_memory().to(self.device, non_blocking=True)

@@ -78,7 +78,7 @@ class EngineRuntime:
         if self.config.kv_cache_memory is not None:
             budget = self.config.kv_cache_memory
         elif self.device.type == "cuda":
-            budget = _cuda_kv_budget(self.config.gpu_memory_utilization)
+            budget = _cuda_kv_budget(runner, self.config.gpu_memory_utilization, self.max_num_batched_tokens)
         else:
             budget = CPU_DEFAULT_KV_MEMORY
         num_blocks = budget // per_block
@@ -115,8 +115,10 @@ def _max_model_len(config: EngineConfig, hf_config, device: torch.device) -> int
     return config.max_model_len
 
 
-def _cuda_kv_budget(utilization: float) -> int:
-    """What is left of `utilization` x total GPU memory after weights and a peak activation allowance."""
+def _cuda_kv_budget(runner, utilization: float, num_tokens: int) -> int:
+    """What `utilization` of the GPU leaves for KV blocks after the weights, the peak activations of a
+    profiling pass over a full step, and whatever other processes and the CUDA context hold."""
+    peak = runner.profile_peak_memory(num_tokens)
     free, total = torch.cuda.mem_get_info()
-    used = total - free
-    return max(int(total * utilization) - used, 0)
+    held_elsewhere = (total - free) - torch.cuda.memory_reserved()
+    return max(int(total * utilization) - held_elsewhere - peak, 0)
