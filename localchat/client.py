@@ -11,12 +11,13 @@ A failed request raises APIError carrying the HTTP status and the server's messa
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import httpx
+
+from localchat.sse import DONE, sse_chunk
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
@@ -94,12 +95,11 @@ def _completion(body: dict) -> Completion:
 
 def _deltas(line: str) -> list[Delta] | None:
     """The deltas of one SSE line; None at the end of the stream."""
-    if not line.startswith("data:"):
+    chunk = sse_chunk(line)
+    if chunk is None:
         return []
-    data = line[5:].strip()
-    if data == "[DONE]":
+    if chunk == DONE:
         return None
-    chunk = json.loads(data)
     if "error" in chunk:
         error = chunk["error"]
         raise APIError(error.get("code") or 500, error.get("message", "stream failed"), error.get("type"),

@@ -10,7 +10,6 @@ ids with `ignore_eos`, greedy, so each request produces exactly its requested nu
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import time
@@ -21,6 +20,7 @@ from localchat.bench.offline import Advance, _noop
 from localchat.bench.records import RequestRecord, RunResult
 from localchat.bench.workloads import BenchRequest
 from localchat.errors import LocalchatError
+from localchat.sse import DONE, error_message, sse_chunk
 
 
 def api_base(url: str) -> str:
@@ -57,14 +57,13 @@ async def _send(client: httpx.AsyncClient, base: str, payload: dict, record: Req
                 record.error = f"HTTP {response.status_code}: {body[:300]}"
                 return
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+                chunk = sse_chunk(line)
+                if chunk is None:
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if chunk == DONE:
                     break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    record.error = str(chunk["error"].get("message", chunk["error"]))[:300]
+                if (message := error_message(chunk)) is not None:
+                    record.error = message[:300]
                     return
                 if chunk.get("choices"):
                     record.token_times.append(time.perf_counter())

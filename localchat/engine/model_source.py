@@ -77,7 +77,7 @@ def resolve_model(model: str | None, *, pull: bool = True,
     if model is None:
         path = pull_default_model(progress) if pull else find_default_gguf()
         if path is None:
-            raise ModelNotFoundError(f"the default model is not installed; run `localchat pull`")
+            raise ModelNotFoundError("the default model is not installed; run `localchat pull`")
         return ModelSource("gguf", path, DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":

@@ -10,7 +10,12 @@ import logging
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, NotAuthorizedException, SerializationException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    NotAuthorizedException,
+    SerializationException,
+    ValidationException,
+)
 
 from localchat.errors import LocalchatError, QueueFullError
 from localchat.server.generation import ClientDisconnected

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from litestar import Request, Response, post
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from localchat.engine.outputs import CompletionOutput
-from localchat.server.generation import ChoiceState, Generation, until_disconnect
+from localchat.server.generation import ChoiceState, Generation
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
 from localchat.server.sampling import chat_sampling_params
 from localchat.server.state import require_api_key, server_of
-from localchat.server.streaming import SSE_HEADERS, ChunkEncoder, sse_events
+from localchat.server.streaming import respond
 
 
 class ChatDialect:
@@ -65,15 +62,6 @@ async def create_chat_completion(request: Request, data: Annotated[ChatCompletio
     await generation.start([prompt])
     request.scope["localchat_generation"] = generation  # for the access log line
     dialect = ChatDialect(server.token_str, data.logprobs, role, _echo_text(data, role))
-    created = int(time.time())
-    if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        encoder = ChunkEncoder(response_id, "chat.completion.chunk", created, server.model_name, include_usage)
-        return Stream(sse_events(generation, dialect, encoder, include_usage), media_type="text/event-stream",
-                      headers=SSE_HEADERS, background=BackgroundTask(generation.close))
-    choices = await until_disconnect(request.receive, generation.collect())
-    return Response({
-        "id": response_id, "object": "chat.completion", "created": created, "model": server.model_name,
-        "choices": [dialect.final_choice(index, choice) for index, choice in sorted(choices.items())],
-        "usage": generation.usage(),
-    })
+    return await respond(request, generation, dialect, response_id=response_id, model=server.model_name,
+                         object_name="chat.completion", stream=bool(data.stream),
+                         include_usage=bool(data.stream_options and data.stream_options.include_usage))

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from litestar import Request, Response, post
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from localchat.engine.outputs import CompletionOutput
 from localchat.errors import InvalidParameterError
-from localchat.server.generation import ChoiceState, Generation, until_disconnect
+from localchat.server.generation import ChoiceState, Generation
 from localchat.server.logprobs import CompletionLogprobs, TokenStrings
 from localchat.server.protocol import JSON_BODY, CompletionRequest
 from localchat.server.sampling import completion_sampling_params
 from localchat.server.state import require_api_key, server_of
-from localchat.server.streaming import SSE_HEADERS, ChunkEncoder, sse_events
+from localchat.server.streaming import respond
 
 _PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 
@@ -81,15 +78,6 @@ async def create_completion(request: Request, data: Annotated[CompletionRequest,
         echoes = [p if isinstance(p, str) else server.engine.detokenize(p, skip_special_tokens=False)
                   for p in prompts]
     dialect = CompletionDialect(server.token_str, data.logprobs is not None, echoes, params.n)
-    created = int(time.time())
-    if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        encoder = ChunkEncoder(response_id, "text_completion", created, server.model_name, include_usage)
-        return Stream(sse_events(generation, dialect, encoder, include_usage), media_type="text/event-stream",
-                      headers=SSE_HEADERS, background=BackgroundTask(generation.close))
-    choices = await until_disconnect(request.receive, generation.collect())
-    return Response({
-        "id": response_id, "object": "text_completion", "created": created, "model": server.model_name,
-        "choices": [dialect.final_choice(index, choice) for index, choice in sorted(choices.items())],
-        "usage": generation.usage(),
-    })
+    return await respond(request, generation, dialect, response_id=response_id, model=server.model_name,
+                         object_name="text_completion", stream=bool(data.stream),
+                         include_usage=bool(data.stream_options and data.stream_options.include_usage))

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from localchat.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from localchat.errors import InvalidParameterError
-from localchat.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from localchat.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
 
 
 def _require(ok: bool, message: str, param: str) -> None:

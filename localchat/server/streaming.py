@@ -8,14 +8,18 @@ finish_reason exactly once per choice, in its last delta, so it reaches the clie
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 import msgspec
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
 
 from localchat.engine.outputs import CompletionOutput
 from localchat.server.errors import error_from_exception
-from localchat.server.generation import Generation
+from localchat.server.generation import ChoiceState, Generation, until_disconnect
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -23,10 +27,13 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Dialect(Protocol):
-    """How one endpoint (chat or completions) words a streamed choice."""
+    """How one endpoint (chat or completions) words its choices."""
 
     def stream_choice(self, index: int, position: int, out: CompletionOutput, first: bool) -> dict | None:
         """The choice object of one delta, or None when there is nothing worth sending."""
+
+    def final_choice(self, index: int, choice: ChoiceState) -> dict:
+        """The choice object of a whole (non-streamed) response."""
 
 
 class ChunkEncoder:
@@ -75,3 +82,21 @@ async def sse_events(generation: Generation, dialect: Dialect, encoder: ChunkEnc
     finally:
         await generation.close()
     yield DONE
+
+
+async def respond(request: Request, generation: Generation, dialect: Dialect, *, response_id: str, model: str,
+                  object_name: str, stream: bool, include_usage: bool) -> Response:
+    """The HTTP response of a started generation: an SSE stream of `{object_name}.chunk`-style chunks, or
+    the whole `object_name` object once every choice has finished (aborted if the client leaves first)."""
+    created = int(time.time())
+    if stream:
+        chunk_object = "text_completion" if object_name == "text_completion" else f"{object_name}.chunk"
+        encoder = ChunkEncoder(response_id, chunk_object, created, model, include_usage)
+        return Stream(sse_events(generation, dialect, encoder, include_usage), media_type="text/event-stream",
+                      headers=SSE_HEADERS, background=BackgroundTask(generation.close))
+    choices = await until_disconnect(request.receive, generation.collect())
+    return Response({
+        "id": response_id, "object": object_name, "created": created, "model": model,
+        "choices": [dialect.final_choice(index, choice) for index, choice in sorted(choices.items())],
+        "usage": generation.usage(),
+    })

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from localchat.errors import LocalchatError
+from localchat.sse import DONE, error_message, sse_chunk
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
 from localchat.tui.thinking import ThinkSplitter
 
@@ -132,15 +133,13 @@ class OpenAIBackend(ChatBackend):
                     await response.aread()
                     raise ServerError(_error_message(response))
                 async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                    chunk = sse_chunk(line)
+                    if chunk is None:
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    if chunk == DONE:
                         break
-                    chunk = json.loads(data)
-                    if chunk.get("error"):
-                        error = chunk["error"]
-                        raise ServerError(error.get("message", str(error)) if isinstance(error, dict) else str(error))
+                    if (message := error_message(chunk)) is not None:
+                        raise ServerError(message)
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
                         delta = choice.get("delta") or {}

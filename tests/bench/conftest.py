@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
 from localchat.cli import app
+from tests.serve_process import serve_process
 
 TINY_MIX = ["--num-requests", "4", "--input-len", "8:40", "--output-len", "4:12", "--seed", "3"]
 API_KEY = "bench-key"
@@ -61,27 +55,7 @@ def _has_llama_cpp() -> bool:
 def bench_server(default_gguf, tmp_path_factory):
     """`localchat serve` on a free port with an API key; stopped with SIGTERM at the end."""
     log_path = tmp_path_factory.mktemp("bench-serve") / "serve.log"
-    command = [sys.executable, "-m", "localchat", "serve", "--port", "0", "--max-model-len", "512",
-               "--kv-cache-memory", "128MiB", "--grace-period", "5"]
-    env = {**os.environ, "LOCALCHAT_API_KEY": API_KEY}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 240
-        while not (match := re.search(r"on (http://127\.0\.0\.1:\d+)", log_path.read_text())):
-            assert process.poll() is None, f"serve exited early:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, f"serve did not start:\n{log_path.read_text()}"
-            time.sleep(0.2)
-        url = match.group(1)
-        while httpx.get(f"{url}/health").status_code != 200:
-            assert time.monotonic() < deadline, "the server never became healthy"
-            time.sleep(0.2)
-        yield url
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with serve_process(log_path, "--max-model-len", "512", "--kv-cache-memory", "128MiB", "--grace-period", "5",
+                       api_key=API_KEY) as server:
+        yield server.base_url
+

@@ -8,7 +8,12 @@ from rich.console import Console
 
 from localchat.bench.online import api_base
 from localchat.bench.records import RequestRecord, RunResult, figures
-from localchat.bench.report import build_payload, load_baseline, print_report, write_json
+from localchat.bench.report import (
+    build_payload,
+    load_baseline,
+    print_report,
+    write_json,
+)
 
 
 def _fig(label, duration):

@@ -6,9 +6,22 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
-from localchat.bench.records import RequestRecord, RunResult, decode_tok_s, figures, headline, ratio
+from localchat.bench.records import (
+    RequestRecord,
+    RunResult,
+    decode_tok_s,
+    figures,
+    headline,
+    ratio,
+)
 from localchat.bench.runner import parse_peers
-from localchat.bench.workloads import WORKLOADS, allowed_token_ids, parse_range, random_requests, select_workload
+from localchat.bench.workloads import (
+    WORKLOADS,
+    allowed_token_ids,
+    parse_range,
+    random_requests,
+    select_workload,
+)
 from localchat.errors import InvalidParameterError
 
 

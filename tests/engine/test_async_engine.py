@@ -7,7 +7,12 @@ import asyncio
 import pytest
 
 from localchat import AsyncEngine, EngineConfig, SamplingParams
-from localchat.errors import EmptyPromptError, EngineDeadError, PromptTooLongError, QueueFullError
+from localchat.errors import (
+    EmptyPromptError,
+    EngineDeadError,
+    PromptTooLongError,
+    QueueFullError,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from localchat import SamplingParams
-from localchat.errors import EmptyPromptError, InvalidParameterError, ModelNotFoundError, PromptTooLongError
+from localchat.errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    ModelNotFoundError,
+    PromptTooLongError,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from localchat.kernels import (  # noqa: E402
-    triton_activation, triton_attention, triton_kv_cache, triton_norm, triton_rotary,
+    triton_activation,
+    triton_attention,
+    triton_kv_cache,
+    triton_norm,
+    triton_rotary,
 )
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.kernels.conftest import DEVICE  # sets TRITON_INTERPRET on the CPU, before triton is imported
-
 import pytest
 import torch
 
 from localchat import kernels
 from localchat.engine.forward_context import AttentionMetadata
 from localchat.kernels import (
-    dispatch, triton_activation, triton_attention, triton_kv_cache, triton_norm, triton_rotary,
+    dispatch,
+    triton_activation,
+    triton_attention,
+    triton_kv_cache,
+    triton_norm,
+    triton_rotary,
 )
 from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.attention import paged_attention_ref
@@ -29,6 +32,9 @@ from localchat.kernels.triton_attention import paged_attention_triton
 from localchat.kernels.triton_kv_cache import store_kv_cache_triton
 from localchat.kernels.triton_norm import rms_norm_triton
 from localchat.kernels.triton_rotary import rotary_embedding_triton
+from tests.kernels.conftest import (
+    DEVICE,  # sets TRITON_INTERPRET on the CPU, before triton is imported
+)
 
 ON_GPU = DEVICE != "cpu"
 # On a GPU float32 matmuls in the attention kernels run as 3xTF32: close to, not exactly, float32.

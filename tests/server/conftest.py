@@ -3,16 +3,15 @@ clients for it: raw httpx, the openai package, and a Prometheus metrics reader."
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
+
+from tests.serve_process import serve_process
 
 API_KEY = "test-key-123"
 MAX_MODEL_LEN = 1024
@@ -20,57 +19,20 @@ MAX_NUM_SEQS = 16
 MAX_WAITING = 4
 
 
-class Server:
-    def __init__(self, process: subprocess.Popen, base_url: str, log_path):
-        self.process, self.base_url, self.log_path = process, base_url, log_path
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-
-def _wait_for_url(process: subprocess.Popen, log_path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(r"on (http://127\.0\.0\.1:\d+)", log_path.read_text())
-        if match:
-            return match.group(1)
-        if process.poll() is not None:
-            raise RuntimeError(f"localchat serve exited with {process.returncode}:\n{log_path.read_text()}")
-        time.sleep(0.2)
-    raise RuntimeError(f"localchat serve did not start in {timeout}s:\n{log_path.read_text()}")
-
-
 @pytest.fixture(scope="session")
 def server(default_gguf, tmp_path_factory):
     """The server process. At the end it gets SIGTERM while a stream runs: the stream must still finish
     (data: [DONE]) and the process exit with status 0."""
     log_path = tmp_path_factory.mktemp("server") / "serve.log"
-    command = [sys.executable, "-m", "localchat", "serve", "--port", "0", "--max-model-len", str(MAX_MODEL_LEN),
-               "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting", str(MAX_WAITING), "--kv-cache-memory", "256MiB",
-               "--grace-period", "20", "--threads", "1"]  # one core for the server, one for the tests
-    env = {**os.environ, "LOCALCHAT_API_KEY": API_KEY}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    stream_lines = None
-    try:
-        base_url = _wait_for_url(process, log_path, timeout=180)
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{base_url}/health").status_code != 200:
-            assert time.monotonic() < deadline, "the server never became healthy"
-            time.sleep(0.2)
-        yield Server(process, base_url, log_path)
-        if process.poll() is None:
-            stream_lines = _terminate_during_stream(process, base_url)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, f"serve exited with {process.returncode} after SIGTERM:\n{log_path.read_text()}"
-    assert stream_lines is None or stream_lines[-1] == "data: [DONE]", stream_lines
+    args = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting",
+            str(MAX_WAITING), "--kv-cache-memory", "256MiB", "--grace-period", "20",
+            "--threads", "1"]  # one core for the server, one for the tests
+    with serve_process(log_path, *args, api_key=API_KEY, timeout=180) as server:
+        yield server
+        stream_lines = _terminate_during_stream(server.process, server.base_url)
+    assert server.process.returncode == 0, \
+        f"serve exited with {server.process.returncode} after SIGTERM:\n{server.log()}"
+    assert stream_lines[-1] == "data: [DONE]", stream_lines
 
 
 def _terminate_during_stream(process: subprocess.Popen, base_url: str) -> list[str]:

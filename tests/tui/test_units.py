@@ -9,7 +9,12 @@ import pytest
 
 from localchat.errors import InvalidParameterError
 from localchat.tui.backends import ChatRequest
-from localchat.tui.commands import UnknownCommandError, parse_setting, parse_slash, parse_think
+from localchat.tui.commands import (
+    UnknownCommandError,
+    parse_setting,
+    parse_slash,
+    parse_think,
+)
 from localchat.tui.conversation import DEFAULT_SETTINGS, ChatMessage, Conversation
 from localchat.tui.http_backend import OpenAIBackend, ServerError, api_base
 from localchat.tui.store import ConversationStore

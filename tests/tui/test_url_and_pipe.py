@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
 from localchat.tui.app import ChatApp
@@ -18,6 +14,7 @@ from localchat.tui.http_backend import OpenAIBackend
 from localchat.tui.messages import AssistantMessage
 from localchat.tui.screens import TextScreen
 from localchat.tui.store import ConversationStore
+from tests.serve_process import serve_process
 
 from .conftest import greedy_conversation, reply_done, send, wait_until
 
@@ -29,29 +26,9 @@ API_KEY = "tui-test-key"
 def server_url(default_gguf, tmp_path_factory):
     """A `localchat serve` process on a free port, requiring an API key."""
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = [sys.executable, "-m", "localchat", "serve", "--port", "0", "--max-model-len", "1024",
-               "--kv-cache-memory", "128MiB", "--api-key", API_KEY, "--grace-period", "2"]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline, url = time.monotonic() + 180, None
-        while url is None:
-            assert process.poll() is None, f"serve exited:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, f"serve did not start:\n{log_path.read_text()}"
-            match = re.search(r"on (http://127\.0\.0\.1:\d+)", log_path.read_text())
-            url = match.group(1) if match else None
-            time.sleep(0.2)
-        while httpx.get(f"{url}/health").status_code != 200:
-            assert time.monotonic() < deadline, "serve never became healthy"
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with serve_process(log_path, "--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--api-key", API_KEY,
+                       "--grace-period", "2", timeout=180) as server:
+        yield server.base_url
 
 
 @pytest.mark.asyncio(loop_scope="session")
