@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 DONE = "[DONE]"
 
@@ -21,3 +22,13 @@ def error_message(chunk: dict) -> str | None:
     if not error:
         return None
     return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+
+
+async def aiter_chunks(response) -> AsyncIterator[dict]:
+    """The JSON chunks of a streamed httpx response, up to [DONE] (error chunks included)."""
+    async for line in response.aiter_lines():
+        chunk = sse_chunk(line)
+        if chunk == DONE:
+            return
+        if chunk is not None:
+            yield chunk

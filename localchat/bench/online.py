@@ -20,7 +20,7 @@ from localchat.bench.offline import Advance, _noop
 from localchat.bench.records import RequestRecord, RunResult
 from localchat.bench.workloads import BenchRequest
 from localchat.errors import LocalchatError
-from localchat.sse import DONE, error_message, sse_chunk
+from localchat.sse import aiter_chunks, error_message
 
 
 def api_base(url: str) -> str:
@@ -56,12 +56,7 @@ async def _send(client: httpx.AsyncClient, base: str, payload: dict, record: Req
                 body = (await response.aread()).decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {body[:300]}"
                 return
-            async for line in response.aiter_lines():
-                chunk = sse_chunk(line)
-                if chunk is None:
-                    continue
-                if chunk == DONE:
-                    break
+            async for chunk in aiter_chunks(response):
                 if (message := error_message(chunk)) is not None:
                     record.error = message[:300]
                     return

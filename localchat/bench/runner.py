@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 
 from localchat.bench import progress
 from localchat.bench.records import RunResult, figures, ratio
-from localchat.bench.workloads import Workload, allowed_token_ids, random_requests, user_messages
+from localchat.bench.workloads import (
+    Workload,
+    allowed_token_ids,
+    random_requests,
+    user_messages,
+)
 
 PEERS = {"hf": "hf", "transformers": "hf", "llama-cpp": "llama.cpp", "llama.cpp": "llama.cpp",
          "llama_cpp": "llama.cpp", "llamacpp": "llama.cpp"}
@@ -58,8 +63,17 @@ def _release_memory() -> None:
 
 def run_offline(config, workload: Workload, peers: list[str], *, hf_batch_size: int | None, gguf: str | None,
                 show_progress: bool) -> BenchOutcome:
-    from localchat.bench.offline import model_target, run_engine, run_engine_chat, warm_up
-    from localchat.bench.peer_llama_cpp import INSTALL_HINT, gguf_for, llama_cpp_available
+    from localchat.bench.offline import (
+        model_target,
+        run_engine,
+        run_engine_chat,
+        warm_up,
+    )
+    from localchat.bench.peer_llama_cpp import (
+        INSTALL_HINT,
+        gguf_for,
+        llama_cpp_available,
+    )
     from localchat.engine.llm_engine import LLMEngine
 
     notes = []

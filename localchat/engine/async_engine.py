@@ -20,7 +20,12 @@ from localchat.config import EngineConfig
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
-from localchat.errors import EngineDeadError, InvalidParameterError, LocalchatError, QueueFullError
+from localchat.errors import (
+    EngineDeadError,
+    InvalidParameterError,
+    LocalchatError,
+    QueueFullError,
+)
 
 logger = logging.getLogger("localchat.engine")
 

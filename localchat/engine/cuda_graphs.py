@@ -11,7 +11,11 @@ import bisect
 
 import torch
 
-from localchat.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
+from localchat.engine.forward_context import (
+    AttentionMetadata,
+    ForwardContext,
+    forward_context,
+)
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:

@@ -18,8 +18,13 @@ from localchat.engine.runtime import EngineRuntime
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.sequence import Request, Sequence
-from localchat.errors import (EmptyPromptError, InvalidParameterError, LocalchatError, NoTokenizerError,
-                              PromptTooLongError)
+from localchat.errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    LocalchatError,
+    NoTokenizerError,
+    PromptTooLongError,
+)
 
 logger = logging.getLogger("localchat.engine")
 

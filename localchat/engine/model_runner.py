@@ -10,7 +10,11 @@ import numpy as np
 import torch
 
 from localchat.engine.cuda_graphs import DecodeGraphs
-from localchat.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
+from localchat.engine.forward_context import (
+    AttentionMetadata,
+    ForwardContext,
+    forward_context,
+)
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch

@@ -12,7 +12,14 @@ import torch
 
 from localchat.config import EngineConfig
 from localchat.engine.chat_template import ChatTemplate
-from localchat.engine.loader import ModelFiles, eos_token_ids, load_hf_config, load_model, load_tokenizer, model_files
+from localchat.engine.loader import (
+    ModelFiles,
+    eos_token_ids,
+    load_hf_config,
+    load_model,
+    load_tokenizer,
+    model_files,
+)
 from localchat.engine.model_source import resolve_model
 from localchat.errors import InvalidParameterError
 from localchat.utils import format_bytes

@@ -10,7 +10,13 @@ from pathlib import Path
 from textual.app import SystemCommand
 
 from localchat.errors import InvalidParameterError, LocalchatError
-from localchat.tui.commands import COMMANDS, parse_setting, parse_slash, parse_think, unescape
+from localchat.tui.commands import (
+    COMMANDS,
+    parse_setting,
+    parse_slash,
+    parse_think,
+    unescape,
+)
 from localchat.tui.screens import HelpScreen, InputScreen, SettingsScreen, TextScreen
 from localchat.tui.widgets import ChatList, PromptBox
 

@@ -17,10 +17,21 @@ from localchat.tui.actions import ChatActions
 from localchat.tui.backends import ChatBackend
 from localchat.tui.commands import COMMANDS
 from localchat.tui.conversation import ChatMessage, Conversation
-from localchat.tui.messages import AssistantMessage, ConversationView, Notice, UserMessage
+from localchat.tui.messages import (
+    AssistantMessage,
+    ConversationView,
+    Notice,
+    UserMessage,
+)
 from localchat.tui.session import CONTEXT_WARNING, ChatSession
 from localchat.tui.store import ConversationStore
-from localchat.tui.widgets import ChatList, LoadingPanel, PromptBox, StatusBar, StatusInfo
+from localchat.tui.widgets import (
+    ChatList,
+    LoadingPanel,
+    PromptBox,
+    StatusBar,
+    StatusInfo,
+)
 
 logger = logging.getLogger("localchat.tui")
 _FOOTER = {"help", "new", "regen", "chats", "stop", "quit"}

@@ -9,7 +9,13 @@ from pathlib import Path
 from localchat.config import EngineConfig
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.sampling_params import SamplingParams
-from localchat.tui.backends import BackendStats, ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
+from localchat.tui.backends import (
+    BackendStats,
+    ChatBackend,
+    ChatRequest,
+    ReplyDelta,
+    ReplyTimer,
+)
 from localchat.tui.thinking import OPEN, ThinkSplitter
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from localchat.errors import LocalchatError
-from localchat.sse import DONE, error_message, sse_chunk
+from localchat.sse import aiter_chunks, error_message
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
 from localchat.tui.thinking import ThinkSplitter
 
@@ -132,12 +132,7 @@ class OpenAIBackend(ChatBackend):
                 if response.status_code != 200:
                     await response.aread()
                     raise ServerError(_error_message(response))
-                async for line in response.aiter_lines():
-                    chunk = sse_chunk(line)
-                    if chunk is None:
-                        continue
-                    if chunk == DONE:
-                        break
+                async for chunk in aiter_chunks(response):
                     if (message := error_message(chunk)) is not None:
                         raise ServerError(message)
                     usage = chunk.get("usage") or usage

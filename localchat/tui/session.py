@@ -6,7 +6,12 @@ import copy
 from dataclasses import dataclass
 
 from localchat.tui.backends import ChatBackend, ChatRequest
-from localchat.tui.conversation import DEFAULT_SETTINGS, ChatMessage, Conversation, title_from
+from localchat.tui.conversation import (
+    DEFAULT_SETTINGS,
+    ChatMessage,
+    Conversation,
+    title_from,
+)
 from localchat.tui.store import ConversationStore
 
 CONTEXT_WARNING = 0.8  # warn when the next turn would fill this much of the context

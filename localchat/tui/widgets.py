@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual import events
-from textual.binding import Binding
-from textual.message import Message
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.widgets import Label, ListItem, ListView, ProgressBar, Static, TextArea
 
 

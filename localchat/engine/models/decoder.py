@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from localchat.engine.forward_context import get_forward_context
-from localchat.kernels import paged_attention, rms_norm, rotary_embedding, silu_and_mul, store_kv_cache
+from localchat.kernels import (
+    paged_attention,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    store_kv_cache,
+)
 from localchat.kernels.linear import can_pack, linear, pack_weight
 
 
