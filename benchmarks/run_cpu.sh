@@ -19,7 +19,9 @@ fi
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-healthy() { python -c "import httpx, sys; sys.exit(httpx.get(sys.argv[1]).status_code != 200)" "$1" 2>/dev/null; }
+# shellcheck source=benchmarks/serve_lib.sh
+source "$(dirname "$0")/serve_lib.sh"
+trap stop_server EXIT
 
 run() {  # run NAME ARGS...: one bench, its table kept next to its JSON
   local name=$1; shift
@@ -33,16 +35,11 @@ run c1 --workload c1 --threads "$THREADS" --compare "$PEERS"
 run c2 --workload c2 --threads "$THREADS" --compare "$PEERS"
 run c3 --workload c3 --threads "$THREADS" --compare "$PEERS"
 
-# S1: the same C2 mix through the server, at concurrency 1, 8 and 32, against the offline C2 figure.
-localchat serve --port "$PORT" --threads "$THREADS" --log-level warning >"$OUT/s1-serve.log" 2>&1 &
-SERVER=$!
-trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  healthy "http://127.0.0.1:$PORT/health" && break
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/s1-serve.log"; exit 1; }
-  sleep 0.5
-done
+# S1: the same C2 mix through the server, at concurrency 1, 8 and 32, against the offline C2 figure
+# (a fresh server for each level).
 for c in 1 8 32; do
+  start_server "$OUT/s1-c$c-serve.log" --threads "$THREADS"
   run "s1-c$c" --workload c2 --url "http://127.0.0.1:$PORT" --concurrency "$c" --baseline "$OUT/c2.json"
+  stop_server
 done
 echo "results in $OUT"

@@ -11,7 +11,9 @@ PORT=${PORT:-8766}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1
 
-healthy() { python -c "import httpx, sys; sys.exit(httpx.get(sys.argv[1]).status_code != 200)" "$1" 2>/dev/null; }
+# shellcheck source=benchmarks/serve_lib.sh
+source "$(dirname "$0")/serve_lib.sh"
+trap stop_server EXIT
 
 run() {
   local name=$1; shift
@@ -22,16 +24,9 @@ run() {
 run g1 "$MODEL" --workload g1 --compare hf
 run g2 "$MODEL" --workload g2 --compare hf
 
-localchat serve "$MODEL" --load-format dummy --dtype bfloat16 --port "$PORT" --log-level warning \
-  >"$OUT/s1-serve.log" 2>&1 &
-SERVER=$!
-trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 1200); do
-  healthy "http://127.0.0.1:$PORT/health" && break
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/s1-serve.log"; exit 1; }
-  sleep 0.5
-done
 for c in 1 8 32; do
+  start_server "$OUT/s1-c$c-serve.log" "$MODEL" --load-format dummy --dtype bfloat16
   run "s1-c$c" "$MODEL" --workload g1 --url "http://127.0.0.1:$PORT" --concurrency "$c" --baseline "$OUT/g1.json"
+  stop_server
 done
 echo "results in $OUT"
