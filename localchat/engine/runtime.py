@@ -21,7 +21,7 @@ from localchat.engine.loader import (
     model_files,
 )
 from localchat.engine.model_source import resolve_model
-from localchat.errors import InvalidParameterError
+from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.utils import format_bytes
 
 logger = logging.getLogger("localchat.engine")
@@ -67,6 +67,8 @@ class EngineRuntime:
         tokenizer_path = config.tokenizer or (files.directory if files.has_tokenizer else None)
         if tokenizer_path is not None:
             tokenizer = load_tokenizer(tokenizer_path)
+            if getattr(tokenizer, "_tokenizer", None) is None:  # incremental detokenization needs it
+                raise UnsupportedModelError(f"{tokenizer_path}: only fast tokenizers (tokenizer.json) are supported")
         chat_template = ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
         max_model_len = _max_model_len(config, hf_config, device)
         say(f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
