@@ -104,11 +104,15 @@ def test_logprobs_with_alternatives(llm):
 
 def test_n_samples_share_the_prompt(llm):
     prompt = chat_ids(llm, "Give me a random animal name. " * 4)
+    bm = llm.engine.block_manager
+    hits_before = bm.prefix_cache_hits
     out = gen(llm, prompt, n=3, temperature=1.2, seed=11, max_tokens=16)
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
-    request_samples = llm.engine.block_manager
-    assert request_samples.num_free_blocks == request_samples.num_blocks
+    full_blocks = (len(prompt) - 1) // 16 * 16
+    # samples 2 and 3 took all of sample 1's full prompt blocks (sample 1 may have found a cached prefix)
+    assert bm.prefix_cache_hits - hits_before == out.num_cached_tokens + 2 * full_blocks
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_abort_frees_every_block(llm):
