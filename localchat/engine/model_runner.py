@@ -19,18 +19,9 @@ from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from localchat.engine.scheduler import ScheduledBatch
-from localchat.engine.sequence import Sequence, TokenLogprob
+from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sequence import Request, Sequence, TokenLogprob
 from localchat.kernels.dispatch import triton_available
-
-
-class _ProfileSequence:
-    """Just enough of a Sequence for a profiling pass: token ids and a block table."""
-
-    def __init__(self, num_tokens: int, block_size: int):
-        self.token_ids = [0] * num_tokens
-        self.num_tokens = num_tokens
-        self.num_computed_tokens = 0
-        self.block_table = list(range(-(-num_tokens // block_size)))
 
 
 class ModelRunner:
@@ -66,10 +57,15 @@ class ModelRunner:
         # On the CPU, empty() maps fresh zero pages that are touched as blocks are first used, instead of
         # zero-filling the whole pool up front (seconds for a GiB); on CUDA zeroing is instant.
         allocate = torch.zeros if self.device.type == "cuda" else torch.empty
-        self.kv_cache = allocate(shape, dtype=self.dtype, device=self.device)
+        self._bind_kv_cache(allocate(shape, dtype=self.dtype, device=self.device))
+
+    def _bind_kv_cache(self, pool: torch.Tensor | None) -> None:
+        """Make `pool` the KV pool and give each layer its views (None releases the pool)."""
+        self.kv_cache = pool
         for index, layer in enumerate(self.model.layers):
-            layer.self_attn.k_cache = self.kv_cache[0, index]
-            layer.self_attn.v_cache = self.kv_cache[1, index]
+            empty = torch.empty(0)
+            layer.self_attn.k_cache = empty if pool is None else pool[0, index]
+            layer.self_attn.v_cache = empty if pool is None else pool[1, index]
 
     def capture_cuda_graphs(self) -> bool:
         """Capture decode graphs (CUDA with Triton only; the reference kernels synchronize)."""
@@ -86,18 +82,16 @@ class ModelRunner:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         num_tokens = min(num_tokens, self.max_model_len)
-        self.allocate_kv_cache(-(-num_tokens // self.block_size))
-        seq = _ProfileSequence(num_tokens, self.block_size)
-        input_ids, positions, md, _ = self._prepare([seq], [num_tokens])
-        with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
-            hidden = self.model(input_ids)
+        num_blocks = -(-num_tokens // self.block_size)
+        self.allocate_kv_cache(num_blocks)
+        seq = Request("profile", [0] * num_tokens, SamplingParams(max_tokens=1)).seqs[0]
+        seq.block_table = list(range(num_blocks))
+        hidden = self._forward(*self._prepare([seq], [num_tokens])[:3])
         rows = hidden[-1:].expand(min(self.max_num_seqs, num_tokens), -1)
         self.model.compute_logits(rows).float().softmax(dim=-1)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-        self.kv_cache = None
-        for layer in self.model.layers:
-            layer.self_attn.k_cache = layer.self_attn.v_cache = torch.empty(0)
+        self._bind_kv_cache(None)
         del hidden, rows
         torch.cuda.empty_cache()
         return peak
@@ -115,8 +109,7 @@ class ModelRunner:
         if self.graphs is not None and md.num_decodes == len(seqs) <= self.graphs.max_batch_size:
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
-            with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
-                hidden = self.model(input_ids)
+            hidden = self._forward(input_ids, positions, md)
         results: list = [None] * len(batch.seqs)
         if not sample_rows:
             return results
@@ -132,8 +125,12 @@ class ModelRunner:
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:
         """Logits at every position of a sequence whose blocks are allocated (for parity checks)."""
         input_ids, positions, md, _ = self._prepare([seq], [seq.num_tokens - seq.num_computed_tokens])
+        return self.model.compute_logits(self._forward(input_ids, positions, md)).float()
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """Hidden states of every token, run eagerly."""
         with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
-            return self.model.compute_logits(self.model(input_ids)).float()
+            return self.model(input_ids)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         sampling = SamplingBatch.from_seqs(seqs, self.spec.vocab_size, self.eos_token_ids, self.device)
@@ -171,8 +168,7 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             query_start_loc_cpu=query_start_loc.tolist(),
         )
-        ids = self._to_device(np.asarray(input_ids, dtype=np.int64))
-        return ids, to_device(positions), md, sample_rows
+        return to_device(np.asarray(input_ids, dtype=np.int64)), to_device(positions), md, sample_rows
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)

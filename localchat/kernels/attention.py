@@ -99,7 +99,7 @@ def _attend_after_prefix(queries, keys, values, prefix_len: int, scale: float) -
     """
     num_heads, q_len, head_dim = queries.shape
     num_kv_heads = keys.shape[0]
-    if _flash_cpu is None or not queries.device.type == "cpu":
+    if _flash_cpu is None or queries.device.type != "cpu":
         q_pos = torch.arange(prefix_len, prefix_len + q_len, device=queries.device).unsqueeze(1)
         mask = torch.arange(keys.shape[1], device=queries.device).unsqueeze(0) <= q_pos
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
