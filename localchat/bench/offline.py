@@ -36,14 +36,14 @@ class ModelTarget:
 def model_target(engine) -> ModelTarget:
     import torch
 
-    runtime = engine.runtime
-    source = runtime.files.source
-    eos = tuple(sorted(engine.eos_token_ids))
+    info = engine.model_info
+    eos = info.eos_token_ids
     tokenizer = engine.tokenizer
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
-    return ModelTarget(runtime.model_name, runtime.files.directory, source.path if source.kind == "gguf" else None,
-                       runtime.config.load_format, runtime.device.type, runtime.dtype, torch.get_num_threads(),
-                       runtime.max_model_len, eos, pad if pad is not None else (eos[0] if eos else 0))
+    if pad is None:
+        pad = eos[0] if eos else 0
+    return ModelTarget(info.name, info.config_dir, info.gguf_path, info.load_format, info.device, info.dtype,
+                       torch.get_num_threads(), info.max_model_len, eos, pad)
 
 
 def engine_label(engine) -> str:

@@ -92,7 +92,7 @@ def run_offline(config, workload: Workload, peers: list[str], *, hf_batch_size: 
     if chat:
         prompts_or_requests = user_messages(workload, engine.tokenizer, config.seed)
     else:
-        token_ids = allowed_token_ids(engine.runner.spec.vocab_size, engine.tokenizer)
+        token_ids = allowed_token_ids(engine.model_info.vocab_size, engine.tokenizer)
         prompts_or_requests = random_requests(workload, token_ids, config.seed)
         total = sum(r.output_len for r in prompts_or_requests)
     warm_up(engine, list(range(100, 108)))

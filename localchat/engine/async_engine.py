@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 from localchat.config import EngineConfig
 from localchat.engine.llm_engine import EngineStats, LLMEngine
+from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.text_codec import TextCodec
 from localchat.errors import (
     EngineDeadError,
     InvalidParameterError,
@@ -28,6 +30,29 @@ from localchat.errors import (
 )
 
 logger = logging.getLogger("localchat.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """Queue a request; `accepted` is settled (on the caller's loop) with its prompt ids or its error."""
+
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    accepted: asyncio.Future
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    """Abort everything and end the engine thread."""
+
+
+_Command = _Add | _Abort | _Stop
 
 
 @dataclass
@@ -88,7 +113,8 @@ class AsyncEngine:
         self.engine: LLMEngine | None = None
         self.error: BaseException | None = None
         self._on_load_progress = on_load_progress
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._ready = threading.Event()
@@ -118,32 +144,47 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         """Abort everything, stop the engine thread and wait for it."""
         self._stopping = True
-        self._commands.put(("stop",))
+        self._commands.put(_Stop())
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
-    # --- model facts (read-only, safe from the event loop) ----------------------------------------------
+    # --- model facts and text (read-only, for the event loop) -----------------------------------------
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._loaded().model_info
+
     @property
     def model_name(self) -> str:
-        return self.engine.runtime.model_name
+        return self.model_info.name
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self.model_info.max_model_len
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        """The event loop's tokenizer (never the one the engine thread is using)."""
+        return self._loop_codec().tokenizer
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.engine.tokenize(text, add_special_tokens)
+        return self._loop_codec().tokenize(text, add_special_tokens)
 
     def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.engine.detokenize(token_ids, skip_special_tokens)
+        return self._loop_codec().detokenize(token_ids, skip_special_tokens)
 
     def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
-        """Prompt token ids for a conversation (kwargs as LLMEngine.render_chat)."""
-        return self.engine.render_chat(messages, **kwargs)
+        """Prompt token ids for a conversation (kwargs as TextCodec.render_chat)."""
+        return self._loop_codec().render_chat(messages, **kwargs)
+
+    def _loaded(self) -> LLMEngine:
+        if self.engine is None:
+            raise EngineDeadError("the engine is not started")
+        return self.engine
+
+    def _loop_codec(self) -> TextCodec:
+        if self._codec is None:
+            raise EngineDeadError("the engine is not started")
+        return self._codec
 
     # --- requests ------------------------------------------------------------------------------------
     async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -160,7 +201,7 @@ class AsyncEngine:
         stream = _Stream(asyncio.get_running_loop())
         self._streams[request_id] = stream
         accepted: asyncio.Future = stream.loop.create_future()
-        self._commands.put(("add", request_id, prompt, params or SamplingParams(), accepted))
+        self._commands.put(_Add(request_id, prompt, params or SamplingParams(), accepted))
         try:
             prompt_token_ids = await accepted
         except BaseException:
@@ -175,7 +216,7 @@ class AsyncEngine:
             yield delta
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(_Abort(request_id))
 
     def stats(self) -> EngineStats:
         if self._stats is None and self.engine is not None:
@@ -193,8 +234,10 @@ class AsyncEngine:
     # --- the engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = LLMEngine(self.config, progress=self._on_load_progress)
-            self._stats = self.engine.stats()
+            engine = LLMEngine(self.config, progress=self._on_load_progress)
+            self._codec = engine.codec.copy()
+            self._stats = engine.stats()
+            self.engine = engine
         except BaseException as exc:  # reported by start()
             self.error = exc
             self._ready.set()
@@ -222,30 +265,30 @@ class AsyncEngine:
             except queue.Empty:
                 return True
             block = False
-            kind = command[0]
-            if kind == "stop":
-                for request_id in list(self.engine.requests):
-                    self.engine.abort(request_id)
-                return False
-            if kind == "add":
-                self._add(*command[1:])
-            elif kind == "abort":
-                output = self.engine.abort(command[1])
-                if output is not None:
-                    self._stats = self.engine.stats()
-                    self._deliver([output])
+            match command:
+                case _Stop():
+                    for request_id in list(self.engine.requests):
+                        self.engine.abort(request_id)
+                    return False
+                case _Add():
+                    self._add(command)
+                case _Abort(request_id):
+                    output = self.engine.abort(request_id)
+                    if output is not None:
+                        self._stats = self.engine.stats()
+                        self._deliver([output])
 
-    def _add(self, request_id, prompt, params, accepted: asyncio.Future) -> None:
-        stream = self._streams.get(request_id)
+    def _add(self, command: _Add) -> None:
+        stream = self._streams.get(command.request_id)
         try:
-            request = self.engine.add_request(request_id, prompt, params)
+            request = self.engine.add_request(command.request_id, command.prompt, command.params)
             result = request.prompt_token_ids
         except LocalchatError as exc:
             result = exc
         except Exception as exc:  # a bad prompt must not take the engine down
             result = InvalidParameterError(f"invalid request: {exc}")
         if stream is not None:
-            stream.loop.call_soon_threadsafe(_settle, accepted, result)
+            stream.loop.call_soon_threadsafe(_settle, command.accepted, result)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
@@ -268,10 +311,8 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if command[0] == "add":
-                stream = self._streams.get(command[1])
-                if stream is not None:
-                    stream.loop.call_soon_threadsafe(_settle, command[4], error)
+            if isinstance(command, _Add) and (stream := self._streams.get(command.request_id)) is not None:
+                stream.loop.call_soon_threadsafe(_settle, command.accepted, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream in streams.values():

@@ -12,17 +12,17 @@ import torch
 from localchat.config import EngineConfig
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.detokenizer import IncrementalDetokenizer
+from localchat.engine.model_info import ModelInfo
 from localchat.engine.model_runner import ModelRunner
 from localchat.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localchat.engine.runtime import EngineRuntime
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.sequence import Request, Sequence
+from localchat.engine.text_codec import TextCodec
 from localchat.errors import (
     EmptyPromptError,
     InvalidParameterError,
-    LocalchatError,
-    NoTokenizerError,
     PromptTooLongError,
 )
 
@@ -56,6 +56,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig.from_kwargs(**kwargs)
         self.runtime = runtime = EngineRuntime.load(config, progress)
         self.tokenizer = runtime.tokenizer
+        self.codec = TextCodec(runtime.tokenizer, runtime.chat_template)  # used by this engine's thread only
         self.max_model_len = runtime.max_model_len
         self.eos_token_ids = runtime.eos_token_ids
         self.runner = ModelRunner(runtime.model, runtime.hf_config, device=runtime.device, dtype=runtime.dtype,
@@ -67,6 +68,7 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks)
         if not config.enforce_eager and self.runner.capture_cuda_graphs():
             logger.info("captured CUDA graphs for decode batches up to %d", self.runner.graphs.max_batch_size)
+        self.model_info = _model_info(runtime, self.runner.spec.vocab_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
@@ -75,27 +77,14 @@ class LLMEngine:
 
     # --- requests ------------------------------------------------------------------------------------
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        if self.tokenizer is None:
-            raise NoTokenizerError("this model was loaded without a tokenizer: pass token ids, not text")
-        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return self.codec.tokenize(prompt, add_special_tokens)
 
     def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        if self.tokenizer is None:
-            raise NoTokenizerError("this model was loaded without a tokenizer")
-        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return self.codec.detokenize(token_ids, skip_special_tokens)
 
-    def render_chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    tools: list[dict] | None = None) -> list[int]:
-        """Token ids of a conversation rendered with the chat template (no special tokens added on top,
-        as transformers' apply_chat_template does)."""
-        template = self.runtime.chat_template
-        if template is None:
-            raise LocalchatError("this model has no chat template; pass one with --chat-template FILE")
-        text = template.render(messages, add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message, tools=tools,
-                               **(chat_template_kwargs or {}))
-        return self.tokenize(text, add_special_tokens=False)
+    def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
+        """Token ids of a conversation rendered with the chat template (kwargs as TextCodec.render_chat)."""
+        return self.codec.render_chat(messages, **kwargs)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
         """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with it."""
@@ -117,7 +106,7 @@ class LLMEngine:
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise EmptyPromptError("the prompt is empty", param="prompt")
-        vocab = self.runner.spec.vocab_size
+        vocab = self.model_info.vocab_size
         if any(not isinstance(t, int) or t < 0 or t >= vocab for t in token_ids):
             raise InvalidParameterError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
         limit = self.max_model_len
@@ -236,3 +225,12 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
         )
+
+
+def _model_info(runtime: EngineRuntime, vocab_size: int) -> ModelInfo:
+    """The one place that reads where the model came from (the runtime's files and config)."""
+    source = runtime.files.source
+    return ModelInfo(name=runtime.model_name, source_kind=source.kind, source_path=source.path,
+                     config_dir=runtime.files.directory, load_format=runtime.config.load_format,
+                     vocab_size=vocab_size, max_model_len=runtime.max_model_len, dtype=runtime.dtype,
+                     device=runtime.device.type, eos_token_ids=tuple(sorted(runtime.eos_token_ids)))

@@ -76,7 +76,8 @@ async def _serve(sock: socket.socket, engine_config, *, served_model_name, api_k
     engine = AsyncEngine(engine_config, max_waiting=max_waiting)
     try:
         await engine.start()
-        server_state = ServerState(engine, served_model_name or engine.model_name, api_key)
+        info = engine.model_info
+        server_state = ServerState(engine, served_model_name or info.name, api_key)
         config = uvicorn.Config(build_asgi_app(server_state, cors_origins), log_config=None, access_log=False,
                                 log_level=log_level, timeout_graceful_shutdown=grace_period,
                                 lifespan="off")
@@ -84,7 +85,7 @@ async def _serve(sock: socket.socket, engine_config, *, served_model_name, api_k
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host
         logger.info("serving %s (max_model_len %d) on http://%s:%d%s", server_state.model_name,
-                    engine.max_model_len, url_host, port, " (API key required)" if api_key else "")
+                    info.max_model_len, url_host, port, " (API key required)" if api_key else "")
         # uvicorn re-raises the signal that stopped it once it is done; a no-op handler makes that a clean exit
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)

@@ -11,10 +11,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from localchat.engine.async_engine import AsyncEngine, RequestStream
 
 
 class ClientDisconnected(Exception):
@@ -72,9 +76,9 @@ class Tracker:
 class Generation:
     """The engine requests behind one HTTP request (one per prompt), with their usage and metrics."""
 
-    def __init__(self, engine, metrics: ServerMetrics, request_id: str, params: SamplingParams):
+    def __init__(self, engine: AsyncEngine, metrics: ServerMetrics, request_id: str, params: SamplingParams):
         self.engine, self.metrics, self.request_id, self.params = engine, metrics, request_id, params
-        self.streams: list = []
+        self.streams: list[RequestStream] = []
         self.trackers: list[Tracker] = []
         self.prompt_tokens = 0
         self.cached_tokens: list[int] = []
@@ -114,7 +118,7 @@ class Generation:
             return
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(position: int, stream) -> None:
+        async def pump(position: int, stream: RequestStream) -> None:
             try:
                 async for delta in stream:
                     queue.put_nowait((position, delta))

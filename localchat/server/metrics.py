@@ -9,6 +9,7 @@ no lock is taken per token.
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -24,6 +25,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
 FINISHED_REASONS = ("stop", "length", "abort")
+
+if TYPE_CHECKING:
+    from localchat.engine.async_engine import AsyncEngine
 
 
 class Histogram:
@@ -49,7 +53,7 @@ class Histogram:
 class ServerMetrics:
     """Everything /metrics reports, over one engine."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: AsyncEngine):
         self.engine = engine
         self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
         self.ttft = Histogram("localchat_time_to_first_token_seconds", "Time to the first output token.",

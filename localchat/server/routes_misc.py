@@ -16,9 +16,10 @@ from localchat.server.state import require_api_key, server_of
 @get("/v1/models", guards=[require_api_key], summary="List the served model")
 async def list_models(request: Request) -> dict:
     server = server_of(request)
+    info = server.engine.model_info
     return {"object": "list", "data": [{
         "id": server.model_name, "object": "model", "created": server.created, "owned_by": "localchat",
-        "root": server.engine.model_name, "parent": None, "max_model_len": server.engine.max_model_len,
+        "root": info.name, "parent": None, "max_model_len": info.max_model_len,
     }]}
 
 
@@ -48,7 +49,7 @@ async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]
                                     continue_final_message=data.continue_final_message)
     else:
         tokens = server.engine.tokenize(data.prompt, add_special_tokens=data.add_special_tokens)
-    body = {"tokens": tokens, "count": len(tokens), "max_model_len": server.engine.max_model_len}
+    body = {"tokens": tokens, "count": len(tokens), "max_model_len": server.engine.model_info.max_model_len}
     if data.return_token_strs:
         body["token_strs"] = [server.token_str(t) for t in tokens]
     return body

@@ -6,6 +6,7 @@ import hmac
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from litestar import Request
 from litestar.connection import ASGIConnection
@@ -16,6 +17,9 @@ from localchat.errors import InvalidParameterError, LocalchatError, ModelNotFoun
 from localchat.server.logprobs import TokenStrings
 from localchat.server.metrics import ServerMetrics
 
+if TYPE_CHECKING:
+    from localchat.engine.async_engine import AsyncEngine
+
 # chat_template_kwargs may not override what the server itself passes to the template
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
                                       "continue_final_message"})
@@ -25,7 +29,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_gen
 class ServerState:
     """Handlers reach it as `request.app.state.server`."""
 
-    engine: object  # AsyncEngine, started
+    engine: AsyncEngine  # started
     model_name: str
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))

@@ -113,3 +113,14 @@ async def test_waiting_queue_bound(default_gguf):
         await small.shutdown()
     with pytest.raises(EngineDeadError):
         await small.add_request("after shutdown", SamplingParams())
+
+
+async def test_model_info_and_the_event_loops_own_tokenizer(engine, llm):
+    info = engine.model_info
+    assert info.name == "SmolLM2-135M-Instruct" and info.source_kind == "gguf" and info.gguf_path.suffix == ".gguf"
+    assert info.vocab_size == llm.engine.runner.spec.vocab_size and info.max_model_len == 8192
+    assert info.eos_token_ids == tuple(sorted(llm.engine.eos_token_ids)) and info.load_format == "auto"
+    # the event loop never shares the engine thread's Rust tokenizer (concurrent use can fail "Already borrowed")
+    assert engine.tokenizer is not engine.engine.tokenizer
+    assert engine.tokenizer._tokenizer is not engine.engine.tokenizer._tokenizer
+    assert engine.tokenize("Hello world") == llm.engine.tokenize("Hello world")

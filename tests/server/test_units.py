@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 from litestar.testing import AsyncTestClient
 
 from localchat.client import APIError, _deltas
+from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.errors import EngineDeadError, InvalidParameterError
 from localchat.server.app import build_app
@@ -40,7 +43,10 @@ class FakeStream:
 class FakeEngine:
     """Enough of AsyncEngine for the app: every request says "Hi" then fails if `fail` is set."""
 
-    model_name, max_model_len, tokenizer, is_ready, is_dead, error = "fake", 64, None, True, False, None
+    tokenizer, is_ready, is_dead, error = None, True, False, None
+    model_info = ModelInfo(name="fake", source_kind="hf_dir", source_path=Path("fake"), config_dir=Path("fake"),
+                           load_format="dummy", vocab_size=64, max_model_len=64, dtype=torch.float32, device="cpu",
+                           eos_token_ids=(0,))
 
     def __init__(self, fail: bool):
         self.fail = fail
