@@ -30,7 +30,9 @@ class CompletionOutput:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)
         self.finish_reason = delta.finish_reason
         self.stop_reason = delta.stop_reason
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from localchat.engine.outputs import RequestOutput
@@ -23,21 +22,6 @@ if TYPE_CHECKING:
 
 class ClientDisconnected(Exception):
     """The HTTP client went away before its response was ready."""
-
-
-@dataclass(slots=True)
-class ChoiceState:
-    """One choice of a response, accumulated: text pieces are joined once, at the end."""
-
-    texts: list[str] = field(default_factory=list)
-    num_tokens: int = 0
-    logprobs: list | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.texts)
 
 
 class Tracker:
@@ -153,23 +137,16 @@ class Generation:
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens)}}
 
-    async def collect(self) -> dict[int, ChoiceState]:
-        """Run to the end; the choices by their response index (prompt position * n + sample index)."""
-        choices: dict[int, ChoiceState] = {}
-        n = self.params.n
+    async def collect(self) -> dict[int, RequestOutput]:
+        """Run to the end; per prompt position, its whole output (the deltas folded by RequestOutput.merge).
+        A choice's response index is `position * n + output.index`."""
+        results: dict[int, RequestOutput] = {}
         async for position, delta in self.deltas():
-            for out in delta.outputs:
-                choice = choices.get(position * n + out.index)
-                if choice is None:
-                    choice = choices[position * n + out.index] = ChoiceState()
-                choice.texts.append(out.text)
-                choice.num_tokens += len(out.token_ids)
-                if out.logprobs is not None:
-                    if choice.logprobs is None:
-                        choice.logprobs = []
-                    choice.logprobs.extend(out.logprobs)
-                choice.finish_reason, choice.stop_reason = out.finish_reason, out.stop_reason
-        return choices
+            if position in results:
+                results[position].merge(delta)
+            else:
+                results[position] = delta
+        return results
 
 
 async def until_disconnect(receive, work: Awaitable):

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from litestar import Request, Response, post
 
-from localchat.engine.outputs import CompletionOutput
-from localchat.server.generation import ChoiceState, Generation
+from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.server.generation import Generation
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
 from localchat.server.sampling import chat_sampling_params
@@ -24,18 +24,19 @@ class ChatDialect:
     def _logprobs(self, entries) -> dict | None:
         return {"content": chat_logprobs(entries or [], self.token_str)} if self.logprobs else None
 
-    def stream_choice(self, index: int, position: int, out: CompletionOutput, first: bool) -> dict | None:
+    def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
+                      first: bool) -> dict | None:
         text = self.echo + out.text if first else out.text
         if not (first or text or out.finish_reason or out.logprobs):
             return None
-        delta = {"role": self.role, "content": text} if first else {"content": text}
-        return {"index": index, "delta": delta, "logprobs": self._logprobs(out.logprobs),
+        message = {"role": self.role, "content": text} if first else {"content": text}
+        return {"index": index, "delta": message, "logprobs": self._logprobs(out.logprobs),
                 "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
 
-    def final_choice(self, index: int, choice: ChoiceState) -> dict:
-        return {"index": index, "message": {"role": self.role, "content": self.echo + choice.text},
-                "logprobs": self._logprobs(choice.logprobs), "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason}
+    def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
+        return {"index": index, "message": {"role": self.role, "content": self.echo + out.text},
+                "logprobs": self._logprobs(out.logprobs), "finish_reason": out.finish_reason,
+                "stop_reason": out.stop_reason}
 
 
 def _echo_text(data: ChatCompletionRequest, role: str) -> str:

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from litestar import Request, Response, post
 
-from localchat.engine.outputs import CompletionOutput
+from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.errors import InvalidParameterError
-from localchat.server.generation import ChoiceState, Generation
+from localchat.server.generation import Generation
 from localchat.server.logprobs import CompletionLogprobs, TokenStrings
 from localchat.server.protocol import JSON_BODY, CompletionRequest
 from localchat.server.sampling import completion_sampling_params
@@ -50,17 +50,18 @@ class CompletionDialect:
             builder = self._builders[index] = CompletionLogprobs(self.token_str)
         return builder.build(entries or [])
 
-    def stream_choice(self, index: int, position: int, out: CompletionOutput, first: bool) -> dict | None:
+    def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
+                      first: bool) -> dict | None:
         text = self.echoes[position] + out.text if first and self.echoes else out.text
         if not (first or text or out.finish_reason or out.logprobs):
             return None
         return {"index": index, "text": text, "logprobs": self._logprobs(index, out.logprobs),
                 "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
 
-    def final_choice(self, index: int, choice: ChoiceState) -> dict:
-        echo = self.echoes[index // self.n] if self.echoes else ""
-        return {"index": index, "text": echo + choice.text, "logprobs": self._logprobs(index, choice.logprobs),
-                "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+    def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
+        echo = self.echoes[position] if self.echoes else ""
+        return {"index": index, "text": echo + out.text, "logprobs": self._logprobs(index, out.logprobs),
+                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
 
 
 @post("/v1/completions", status_code=200, guards=[require_api_key], summary="Create a completion")

@@ -17,9 +17,9 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from localchat.engine.outputs import CompletionOutput
+from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.server.errors import error_from_exception
-from localchat.server.generation import ChoiceState, Generation, until_disconnect
+from localchat.server.generation import Generation, until_disconnect
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -29,11 +29,12 @@ _encode = msgspec.json.Encoder().encode
 class Dialect(Protocol):
     """How one endpoint (chat or completions) words its choices."""
 
-    def stream_choice(self, index: int, position: int, out: CompletionOutput, first: bool) -> dict | None:
-        """The choice object of one delta, or None when there is nothing worth sending."""
+    def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
+                      first: bool) -> dict | None:
+        """The choice object of one sample's piece `out` of a delta, or None when there is nothing to send."""
 
-    def final_choice(self, index: int, choice: ChoiceState) -> dict:
-        """The choice object of a whole (non-streamed) response."""
+    def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
+        """The choice object of one sample `out` of a whole (non-streamed) output."""
 
 
 class ChunkEncoder:
@@ -70,7 +71,7 @@ async def sse_events(generation: Generation, dialect: Dialect, encoder: ChunkEnc
                 first = index not in started
                 if first:
                     started.add(index)
-                choice = dialect.stream_choice(index, position, out, first)
+                choice = dialect.stream_choice(index, position, delta, out, first)
                 if choice is not None:
                     parts.append(encoder.chunk(choice))
             if parts:
@@ -94,9 +95,9 @@ async def respond(request: Request, generation: Generation, dialect: Dialect, *,
         encoder = ChunkEncoder(response_id, chunk_object, created, model, include_usage)
         return Stream(sse_events(generation, dialect, encoder, include_usage), media_type="text/event-stream",
                       headers=SSE_HEADERS, background=BackgroundTask(generation.close))
-    choices = await until_disconnect(request.receive, generation.collect())
-    return Response({
-        "id": response_id, "object": object_name, "created": created, "model": model,
-        "choices": [dialect.final_choice(index, choice) for index, choice in sorted(choices.items())],
-        "usage": generation.usage(),
-    })
+    outputs = await until_disconnect(request.receive, generation.collect())
+    n = generation.params.n
+    choices = [dialect.final_choice(position * n + out.index, position, output, out)
+               for position, output in sorted(outputs.items()) for out in output.outputs]
+    return Response({"id": response_id, "object": object_name, "created": created, "model": model,
+                     "choices": choices, "usage": generation.usage()})
