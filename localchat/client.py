@@ -1,12 +1,14 @@
 """A small scripting client for a `localchat serve` server (or any OpenAI-compatible one), on httpx.
 
->>> with Client("http://127.0.0.1:8000") as client:
+>>> with Client("http://127.0.0.1:8000") as client:   # or .../v1, or .../v1/chat/completions
 ...     print(client.chat([{"role": "user", "content": "Hi!"}], max_tokens=32).text)
 ...     for delta in client.chat([{"role": "user", "content": "Hi!"}], stream=True):
 ...         print(delta.text, end="")
 
 AsyncClient has the same methods: `await client.chat(...)`, and `async for delta in client.chat(..., stream=True)`.
-A failed request raises APIError carrying the HTTP status and the server's message.
+A failed request raises APIError carrying the HTTP status and the server's message (APIConnectionError when the
+server cannot be reached). The TUI's remote backend and `localchat bench --url` are built on AsyncClient, so
+this module is the one place that derives the API root, builds the Bearer header and reads OpenAI error bodies.
 """
 
 from __future__ import annotations
@@ -21,6 +23,26 @@ from localchat.sse import DONE, sse_chunk
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+_ENDPOINT_SUFFIXES = ("/chat/completions", "/completions")
+
+
+def api_base(url: str) -> str:
+    """The /v1 root of a server given as host:port, http://host:port, .../v1, or one of its completion
+    endpoints (.../v1/chat/completions, .../v1/completions), as people paste them."""
+    base = url.strip().rstrip("/")
+    if "://" not in base:
+        base = "http://" + base
+    for suffix in _ENDPOINT_SUFFIXES:
+        if base.endswith(suffix):
+            base = base.removesuffix(suffix).rstrip("/")
+            break
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def auth_headers(api_key: str | None) -> dict:
+    """The Bearer header for `api_key`; None falls back to $LOCALCHAT_API_KEY, "" sends none."""
+    api_key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 class APIError(Exception):
@@ -29,6 +51,20 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, error_type: str | None = None, param: str | None = None):
         super().__init__(f"{status}: {message}")
         self.status, self.message, self.type, self.param = status, message, error_type, param
+
+    def describe(self) -> str:
+        """One line for a person: who answered what."""
+        return f"the server answered {self.status}: {self.message}"
+
+
+class APIConnectionError(APIError):
+    """The server could not be reached, or the connection broke (status 0)."""
+
+    def __init__(self, url: str, cause: Exception):
+        super().__init__(0, f"cannot reach {url}: {cause or type(cause).__name__}")
+
+    def describe(self) -> str:
+        return self.message
 
 
 @dataclass
@@ -65,12 +101,14 @@ class Completion:
 
 @dataclass
 class Delta:
-    """A piece of a streamed answer; the last one of a stream has empty text and the `usage`."""
+    """A piece of a streamed answer; the last one of a stream has empty text and the `usage`.
+    `reasoning` is what servers with a reasoning parser send apart (`reasoning_content` or `reasoning`)."""
 
     text: str
     index: int = 0
     finish_reason: str | None = None
     usage: Usage | None = None
+    reasoning: str = ""
 
     def __str__(self) -> str:
         return self.text
@@ -105,34 +143,57 @@ def _deltas(line: str) -> list[Delta] | None:
         raise APIError(error.get("code") or 500, error.get("message", "stream failed"), error.get("type"),
                        error.get("param"))
     deltas = []
-    for choice in chunk.get("choices", []):
-        text = choice["delta"].get("content") or "" if "delta" in choice else choice.get("text", "")
-        deltas.append(Delta(text, choice.get("index", 0), choice.get("finish_reason")))
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta")
+        if delta is None:  # /v1/completions
+            deltas.append(Delta(choice.get("text") or "", choice.get("index", 0), choice.get("finish_reason")))
+            continue
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        deltas.append(Delta(delta.get("content") or "", choice.get("index", 0), choice.get("finish_reason"),
+                            reasoning=reasoning))
     if chunk.get("usage"):
         deltas.append(Delta("", usage=Usage.from_dict(chunk["usage"])))
     return deltas
 
 
 def _error(response: httpx.Response) -> APIError:
+    """The APIError of an error response: its OpenAI error body (`{"error": {...}}`), else its text."""
     try:
         error = response.json()["error"]
+        if not isinstance(error, dict):
+            return APIError(response.status_code, str(error))
         return APIError(response.status_code, error.get("message", ""), error.get("type"), error.get("param"))
-    except (ValueError, KeyError, TypeError):
-        return APIError(response.status_code, response.text or response.reason_phrase)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return APIError(response.status_code, response.text[:300] or response.reason_phrase)
 
 
-def _headers(api_key: str | None) -> dict:
-    api_key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+class _Base:
+    """What both clients hold: the API root, the model, the headers."""
+
+    def __init__(self, base_url: str, api_key: str | None, model: str | None):
+        self.base_url = api_base(base_url)  # .../v1
+        self.root_url = self.base_url.removesuffix("/v1")  # /health, /tokenize and /detokenize live here
+        self.model = model
+        self.headers = auth_headers(api_key)
+
+    def _http_options(self, timeout, transport, limits) -> dict:
+        options: dict = {"base_url": self.root_url, "headers": self.headers, "timeout": timeout}
+        if transport is not None:
+            options["transport"] = transport
+        if limits is not None:
+            options["limits"] = limits
+        return options
 
 
-class Client:
-    """Blocking client. `model=None` lets the server use the model it serves."""
+class Client(_Base):
+    """Blocking client. `model=None` lets the server use the model it serves. `base_url` takes any form
+    `api_base` accepts."""
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str | None = None, model: str | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT):
-        self.model = model
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout)
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, transport: httpx.BaseTransport | None = None,
+                 limits: httpx.Limits | None = None):
+        super().__init__(base_url, api_key, model)
+        self._http = httpx.Client(**self._http_options(timeout, transport, limits))
 
     def chat(self, messages: list[dict], stream: bool = False, **params) -> Completion | Iterator[Delta]:
         """POST /v1/chat/completions; params are the OpenAI/vLLM fields (max_tokens, temperature, ...)."""
@@ -143,15 +204,19 @@ class Client:
         return self._generate("/v1/completions", _payload("prompt", prompt, stream, self.model, params))
 
     def models(self) -> list[str]:
-        return [m["id"] for m in self._call("GET", "/v1/models")["data"]]
+        return [card["id"] for card in self.model_cards()]
+
+    def model_cards(self) -> list[dict]:
+        """The /v1/models entries (id, max_model_len, ...)."""
+        return self._call("GET", "/v1/models").get("data") or []
 
     def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **params) -> dict:
         """{'tokens', 'count', 'max_model_len'} of a text or of a conversation rendered by the chat template."""
         body = {"prompt": prompt} if messages is None else {"messages": messages}
         return self._call("POST", "/tokenize", json={**body, **params})
 
-    def detokenize(self, tokens: list[int]) -> str:
-        return self._call("POST", "/detokenize", json={"tokens": tokens})["prompt"]
+    def detokenize(self, tokens: list[int], **params) -> str:
+        return self._call("POST", "/detokenize", json={"tokens": tokens, **params})["prompt"]
 
     def health(self) -> bool:
         """True when the server is up and its engine serves."""
@@ -170,7 +235,10 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
-        response = self._http.request(method, path, **kwargs)
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.RequestError as exc:
+            raise APIConnectionError(self.root_url, exc) from None
         if response.status_code >= 400:
             raise _error(response)
         return response.json()
@@ -179,24 +247,29 @@ class Client:
         return self._stream(path, body) if body["stream"] else _completion(self._call("POST", path, json=body))
 
     def _stream(self, path: str, body: dict) -> Iterator[Delta]:
-        with self._http.stream("POST", path, json=body) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise _error(response)
-            for line in response.iter_lines():
-                deltas = _deltas(line)
-                if deltas is None:
-                    return
-                yield from deltas
+        try:
+            with self._http.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _error(response)
+                for line in response.iter_lines():
+                    deltas = _deltas(line)
+                    if deltas is None:
+                        return
+                    yield from deltas
+        except httpx.RequestError as exc:
+            raise APIConnectionError(self.root_url, exc) from None
 
 
-class AsyncClient:
-    """The asyncio twin of Client: `await client.chat(...)`; `async for d in client.chat(..., stream=True)`."""
+class AsyncClient(_Base):
+    """The asyncio twin of Client: `await client.chat(...)`; `async for d in client.chat(..., stream=True)`.
+    Leaving a stream early closes its HTTP response, which aborts the request on the server."""
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str | None = None, model: str | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT):
-        self.model = model
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout)
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, transport: httpx.AsyncBaseTransport | None = None,
+                 limits: httpx.Limits | None = None):
+        super().__init__(base_url, api_key, model)
+        self._http = httpx.AsyncClient(**self._http_options(timeout, transport, limits))
 
     def chat(self, messages: list[dict], stream: bool = False, **params):
         return self._generate("/v1/chat/completions", _payload("messages", messages, stream, self.model, params))
@@ -205,14 +278,17 @@ class AsyncClient:
         return self._generate("/v1/completions", _payload("prompt", prompt, stream, self.model, params))
 
     async def models(self) -> list[str]:
-        return [m["id"] for m in (await self._call("GET", "/v1/models"))["data"]]
+        return [card["id"] for card in await self.model_cards()]
+
+    async def model_cards(self) -> list[dict]:
+        return (await self._call("GET", "/v1/models")).get("data") or []
 
     async def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **params) -> dict:
         body = {"prompt": prompt} if messages is None else {"messages": messages}
         return await self._call("POST", "/tokenize", json={**body, **params})
 
-    async def detokenize(self, tokens: list[int]) -> str:
-        return (await self._call("POST", "/detokenize", json={"tokens": tokens}))["prompt"]
+    async def detokenize(self, tokens: list[int], **params) -> str:
+        return (await self._call("POST", "/detokenize", json={"tokens": tokens, **params}))["prompt"]
 
     async def health(self) -> bool:
         try:
@@ -230,7 +306,10 @@ class AsyncClient:
         await self.aclose()
 
     async def _call(self, method: str, path: str, **kwargs) -> dict:
-        response = await self._http.request(method, path, **kwargs)
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.RequestError as exc:
+            raise APIConnectionError(self.root_url, exc) from None
         if response.status_code >= 400:
             raise _error(response)
         return response.json()
@@ -242,13 +321,16 @@ class AsyncClient:
         return _completion(await self._call("POST", path, json=body))
 
     async def _stream(self, path: str, body: dict) -> AsyncIterator[Delta]:
-        async with self._http.stream("POST", path, json=body) as response:
-            if response.status_code >= 400:
-                await response.aread()
-                raise _error(response)
-            async for line in response.aiter_lines():
-                deltas = _deltas(line)
-                if deltas is None:
-                    return
-                for delta in deltas:
-                    yield delta
+        try:
+            async with self._http.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error(response)
+                async for line in response.aiter_lines():
+                    deltas = _deltas(line)
+                    if deltas is None:
+                        return
+                    for delta in deltas:
+                        yield delta
+        except httpx.RequestError as exc:
+            raise APIConnectionError(self.root_url, exc) from None

@@ -6,7 +6,6 @@ import json
 
 from rich.console import Console
 
-from localchat.bench.online import api_base
 from localchat.bench.records import RequestRecord, RunResult, figures
 from localchat.bench.report import (
     build_payload,
@@ -41,9 +40,3 @@ def test_json_payload_round_trips(tmp_path):
     assert loaded["machine"]["cpu_count"] >= 1
     name, fig = load_baseline(str(path))
     assert name == "offline" and fig["output_tokens"] == 3
-
-
-def test_api_base():
-    assert api_base("http://h:8000") == "http://h:8000/v1"
-    assert api_base("http://h:8000/v1/") == "http://h:8000/v1"
-    assert api_base("h:8000/v1/completions") == "http://h:8000/v1"

@@ -16,7 +16,7 @@ from localchat.tui.commands import (
     parse_think,
 )
 from localchat.tui.conversation import DEFAULT_SETTINGS, ChatMessage, Conversation
-from localchat.tui.http_backend import OpenAIBackend, ServerError, api_base
+from localchat.tui.http_backend import OpenAIBackend, ServerError
 from localchat.tui.store import ConversationStore
 from localchat.tui.thinking import ThinkSplitter
 
@@ -80,12 +80,6 @@ def test_store_round_trip_truncate_and_delete(tmp_path):
     assert again.load(conversation.id) is None
 
 
-def test_api_base():
-    assert api_base("localhost:8000") == "http://localhost:8000/v1"
-    assert api_base("http://h:1/v1/") == "http://h:1/v1"
-    assert api_base("http://h:1/v1/chat/completions") == "http://h:1/v1"
-
-
 def _sse(*chunks) -> bytes:
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
 
@@ -127,7 +121,20 @@ async def test_openai_backend_reports_http_errors():
 
     backend = OpenAIBackend("http://x", transport=httpx.MockTransport(handler))
     await backend.start()
-    with pytest.raises(ServerError, match="max_tokens is too large"):
+    with pytest.raises(ServerError, match="answered 400: max_tokens is too large"):
         async for _ in backend.stream(ChatRequest([{"role": "user", "content": "q"}], dict(DEFAULT_SETTINGS))):
             pass
     await backend.close()
+
+
+def test_reply_stats_fold_deltas_without_losing_known_values():
+    from localchat.tui.backends import ReplyDelta, ReplyStats
+
+    stats = ReplyStats()
+    stats.apply(ReplyDelta("a", completion_tokens=1, ttft=0.2))
+    assert stats.context_tokens is None and stats.as_meta() == {"completion_tokens": 1, "ttft": 0.2}
+    stats.apply(ReplyDelta("b", finish_reason="stop", completion_tokens=2, tokens_per_s=9.0))
+    stats.apply(ReplyDelta(completion_tokens=2, prompt_tokens=10, cached_tokens=8))  # a usage chunk
+    assert stats.as_meta() == {"prompt_tokens": 10, "cached_tokens": 8, "completion_tokens": 2, "ttft": 0.2,
+                               "tokens_per_s": 9.0, "finish_reason": "stop"}
+    assert stats.context_tokens == 12
