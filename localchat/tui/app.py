@@ -14,7 +14,7 @@ from textual.widgets import Footer
 
 from localchat.errors import LocalchatError
 from localchat.tui.actions import ChatActions
-from localchat.tui.backends import ChatBackend
+from localchat.tui.backends import ChatBackend, ReplyStats
 from localchat.tui.commands import COMMANDS
 from localchat.tui.conversation import ChatMessage, Conversation
 from localchat.tui.messages import (
@@ -200,6 +200,7 @@ class ChatApp(ChatActions, App):
     async def _stream_reply(self, view: AssistantMessage) -> None:
         session = self.session
         message, position, stopped, error = ChatMessage("assistant", ""), None, False, None
+        stats = ReplyStats()
         stream = painter = None
         try:
             plan = await session.plan_turn()
@@ -212,13 +213,14 @@ class ChatApp(ChatActions, App):
             self._maybe_warn(plan.context_used)
             position = session.add_reply(message)
             last_save = 0.0
-            painter = self.set_interval(PAINT_EVERY_S, partial(self._paint, view, message))
+            painter = self.set_interval(PAINT_EVERY_S, partial(self._paint, view, message, stats))
             stream = self.backend.stream(plan.request)
             async for delta in stream:
                 message.content += delta.text
                 message.thinking += delta.thinking
-                self._record(message.meta, delta)
+                stats.apply(delta)
                 if time.monotonic() - last_save >= SAVE_EVERY_S:
+                    message.meta.update(stats.as_meta())
                     session.save_message(position)
                     last_save = time.monotonic()
         except asyncio.CancelledError:
@@ -233,6 +235,8 @@ class ChatApp(ChatActions, App):
                 painter.stop()
             if stream is not None:
                 await stream.aclose()
+            message.meta.update(stats.as_meta())
+            self._show_stats(stats)
         await self._finish_reply(view, message, position, stopped, error)
         self.refresh_status()
 
@@ -258,21 +262,17 @@ class ChatApp(ChatActions, App):
         tokens = (message.meta.get("prompt_tokens") or 0) + (message.meta.get("completion_tokens") or 0)
         self.status.context_tokens = tokens or self.status.context_tokens
 
-    async def _paint(self, view: AssistantMessage, message: ChatMessage) -> None:
+    async def _paint(self, view: AssistantMessage, message: ChatMessage, stats: ReplyStats) -> None:
         """Show what streamed in since the last paint (a timer: painting every token would slow the engine)."""
         if await view.catch_up(message):
-            view.set_meta(f"writing… {message.meta.get('completion_tokens', 0)} tok")
+            view.set_meta(f"writing… {stats.completion_tokens} tok")
+            self._show_stats(stats)
             self.refresh_status()
 
-    def _record(self, meta: dict, delta) -> None:
-        for name in ("prompt_tokens", "cached_tokens", "ttft", "tokens_per_s", "finish_reason"):
-            value = getattr(delta, name)
-            if value is not None:
-                meta[name] = value
-        meta["completion_tokens"] = delta.completion_tokens
-        self.status.ttft, self.status.tokens_per_s = meta.get("ttft"), meta.get("tokens_per_s")
-        if delta.prompt_tokens is not None:
-            self.status.context_tokens = delta.prompt_tokens + delta.completion_tokens
+    def _show_stats(self, stats: ReplyStats) -> None:
+        self.status.ttft, self.status.tokens_per_s = stats.ttft, stats.tokens_per_s
+        if stats.context_tokens is not None:
+            self.status.context_tokens = stats.context_tokens
 
     def _maybe_warn(self, context_used: float | None) -> None:
         conversation = self.session.conversation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -29,6 +29,36 @@ class ReplyDelta:
     cached_tokens: int | None = None
     ttft: float | None = None
     tokens_per_s: float | None = None
+
+
+@dataclass
+class ReplyStats:
+    """What is known about one reply so far, folded from its deltas in one place (None: not known yet).
+    Backends report counters and timings of the reply so far, so a later delta's known values win and a
+    None never overwrites a value (a server reports prompt tokens only in its last, usage chunk)."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int = 0
+    ttft: float | None = None
+    tokens_per_s: float | None = None
+    finish_reason: str | None = None
+
+    def apply(self, delta: ReplyDelta) -> None:
+        self.completion_tokens = delta.completion_tokens
+        for name in ("prompt_tokens", "cached_tokens", "ttft", "tokens_per_s", "finish_reason"):
+            value = getattr(delta, name)
+            if value is not None:
+                setattr(self, name, value)
+
+    @property
+    def context_tokens(self) -> int | None:
+        """Tokens the conversation takes once this reply is in it (None while the prompt size is unknown)."""
+        return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
+
+    def as_meta(self) -> dict:
+        """The known figures, as a stored message keeps them (`ChatMessage.meta`)."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
 @dataclass

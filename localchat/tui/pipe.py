@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from localchat.tui.backends import ChatBackend
+from localchat.tui.backends import ChatBackend, ReplyStats
 from localchat.tui.conversation import ChatMessage, Conversation
 from localchat.tui.session import ChatSession
 from localchat.tui.store import ConversationStore
@@ -25,7 +25,7 @@ async def run_pipe(backend: ChatBackend, store: ConversationStore, text: str, *,
         plan = await session.plan_turn()
         if plan.dropped:
             err.write(f"[{plan.dropped} earlier message(s) no longer fit in the context and were left out]\n")
-        message = ChatMessage("assistant", "")
+        message, stats = ChatMessage("assistant", ""), ReplyStats()
         position = session.add_reply(message)
         try:
             async for delta in backend.stream(plan.request):
@@ -37,15 +37,12 @@ async def run_pipe(backend: ChatBackend, store: ConversationStore, text: str, *,
                     out.flush()
                 message.content += delta.text
                 message.thinking += delta.thinking
-                message.meta.update({"prompt_tokens": delta.prompt_tokens, "cached_tokens": delta.cached_tokens,
-                                     "completion_tokens": delta.completion_tokens, "ttft": delta.ttft,
-                                     "tokens_per_s": delta.tokens_per_s})
-                if delta.finish_reason:
-                    message.meta["finish_reason"] = delta.finish_reason
+                stats.apply(delta)
         except BaseException:
             message.stopped = True
             raise
         finally:
+            message.meta.update(stats.as_meta())
             if message.content or message.thinking:
                 session.save_message(position)
             else:
