@@ -1,8 +1,10 @@
-"""One-shot GPU check for the Triton/CUDA path: kernel tests, logits parity with HF transformers, and the
-G1/G2 workloads of DESIGN.md for localchat and HF in the same run, printed as one table.
+"""One-shot GPU check for the Triton/CUDA path: kernel tests, the quantized (W4A16/W8A16) linear against its
+reference and a bf16 matmul, logits parity with HF transformers, and the G1/G2 workloads of DESIGN.md for
+localchat and HF in the same run, printed as one table.
 
     python benchmarks/gpu_check.py                    # on a CUDA machine (about 5 minutes on an H200)
     python benchmarks/gpu_check.py --device cpu --tiny   # dry run of every step on the CPU, tiny model
+    python benchmarks/gpu_check.py --quant-linear-only   # just the quantized linear (under a minute)
 
 Weights are random (the qwen3-0.6b config from ../shared/models), drawn once by transformers and saved,
 so both engines load the very same bf16 weights from disk.
@@ -42,6 +44,113 @@ def kernel_tests(device: str) -> tuple[str, bool]:
     if result.returncode != 0:
         print(result.stdout[-6000:], result.stderr[-2000:])
     return (lines[-1] if lines else "no output"), result.returncode == 0
+
+
+QUANT_SHAPES = [("u4", 32, 4096, 4096), ("u4", 32, 14336, 4096), ("u8", 16, 4096, 4096)]  # layout, group, N, K
+QUANT_ROWS = (1, 16, 512)
+
+
+def packed_weight_for(layout: str, group: int, n: int, k: int, device: str):
+    """u4: asymmetric int4 (Q4_K-like, quantize_weight); u8 group 16: symmetric around 32 (Q6_K-like)."""
+    import torch
+
+    from localchat.kernels.packed_weight import PackedWeight, quantize_weight
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    if layout == "u4":
+        dense = torch.randn(n, k, device=device, generator=generator) * 0.02
+        return quantize_weight(dense, 4, group)
+    codes = torch.randint(0, 64, (n, k), device=device, generator=generator, dtype=torch.uint8)
+    scales = (torch.rand(n, k // group, device=device, generator=generator) * 1e-3 + 1e-4).to(torch.float16)
+    return PackedWeight("u8", codes, scales, None, group, zero_point=32, source_type="Q6_K-like")
+
+
+def seconds(fn, device: str) -> float:
+    """Median time of fn: triton's do_bench on CUDA (clears L2 between runs), a few calls on the CPU."""
+    if device == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") / 1e3
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[1]
+
+
+def quant_linear_check(device: str, tiny: bool) -> list[dict]:
+    """triton_quant_linear at real projection shapes: error against x.float() @ dequantize().T (relative to
+    max |x| @ |W|.T), time against F.linear of the dequantized weight in the activation dtype, and the weight's
+    bytes per second at M = 1. On the CPU (tiny) it runs under Triton's interpreter: a dry run, not a timing."""
+    import torch
+    import torch.nn.functional as F
+
+    from localchat.kernels.triton_quant_linear import triton_quant_linear
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shapes = list(dict.fromkeys((layout, group, 96, 128) for layout, group, _, _ in QUANT_SHAPES)) if tiny \
+        else QUANT_SHAPES
+    results = []
+    for layout, group, n, k in shapes:
+        weight = packed_weight_for(layout, group, n, k, device)
+        dense = weight.dequantize()
+        dense_lowp = dense.to(dtype)
+        for m in QUANT_ROWS if not tiny else (1, 16, 40):
+            x = torch.randn(m, k, device=device).to(dtype)
+            out = triton_quant_linear(x, weight)
+            expected = x.float() @ dense.T
+            scale = (x.float().abs() @ dense.abs().T).amax().item()
+            error = (out.float() - expected).abs().amax().item() / scale
+            ours = seconds(lambda x=x, w=weight: triton_quant_linear(x, w), device)
+            theirs = seconds(lambda x=x, w=dense_lowp: F.linear(x, w), device)
+            results.append({"layout": layout, "group": group, "n": n, "k": k, "m": m, "rel_error": error,
+                            "seconds": ours, "dense_seconds": theirs, "weight_bytes": weight.nbytes,
+                            "dense_bytes": dense_lowp.nbytes, "dense_dtype": str(dtype).removeprefix("torch.")})
+        release(device)
+    return results
+
+
+def quant_linear_rows(results: list[dict], device: str) -> tuple[list[tuple[str, str, str, str]], bool]:
+    tolerance = 1e-2 if device == "cuda" else 1e-5  # bfloat16 weights and outputs on CUDA; float32 on the CPU
+    rows, ok = [], True
+    for r in results:
+        passed = r["rel_error"] <= tolerance
+        ok &= passed
+        ours = f"{r['seconds'] * 1e6:,.1f} us"
+        theirs = f"{r['dense_dtype']} F.linear {r['dense_seconds'] * 1e6:,.1f} us"
+        if r["m"] == 1:
+            ours += f", {r['weight_bytes'] / r['seconds'] / 1e9:,.0f} GB/s"
+            theirs += f", {r['dense_bytes'] / r['dense_seconds'] / 1e9:,.0f} GB/s"
+        verdict = f"{'ok' if passed else 'FAILED'}, err {r['rel_error']:.1e}, {r['dense_seconds'] / r['seconds']:.2f}x"
+        rows.append((f"quant linear {r['layout']}/g{r['group']} {r['n']}x{r['k']} M={r['m']}", ours, theirs, verdict))
+    return rows, ok
+
+
+def quant_linear_step(device: str, tiny: bool) -> tuple[list[dict], str]:
+    """Runs quant_linear_check in a child process (on the CPU under TRITON_INTERPRET=1, which must be set
+    before the kernel module is imported). Returns the results and, on failure, the child's output."""
+    env = {**os.environ}
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    with tempfile.TemporaryDirectory(prefix="localchat-quant-linear-") as tmp:
+        path = Path(tmp) / "quant.json"
+        command = [sys.executable, __file__, "--device", device, "--quant-linear-only", "--json", str(path)]
+        result = subprocess.run(command + (["--tiny"] if tiny else []), cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=900, check=False)
+        if not path.is_file():
+            return [], result.stdout[-4000:] + result.stderr[-4000:]
+        return json.loads(path.read_text())["quant_linear"], ""
+
+
+def print_table(rows: list[tuple[str, str, str, str]]) -> None:
+    header = ("check", "localchat", "peer", "verdict")
+    width = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+    print()
+    for row in [header] + rows:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, width)))
 
 
 def make_model(directory: Path, tiny: bool, dtype, device: str) -> None:
@@ -136,6 +245,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model and small workloads (CPU dry run)")
     parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument("--quant-linear-only", action="store_true",
+                        help="run only the quantized linear check in this process (CPU: needs TRITON_INTERPRET=1)")
     parser.add_argument("--hf-g1-requests", type=int, default=64,
                         help="HF runs the first N requests of G1 (one batch of 64 takes ~1 minute)")
     parser.add_argument("--json", help="also write the figures to this file")
@@ -154,11 +265,28 @@ def main() -> int:
     log(f"device {report.get('gpu', device)}, torch {torch.__version__}")
     ok = True
 
+    if args.quant_linear_only:
+        report["quant_linear"] = quant_linear_check(device, args.tiny)
+        quant_rows, ok = quant_linear_rows(report["quant_linear"], device)
+        print_table(quant_rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        return 0 if ok else 1
+
     if not args.skip_kernels:
         log("kernel tests ...")
         summary, passed = kernel_tests(device)
         ok &= passed
         rows.append(("kernel tests (Triton vs torch reference)", summary, "", "ok" if passed else "FAILED"))
+
+    log("quantized linear (Triton W4A16/W8A16) vs reference and a dense matmul ...")
+    report["quant_linear"], failure = quant_linear_step(device, args.tiny)
+    quant_rows, passed = quant_linear_rows(report["quant_linear"], device)
+    if failure:
+        print(failure)
+        quant_rows, passed = [("quant linear", "did not run", "", "FAILED")], False
+    ok &= passed
+    rows.extend(quant_rows)
 
     g1, g2 = WORKLOADS["g1"], WORKLOADS["g2"]
     hf_g1_requests = args.hf_g1_requests
@@ -208,10 +336,7 @@ def main() -> int:
                  f"HF {hf_g1['ttft_ms']['mean']:,.0f} / {hf_g1['tpot_ms']['mean']:.1f}",
                  f"{info_g1['kv_blocks']} KV blocks, graphs to {info_g1['graphs']}"))
 
-    width = [max(len(r[i]) for r in rows + [("check", "localchat", "peer", "verdict")]) for i in range(4)]
-    print()
-    for row in [("check", "localchat", "peer", "verdict")] + rows:
-        print(" | ".join(cell.ljust(w) for cell, w in zip(row, width)))
+    print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     return 0 if ok else 1
