@@ -147,14 +147,17 @@ def _tiles(m: int, on_gpu: bool, u4: bool, dtype: torch.dtype) -> tuple[int, int
 def _launch_config(m: int, n: int, k: int, u4: bool, dtype: torch.dtype, device: torch.device) -> dict:
     """Tiles, dot precision and split-K for an [m, k] x [k, n] product.
 
-    Depends only on the shapes, so a CUDA graph captured for a batch size stays valid. Splits K until there
-    are about 4 programs per SM (4 programs on the interpreter, to exercise the reduction), at most 16 splits.
+    Depends only on the shapes, so a CUDA graph captured for a batch size stays valid. Splits K (at most 16
+    ways) until the GPU has enough programs; on the interpreter, until there are 4, to exercise the reduction.
     """
     on_gpu = device.type == "cuda"
     block_m, block_n, block_k, warps, stages = _tiles(m, on_gpu, u4, dtype)
     if on_gpu:
         precision = "tf32x3" if dtype == torch.float32 else "tf32"  # 3xTF32: about float32 accuracy
-        target = 4 * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        # Small M is memory-bound: several programs per SM keep loads in flight. A prefill tile is compute-bound,
+        # and splitting K would only add float32 traffic once every SM has a tile.
+        per_sm = 4 if m <= 64 else 1
+        target = per_sm * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     else:
         precision, target = "ieee", 4
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)

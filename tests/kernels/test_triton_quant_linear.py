@@ -135,6 +135,25 @@ def test_interpreter_config_splits_k():
     assert tql._launch_config(64, 40, 160, False, torch.float32, device)["splits"] == 1
 
 
+@cpu_only
+@pytest.mark.parametrize("u4", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_launch_configs(monkeypatch, u4, dtype):
+    # An H200's 132 SMs: decode splits K to fill them, prefill does not; no split is empty, and a K step
+    # covers whole 32-groups.
+    monkeypatch.setattr(tql, "_num_sms", lambda index: 132)
+    cuda = torch.device("cuda", 0)
+    for m in (1, 16, 17, 64, 512, 4096):
+        for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (1024, 8192)):
+            c = tql._launch_config(m, n, k, u4, dtype, cuda)
+            k_blocks = -(-k // c["block_k"])
+            assert c["block_k"] % 32 == 0 and (c["splits"] - 1) * c["blocks_per_split"] < k_blocks
+            assert c["splits"] * c["blocks_per_split"] >= k_blocks
+            if m >= 512 and n >= 4096:  # a tile for every SM already (a narrow N still splits its long K)
+                assert c["splits"] == 1
+    assert tql._launch_config(1, 4096, 4096, u4, dtype, cuda)["splits"] > 1
+
+
 SM90_BUILD = r"""
 import re, subprocess, tempfile
 from pathlib import Path
