@@ -1,0 +1,63 @@
+"""Build and load our C++ CPU kernels (kernels/csrc/*.cpp) once per machine, at first use.
+
+The build takes about a minute on 2 cores and is cached by torch (keyed by the source and the flags), so
+later starts load it in milliseconds. It compiles for this CPU (-march=native); without a C++ compiler, or
+if the build fails, `cpu_kernels()` returns None and callers fall back to torch ops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger("localchat.kernels")
+
+_SOURCES = ("quant_linear.cpp",)
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_failed: str | None = None
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags, so a cache shared between machines never loads code built for another CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_kernels(progress=None) -> ModuleType | None:
+    """The compiled extension, building it on first use; None when it cannot be built here."""
+    global _module, _failed
+    if _module is not None or _failed is not None or os.environ.get("LOCALCHAT_NO_CPU_KERNELS"):
+        return _module
+    with _lock:
+        if _module is not None or _failed is not None:
+            return _module
+        directory = Path(__file__).parent / "csrc"
+        sources = [str(directory / name) for name in _SOURCES]
+        digest = hashlib.sha256(_cpu_signature().encode())
+        for source in sources:
+            digest.update(Path(source).read_bytes())
+        name = f"localchat_cpu_{digest.hexdigest()[:12]}"
+        try:
+            from torch.utils import cpp_extension
+
+            build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+            if progress is not None and not (build_dir / f"{name}.so").exists():
+                progress("compiling the CPU kernels for this machine (first run only, about a minute)")
+            _module = cpp_extension.load(
+                name=name, sources=sources, extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
+        except Exception as exc:  # no compiler, no headers, an old CPU: run the torch fallback instead
+            _failed = f"{type(exc).__name__}: {exc}"
+            logger.warning("CPU kernels unavailable, using slower torch ops (%s)", _failed.splitlines()[0])
+        return _module

@@ -1,0 +1,114 @@
+"""PackedWeight: a quantized [out, in] projection weight in the two layouts our kernels consume.
+
+Every GGUF block type is repacked into one of two layouts, keeping the file's integer codes:
+
+- ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input dimension,
+  byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble (ggml's order).
+  ``qweight`` is uint8 [out, in // 2]. Q4_0, Q4_1 and Q4_K land here.
+- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1, Q5_K and
+  Q6_K land here (5- and 6-bit codes are stored in a byte: exact, but larger than the file).
+
+A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
+``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are float16
+[out, in // group_size]; group_size is 32 (16 for Q6_K). The only loss against the file is rounding a
+K-quant's scale product (super-block scale x 6-bit sub-scale) to float16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LAYOUTS = ("u4", "u8")
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A quantized projection weight; see the module docstring for the layouts."""
+
+    layout: str                     # "u4" or "u8"
+    qweight: torch.Tensor           # uint8 [out, in // 2] (u4) or [out, in] (u8)
+    scales: torch.Tensor            # float16 [out, in // group_size]
+    mins: torch.Tensor | None       # float16 [out, in // group_size], or None: symmetric around zero_point
+    group_size: int
+    zero_point: int = 0             # used only when mins is None
+    source_type: str = ""           # the GGUF type it came from (Q4_K, ...), for reports
+
+    def __post_init__(self) -> None:
+        out_features, in_features = self.shape
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.qweight.dtype != torch.uint8 or self.scales.dtype != torch.float16:
+            raise ValueError("qweight must be uint8 and scales float16")
+        if in_features % self.group_size or (self.layout == "u4" and self.group_size != 32):
+            raise ValueError(f"in_features {in_features} is not a multiple of group_size {self.group_size}")
+        expected = (out_features, in_features // self.group_size)
+        if tuple(self.scales.shape) != expected or (self.mins is not None and tuple(self.mins.shape) != expected):
+            raise ValueError(f"scales/mins must have shape {expected}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, cols = self.qweight.shape
+        return rows, cols * 2 if self.layout == "u4" else cols
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def nbytes(self) -> int:
+        mins = 0 if self.mins is None else self.mins.nbytes
+        return self.qweight.nbytes + self.scales.nbytes + mins
+
+    def to(self, device: torch.device | str) -> "PackedWeight":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return PackedWeight(self.layout, move(self.qweight), move(self.scales), move(self.mins), self.group_size,
+                            self.zero_point, self.source_type)
+
+    def codes(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """The integer codes as int32 [out, in] (or the selected rows), in natural order."""
+        q = self.qweight if rows is None else self.qweight[rows]
+        if self.layout == "u8":
+            return q.to(torch.int32)
+        groups = q.reshape(*q.shape[:-1], -1, 16).to(torch.int32)
+        return torch.cat((groups & 0x0F, groups >> 4), dim=-1).reshape(*q.shape[:-1], -1)
+
+    def dequantize(self, rows: torch.Tensor | slice | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every kernel."""
+        codes = self.codes(rows).to(torch.float32)
+        scales = (self.scales if rows is None else self.scales[rows]).to(torch.float32)
+        codes = codes.reshape(*codes.shape[:-1], scales.shape[-1], self.group_size)
+        if self.mins is None:
+            values = (codes - self.zero_point) * scales.unsqueeze(-1)
+        else:
+            mins = (self.mins if rows is None else self.mins[rows]).to(torch.float32)
+            values = codes * scales.unsqueeze(-1) + mins.unsqueeze(-1)
+        return values.reshape(*values.shape[:-2], -1).to(dtype)
+
+
+def pack_u4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [out, in // 2] from int codes in [0, 15] of shape [out, in] (in a multiple of 32)."""
+    groups = codes.to(torch.uint8).reshape(codes.shape[0], -1, 2, 16)
+    return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(codes.shape[0], -1)
+
+
+def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:
+    """Weight-only group-wise quantization of a dense [out, in] weight (asymmetric, round to nearest),
+    for checkpoints without quantized weights (`--quantization int4|int8`)."""
+    out_features, in_features = weight.shape
+    if in_features % group_size:
+        raise ValueError(f"in_features {in_features} is not a multiple of the group size {group_size}")
+    groups = weight.detach().to(torch.float32).reshape(out_features, -1, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    levels = (1 << bits) - 1
+    scales = ((high - low) / levels).to(torch.float16)
+    safe = torch.where(scales == 0, 1.0, scales.to(torch.float32))
+    mins = low.to(torch.float16)
+    codes = ((groups - mins.to(torch.float32).unsqueeze(-1)) / safe.unsqueeze(-1)).round_().clamp_(0, levels)
+    codes = codes.reshape(out_features, in_features).to(torch.uint8)
+    if bits == 4:
+        return PackedWeight("u4", pack_u4(codes), scales, mins, group_size, source_type="int4")
+    if bits == 8:
+        return PackedWeight("u8", codes, scales, mins, group_size, source_type="int8")
+    raise ValueError(f"bits must be 4 or 8, got {bits}")
