@@ -1,8 +1,14 @@
 """Sampler: turn a batch of last-position logits into tokens, vectorized over the batch.
 
-Per row: min_tokens masking, repetition/presence/frequency penalties, then greedy argmax, or temperature,
-top-k, top-p and min-p followed by an exponential race (argmax of p / q, q ~ Exp(1)), which draws from p.
-A seeded request draws its q from its own generator, so its samples do not depend on its batch companions.
+Per row: min_tokens bans, repetition/presence/frequency penalties, then greedy argmax, or temperature, top-k,
+top-p and min-p followed by one draw from what is left: the inverse of its cumulative distribution at a
+float64 uniform. A seeded request draws its uniform from its own generator, so its samples do not depend on
+its batch companions.
+
+Cost at batch 1 is a few passes over the vocabulary, never a sort of it in the common case: top-k and top-p
+work on a candidate set taken with torch.topk, and top-p widens it (then sorts everything) only when the
+candidates hold less than top_p of the probability mass. Min-p and the penalties need no sort, and parameters
+at their neutral values cost nothing.
 """
 
 from __future__ import annotations
@@ -11,64 +17,65 @@ from dataclasses import dataclass
 
 import torch
 
+from localchat.engine.penalties import Penalties
 from localchat.engine.sequence import Sequence, TokenLogprob
+
+# Candidate counts top-p tries in turn before sorting the whole vocabulary. With the chat's defaults on the
+# default model the first one is enough at almost every step (see benchmarks/sampler_bench.py).
+TOP_P_CANDIDATES = (256, 4096)
 
 
 @dataclass
 class SamplingBatch:
-    """Per-row sampling parameters as tensors on the logits' device."""
+    """Per-row sampling parameters as tensors on the logits' device, plus host-side facts about them."""
 
     temperature: torch.Tensor        # [B] float32; 0 = greedy
-    top_k: torch.Tensor | None       # [B] int64 (vocab size = off), None if no row filters
-    top_p: torch.Tensor | None       # [B] float32
+    top_k: torch.Tensor | None       # [B] int64 in [1, vocab], vocab = off, greedy rows 1; None if no row filters
+    top_p: torch.Tensor | None       # [B] float32, 1 = off; None if no row uses it
     min_p: torch.Tensor | None       # [B] float32
-    penalties: tuple | None          # (repetition, presence, frequency, prompt_mask, output_counts)
+    penalties: Penalties | None
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked until min_tokens
     generators: list[torch.Generator | None]
     num_logprobs: list[int | None]
     all_greedy: bool
+    any_greedy: bool = False
+    max_top_k: int = 0               # largest top_k below the vocabulary size (candidates top-k needs)
+    top_p_alone: bool = False        # a row has top_p and no top_k: its candidates may not be enough
+    unfiltered: bool = False         # a sampled row has neither top_k nor top_p, among rows that do
 
     @classmethod
-    def from_seqs(cls, seqs: list[Sequence], vocab_size: int, eos_token_ids: set[int], device) -> "SamplingBatch":
+    def from_seqs(cls, seqs: list[Sequence], vocab_size: int, eos_token_ids: set[int], device) -> SamplingBatch:
         params = [seq.params for seq in seqs]
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         temperature = torch.tensor([0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32)
         top_k = top_p = min_p = None
-        if not all_greedy and any(p.top_k > 0 for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in params], dtype=torch.int64)
-        if not all_greedy and any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        if not all_greedy and any(p.min_p > 0.0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+        facts = {}
+        if not all_greedy:
+            ks = [1 if g else min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for g, p in zip(greedy, params)]
+            ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
+            if any(k < vocab_size for k, g in zip(ks, greedy) if not g) or any(p < 1.0 for p in ps):
+                top_k = torch.tensor(ks, dtype=torch.int64)
+                if any(p < 1.0 for p in ps):
+                    top_p = torch.tensor(ps, dtype=torch.float32)
+                facts = {"max_top_k": max((k for k in ks if k < vocab_size), default=0),
+                             "top_p_alone": any(p < 1.0 and k == vocab_size for k, p in zip(ks, ps)),
+                             "unfiltered": any(p == 1.0 and k == vocab_size for k, p in zip(ks, ps))}
+            if any(p.min_p > 0.0 for g, p in zip(greedy, params) if not g):
+                min_p = torch.tensor([0.0 if g else p.min_p for g, p in zip(greedy, params)], dtype=torch.float32)
         banned = []
         for row, seq in enumerate(seqs):
             if seq.num_output_tokens < seq.params.min_tokens:
                 ids = set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else eos_token_ids)
                 banned.append((row, sorted(i for i in ids if i < vocab_size)))
-        penalties = _penalty_tensors(seqs, vocab_size) if any(p.has_penalties for p in params) else None
-        to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        penalties = Penalties.from_seqs(seqs, vocab_size) if any(p.has_penalties for p in params) else None
+        to = lambda t: None if t is None else t.to(device, non_blocking=True)
         return cls(
             temperature=to(temperature), top_k=to(top_k), top_p=to(top_p), min_p=to(min_p),
-            penalties=None if penalties is None else tuple(to(t) for t in penalties),
+            penalties=None if penalties is None else penalties.to(device),
             banned=banned, generators=[seq.generator for seq in seqs],
-            num_logprobs=[p.logprobs for p in params], all_greedy=all_greedy,
+            num_logprobs=[p.logprobs for p in params], all_greedy=all_greedy, any_greedy=any(greedy), **facts,
         )
-
-
-def _penalty_tensors(seqs: list[Sequence], vocab_size: int):
-    rows = len(seqs)
-    repetition = torch.tensor([s.params.repetition_penalty for s in seqs], dtype=torch.float32)
-    presence = torch.tensor([s.params.presence_penalty for s in seqs], dtype=torch.float32)
-    frequency = torch.tensor([s.params.frequency_penalty for s in seqs], dtype=torch.float32)
-    prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)
-    output_counts = torch.zeros(rows, vocab_size, dtype=torch.float32)
-    for row, seq in enumerate(seqs):
-        prompt_ids = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.int64)
-        prompt_mask[row, prompt_ids] = True
-        output_ids = torch.tensor(seq.output_token_ids, dtype=torch.int64)
-        output_counts[row].index_add_(0, output_ids, torch.ones(len(output_ids)))
-    return repetition, presence, frequency, prompt_mask, output_counts
 
 
 @dataclass
@@ -99,30 +106,37 @@ class Sampler:
         for row, ids in batch.banned:
             logits[row, ids] = float("-inf")
         if batch.penalties is not None:
-            repetition, presence, frequency, prompt_mask, output_counts = batch.penalties
-            seen = prompt_mask | (output_counts > 0)
-            penalty = repetition.unsqueeze(1)
-            logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
-            logits = logits - frequency.unsqueeze(1) * output_counts
-            logits = logits - presence.unsqueeze(1) * (output_counts > 0).float()
+            batch.penalties.apply_(logits)
         return logits
 
     @staticmethod
     def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy_rows = batch.temperature == 0
-        greedy_tokens = logits.argmax(dim=-1)
         scaled = logits / torch.where(greedy_rows, 1.0, batch.temperature).unsqueeze(1)
-        scaled = _filter_top_k_top_p(scaled, batch.top_k, batch.top_p)
-        probs = scaled.softmax(dim=-1)
-        if batch.min_p is not None:
-            threshold = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-            probs = probs.masked_fill(probs < threshold, 0.0)
-        race = torch.empty_like(probs).exponential_()
-        for row, generator in enumerate(batch.generators):
-            if generator is not None:
-                race[row] = torch.empty(probs.shape[1]).exponential_(generator=generator).to(probs.device)
-        sampled = (probs / race).argmax(dim=-1)
-        return torch.where(greedy_rows, greedy_tokens, sampled)
+        ids = None
+        if batch.top_k is None:
+            weights = scaled.softmax(dim=-1)
+        else:
+            weights, ids = _top_k_top_p(scaled, batch)
+            if batch.unfiltered:  # rows without filters need the whole vocabulary: put the others' back into it
+                unfiltered_rows = batch.top_k == scaled.shape[1]
+                if batch.top_p is not None:
+                    unfiltered_rows &= batch.top_p == 1.0
+                spread = torch.zeros_like(scaled).scatter_(1, ids, weights)
+                weights, ids = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), spread), None
+            else:  # the kept tokens are a prefix of the candidates; draw among them in token id order, as a
+                # whole-vocabulary row does, so that which token a uniform picks does not depend on the batch
+                kept = int((weights > 0).sum(dim=-1).max())
+                ids, order = ids[:, :kept].sort(dim=-1)
+                weights = weights[:, :kept].gather(1, order)
+        if batch.min_p is not None:  # weights are each row's probabilities up to a factor, which min-p ignores
+            threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
+            weights = weights.masked_fill(weights < threshold, 0.0)
+        picks = _draw(weights, batch.generators)
+        tokens = picks if ids is None else ids.gather(1, picks.unsqueeze(1)).squeeze(1)
+        if batch.any_greedy:
+            tokens = torch.where(greedy_rows, logits.argmax(dim=-1), tokens)
+        return tokens
 
     @staticmethod
     def _logprobs(raw_logits, tokens: list[int], num_logprobs: list[int | None]) -> list[TokenLogprob | None]:
@@ -133,7 +147,7 @@ class Sampler:
         chosen = logprobs.gather(1, chosen_ids)
         ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
         max_k = max(k for k in num_logprobs if k is not None)
-        top_values, top_ids = logprobs.topk(max(max_k, 1), dim=-1)
+        top_values, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (logprobs[:, :0], chosen_ids[:, :0])
         chosen, top_values, top_ids = chosen.squeeze(1).tolist(), top_values.tolist(), top_ids.tolist()
         result: list[TokenLogprob | None] = []
         for row, k in enumerate(num_logprobs):
@@ -145,17 +159,71 @@ class Sampler:
         return result
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    if top_k is None and top_p is None:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    if top_k is not None:
-        ranks = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
-        remove |= ranks >= top_k.unsqueeze(1)
-    if top_p is not None:
-        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
-        remove |= mass_before >= top_p.unsqueeze(1)
+def _top_k_top_p(scaled: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's most likely tokens, in order ([rows, M] ids), with weights proportional to their probability
+    after top-k and top-p, 0 for the tokens these filters remove. Every token left out of the M has weight 0.
+
+    The same kept set as sorting the whole vocabulary: a token is kept when its rank is below top_k and the
+    mass of the tokens ranked before it is below top_p. Ranks past the candidates are all removed once the
+    candidates' mass reaches top_p, so only rows with top_p and no top_k may need more candidates.
+    """
+    vocab = scaled.shape[1]
+    if not batch.top_p_alone:
+        values, ids = scaled.topk(batch.max_top_k, dim=-1)
+        return _keep(values, batch, vocab, None)[0], ids
+    full_lse = scaled.logsumexp(dim=-1, keepdim=True)
+    needed = 0.0
+    for count in sorted({max(count, batch.max_top_k) for count in TOP_P_CANDIDATES}):
+        if count >= vocab:
+            break
+        if count < needed:
+            continue  # the last try showed that this many candidates cannot hold top_p of the mass
+        values, ids = scaled.topk(count, dim=-1)
+        weights, needed = _keep(values, batch, vocab, full_lse)
+        if needed == 0.0:
+            return weights, ids
+    values, ids = scaled.sort(dim=-1, descending=True)
+    return _keep(values, batch, vocab, full_lse)[0], ids
+
+
+def _keep(values: torch.Tensor, batch: SamplingBatch, vocab: int,
+          full_lse: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+    """(weights, needed) for the sorted candidate logits `values` (see _top_k_top_p). `needed` is 0 when no
+    token past the candidates can be kept, else a lower bound on the candidates that could be enough. A row's
+    weights do not depend on how many candidates there are."""
+    ranks = torch.arange(values.shape[1], device=values.device)
+    has_top_k = batch.top_k < vocab
+    values = values.masked_fill(ranks >= batch.top_k.unsqueeze(1), float("-inf"))
+    norm = values.logsumexp(dim=-1, keepdim=True)
+    if full_lse is not None:  # rows without top_k: probabilities over the whole vocabulary
+        norm = torch.where(has_top_k.unsqueeze(1), norm, full_lse)
+    probs = (values - norm).exp()
+    if batch.top_p is None:
+        return probs, 0.0
+    top_p = batch.top_p.unsqueeze(1)
+    cumulative = probs.cumsum(dim=-1)
+    remove = (cumulative - probs >= top_p) & (top_p < 1.0)  # the mass of strictly more likely tokens
     remove[:, 0] = False  # always keep the most likely token
-    return logits.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    weights = probs.masked_fill(remove, 0.0)
+    if full_lse is None:
+        return weights, 0.0
+    missing = (top_p - cumulative[:, -1:]).squeeze(1).clamp_min(0.0)  # top-p mass the candidates lack
+    missing = missing.masked_fill(has_top_k | (batch.top_p >= 1.0), 0.0)
+    if not bool(missing.any()):
+        return weights, 0.0
+    # tokens past the candidates are no likelier than the last one, so at least missing / p_last more are needed
+    more = torch.where(missing > 0, missing / probs[:, -1], 0.0)
+    return weights, values.shape[1] + float(more.max())
+
+
+def _draw(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Per row, index i with probability weights[i] / sum(weights): the first whose cumulative weight exceeds
+    u * total for a uniform u. In float64, so even tokens of probability 1e-9 keep their chance."""
+    cumulative = weights.cumsum(dim=-1, dtype=torch.float64)
+    total = cumulative[:, -1:]
+    uniform = torch.rand(len(generators), 1, dtype=torch.float64)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            uniform[row] = torch.rand(1, dtype=torch.float64, generator=generator)
+    target = torch.minimum(uniform.to(weights.device) * total, total.nextafter(torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1)

@@ -2,6 +2,8 @@
 
 import torch
 
+from localchat.engine import sampler as sampler_module
+from localchat.engine.penalties import Penalties
 from localchat.engine.sampler import Sampler, SamplingBatch
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
@@ -105,3 +107,160 @@ def test_logprobs_report_the_chosen_token_and_sorted_alternatives():
     assert [t for t, _ in lp.top] == [1, 2, 3]
     assert all(a >= b for (_, a), (_, b) in zip(lp.top, lp.top[1:]))
     assert sample(logits, [seq_with(SamplingParams(temperature=0))]).logprobs == [None]
+
+
+# --- the fast paths against the full-sort definition -------------------------------------------------------
+
+def expected_probs(row: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> torch.Tensor:
+    """The definition, by sorting the whole row: top-k, then top-p on what is left, then min-p."""
+    scaled = row / temperature
+    sorted_logits, order = scaled.sort(descending=True)
+    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k > 0:
+        remove[top_k:] = True
+    probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
+    remove |= (probs.cumsum(-1) - probs) >= top_p
+    remove[0] = False
+    probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
+    probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
+    return torch.zeros_like(row).scatter(0, order, probs / probs.sum())
+
+
+def kept_sets(logits: torch.Tensor, params: list[SamplingParams]):
+    seqs = [seq_with(p) for p in params]
+    batch = SamplingBatch.from_seqs(seqs, logits.shape[1], set(), torch.device("cpu"))
+    scaled = logits / torch.where(batch.temperature == 0, 1.0, batch.temperature).unsqueeze(1)
+    weights, ids = sampler_module._top_k_top_p(scaled, batch)
+    return [set(ids[row][weights[row] > 0].tolist()) for row in range(len(params))], ids.shape[1]
+
+
+def test_top_p_candidates_keep_the_full_sort_set_when_enough_and_when_not(monkeypatch):
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", (16, 64))
+    vocab = 1000
+    peaked = torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 6   # top-p set of a few tokens
+    medium = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 2.2  # needs the 64 candidates
+    flat = torch.randn(vocab, generator=torch.Generator().manual_seed(2)) * 0.1   # needs the full sort
+    cases = [(peaked, 16), (medium, 64), (flat, vocab)]
+    for row, width in cases:
+        expected = set(expected_probs(row, 0.7, top_p=0.9).nonzero().squeeze(1).tolist())
+        kept, used = kept_sets(row.unsqueeze(0), [SamplingParams(temperature=0.7, top_p=0.9)])
+        assert used == width
+        assert kept[0] == expected
+    # in one batch every row gets its own set, from the widest candidates any row needed
+    logits = torch.stack([row for row, _ in cases])
+    kept, used = kept_sets(logits, [SamplingParams(temperature=0.7, top_p=0.9)] * 3)
+    assert used == vocab
+    assert kept == [set(expected_probs(row, 0.7, top_p=0.9).nonzero().squeeze(1).tolist()) for row, _ in cases]
+
+
+def test_top_k_and_top_p_together_match_the_full_sort():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 5000, generator=gen) * 3
+    params = [SamplingParams(temperature=0.8, top_k=40), SamplingParams(temperature=1.2, top_k=300, top_p=0.5),
+              SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=0.0)]
+    kept, _ = kept_sets(logits, params)
+    for row, p, got in zip(logits, params[:3], kept):
+        assert got == set(expected_probs(row, p.temperature, p.top_k, p.top_p).nonzero().squeeze(1).tolist())
+    assert kept[3] == {int(logits[3].argmax())}
+
+
+def draw_frequencies(row: list[float], params: SamplingParams, draws: int = 4000) -> torch.Tensor:
+    """Empirical distribution of one row's pick, drawn once per row of a batch of identical rows."""
+    seqs = [seq_with(params) for _ in range(draws)]
+    tokens = sample([row] * draws, seqs).token_ids
+    return torch.bincount(torch.tensor(tokens), minlength=VOCAB).float() / draws
+
+
+SETTINGS = [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.8}, {"temperature": 1.3, "top_k": 3},
+            {"temperature": 1.0, "min_p": 0.2}, {"temperature": 0.9, "top_k": 4, "top_p": 0.9, "min_p": 0.1}]
+
+
+def test_sampled_frequencies_follow_the_definition():
+    row = [1.0, 2.0, 1.5, 0.2, -1.0, 0.7]
+    for setting in SETTINGS:
+        expected = expected_probs(torch.tensor(row), **setting)
+        got = draw_frequencies(row, SamplingParams(**setting))
+        assert (got - expected).abs().max() < 0.035, (setting, got, expected)
+        assert (got[expected == 0] == 0).all()
+
+
+def test_a_mixed_batch_gives_each_row_its_own_distribution():
+    row = [1.0, 2.0, 1.5, 0.2, -1.0, 0.7]
+    settings = SETTINGS + [{"temperature": 0.0}]
+    seqs = [seq_with(SamplingParams(**settings[i % len(settings)])) for i in range(600 * len(settings))]
+    tokens = torch.tensor(sample([row] * len(seqs), seqs).token_ids).view(-1, len(settings))
+    for column, setting in enumerate(settings):
+        got = torch.bincount(tokens[:, column], minlength=VOCAB).float() / tokens.shape[0]
+        if setting["temperature"] == 0:
+            assert got[1] == 1.0
+            continue
+        expected = expected_probs(torch.tensor(row), **setting)
+        assert (got - expected).abs().max() < 0.07, (setting, got, expected)
+        assert (got[expected == 0] == 0).all()
+
+
+def test_seeded_sequences_of_draws_do_not_depend_on_the_batch_or_its_filters():
+    rows = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(5)).tolist()
+
+    def run(companions):
+        seq = seq_with(SamplingParams(temperature=1.0, top_p=0.9, seed=42))
+        others = [seq_with(p) for p in companions]
+        picks = []
+        for step in range(6):
+            picks.append(sample([rows[step]] * (1 + len(others)), [seq] + others).token_ids[0])
+            seq.append_token(picks[-1])
+        return picks
+
+    alone = run([])
+    assert run([SamplingParams(temperature=1.0), SamplingParams(top_k=2, seed=3)]) == alone
+    assert run([SamplingParams(temperature=0.0), SamplingParams(min_p=0.3)]) == alone
+
+
+def test_greedy_takes_the_first_of_tied_maxima_in_any_batch():
+    logits = [[0.0, 3.0, 1.0, 3.0, 0.0, 0.0]] * 3
+    seqs = [seq_with(SamplingParams(temperature=0)), seq_with(SamplingParams(temperature=1.0, top_p=0.5, seed=1)),
+            seq_with(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=(1,))]
+    assert sample(logits[:1], seqs[:1]).token_ids == [1]
+    out = sample(logits, seqs).token_ids
+    assert out[0] == 1 and out[2] == 3
+
+
+def test_top_k_above_the_vocabulary_filters_nothing():
+    row = [1.0, 2.0, 1.5, 0.2, -1.0, 0.7]
+    got = draw_frequencies(row, SamplingParams(temperature=1.0, top_k=1000))
+    assert (got - expected_probs(torch.tensor(row))).abs().max() < 0.035
+
+
+# --- penalties against the dense definition ---------------------------------------------------------------
+
+def dense_penalties(logits: torch.Tensor, seqs) -> torch.Tensor:
+    """The definition with dense [rows, vocab] masks, as the sampler computed it before."""
+    rows, vocab = logits.shape
+    prompt_mask = torch.zeros(rows, vocab, dtype=torch.bool)
+    counts = torch.zeros(rows, vocab)
+    for row, seq in enumerate(seqs):
+        prompt_mask[row, torch.tensor(seq.token_ids[:seq.num_prompt_tokens])] = True
+        for token in seq.output_token_ids:
+            counts[row, token] += 1
+    rep = torch.tensor([s.params.repetition_penalty for s in seqs]).unsqueeze(1)
+    seen = prompt_mask | (counts > 0)
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - torch.tensor([s.params.frequency_penalty for s in seqs]).unsqueeze(1) * counts
+    return logits - torch.tensor([s.params.presence_penalty for s in seqs]).unsqueeze(1) * (counts > 0).float()
+
+
+def test_sparse_penalties_equal_the_dense_definition_as_sequences_grow():
+    vocab, gen = 300, torch.Generator().manual_seed(11)
+    params = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=-0.5),
+              SamplingParams(),
+              SamplingParams(repetition_penalty=0.8),
+              SamplingParams(frequency_penalty=-1.0, presence_penalty=2.0)]
+    seqs = [seq_with(p, prompt=torch.randint(0, vocab, (50,), generator=gen).tolist()) for p in params]
+    for step in range(40):
+        logits = torch.randn(len(seqs), vocab, generator=gen) * 3
+        penalties = Penalties.from_seqs(seqs, vocab)
+        got = logits.clone()
+        penalties.apply_(got)
+        assert torch.equal(got, dense_penalties(logits, seqs)), step
+        for seq in seqs:  # repeats of recent tokens, so counts above 1 happen
+            seq.append_token(int(torch.randint(0, 20 if step % 2 else vocab, (1,), generator=gen)))
