@@ -33,6 +33,8 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
     "enable_prefix_caching": (Annotated[bool, _opt("--prefix-caching/--no-prefix-caching", help="Reuse the KV of shared prompt prefixes")], True),
     "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="Disable CUDA graphs")], False),
     "load_format": (Annotated[str, _opt("--load-format", help="auto, or dummy for random weights from config.json")], "auto"),
+    "quantization": (Annotated[str, _opt("--quantization", help="auto (GGUF stays quantized), none (dequantize), "
+                                         "int8 or int4 (weight-only, group 32, for dense checkpoints)")], "auto"),
     "chat_template": (Annotated[Optional[str], _opt("--chat-template", help="Jinja chat template file overriding the model's")], None),
     "tokenizer": (Annotated[Optional[str], _opt("--tokenizer", help="Tokenizer directory (default: the model's)")], None),
     "seed": (Annotated[int, _opt("--seed", help="Seed for random weights and unseeded sampling")], 0),

@@ -10,6 +10,7 @@ from localchat.utils import parse_memory_size
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -22,13 +23,16 @@ class EngineConfig:
     """What to load and how to run it; defaults suit the machine (`None` means: choose for the device).
 
     `model` is a local HF directory, a `.gguf` file, a hub id in the local HF cache, or None for the
-    embedded default (SmolLM2-135M-Instruct). `kv_cache_memory` takes '512MiB'/'4GiB' or bytes; on CUDA
+    embedded default (SmolLM2-135M-Instruct). `quantization`: auto keeps a GGUF file's quantized weights
+    as they are (and a dense checkpoint dense), none dequantizes them, int8/int4 quantize a dense
+    checkpoint's projections weight-only, group-wise. `kv_cache_memory` takes '512MiB'/'4GiB' or bytes; on CUDA
     without it the pool takes `gpu_memory_utilization` of the GPU after the weights and a profiling pass.
     """
 
     model: str | None = None
     tokenizer: str | None = None
     load_format: str = "auto"
+    quantization: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -45,6 +49,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _check(self.load_format in LOAD_FORMATS, "load_format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        _check(self.quantization in QUANTIZATIONS, "quantization",
+               f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
         _check(self.block_size in (8, 16, 32, 64, 128), "block_size", f"must be 8, 16, 32, 64 or 128, got {self.block_size}")

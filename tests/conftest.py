@@ -20,7 +20,17 @@ def default_gguf():
 
 @pytest.fixture(scope="session")
 def llm(default_gguf):
-    """One offline LLM on the default model, shared by the tests that only read from it."""
+    """One offline LLM on the default model as users get it (quantized weights), shared by the tests
+    that only read from it."""
     from localchat import LLM
 
     return LLM()
+
+
+@pytest.fixture(scope="session")
+def float_llm(default_gguf):
+    """The default model with its weights dequantized to float32: the path that equals transformers'
+    token for token (parity tests)."""
+    from localchat import LLM
+
+    return LLM(quantization="none")

@@ -48,6 +48,9 @@ class HFPeer:
         if target.load_format == "dummy":
             config = AutoConfig.from_pretrained(directory)
             model = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
+        elif target.gguf_path is not None:  # transformers dequantizes the GGUF file itself
+            gguf = target.gguf_path
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=target.dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype)
         self.model = model.to(target.device).eval()

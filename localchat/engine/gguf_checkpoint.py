@@ -1,5 +1,5 @@
-"""Read a GGUF file with the `gguf` package: an HF config from its metadata, and its tensors dequantized
-to float32 under Hugging Face names (llama.cpp's rotary row permutation of Q/K undone)."""
+"""Read a GGUF file with the `gguf` package: an HF config from its metadata, and its tensors under Hugging
+Face names (llama.cpp's rotary row permutation of Q/K undone), quantized ones kept as PackedWeights."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from localchat.engine.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, dense, repack
 from localchat.errors import UnsupportedModelError
+from localchat.kernels.packed_weight import PackedWeight
 
 # GGUF architecture -> (HF config class name, HF architecture, Q/K rows permuted by llama.cpp's converter)
 _ARCHES = {
@@ -78,9 +80,10 @@ class GGUFCheckpoint:
         config.architectures = [architecture]
         return config
 
-    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, float32 tensor) for every weight, dequantized one at a time."""
-        from gguf.quants import dequantize
+    def tensors(self, dequantize: bool = False) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+        """(HF name, weight) for every tensor we use: quantized types as PackedWeights (their codes kept),
+        F32/F16/BF16 as tensors; with `dequantize`, everything as float32 tensors (the reference path)."""
+        from gguf.quants import dequantize as gguf_dequantize
 
         permuted = _ARCHES[self.arch][2]
         num_heads = self._arch_field("attention.head_count")
@@ -89,14 +92,26 @@ class GGUFCheckpoint:
             name = _hf_name(tensor.name)
             if name is None:
                 continue
-            array = dequantize(tensor.data, tensor.tensor_type)
-            # np.array copies: the memory-mapped GGUF data is read-only
-            array = np.array(array, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
-            if permuted and name.endswith("q_proj.weight"):
-                array = _unpermute(array, num_heads)
-            elif permuted and name.endswith("k_proj.weight"):
-                array = _unpermute(array, num_kv_heads)
-            yield name, torch.from_numpy(np.ascontiguousarray(array))
+            shape = tuple(int(d) for d in reversed(tensor.shape))
+            qtype = tensor.tensor_type
+            if qtype in DENSE_TYPES:
+                weight: torch.Tensor | PackedWeight = dense(tensor.data, qtype, shape)
+            elif qtype not in QUANTIZED_TYPES:
+                raise UnsupportedModelError(
+                    f"{self.path.name}: tensor {tensor.name} has GGUF type {qtype.name}; supported: "
+                    f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}")
+            elif dequantize:
+                array = np.asarray(gguf_dequantize(tensor.data, qtype), dtype=np.float32).reshape(shape)
+                weight = torch.from_numpy(np.ascontiguousarray(array))
+            else:
+                weight = repack(tensor.data, qtype, shape)
+            if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads
+                index = _unpermute_index(shape[0], heads)
+                weight = weight.select_rows(index) if isinstance(weight, PackedWeight) else weight[index].contiguous()
+            if isinstance(weight, torch.Tensor) and weight.dtype != torch.float32 and dequantize:
+                weight = weight.float()
+            yield name, weight
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -108,8 +123,6 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Invert llama.cpp's permutation, which interleaves each head's two rotary halves row by row."""
-    rows = weight.shape[0]
-    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
+def _unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
+    """Row order that inverts llama.cpp's permutation, which interleaves each head's two rotary halves."""
+    return torch.arange(rows).reshape(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)

@@ -12,15 +12,17 @@ from localchat.engine.model_cache import ensure_converted
 from localchat.engine.model_source import ModelSource
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import build_model
-from localchat.engine.models.weights import load_hf_weights
-from localchat.errors import ModelNotFoundError
+from localchat.engine.gguf_checkpoint import GGUFCheckpoint
+from localchat.engine.models.weights import init_dummy, load_weights
+from localchat.errors import InvalidParameterError, ModelNotFoundError
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
 @dataclass
 class ModelFiles:
-    """A Hugging Face style directory: the model itself, or a GGUF file's converted copy."""
+    """A Hugging Face style directory (config, tokenizer, weights), or for a GGUF file a small directory
+    with its config and tokenizer, the weights being read from the file itself."""
 
     directory: Path
     source: ModelSource
@@ -84,30 +86,30 @@ def _iter_safetensors(files: list[Path]):
 
 
 def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torch.device,
-               load_format: str = "auto", seed: int = 0) -> DecoderForCausalLM:
-    """Build the model for `hf_config` on `device` in `dtype`, with real or (load_format='dummy') random weights."""
+               load_format: str = "auto", quantization: str = "auto", seed: int = 0) -> DecoderForCausalLM:
+    """Build the model for `hf_config` on `device` in `dtype` with its weights: a GGUF file's quantized
+    tensors kept quantized (unless quantization='none'), a safetensors checkpoint's dense (or quantized
+    with int8/int4), or (load_format='dummy') random ones."""
     with torch.device("meta"):
         model = build_model(hf_config)
-    model = model.to(dtype).to_empty(device=device)
+    gguf = files.source.kind == "gguf" and load_format != "dummy"
+    if gguf and quantization in ("int8", "int4"):
+        raise InvalidParameterError(f"{files.source.path.name} is already quantized; --quantization {quantization} "
+                                    "applies to dense checkpoints (use auto or none)", param="quantization")
+    bits = {"int8": 8, "int4": 4}.get(quantization)
     if load_format == "dummy":
-        _init_dummy(model, seed)
+        init_dummy(model, dtype=dtype, device=device, seed=seed, quantize_bits=bits)
     else:
-        missing = load_hf_weights(model, _iter_safetensors(_safetensors_files(files.directory)))
+        if gguf:
+            tensors = GGUFCheckpoint(files.source.path).tensors(dequantize=quantization == "none")
+        else:
+            tensors = _iter_safetensors(_safetensors_files(files.directory))
+        try:
+            missing = load_weights(model, tensors, dtype=dtype, device=device, quantize_bits=bits)
+        except ValueError as exc:
+            raise ModelNotFoundError(f"{files.source.path}: {exc}") from exc
         if missing:
             raise ModelNotFoundError(f"{files.source.path}: checkpoint lacks weights for {', '.join(sorted(missing)[:5])}")
     model = model.eval().requires_grad_(False)
     model.pack_weights()
     return model
-
-
-@torch.no_grad()
-def _init_dummy(model: DecoderForCausalLM, seed: int) -> None:
-    """Random weights with a sane scale (norm weights 1), reproducible from `seed`, generated on the device."""
-    generator = torch.Generator(device=model.embed_tokens.device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        elif name.endswith("bias"):
-            param.zero_()
-        else:
-            param.normal_(0.0, 0.02, generator=generator)

@@ -1,7 +1,8 @@
-"""Convert a GGUF file once into a Hugging Face style directory in the user cache.
+"""Convert a GGUF file's config and tokenizer once into a small Hugging Face style directory in the cache.
 
-GGUF parsing (metadata, tokenizer conversion) and dequantization take seconds; the converted directory
-(config.json, tokenizer files, float32 model.safetensors) loads memory-mapped in well under a second.
+Converting the GGUF tokenizer with transformers takes seconds; the converted directory (config.json,
+generation_config.json, tokenizer files) loads in milliseconds. The weights are never copied: they are
+read from the GGUF file itself at every load (memory-mapped, quantized blocks kept).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import platformdirs
 
 from localchat.engine.model_source import _say
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -35,7 +36,7 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
     target = converted_dir(gguf_path)
     if (target / "done").is_file():
         return target
-    _say(progress, f"converting {gguf_path.name} for fast loading (first run only) ...")
+    _say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ...")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
@@ -52,7 +53,6 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
-    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
     from localchat.engine.gguf_checkpoint import GGUFCheckpoint
@@ -64,4 +64,3 @@ def _convert(gguf_path: Path, out: Path) -> None:
     (out / "generation_config.json").write_text(json.dumps(generation))
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(out)
-    save_file(dict(checkpoint.hf_tensors()), str(out / "model.safetensors"), metadata={"format": "pt"})

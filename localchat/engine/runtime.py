@@ -74,7 +74,7 @@ class EngineRuntime:
         say(f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
             f"{str(dtype).removeprefix('torch.')}, {device.type})")
         model = load_model(files, hf_config, dtype=dtype, device=device, load_format=config.load_format,
-                           seed=config.seed)
+                           quantization=config.quantization, seed=config.seed)
         cuda = device.type == "cuda"
         max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
         max_num_batched_tokens = config.max_num_batched_tokens or (8192 if cuda else 512)

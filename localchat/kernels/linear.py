@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from localchat.kernels.packed_weight import PackedWeight
+from localchat.kernels.quant_linear import quant_linear
+
 
 def can_pack(weight: torch.Tensor) -> bool:
     return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
@@ -17,8 +20,10 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias, for a plain or a packed (pack_weight) weight."""
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias, for a plain, a oneDNN-packed (pack_weight) or a quantized (PackedWeight) weight."""
+    if isinstance(weight, (PackedWeight, tuple)):
+        return quant_linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -53,6 +53,10 @@ class PackedWeight:
         return rows, cols * 2 if self.layout == "u4" else cols
 
     @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+    @property
     def device(self) -> torch.device:
         return self.qweight.device
 
@@ -65,6 +69,16 @@ class PackedWeight:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return PackedWeight(self.layout, move(self.qweight), move(self.scales), move(self.mins), self.group_size,
                             self.zero_point, self.source_type)
+
+    def select_rows(self, index: torch.Tensor) -> "PackedWeight":
+        """The weight with its output rows reordered/selected by `index`."""
+        pick = lambda t: None if t is None else t[index].contiguous()  # noqa: E731
+        return PackedWeight(self.layout, pick(self.qweight), pick(self.scales), pick(self.mins), self.group_size,
+                            self.zero_point, self.source_type)
+
+    def offsets(self) -> torch.Tensor:
+        """The additive term of each group (mins, or -zero_point * scales for symmetric types), float16."""
+        return self.mins if self.mins is not None else (self.scales.to(torch.float32) * -self.zero_point).half()
 
     def codes(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """The integer codes as int32 [out, in] (or the selected rows), in natural order."""

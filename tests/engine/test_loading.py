@@ -20,7 +20,7 @@ SHARED_MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 
 
 @pytest.mark.slow
-def test_gguf_and_safetensors_checkpoints_give_the_same_logits(llm, hf_model, tmp_path):
+def test_gguf_and_safetensors_checkpoints_give_the_same_logits(float_llm, hf_model, tmp_path):
     """hf_model holds transformers' own dequantization of the GGUF; saved as safetensors, it must load
     into the same logits as our GGUF path (which un-permutes Q/K itself)."""
     from safetensors.torch import save_file
@@ -30,6 +30,7 @@ def test_gguf_and_safetensors_checkpoints_give_the_same_logits(llm, hf_model, tm
     config = hf_model.config.to_dict()
     config.pop("quantization_config", None)
     (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = float_llm
     llm.tokenizer.save_pretrained(tmp_path)
     from_safetensors = LLM(str(tmp_path))
     ids = llm.render_chat([{"role": "user", "content": "What is a paged KV cache?"}])

@@ -1,4 +1,5 @@
-"""Greedy output of the engine equals Hugging Face transformers token for token, whatever the batching."""
+"""Greedy output of the engine on float32 weights equals Hugging Face transformers token for token, whatever
+the batching. (The quantized path is checked against the float32 one in tests/quant.)"""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from localchat import LLM
 from tests.engine.conftest import greedy_params
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def llm(float_llm):
+    """Parity with transformers holds on the float32 path (GGUF weights dequantized)."""
+    return float_llm
 
 
 def generate_ids(llm, prompts):
@@ -34,14 +41,14 @@ def test_greedy_matches_hf_in_one_mixed_batch(llm, parity_prompts, hf_greedy):
 
 def test_preemption_keeps_outputs(parity_prompts, hf_greedy):
     # 24 blocks of 16 tokens: one long prompt and its output fit, the whole batch does not.
-    llm = LLM(max_model_len=384, kv_cache_memory=24 * 16 * 2 * 30 * 3 * 64 * 4)
+    llm = LLM(quantization="none", max_model_len=384, kv_cache_memory=24 * 16 * 2 * 30 * 3 * 64 * 4)
     assert_same(generate_ids(llm, parity_prompts), hf_greedy)
     assert llm.engine.scheduler.num_preemptions > 0
     assert_all_blocks_free(llm)
 
 
 def test_chunked_prefill_keeps_outputs(parity_prompts, hf_greedy):
-    llm = LLM(max_num_batched_tokens=16, max_num_seqs=16)
+    llm = LLM(quantization="none", max_num_batched_tokens=16, max_num_seqs=16)
     engine = llm.engine
     chunked = []
     original = engine.scheduler.schedule
@@ -60,7 +67,7 @@ def test_chunked_prefill_keeps_outputs(parity_prompts, hf_greedy):
 
 
 def test_prefix_caching_off_keeps_outputs(parity_prompts, hf_greedy):
-    llm = LLM(enable_prefix_caching=False)
+    llm = LLM(quantization="none", enable_prefix_caching=False)
     assert_same(generate_ids(llm, parity_prompts), hf_greedy)
     assert llm.engine.block_manager.prefix_cache_hits == 0
 

@@ -21,6 +21,12 @@ from localchat.kernels import (
     store_kv_cache,
 )
 from localchat.kernels.linear import can_pack, linear, pack_weight
+from localchat.kernels.packed_weight import PackedWeight
+
+# The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them), which
+# replace the parameter of the same name as a plain attribute.
+PROJECTIONS = (("self_attn", "qkv_weight"), ("self_attn", "o_weight"), ("mlp", "gate_up_weight"),
+               ("mlp", "down_weight"))
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,13 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
         self.packed_head: torch.Tensor | None = None
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed_tokens, PackedWeight):
+            return self.embed_tokens.dequantize(input_ids, dtype=self.norm.weight.dtype)
+        return F.embedding(input_ids, self.embed_tokens)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden, residual = F.embedding(input_ids, self.embed_tokens), None
+        hidden, residual = self.embed(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual)
         hidden, _ = self.norm(hidden, residual)
@@ -134,14 +145,20 @@ class DecoderForCausalLM(nn.Module):
 
     @torch.no_grad()
     def pack_weights(self) -> bool:
-        """Swap every projection weight for its oneDNN-packed copy, freeing the plain one (CPU only).
-        The embedding stays plain for lookups; the LM head gets a packed copy. False if not possible."""
-        if not can_pack(self.embed_tokens):
+        """Swap every dense projection weight for its oneDNN-packed copy, freeing the plain one (CPU only).
+        The embedding stays plain for lookups; a dense LM head gets a packed copy. Quantized weights are
+        left as they are. False if nothing could be packed."""
+        if self.norm.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return False
         for layer in self.layers:
-            for module, name in ((layer.self_attn, "qkv_weight"), (layer.self_attn, "o_weight"),
-                                 (layer.mlp, "gate_up_weight"), (layer.mlp, "down_weight")):
-                setattr(module, name, pack_weight(module._parameters.pop(name)))
-        head = self.embed_tokens if self.lm_head is None else self._parameters.pop("lm_head")
-        self.packed_head = pack_weight(head)
+            for module_name, name in PROJECTIONS:
+                module = getattr(layer, module_name)
+                if name in module._parameters and can_pack(module._parameters[name]):
+                    setattr(module, name, pack_weight(module._parameters.pop(name)))
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if isinstance(head, torch.Tensor) and can_pack(head):
+            self.packed_head = pack_weight(head)
+            if self.lm_head is not None:
+                del self._parameters["lm_head"]
+                self.lm_head = None
         return True

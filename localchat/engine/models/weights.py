@@ -1,67 +1,151 @@
-"""Route Hugging Face checkpoint tensors into our fused parameters."""
+"""Route checkpoint tensors (Hugging Face names) into our model, fusing q/k/v and gate/up.
+
+A tensor is dense (torch.Tensor) or quantized (PackedWeight, from a GGUF file). The model is built on the
+meta device; each parameter is materialized only when its data arrives, so a quantized model never holds a
+dense copy of its projections. Fused parts are collected until complete, then stacked: dense parts into one
+parameter (quantized on the way when `quantize_bits` is set), quantized parts into one PackedWeight (or a
+tuple when their layouts differ).
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.kernels.packed_weight import PackedWeight, quantize_weight
+from localchat.kernels.quant_linear import fuse
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
+# HF suffix inside a layer -> (submodule, our attribute, part index, number of parts)
+_LAYER_TENSORS = {
+    "self_attn.q_proj.weight": ("self_attn", "qkv_weight", 0, 3),
+    "self_attn.k_proj.weight": ("self_attn", "qkv_weight", 1, 3),
+    "self_attn.v_proj.weight": ("self_attn", "qkv_weight", 2, 3),
+    "self_attn.q_proj.bias": ("self_attn", "qkv_bias", 0, 3),
+    "self_attn.k_proj.bias": ("self_attn", "qkv_bias", 1, 3),
+    "self_attn.v_proj.bias": ("self_attn", "qkv_bias", 2, 3),
+    "self_attn.o_proj.weight": ("self_attn", "o_weight", 0, 1),
+    "self_attn.q_norm.weight": ("self_attn.q_norm", "weight", 0, 1),
+    "self_attn.k_norm.weight": ("self_attn.k_norm", "weight", 0, 1),
+    "mlp.gate_proj.weight": ("mlp", "gate_up_weight", 0, 2),
+    "mlp.up_proj.weight": ("mlp", "gate_up_weight", 1, 2),
+    "mlp.down_proj.weight": ("mlp", "down_weight", 0, 1),
+    "input_layernorm.weight": ("input_layernorm", "weight", 0, 1),
+    "post_attention_layernorm.weight": ("post_attention_layernorm", "weight", 0, 1),
+}
+_GLOBAL_TENSORS = {"model.embed_tokens.weight": ("", "embed_tokens"), "model.norm.weight": ("norm", "weight"),
+                   "lm_head.weight": ("", "lm_head")}
+# --quantization covers the decoder's projections; the embedding and LM head stay dense (int4 heads cost
+# several points of top-1 agreement). Quantized checkpoints (GGUF) keep all of these as they come.
+_QUANTIZABLE = {"qkv_weight", "o_weight", "gate_up_weight", "down_weight"}
+_KEPT_QUANTIZED = _QUANTIZABLE | {"embed_tokens", "lm_head"}
 
-def _destination(model: DecoderForCausalLM, name: str) -> tuple[torch.Tensor, int] | None:
-    """(parameter, row offset) for an HF tensor name, or None for tensors we do not use."""
-    if name == "model.embed_tokens.weight":
-        return model.embed_tokens, 0
-    if name == "model.norm.weight":
-        return model.norm.weight, 0
-    if name == "lm_head.weight":
-        return (model.lm_head, 0) if model.lm_head is not None else None
-    match = _LAYER.match(name)
-    if not match:
-        return None
-    layer = model.layers[int(match.group(1))]
-    attn, mlp, rest = layer.self_attn, layer.mlp, match.group(2)
-    q, kv = attn.q_size, attn.kv_size
-    table = {
-        "self_attn.q_proj.weight": (attn.qkv_weight, 0),
-        "self_attn.k_proj.weight": (attn.qkv_weight, q),
-        "self_attn.v_proj.weight": (attn.qkv_weight, q + kv),
-        "self_attn.q_proj.bias": (attn.qkv_bias, 0),
-        "self_attn.k_proj.bias": (attn.qkv_bias, q),
-        "self_attn.v_proj.bias": (attn.qkv_bias, q + kv),
-        "self_attn.o_proj.weight": (attn.o_weight, 0),
-        "self_attn.q_norm.weight": (attn.q_norm.weight if attn.q_norm else None, 0),
-        "self_attn.k_norm.weight": (attn.k_norm.weight if attn.k_norm else None, 0),
-        "mlp.gate_proj.weight": (mlp.gate_up_weight, 0),
-        "mlp.up_proj.weight": (mlp.gate_up_weight, mlp.down_weight.shape[1]),
-        "mlp.down_proj.weight": (mlp.down_weight, 0),
-        "input_layernorm.weight": (layer.input_layernorm.weight, 0),
-        "post_attention_layernorm.weight": (layer.post_attention_layernorm.weight, 0),
-    }
-    found = table.get(rest)
-    return found if found is not None and found[0] is not None else None
+Weight = torch.Tensor | PackedWeight
+
+
+@dataclass
+class WeightPlacer:
+    """Places (HF name, tensor) pairs into a meta-built model on `device` in `dtype`."""
+
+    model: DecoderForCausalLM
+    dtype: torch.dtype
+    device: torch.device
+    quantize_bits: int | None = None
+    pending: dict[tuple[nn.Module, str], dict[int, Weight]] = field(default_factory=dict)
+    placed: set[tuple[int, str]] = field(default_factory=set)
+
+    def destination(self, name: str) -> tuple[nn.Module, str, int, int] | None:
+        if name in _GLOBAL_TENSORS:
+            path, attr = _GLOBAL_TENSORS[name]
+            if attr == "lm_head" and self.model.spec.tie_word_embeddings:
+                return None
+            return self.model.get_submodule(path), attr, 0, 1
+        match = _LAYER.match(name)
+        if not match or match.group(2) not in _LAYER_TENSORS or int(match.group(1)) >= len(self.model.layers):
+            return None
+        path, attr, part, parts = _LAYER_TENSORS[match.group(2)]
+        try:
+            module = self.model.layers[int(match.group(1))].get_submodule(path)
+        except AttributeError:  # q_norm/k_norm of a model without them
+            return None
+        return (module, attr, part, parts) if attr in module._parameters else None
+
+    @torch.no_grad()
+    def add(self, name: str, tensor: Weight) -> None:
+        dest = self.destination(name)
+        if dest is None:
+            return
+        module, attr, part, parts = dest
+        slot = self.pending.setdefault((module, attr), {})
+        slot[part] = tensor
+        if len(slot) == parts:
+            del self.pending[(module, attr)]
+            self._place(module, attr, [slot[i] for i in range(parts)], name)
+
+    def _place(self, module: nn.Module, attr: str, parts: list[Weight], name: str) -> None:
+        meta = module._parameters[attr]
+        if all(isinstance(p, PackedWeight) for p in parts) and attr in _KEPT_QUANTIZED:
+            value = fuse(parts)
+            value = value.to(self.device) if isinstance(value, PackedWeight) else tuple(p.to(self.device) for p in value)
+            shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+            self._check_shape(name, shape, meta)
+            del module._parameters[attr]
+            setattr(module, attr, value)
+        else:
+            dense = torch.cat([p.dequantize() if isinstance(p, PackedWeight) else p for p in parts])
+            self._check_shape(name, tuple(dense.shape), meta)
+            if self.quantize_bits and attr in _QUANTIZABLE:
+                del module._parameters[attr]
+                setattr(module, attr, quantize_weight(dense, self.quantize_bits).to(self.device))
+            else:
+                module._parameters[attr] = nn.Parameter(dense.to(self.device, self.dtype), requires_grad=False)
+        self.placed.add((id(module), attr))
+
+    @staticmethod
+    def _check_shape(name: str, shape: tuple[int, ...], meta: torch.Tensor) -> None:
+        if tuple(shape) != tuple(meta.shape):
+            raise ValueError(f"checkpoint tensor {name} (fused: {tuple(shape)}) does not fit {tuple(meta.shape)}")
+
+    def missing(self) -> list[str]:
+        """Names of parameters still on the meta device (never written)."""
+        return [name for name, param in self.model.named_parameters() if param.is_meta]
 
 
 @torch.no_grad()
-def load_hf_weights(model: DecoderForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-    """Copy each (HF name, tensor) into its place; return the names of parameters not fully written."""
-    rows_written: dict[int, int] = {}
-    names = {id(p): n for n, p in model.named_parameters()}
+def load_weights(model: DecoderForCausalLM, tensors: Iterable[tuple[str, Weight]], *, dtype: torch.dtype,
+                 device: torch.device, quantize_bits: int | None = None) -> list[str]:
+    """Place every tensor; return the names of parameters the checkpoint did not provide."""
+    placer = WeightPlacer(model, dtype, device, quantize_bits)
     for name, tensor in tensors:
-        dest = _destination(model, name)
-        if dest is None:
-            continue
-        param, offset = dest
-        rows = tensor.shape[0]
-        target = param.data[offset:offset + rows] if param.dim() and offset + rows <= param.shape[0] else None
-        if target is None or target.shape != tensor.shape:
-            raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
-                             f"which does not fit {names[id(param)]} {tuple(param.shape)} at row {offset}")
-        target.copy_(tensor)
-        rows_written[id(param)] = rows_written.get(id(param), 0) + rows
-    params = dict(model.named_parameters())
-    return {name for name, p in params.items() if rows_written.get(id(p), 0) < p.shape[0]}
+        placer.add(name, tensor)
+    return placer.missing()
+
+
+@torch.no_grad()
+def init_dummy(model: DecoderForCausalLM, *, dtype: torch.dtype, device: torch.device, seed: int,
+               quantize_bits: int | None = None) -> None:
+    """Random weights with a sane scale (norm weights 1, biases 0), reproducible from `seed`, generated
+    on the device one parameter at a time (so a quantized model never holds all its dense weights)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    modules = dict(model.named_modules())
+    for name, meta in list(model.named_parameters()):
+        module_name, _, attr = name.rpartition(".")
+        module = modules[module_name]
+        param = torch.empty(meta.shape, dtype=dtype, device=device)
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith("bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, 0.02, generator=generator)
+        if quantize_bits and attr in _QUANTIZABLE:
+            del module._parameters[attr]
+            setattr(module, attr, quantize_weight(param, quantize_bits))
+        else:
+            module._parameters[attr] = nn.Parameter(param, requires_grad=False)

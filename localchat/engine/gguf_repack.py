@@ -1,0 +1,140 @@
+"""Repack GGUF (ggml) quantized blocks into PackedWeight layouts, keeping the file's integer codes.
+
+ggml stores a quantized [out, in] tensor as rows of blocks; each block interleaves its scales with its codes.
+We split them into one code array and float16 scale/min arrays (kernels/packed_weight.py):
+
+| ggml type | block (weights, bytes) | layout | value |
+|---|---|---|---|
+| Q4_0 | 32, 18 | u4 | d * (q - 8) |
+| Q4_1 | 32, 20 | u4 | d * q + m |
+| Q5_0 | 32, 22 | u8 | d * (q - 16) |
+| Q5_1 | 32, 24 | u8 | d * q + m |
+| Q8_0 | 32, 34 | u8 | d * (q + 128 - 128) |
+| Q4_K | 256, 144 | u4 | (d * sc) * q - dmin * mn, per 32 |
+| Q5_K | 256, 176 | u8 | (d * sc) * q - dmin * mn, per 32 |
+| Q6_K | 256, 210 | u8, group 16 | (d * sc) * (q - 32), per 16 |
+
+Q4_0, Q4_1, Q5_x and Q8_0 repack exactly. For K-quants, the product of the super-block scale and a 6- or
+8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's scale).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+
+from localchat.kernels.packed_weight import PackedWeight, pack_u4
+
+DENSE_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
+QUANTIZED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+def _bytes(data: np.ndarray) -> torch.Tensor:
+    """A uint8 tensor sharing `data`'s (read-only, memory-mapped) buffer; we never write to it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(data).view(np.uint8))
+
+
+def _f16(field: torch.Tensor) -> torch.Tensor:
+    """[..., 2] uint8 -> [...] float16."""
+    return field.contiguous().view(torch.float16).squeeze(-1)
+
+
+def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return qs & 0x0F, qs >> 4
+
+
+def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 six-bit scales and mins of a Q4_K/Q5_K super-block from its 12 packed bytes."""
+    d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mins = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return scales.to(torch.float32), mins.to(torch.float32)
+
+
+def _k_group_params(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-32 float16 scales and mins [rows, groups] of Q4_K/Q5_K blocks [rows, blocks, bytes]."""
+    d = _f16(blocks[..., 0:2]).to(torch.float32).unsqueeze(-1)
+    dmin = _f16(blocks[..., 2:4]).to(torch.float32).unsqueeze(-1)
+    sc, mn = _k_scales(blocks[..., 4:16])
+    return (d * sc).reshape(rows, -1).to(torch.float16), (-dmin * mn).reshape(rows, -1).to(torch.float16)
+
+
+def _k_low_codes(qs: torch.Tensor, rows: int) -> torch.Tensor:
+    """Q4_K/Q5_K low 4 bits [rows, in]: each 32-byte chunk holds sub-block 2j in its low nibbles, 2j+1 high."""
+    lo, hi = _nibbles(qs.reshape(rows, -1, 4, 32))
+    return torch.stack((lo, hi), dim=3).reshape(rows, -1)
+
+
+def _q5_high_bit(qh: torch.Tensor, rows: int) -> torch.Tensor:
+    """Q5_0/Q5_1: bit i of the block's 32-bit qh is the 5th bit of weight i."""
+    bits = qh.contiguous().view(torch.int32).to(torch.int64)
+    shifts = torch.arange(32, dtype=torch.int64)
+    return ((bits >> shifts) & 1).to(torch.uint8).reshape(rows, -1)
+
+
+def _q5_low(qs: torch.Tensor, rows: int) -> torch.Tensor:
+    lo, hi = _nibbles(qs)
+    return torch.cat((lo, hi), dim=-1).reshape(rows, -1)
+
+
+def repack(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> PackedWeight:
+    """A PackedWeight from one GGUF tensor's raw blocks; `shape` is (out, in) (numpy order)."""
+    rows, cols = shape
+    raw = _bytes(data).reshape(rows, -1)
+    if qtype == T.Q4_0:
+        b = raw.reshape(rows, -1, 18)
+        return PackedWeight("u4", b[..., 2:].reshape(rows, -1).clone(), _f16(b[..., 0:2]).reshape(rows, -1).clone(),
+                            None, 32, zero_point=8, source_type="Q4_0")
+    if qtype == T.Q4_1:
+        b = raw.reshape(rows, -1, 20)
+        return PackedWeight("u4", b[..., 4:].reshape(rows, -1).clone(), _f16(b[..., 0:2]).reshape(rows, -1).clone(),
+                            _f16(b[..., 2:4]).reshape(rows, -1).clone(), 32, source_type="Q4_1")
+    if qtype == T.Q8_0:
+        b = raw.reshape(rows, -1, 34)
+        codes = (b[..., 2:] ^ 0x80).reshape(rows, -1)  # int8 q + 128 as an unsigned byte
+        return PackedWeight("u8", codes, _f16(b[..., 0:2]).reshape(rows, -1).clone(), None, 32, zero_point=128,
+                            source_type="Q8_0")
+    if qtype == T.Q5_0:
+        b = raw.reshape(rows, -1, 22)
+        codes = _q5_low(b[..., 6:], rows) | (_q5_high_bit(b[..., 2:6], rows) << 4)
+        return PackedWeight("u8", codes, _f16(b[..., 0:2]).reshape(rows, -1).clone(), None, 32, zero_point=16,
+                            source_type="Q5_0")
+    if qtype == T.Q5_1:
+        b = raw.reshape(rows, -1, 24)
+        codes = _q5_low(b[..., 8:], rows) | (_q5_high_bit(b[..., 4:8], rows) << 4)
+        return PackedWeight("u8", codes, _f16(b[..., 0:2]).reshape(rows, -1).clone(),
+                            _f16(b[..., 2:4]).reshape(rows, -1).clone(), 32, source_type="Q5_1")
+    if qtype == T.Q4_K:
+        b = raw.reshape(rows, -1, 144)
+        scales, mins = _k_group_params(b, rows)
+        return PackedWeight("u4", pack_u4(_k_low_codes(b[..., 16:], rows)), scales, mins, 32, source_type="Q4_K")
+    if qtype == T.Q5_K:
+        b = raw.reshape(rows, -1, 176)
+        scales, mins = _k_group_params(b, rows)
+        qh = b[..., 16:48].reshape(rows, -1, 1, 32)
+        high = (qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)) & 1  # bit s of qh[i]: sub-block s
+        codes = _k_low_codes(b[..., 48:], rows) | (high.reshape(rows, -1) << 4)
+        return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K")
+    if qtype == T.Q6_K:
+        b = raw.reshape(rows, -1, 210)
+        lo, hi = _nibbles(b[..., 0:128].reshape(rows, -1, 2, 1, 64))
+        low = torch.cat((lo, hi), dim=3)  # [rows, blocks, half, 2, 64] -> 128 weights per half
+        qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32)
+        high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)) & 3
+        codes = low.reshape(rows, -1) | (high.reshape(rows, -1) << 4)
+        sub = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
+        d = _f16(b[..., 208:210]).to(torch.float32).unsqueeze(-1)
+        return PackedWeight("u8", codes, (d * sub).reshape(rows, -1).to(torch.float16), None, 16, zero_point=32,
+                            source_type="Q6_K")
+    raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
+
+
+def dense(data: np.ndarray, qtype: T, shape: tuple[int, ...]) -> torch.Tensor:
+    """An F32/F16/BF16 tensor as a torch tensor of its own dtype (a copy: the mapped file is read-only)."""
+    dtype = DENSE_TYPES[qtype]
+    return _bytes(data).view(dtype).reshape(shape).clone()

@@ -1,0 +1,67 @@
+"""Projections with PackedWeight weights: the C++ VNNI kernel on the CPU, Triton on CUDA, torch otherwise.
+
+A fused projection (q/k/v, gate/up) whose parts came in different layouts (Q4_K_M files store attn_v as
+Q6_K next to Q4_K q/k) is a tuple of PackedWeights: each runs on its own and the outputs are concatenated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.packed_weight import PackedWeight
+
+QuantWeight = PackedWeight | tuple[PackedWeight, ...]
+
+
+def quant_linear_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequantize(weight).T + bias in float32: the exact result every kernel approximates."""
+    out = x.to(torch.float32) @ weight.dequantize().T
+    return out if bias is None else out + bias.to(torch.float32)
+
+
+def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.device.type == "cuda":
+        from localchat.kernels.triton_quant_linear import triton_quant_linear
+
+        return triton_quant_linear(x, weight, bias)
+    ext = cpu_kernels() if x.device.type == "cpu" else None
+    if ext is None:
+        return quant_linear_reference(x, weight, bias).to(x.dtype)
+    bits = 4 if weight.layout == "u4" else 8
+    out = ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, bits, weight.group_size,
+                           weight.zero_point, True)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ W.T (+ bias) for a PackedWeight or a tuple of them (outputs concatenated)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if isinstance(weight, PackedWeight):
+        out = _one(x2, weight, bias)
+    else:
+        sizes = [part.shape[0] for part in weight]
+        biases = [None] * len(weight) if bias is None else bias.split(sizes)
+        out = torch.cat([_one(x2, part, b) for part, b in zip(weight, biases)], dim=-1)
+    return out.reshape(*lead, out.shape[-1])
+
+
+def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
+    """One PackedWeight with the parts' rows stacked, when their layouts allow it; otherwise a tuple."""
+    first = parts[0]
+    same = all(p.layout == first.layout and p.group_size == first.group_size and p.in_features == first.in_features
+               for p in parts)
+    if not same:
+        return tuple(parts)
+    symmetric = all(p.mins is None and p.zero_point == first.zero_point for p in parts)
+    mins = None if symmetric else torch.cat([p.offsets() for p in parts])
+    kinds = sorted({p.source_type for p in parts})
+    return PackedWeight(first.layout, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]),
+                        mins, first.group_size, first.zero_point if symmetric else 0, "+".join(kinds))
+
+
+def out_features(weight: QuantWeight) -> int:
+    return weight.shape[0] if isinstance(weight, PackedWeight) else sum(p.shape[0] for p in weight)

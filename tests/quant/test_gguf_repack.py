@@ -1,0 +1,50 @@
+"""Every GGUF quantized type repacks into a PackedWeight that dequantizes exactly as gguf-py does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack
+
+# byte offsets of each type's float16 fields inside a block (random bytes there could be inf/nan)
+_F16_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q4_K: (0, 2),
+               T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random codes and sub-scales with sane float16 super-block scales, as [rows, row_bytes] uint8."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
+    for offset in _F16_FIELDS[qtype]:
+        values = rng.uniform(-2e-3, 2e-3, size=blocks.shape[0]).astype(np.float16)
+        blocks[:, offset:offset + 2] = values.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_repack_matches_gguf_dequantize(qtype):
+    rows, cols = 24, 512
+    data = random_blocks(qtype, rows, cols)
+    expected = torch.from_numpy(dequantize(data, qtype).reshape(rows, cols).astype(np.float32))
+    packed = repack(data, qtype, (rows, cols))
+    assert packed.shape == (rows, cols)
+    got = packed.dequantize()
+    exact = qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+    # K-quants round (super-block scale x sub-block scale) to float16: 2^-11 relative per group
+    tolerance = 1e-7 if exact else 2e-3
+    assert torch.allclose(got, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+    # the codes cover their whole range, so a wrong bit position cannot hide
+    codes = packed.codes()
+    assert codes.max().item() == (15 if packed.layout == "u4" else {T.Q5_0: 31, T.Q5_1: 31, T.Q5_K: 31,
+                                                                     T.Q6_K: 63, T.Q8_0: 255}[qtype])
+
+
+def test_repack_rejects_unsupported_type():
+    with pytest.raises(NotImplementedError, match="IQ2_XXS"):
+        repack(np.zeros((1, 66), dtype=np.uint8), T.IQ2_XXS, (1, 256))
