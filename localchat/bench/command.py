@@ -71,13 +71,13 @@ def _command_line() -> str:
 @engine_options
 def bench(
     model: Annotated[Optional[str], typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url only its tokenizer is used")] = None,
-    workload: Annotated[str, _opt(_W, "--workload", "-w", help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3")] = "c2",
+    workload: Annotated[str, _opt(_W, "--workload", "-w", help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4")] = "c2",
     num_requests: Annotated[Optional[int], _opt(_W, "--num-requests", "-n", help="Requests (c3: turns) instead of the workload's")] = None,
     input_len: Annotated[Optional[str], _opt(_W, "--input-len", help="Prompt length N or MIN:MAX in tokens (c3: user message)")] = None,
     output_len: Annotated[Optional[str], _opt(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)")] = None,
     compare: Annotated[Optional[list[str]], _opt(_P, "--compare", "-c", help="Peer on the same requests: hf, llama-cpp (repeatable or comma-separated)")] = None,
     hf_batch_size: Annotated[Optional[int], _opt(_P, "--hf-batch-size", help="Batch size of the HF peer (default 8 on CPU, 64 on GPU)")] = None,
-    gguf: Annotated[Optional[str], _opt(_P, "--gguf", help="GGUF file for the llama.cpp peer (default: MODEL when it is one)")] = None,
+    gguf: Annotated[Optional[str], _opt(_P, "--gguf", help="GGUF file for the llama.cpp peer (default: MODEL when it is one); c4: made there if missing")] = None,
     url: Annotated[Optional[str], _opt(_O, "--url", help="Benchmark this OpenAI-compatible server (streaming /v1/completions) instead of the in-process engine")] = None,
     concurrency: Annotated[Optional[int], _opt(_O, "--concurrency", help="Most requests in flight (default: all)")] = None,
     request_rate: Annotated[float, _opt(_O, "--request-rate", help="Poisson arrival rate in requests/s (default inf: all at once)")] = math.inf,
@@ -96,6 +96,7 @@ def bench(
     """
     from rich.console import Console
 
+    from localchat.bench.big_model import run_big_model
     from localchat.bench.report import build_payload, print_report, write_json
     from localchat.bench.runner import parse_peers, run_offline, run_online_bench
     from localchat.bench.workloads import select_workload
@@ -118,8 +119,8 @@ def bench(
                              request_rate=None if math.isinf(request_rate) else request_rate)
         mode, extra = "online", {}
     else:
-        outcome = run_offline(config, chosen, peers, hf_batch_size=hf_batch_size, gguf=gguf,
-                              show_progress=show_progress)
+        run = run_big_model if chosen.isolated else run_offline  # c4: each system in its own process
+        outcome = run(config, chosen, peers, hf_batch_size=hf_batch_size, gguf=gguf, show_progress=show_progress)
         mode, extra = "offline", {"engine_config": dataclasses.asdict(config)}
     title = f"localchat bench ({mode}) - {outcome.model} - {chosen.describe()}"
     print_report(Console(), title, outcome.results, outcome.ratios, chosen.kind, outcome.notes)

@@ -30,6 +30,10 @@ class Workload:
     model: str | None = None  # the model DESIGN.md names (used when MODEL is not given)
     load_format: str | None = None
     dtype: str | None = None
+    # C4: the random-weight file (make_gguf preset, quantization) made when no FILE is given, and each
+    # system run in a process of its own so that load time and peak RSS are that system's alone
+    random_gguf: tuple[str, str] | None = None
+    isolated: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,6 +64,8 @@ WORKLOADS: dict[str, Workload] = {
     "c1": Workload("c1", "batch-1 decode, CPU", "decode", 1, (128, 128), (128, 128)),
     "c2": Workload("c2", "offline throughput, CPU", "throughput", 32, (32, 256), (32, 128)),
     "c3": Workload("c3", "multi-turn chat, CPU", "chat", 8, (150, 150), (64, 64)),
+    "c4": Workload("c4", "big model, CPU", "decode", 1, (128, 128), (64, 64), random_gguf=("llama-8b", "q4_k_m"),
+                   isolated=True),
 }
 
 

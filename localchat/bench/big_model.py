@@ -1,0 +1,127 @@
+"""C4, a big model on the CPU: localchat and llama.cpp on the same GGUF file (by default a random-weight
+Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each in a process of its own.
+
+Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page cache)
+and peak RSS (the child's ru_maxrss: a bare Python or torch runtime plus the model). The file is read once
+before the first system runs so neither pays for the disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from localchat.bench import progress
+from localchat.bench.isolated import run_isolated
+from localchat.bench.isolated_child import IsolatedSpec
+from localchat.bench.records import ratio
+from localchat.bench.runner import BenchOutcome
+from localchat.bench.workloads import Workload, random_requests
+from localchat.errors import InvalidParameterError, LocalchatError
+
+DEFAULT_THREADS = 2  # DESIGN.md: C4 runs on 2 threads
+_NORMAL_TOKEN = 1  # GGUF tokenizer.ggml.token_type of an ordinary token (not control, byte, unused ...)
+
+
+def random_file_path(workload: Workload) -> Path:
+    from localchat.engine.model_cache import cache_root
+
+    preset, quant = workload.random_gguf
+    return cache_root() / "bench" / f"random-{preset}-{quant}.gguf"
+
+
+def bench_file(model: str | None, gguf: str | None, workload: Workload, show_progress: bool) -> Path:
+    """FILE (MODEL or --gguf) when given; else the workload's random file, made on first use (also at a
+    --gguf path that does not exist yet)."""
+    if model is not None:
+        path = Path(model)
+        if path.suffix != ".gguf" or not path.is_file():
+            raise InvalidParameterError(f"{workload.name} runs a GGUF file: {model} is not one", param="model")
+        return path
+    if workload.random_gguf is None:
+        raise InvalidParameterError(f"{workload.name} needs a GGUF FILE", param="model")
+    path = Path(gguf) if gguf else random_file_path(workload)
+    if not path.is_file():
+        from localchat.bench.gguf_shapes import resolve_shape
+        from localchat.bench.random_gguf import write_random_gguf
+
+        preset, quant = workload.random_gguf
+        with progress.status(show_progress, f"writing a random-weight {preset} {quant} GGUF to {path} "
+                                            "(first run only, about a minute) ..."):
+            write_random_gguf(path, resolve_shape(preset), quant)
+    return path
+
+
+def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
+    """The file's general.name and the ordinary tokens of its vocabulary (control, byte and unused tokens
+    excluded)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    types = reader.fields.get("tokenizer.ggml.token_type")
+    if types is None:
+        raise LocalchatError(f"{path.name}: no tokenizer in the GGUF metadata")
+    name = reader.fields["general.name"].contents() if "general.name" in reader.fields else path.stem
+    return name, [i for i, kind in enumerate(types.contents()) if kind == _NORMAL_TOKEN]
+
+
+def _warm_page_cache(path: Path) -> None:
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
+
+
+def run_big_model(config, workload: Workload, peers: list[str], *, gguf: str | None, show_progress: bool,
+                  hf_batch_size: int | None = None, systems: list[str] | None = None) -> BenchOutcome:
+    """localchat, then llama.cpp (whether or not --compare names it), each in its own process.
+    `systems` narrows the run (e.g. to llama.cpp alone while localchat cannot hold the model)."""
+    from localchat.bench.peer_llama_cpp import INSTALL_HINT, llama_cpp_available
+
+    del hf_batch_size  # same signature as run_offline; the HF peer has no place here
+    if "hf" in peers:
+        raise InvalidParameterError(f"{workload.name} compares with llama.cpp only (transformers would hold the "
+                                    "model in float32)", param="compare")
+    systems = list(systems or ["localchat", "llama.cpp"])
+    notes = []
+    if "llama.cpp" in systems and not llama_cpp_available():
+        systems.remove("llama.cpp")
+        notes.append(f"llama.cpp skipped: llama-cpp-python is not installed ({INSTALL_HINT})")
+        progress.STDERR.print(f"note: {notes[-1]}", style="yellow", markup=False)
+    path = bench_file(config.model, gguf, workload, show_progress)
+    with progress.status(show_progress, f"reading {path.name} ({path.stat().st_size / 2**30:.1f} GiB) ..."):
+        name, token_ids = gguf_vocabulary(path)
+        requests = random_requests(workload, token_ids, config.seed)
+        _warm_page_cache(path)
+    threads = config.num_threads or DEFAULT_THREADS
+    n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in requests) + 8
+    engine_config = replace(config, model=str(path), num_threads=threads)
+    outcome = BenchOutcome(path.name, notes=notes)
+    outcome.notes.append(f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})")
+    for system in systems:
+        spec = IsolatedSpec(system, str(path), requests, threads, n_ctx,
+                            engine_config if system == "localchat" else None)
+        with progress.status(show_progress, f"{system}: loading and running {path.name} in its own process ..."):
+            result = run_isolated(spec, system)
+        fig = outcome.add(system, result, workload.kind)
+        if fig.get("load_s") is not None:
+            outcome.notes.append(f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
+                                 f"({fig['rss_before_load_mib']:,.0f} MiB before loading), {threads} threads")
+    _compare(outcome, workload)
+    return outcome
+
+
+def _compare(outcome: BenchOutcome, workload: Workload) -> None:
+    ours, peer = outcome.results.get("localchat"), outcome.results.get("llama.cpp")
+    if ours is None or peer is None:
+        return
+    outcome.ratios["localchat/llama.cpp"] = ratio(ours, peer, workload.kind)
+    parts = []
+    for key, name in (("peak_rss_mib", "peak RSS"), ("load_s", "load time")):
+        if ours.get(key) and peer.get(key):
+            parts.append(f"{name} {ours[key] / peer[key]:.2f}x")
+    ttft = (ours.get("ttft_ms") or {}).get("mean"), (peer.get("ttft_ms") or {}).get("mean")
+    if all(ttft):
+        parts.append(f"TTFT {ttft[0] / ttft[1]:.2f}x")
+    if parts:
+        outcome.notes.append(f"localchat / llama.cpp (lower is better): {', '.join(parts)}")
+
