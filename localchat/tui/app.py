@@ -65,7 +65,8 @@ class ChatApp(ChatActions, App):
         self.ready = asyncio.Event()
         self.load_error: str | None = None
         self.reply_worker = None
-        self.status = StatusInfo(model=backend.model_name)
+        self.context_tokens: int | None = None  # what the conversation takes, for the status bar
+        self.reply_stats = ReplyStats()  # the latest reply's figures, for the status bar
         self._warned_conversation: object = None
 
     def compose(self) -> ComposeResult:
@@ -83,7 +84,7 @@ class ChatApp(ChatActions, App):
         await self.render_conversation()
         await self.refresh_chat_list()
         self.query_one(PromptBox).focus()
-        self.set_interval(0.5, self.refresh_status)
+        self.refresh_status()
         self.run_worker(self._load(), group="load", exit_on_error=False)
 
     async def on_unmount(self) -> None:
@@ -133,21 +134,24 @@ class ChatApp(ChatActions, App):
         if self.state in ("loading", "error"):
             return
         try:
-            self.status.context_tokens = await self.backend.count_prompt_tokens(self.session.request())
+            self.context_tokens = await self.backend.count_prompt_tokens(self.session.request())
         except LocalchatError:
-            self.status.context_tokens = None
+            self.context_tokens = None
 
     def refresh_status(self) -> None:
-        status = self.status
-        status.model, status.state, status.max_model_len = self.backend.model_name, self.state, self.backend.max_model_len
+        """Give the status bar the figures as they are now; it repaints only if one changed. Called where they
+        change (state changes, paint ticks, the end of a reply), never on a timer."""
         stats = self.backend.stats() if self.state != "loading" else None
-        status.kv_cache_usage = stats.kv_cache_usage if stats else None
-        status.prefix_cache_hits = stats.prefix_cache_hits if stats else None
-        limit, max_tokens = status.max_model_len, self.session.conversation.settings.get("max_tokens") or 0
-        status.context_warning = bool(limit and status.context_tokens is not None
-                                      and status.context_tokens + max_tokens > CONTEXT_WARNING * limit)
+        limit, max_tokens = self.backend.max_model_len, self.session.conversation.settings.get("max_tokens") or 0
+        context = self.context_tokens
+        info = StatusInfo(model=self.backend.model_name, state=self.state, ttft=self.reply_stats.ttft,
+                          tokens_per_s=self.reply_stats.tokens_per_s, context_tokens=context, max_model_len=limit,
+                          context_warning=bool(limit and context is not None
+                                               and context + max_tokens > CONTEXT_WARNING * limit),
+                          kv_cache_usage=stats.kv_cache_usage if stats else None,
+                          prefix_cache_hits=stats.prefix_cache_hits if stats else None)
         for bar in self.query(StatusBar):  # none while the app shuts down
-            bar.show(status)
+            bar.info = info
 
     def set_state(self, state: str) -> None:
         self.state = state
@@ -183,7 +187,7 @@ class ChatApp(ChatActions, App):
     async def _reply(self) -> None:
         view = AssistantMessage()
         await self.messages_view.add(view)
-        self.status.ttft = self.status.tokens_per_s = None
+        self.reply_stats = ReplyStats()
         if not self.ready.is_set():
             view.set_meta("waiting for the model to load…")
             await self.ready.wait()
@@ -200,7 +204,7 @@ class ChatApp(ChatActions, App):
     async def _stream_reply(self, view: AssistantMessage) -> None:
         session = self.session
         message, position, stopped, error = ChatMessage("assistant", ""), None, False, None
-        stats = ReplyStats()
+        stats = self.reply_stats
         stream = painter = None
         try:
             plan = await session.plan_turn()
@@ -209,7 +213,7 @@ class ChatApp(ChatActions, App):
                 await self.messages_view.add(Notice(
                     f"⚠ {plan.dropped} earlier message(s) no longer fit in the context ({limit} tokens) and "
                     "are left out of the prompt from now on."), before=view)
-            self.status.context_tokens = plan.prompt_tokens
+            self.context_tokens = plan.prompt_tokens
             self._maybe_warn(plan.context_used)
             position = session.add_reply(message)
             last_save = 0.0
@@ -236,7 +240,6 @@ class ChatApp(ChatActions, App):
             if stream is not None:
                 await stream.aclose()
             message.meta.update(stats.as_meta())
-            self._show_stats(stats)
         await self._finish_reply(view, message, position, stopped, error)
         self.refresh_status()
 
@@ -260,19 +263,15 @@ class ChatApp(ChatActions, App):
         elif empty and stopped:
             await self.add_notice("Stopped before the first token.")
         tokens = (message.meta.get("prompt_tokens") or 0) + (message.meta.get("completion_tokens") or 0)
-        self.status.context_tokens = tokens or self.status.context_tokens
+        self.context_tokens = tokens or self.context_tokens
 
     async def _paint(self, view: AssistantMessage, message: ChatMessage, stats: ReplyStats) -> None:
         """Show what streamed in since the last paint (a timer: painting every token would slow the engine)."""
         if await view.catch_up(message):
             view.set_meta(f"writing… {stats.completion_tokens} tok")
-            self._show_stats(stats)
+            if stats.context_tokens is not None:
+                self.context_tokens = stats.context_tokens
             self.refresh_status()
-
-    def _show_stats(self, stats: ReplyStats) -> None:
-        self.status.ttft, self.status.tokens_per_s = stats.ttft, stats.tokens_per_s
-        if stats.context_tokens is not None:
-            self.status.context_tokens = stats.context_tokens
 
     def _maybe_warn(self, context_used: float | None) -> None:
         conversation = self.session.conversation

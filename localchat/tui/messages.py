@@ -5,7 +5,6 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
-from textual.widgets.markdown import MarkdownStream
 
 from localchat.tui.conversation import ChatMessage
 from localchat.tui.session import reply_meta_text
@@ -27,11 +26,49 @@ class Notice(Static):
         super().__init__(text, markup=False, classes="error" if error else "")
 
 
+class StreamingText(Static):
+    """Plain text that grows while a reply streams. Repainting it is cheap; only a change of its height asks
+    Textual for a new layout (a reflow and repaint of the whole screen), which happens about once per line
+    written rather than at every paint."""
+
+    def __init__(self, text: str = "", **kwargs):
+        super().__init__(text, markup=False, **kwargs)
+        self._height = -1
+
+    def show(self, text: str) -> None:
+        self.update(text, layout=False)
+        width = self.size.width
+        height = self.visual.get_height(self.styles, width) if width else -1
+        if height != self._height or height < 0:
+            self._height = height
+            self.refresh(layout=True)
+
+
+def block_end(text: str) -> int:
+    """Where the complete Markdown blocks of `text` end: after its last blank line (or closing code fence)
+    outside a fenced code block; 0 when no block is complete yet."""
+    end = position = 0
+    fenced = False
+    for line in text.splitlines(keepends=True):
+        position += len(line)
+        if not line.endswith("\n"):
+            break
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            fenced = not fenced
+            if not fenced:
+                end = position
+        elif not stripped and not fenced:
+            end = position
+    return end
+
+
 class AssistantMessage(Vertical):
     """A reply: a collapsible thinking block, the answer as Markdown, and a line of facts about the turn.
 
-    While streaming, text is appended through a MarkdownStream; `finish()` re-renders the whole answer once
-    (so block structure that streaming got wrong is fixed) and collapses the thinking.
+    While streaming, complete blocks (paragraphs, closed code fences) are appended to the Markdown and the
+    block being written shows as plain text below it, so a paint between two blocks re-parses nothing and
+    rarely changes the layout. `finish()` renders the whole answer once more and collapses the thinking.
     """
 
     def __init__(self, message: ChatMessage | None = None, title: str = "Assistant"):
@@ -39,13 +76,15 @@ class AssistantMessage(Vertical):
         self.message = message
         self.border_title = title
         self.thinking = message.thinking if message else ""
-        self._stream: MarkdownStream | None = None
-        self._shown_text, self._finished = 0, False
+        self._shown_text, self._finished, self._answering = 0, False, False
+        self._pending = ""  # the answer's block being written, shown in `tail` until it is complete
         done = message is not None
-        self.thinking_text = Static(self.thinking, markup=False, classes="thinking-text")
+        self.thinking_text = StreamingText(self.thinking, classes="thinking-text")
         self.thinking_block = Collapsible(self.thinking_text, title="Thinking", collapsed=done)
         self.thinking_block.display = bool(self.thinking)
         self.markdown = Markdown(message.content if message else "")
+        self.tail = StreamingText(classes="tail")
+        self.tail.display = False
         self.meta = Static(self._meta_text(message) if done else "waiting for the first token…",
                            markup=False, classes="meta")
         if message is not None and message.stopped:
@@ -54,6 +93,7 @@ class AssistantMessage(Vertical):
     def compose(self) -> ComposeResult:
         yield self.thinking_block
         yield self.markdown
+        yield self.tail
         yield self.meta
 
     @staticmethod
@@ -64,7 +104,8 @@ class AssistantMessage(Vertical):
         return text
 
     def set_meta(self, text: str) -> None:
-        self.meta.update(text)
+        """The line under a streaming reply; one line long, so it never needs a new layout."""
+        self.meta.update(text, layout=False)
 
     async def catch_up(self, message: ChatMessage) -> bool:
         """Append what `message` gained since the last call; False when there was nothing new."""
@@ -80,20 +121,23 @@ class AssistantMessage(Vertical):
         if thinking:
             self.thinking += thinking
             self.thinking_block.display = True
-            self.thinking_text.update(self.thinking)
+            self.thinking_text.show(self.thinking)
         if text:
-            if self._stream is None:
+            if not self._answering:
+                self._answering = True
                 if self.thinking:
                     self.thinking_block.collapsed = True  # thinking hides once the answer starts
-                self._stream = Markdown.get_stream(self.markdown)
-            await self._stream.write(text)
+                self.tail.display = True
+            self._pending += text
+            if end := block_end(self._pending):
+                await self.markdown.append(self._pending[:end])
+                self._pending = self._pending[end:]
+            self.tail.show(self._pending.rstrip("\n"))
 
     async def finish(self, message: ChatMessage) -> None:
         """The reply is over (done, stopped or failed): render it once more, whole, and say how it went."""
         self.message, self._finished = message, True
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        self.tail.display, self._pending = False, ""
         await self.markdown.update(message.content)
         if message.thinking != self.thinking:
             self.thinking = message.thinking

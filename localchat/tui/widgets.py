@@ -11,6 +11,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Label, ListItem, ListView, ProgressBar, Static, TextArea
 
 
@@ -100,9 +102,10 @@ class LoadingPanel(Vertical):
         self.label.update(f"{self.what}… {time.monotonic() - self.started:.1f} s{self.last_step}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StatusInfo:
-    """What the status bar shows (None: unknown or not applicable)."""
+    """What the status bar shows (None: unknown or not applicable). Frozen: a change is a new value, so the
+    bar repaints only when something it shows changed."""
 
     model: str = "?"
     state: str = "loading"
@@ -118,11 +121,16 @@ class StatusInfo:
 _STATE_STYLES = {"loading": "yellow", "idle": "green", "generating": "bold cyan", "error": "bold red"}
 
 
-class StatusBar(Static):
-    """One live line: model, state, speed of the current reply, context and KV-cache use."""
+class StatusBar(Widget):
+    """One live line: model, state, speed of the current reply, context and KV-cache use. It repaints when
+    `info` changes (a reactive, never polled), and never asks for a new layout: it is one line tall."""
 
-    def show(self, info: StatusInfo) -> None:
-        parts: list[Text] = [Text(info.model, style="bold"), Text(f"● {info.state}", style=_STATE_STYLES.get(info.state, ""))]
+    info: reactive[StatusInfo] = reactive(StatusInfo, layout=False)
+
+    def render(self) -> Text:
+        info = self.info
+        parts: list[Text] = [Text(info.model, style="bold"),
+                             Text(f"● {info.state}", style=_STATE_STYLES.get(info.state, ""))]
         if info.ttft is not None:
             parts.append(Text(f"TTFT {info.ttft:.2f} s"))
         if info.tokens_per_s is not None:
@@ -135,7 +143,7 @@ class StatusBar(Static):
             parts.append(Text(f"KV {info.kv_cache_usage:.0%}"))
         if info.prefix_cache_hits is not None:
             parts.append(Text(f"prefix hits {info.prefix_cache_hits} tok"))
-        self.update(Text(" │ ", style="dim").join(parts))
+        return Text(" │ ", style="dim").join(parts)
 
 
 class ChatList(ListView):
