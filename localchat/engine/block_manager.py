@@ -64,13 +64,15 @@ class BlockManager:
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks holding the longest cached prefix of `seq` (a fresh sequence with no blocks yet).
 
-        The last token is never taken from the cache: its logits are needed to sample.
+        The last token is never taken from the cache: its logits are needed to sample. Nothing is taken
+        for a sequence that still needs its prompt's logprobs: they need the logits of every position.
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
         hits: list[int] = []
         hashes: list[int] = []
         parent = None
-        for index in range((seq.num_tokens - 1) // self.block_size):
+        num_candidates = 0 if seq.prompt_logprobs is not None else (seq.num_tokens - 1) // self.block_size
+        for index in range(num_candidates):
             tokens = tuple(seq.token_ids[index * self.block_size:(index + 1) * self.block_size])
             key = (self._salt(seq), parent, tokens)
             block_id = self.hash_to_block.get(hash(key))
@@ -145,9 +147,3 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached block (only when no sequence holds a block)."""
-        assert self.num_free_blocks == self.num_blocks
-        for block in self.blocks:
-            block.reset()
-        self.hash_to_block.clear()

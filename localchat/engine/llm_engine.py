@@ -200,8 +200,12 @@ class LLMEngine:
         finished = request.is_finished
         if finished:
             metrics.finished_time = time.monotonic()
+        first = request.seqs[0]
+        prompt_logprobs = None
+        if first.prompt_logprobs is not None and first.num_computed_tokens >= first.num_prompt_tokens:
+            prompt_logprobs, first.prompt_logprobs = first.prompt_logprobs, None  # handed over once
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, pieces,
-                             finished, request.num_cached_tokens, metrics)
+                             finished, request.num_cached_tokens, metrics, prompt_logprobs)
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity checks)."""

@@ -17,6 +17,7 @@ from localchat.engine.forward_context import (
 )
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.prompt_logprobs import fill_prompt_logprobs
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from localchat.engine.scheduler import ScheduledBatch
 from localchat.engine.sampling_params import SamplingParams
@@ -110,6 +111,10 @@ class ModelRunner:
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             hidden = self._forward(input_ids, positions, md)
+        for row, seq in enumerate(seqs):
+            if seq.prompt_logprobs is not None:
+                chunk = hidden[md.query_start_loc_cpu[row]:md.query_start_loc_cpu[row + 1]]
+                fill_prompt_logprobs(seq, chunk, seq.num_computed_tokens, self.model.compute_logits)
         results: list = [None] * len(batch.seqs)
         if not sample_rows:
             return results

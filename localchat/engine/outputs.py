@@ -50,6 +50,8 @@ class RequestOutput:
     """A request's samples. `text` and `token_ids` are those of the first sample (the only one if n=1).
 
     `num_cached_tokens` is how many prompt tokens came from the prefix cache instead of being computed.
+    `prompt_logprobs` (with SamplingParams.prompt_logprobs) has an entry per prompt token, None for the
+    first; a stream carries it in the request's first delta.
     """
 
     request_id: str
@@ -59,6 +61,7 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def text(self) -> str:
@@ -85,3 +88,5 @@ class RequestOutput:
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
         self.metrics = delta.metrics
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs

@@ -21,6 +21,8 @@ class SamplingParams:
     temperature 0 means greedy. top_k <= 0 and top_p 1 disable those filters. `max_tokens=None` generates
     until the context is full. `seed` makes a request's samples reproducible whatever else shares its batch.
     `logprobs=k` returns the chosen token's logprob and the k most likely alternatives (0 <= k <= 20).
+    `prompt_logprobs=k` returns the same for every prompt token after the first (with the request's first
+    output); such a request computes its whole prompt, without the prefix cache.
     """
 
     n: int = 1
@@ -40,6 +42,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -72,6 +75,9 @@ class SamplingParams:
             )
         check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
               "logprobs", f"an integer in [0, {MAX_LOGPROBS}]")
+        check(self.prompt_logprobs is None
+              or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+              "prompt_logprobs", f"an integer in [0, {MAX_LOGPROBS}]")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "a list of non-negative token ids")

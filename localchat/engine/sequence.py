@@ -54,15 +54,17 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[TokenLogprob] = []
+        # filled by the model runner as prefill chunks are computed (position 0 has none); the first sample
+        # of a request alone computes them, and hands them over with its first token
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        if self.params.prompt_logprobs is not None and index == 0:
+            self.prompt_logprobs = [None] * self.num_prompt_tokens
         self.num_preemptions = 0
         self.generator: torch.Generator | None = None
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed((self.params.seed + index * 1_000_003) % 2**63)
         self.detokenizer = None  # set by the engine when a tokenizer exists
         self.first_token_time: float | None = None
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -52,17 +52,26 @@ class CompletionLogprobs:
         self._token_str = token_str
         self._offset = start_offset
 
-    def build(self, entries: list[TokenLogprob]) -> dict:
+    def build(self, entries: list[TokenLogprob], prompt: tuple[list[int], list] | None = None) -> dict:
+        """The object for `entries`, after the echoed prompt's (token ids, logprobs) when given: its entries
+        may be None (the first token's), which gives null logprob and top_logprobs."""
         tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-        for entry in entries:
-            text = self._token_str(entry.token_id)
+        pairs = [(e.token_id, e) for e in entries]
+        if prompt is not None:
+            pairs = list(zip(*prompt)) + pairs
+        for token_id, entry in pairs:
+            text = self._token_str(token_id)
             tokens.append(text)
-            token_logprobs.append(_finite(entry.logprob))
-            top = {text: _finite(entry.logprob)}
-            for token_id, logprob in entry.top:
-                top.setdefault(self._token_str(token_id), _finite(logprob))
-            top_logprobs.append(top)
             text_offset.append(self._offset)
             self._offset += len(text)
+            if entry is None:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(_finite(entry.logprob))
+            top = {text: _finite(entry.logprob)}
+            for alt_id, logprob in entry.top:
+                top.setdefault(self._token_str(alt_id), _finite(logprob))
+            top_logprobs.append(top)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": text_offset}

@@ -41,27 +41,36 @@ class CompletionDialect:
     def __init__(self, token_str: TokenStrings, logprobs: bool, echoes: list[str], n: int):
         self.token_str, self.logprobs, self.echoes, self.n = token_str, logprobs, echoes, n
         self._builders: dict[int, CompletionLogprobs] = {}
+        self._prompt_logprobs: dict[int, list] = {}
 
-    def _logprobs(self, index: int, entries) -> dict | None:
+    def _logprobs(self, index: int, position: int, entries, output: RequestOutput, first: bool) -> dict | None:
+        """The choice's logprobs; its first piece starts with the echoed prompt's, when echo asked for them
+        (the engine sends a prompt's logprobs once, in its first delta: kept for the prompt's other samples)."""
         if not self.logprobs:
             return None
         builder = self._builders.get(index)
         if builder is None:
             builder = self._builders[index] = CompletionLogprobs(self.token_str)
-        return builder.build(entries or [])
+        if output.prompt_logprobs is not None:
+            self._prompt_logprobs[position] = output.prompt_logprobs
+        prompt = None
+        if first and self.echoes and position in self._prompt_logprobs:
+            prompt = (output.prompt_token_ids, self._prompt_logprobs[position])
+        return builder.build(entries or [], prompt)
 
     def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
                       first: bool) -> dict | None:
         text = self.echoes[position] + out.text if first and self.echoes else out.text
         if not (first or text or out.finish_reason or out.logprobs):
             return None
-        return {"index": index, "text": text, "logprobs": self._logprobs(index, out.logprobs),
+        return {"index": index, "text": text, "logprobs": self._logprobs(index, position, out.logprobs, delta, first),
                 "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
 
     def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
         echo = self.echoes[position] if self.echoes else ""
-        return {"index": index, "text": echo + out.text, "logprobs": self._logprobs(index, out.logprobs),
-                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        logprobs = self._logprobs(index, position, out.logprobs, output, True)
+        return {"index": index, "text": echo + out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
+                "stop_reason": out.stop_reason}
 
 
 @post("/v1/completions", status_code=200, guards=[require_api_key], summary="Create a completion")

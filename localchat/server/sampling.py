@@ -27,7 +27,8 @@ def _common_checks(request: SamplingFields) -> None:
     _require(not request.logit_bias, "logit_bias is not supported", "logit_bias")
 
 
-def _params(request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def _params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,
+            prompt_logprobs: int | None = None) -> SamplingParams:
     return SamplingParams(
         n=request.n,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -46,6 +47,7 @@ def _params(request: SamplingFields, max_tokens: int | None, logprobs: int | Non
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=logprobs,
         skip_special_tokens=request.skip_special_tokens,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -71,11 +73,11 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     _common_checks(request)
     _require(request.suffix is None, "suffix is not supported", "suffix")
     _require(request.best_of is None or request.best_of == request.n, "best_of must equal n", "best_of")
-    _require(not (request.echo and request.logprobs is not None),
-             "echo with logprobs needs prompt logprobs, which this server does not compute", "echo")
     if request.logprobs is not None:
         _require(0 <= request.logprobs <= MAX_LOGPROBS,
                  f"logprobs must be in [0, {MAX_LOGPROBS}], got {request.logprobs}", "logprobs")
     _require(request.max_tokens is None or request.max_tokens >= 1,
              f"max_tokens must be at least 1, got {request.max_tokens}", "max_tokens")
-    return _params(request, request.max_tokens, request.logprobs)
+    # with echo, the logprobs cover the echoed prompt too (the first token has none), as in OpenAI's legacy API
+    prompt_logprobs = request.logprobs if request.echo else None
+    return _params(request, request.max_tokens, request.logprobs, prompt_logprobs)

@@ -150,3 +150,23 @@ def test_unknown_model_path_is_named():
         LLM("./no/such/model")
     with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
         LLM("nobody/no-such-model")
+
+
+def test_prompt_logprobs_cover_every_prompt_token_across_chunks_and_cached_prefixes(llm):
+    # ~700 tokens: longer than one prefill chunk (512), so two chunks fill the list
+    ids = llm.engine.tokenize("The quick brown fox jumps over the lazy dog. " * 70)
+    assert len(ids) > llm.engine.scheduler.max_num_batched_tokens
+    gen(llm, ids, temperature=0, max_tokens=1)  # the prompt's blocks are now in the prefix cache
+    out = gen(llm, ids, temperature=0, max_tokens=2, prompt_logprobs=3)
+    assert out.num_cached_tokens == 0  # every position's logits were computed, none taken from the cache
+    reference = llm.engine.prompt_logits(ids).log_softmax(dim=-1)
+    entries = out.prompt_logprobs
+    assert len(entries) == len(ids) and entries[0] is None
+    for position, entry in enumerate(entries[1:], start=1):
+        row = reference[position - 1]
+        assert entry.token_id == ids[position]
+        assert entry.logprob == pytest.approx(row[ids[position]].item(), abs=1e-3)
+        assert (entry.rank == 1) == (entry.token_id == entry.top[0][0])
+        assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
+    assert gen(llm, ids, temperature=0, max_tokens=2).prompt_logprobs is None
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks

@@ -138,3 +138,29 @@ def test_echo_and_token_prompts(openai_client, http):
     single = [openai_client.completions.create(model=MODEL, prompt=p, max_tokens=2, temperature=0).usage.prompt_tokens
               for p in ("Hi", "Bye")]
     assert batch.usage.prompt_tokens == sum(single)
+
+
+@pytest.mark.parametrize("top", [0, 2])
+def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
+    """OpenAI's legacy `echo` + `logprobs`: the prompt's tokens come first, the first without a logprob,
+    each scored as log_softmax of the model's own logits at the position before it."""
+    prompt = "The capital of France is Paris, and the capital of Italy is"
+    ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+    reference = llm.engine.prompt_logits(ids).log_softmax(dim=-1)
+    response = openai_client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=top, max_tokens=3,
+                                                temperature=0)
+    choice = response.choices[0]
+    logprobs = choice.logprobs
+    assert choice.text.startswith(prompt) and "".join(logprobs.tokens) == choice.text
+    assert len(logprobs.tokens) == len(ids) + response.usage.completion_tokens
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    for position in range(1, len(ids)):
+        expected = reference[position - 1, ids[position]].item()
+        assert logprobs.token_logprobs[position] == pytest.approx(expected, abs=1e-3)
+        assert len(logprobs.top_logprobs[position]) in (top, top + 1)  # the chosen token, if not among the top
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    streamed = list(openai_client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=top,
+                                                     max_tokens=3, temperature=0, stream=True))
+    tokens = [t for chunk in streamed if chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.tokens]
+    first = streamed[0].choices[0].logprobs
+    assert tokens == logprobs.tokens and first.token_logprobs[:len(ids)] == logprobs.token_logprobs[:len(ids)]
