@@ -2,8 +2,8 @@
 Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each in a process of its own.
 
 Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page cache)
-and peak RSS (the child's ru_maxrss: a bare Python or torch runtime plus the model). The file is read once
-before the first system runs so neither pays for the disk.
+and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped weights count
+as they are touched). The file is read once before the first system runs so neither pays for the disk.
 """
 
 from __future__ import annotations
@@ -104,8 +104,10 @@ def run_big_model(config, workload: Workload, peers: list[str], *, gguf: str | N
             result = run_isolated(spec, system)
         fig = outcome.add(system, result, workload.kind)
         if fig.get("load_s") is not None:
+            split = (f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous + {fig['rss_file_end_mib']:,.0f} MiB "
+                     "file-backed" if "rss_anon_end_mib" in fig else "")
             outcome.notes.append(f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
-                                 f"({fig['rss_before_load_mib']:,.0f} MiB before loading), {threads} threads")
+                                 f"({fig['rss_before_load_mib']:,.0f} MiB before loading{split}), {threads} threads")
     _compare(outcome, workload)
     return outcome
 

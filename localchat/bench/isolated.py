@@ -101,4 +101,6 @@ def _result(column: str, payload: dict) -> RunResult:
     extra = {**(payload.get("engine") or {}), "load_s": payload["load_s"],
              "peak_rss_mib": payload["peak_rss_bytes"] / MIB,
              "rss_before_load_mib": payload["rss_before_load_bytes"] / MIB}
+    for key, value in (payload.get("rss_split_bytes") or {}).items():  # RssAnon -> rss_anon_end_mib
+        extra[f"rss_{key.removeprefix('Rss').lower()}_end_mib"] = value / MIB
     return RunResult(column, payload["label"], records, payload["duration"], extra, notes=payload.get("notes") or [])

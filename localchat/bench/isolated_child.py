@@ -50,6 +50,20 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def rss_split_bytes() -> dict[str, int]:
+    """Resident memory now, split into anonymous (heap, repacked weights, KV) and file-backed pages (a
+    memory-mapped model: page cache the kernel may drop), which a peak RSS lumps together. Linux only."""
+    split = {}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key = line.split(":", 1)[0]
+            if key in ("RssAnon", "RssFile"):
+                split[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return split
+
+
 def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float]:
     from localchat.bench.offline import run_engine, warm_up
     from localchat.engine.llm_engine import LLMEngine
@@ -80,6 +94,7 @@ def run(spec: IsolatedSpec) -> dict:
         "label": result.label, "duration": result.duration, "engine": result.engine, "notes": result.notes,
         "records": [asdict(record) for record in result.records],
         "load_s": load_s, "peak_rss_bytes": peak_rss_bytes(), "rss_before_load_bytes": rss_before_load,
+        "rss_split_bytes": rss_split_bytes(),
     }
 
 

@@ -1,0 +1,99 @@
+"""C4 plumbing on a tiny random file: each system in its own process, load time and peak RSS in the JSON,
+failures and memory exhaustion reported as a system's failure, never as a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localchat import EngineConfig
+from localchat.bench import isolated
+from localchat.bench.big_model import bench_file, random_file_path
+from localchat.bench.gguf_shapes import ModelShape
+from localchat.bench.isolated_child import IsolatedSpec
+from localchat.bench.random_gguf import write_random_gguf
+from localchat.bench.workloads import WORKLOADS, BenchRequest
+from localchat.cli import app
+from tests.bench.conftest import _has_llama_cpp, run_bench
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory, default_gguf):
+    shape = ModelShape("tiny", "llama", 256, 2, 4, 2, 512)
+    return write_random_gguf(tmp_path_factory.mktemp("c4") / "tiny-q4_k_m.gguf", shape, "q4_k_m")
+
+
+def test_c4_is_the_design_workload():
+    c4 = WORKLOADS["c4"]
+    assert (c4.kind, c4.num_requests, c4.input_len, c4.output_len) == ("decode", 1, (128, 128), (64, 64))
+    assert c4.random_gguf == ("llama-8b", "q4_k_m") and c4.isolated
+
+
+def test_c4_end_to_end(tiny_file, tmp_path):
+    path = tmp_path / "c4.json"
+    output = run_bench("--workload", "c4", str(tiny_file), "--input-len", "24", "--output-len", "20",
+                       "--json", str(path))
+    payload = json.loads(path.read_text())
+    systems = ["localchat", "llama.cpp"] if _has_llama_cpp() else ["localchat"]
+    assert list(payload["results"]) == systems
+    for fig in payload["results"].values():
+        assert fig["failures"] == 0 and (fig["prompt_tokens"], fig["output_tokens"]) == (24, 20)
+        assert fig["decode_tok_s"] > 0 and fig["ttft_ms"]["mean"] > 0 and fig["load_s"] > 0
+        assert 0 < fig["rss_before_load_mib"] < fig["peak_rss_mib"]
+    assert "peak RSS" in output and str(tiny_file) in output
+    if len(systems) == 2:
+        assert payload["ratios"]["localchat/llama.cpp"] > 0
+        assert any(note.startswith("localchat / llama.cpp") for note in payload["notes"])
+    else:
+        assert any("llama.cpp skipped" in note for note in payload["notes"])
+
+
+def test_c4_refuses_the_hf_peer_and_a_non_gguf(tiny_file, tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c4", str(tiny_file), "--compare", "hf"])
+    assert result.exit_code != 0 and "llama.cpp only" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c4", str(tmp_path)])
+    assert result.exit_code != 0 and "not one" in result.output
+
+
+def _spec(path, system="localchat") -> IsolatedSpec:
+    return IsolatedSpec(system, str(path), [BenchRequest([100, 101, 102], 3)], 1, 32,
+                        EngineConfig(max_model_len=64, kv_cache_memory="16MiB") if system == "localchat" else None)
+
+
+def test_a_failing_child_is_a_failed_result(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    result = isolated.run_isolated(_spec(junk), "localchat")
+    assert result.records[0].error and result.records[0].token_times == []
+    assert result.notes and result.notes[0].startswith("localchat: ")
+
+
+def test_the_memory_guard_stops_the_child(tiny_file, monkeypatch):
+    monkeypatch.setattr(isolated, "memory_floor", lambda: 1 << 60)  # "no memory left" from the first poll
+    result = isolated.run_isolated(_spec(tiny_file), "localchat")
+    assert "available memory fell below" in result.records[0].error
+
+
+def test_the_random_file_is_made_once(tmp_path, default_gguf):
+    workload = replace(WORKLOADS["c4"], random_gguf=("smollm2-135m", "q8_0"))
+    assert random_file_path(workload) == Path(os.environ["LOCALCHAT_CACHE_DIR"], "bench",
+                                              "random-smollm2-135m-q8_0.gguf")
+    target = tmp_path / "made.gguf"
+    path = bench_file(None, str(target), workload, show_progress=False)
+    assert path == target and path.stat().st_size > 100 << 20
+    mtime = path.stat().st_mtime_ns
+    assert bench_file(None, str(target), workload, show_progress=False).stat().st_mtime_ns == mtime
