@@ -63,17 +63,17 @@ async def chat(engine, settings: dict, size: tuple[int, int]) -> Run:
 
     app = ChatApp(EngineBackend(engine=engine), ConversationStore(None), conversation=Conversation(settings=settings))
     async with app.run_test(size=size) as pilot:
-        while not app.ready.is_set():
+        while not app.chat.ready.is_set():
             await pilot.pause(0.05)
         prompt = app.query_one(PromptBox)
         prompt.load_text(PROMPT)
         cpu0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
         await pilot.press("enter")
         await pilot.pause()
-        while app.generating:
+        while app.chat.generating:
             await asyncio.sleep(0.05)
         cpu, proc, wall = time.thread_time() - cpu0, time.process_time() - proc0, time.perf_counter() - wall0
-        reply = app.session.conversation.messages[-1]
+        reply = app.chat.session.conversation.messages[-1]
     tokens = reply.meta["completion_tokens"]
     return Run(tokens, reply.meta["tokens_per_s"], 1000 * cpu / tokens, proc / wall)
 

@@ -15,7 +15,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(generate)
-from localchat.tui.command import chat  # noqa: E402
+from localchat.tui.cli_entry import chat  # noqa: E402
 
 app.command()(chat)
 from localchat.server.command import serve  # noqa: E402

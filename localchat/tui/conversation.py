@@ -30,11 +30,6 @@ class ChatMessage:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "ChatMessage":
-        return cls(data["role"], data.get("content", ""), data.get("thinking", ""), bool(data.get("stopped")),
-                   dict(data.get("meta") or {}))
-
 
 @dataclass
 class Conversation:

@@ -21,10 +21,7 @@ from localchat.tui.thinking import OPEN, ThinkSplitter
 
 class EngineBackend(ChatBackend):
     """Drive an AsyncEngine in this process. Pass a config to own the engine (started by `start()`, shut
-    down by `close()`), or an engine shared with others (started if need be, never shut down here).
-
-    `last_params` holds the SamplingParams of the latest request, as the engine received them.
-    """
+    down by `close()`), or an engine shared with others (started if need be, never shut down here)."""
 
     def __init__(self, config: EngineConfig | None = None, *, engine: AsyncEngine | None = None):
         self._on_progress: Callable[[str], None] | None = None
@@ -39,7 +36,6 @@ class EngineBackend(ChatBackend):
 
             self.model_name = DEFAULT_MODEL_NAME
         self.description = "in-process engine"
-        self.last_params: SamplingParams | None = None
 
     def _progress(self, message: str) -> None:  # called from the engine thread while loading
         if self._on_progress is not None and self._loop is not None:
@@ -65,7 +61,6 @@ class EngineBackend(ChatBackend):
     async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
         token_ids = self.prompt_token_ids(request)
         params = SamplingParams(**request.sampling)
-        self.last_params = params
         tail = self.engine.detokenize(token_ids[-4:], skip_special_tokens=False)
         splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
         timer = ReplyTimer()

@@ -15,13 +15,8 @@ class ThinkSplitter:
 
     def __init__(self, in_thinking: bool = False):
         self.state = "thinking" if in_thinking else "start"
-        self.saw_thinking = in_thinking
         self._held = ""
         self._strip_answer_start = False
-
-    @property
-    def answering(self) -> bool:
-        return self.state == "answer"
 
     def feed(self, text: str) -> tuple[str, str]:
         buffer = self._held + text
@@ -30,7 +25,7 @@ class ThinkSplitter:
         if self.state == "start":
             stripped = buffer.lstrip()
             if stripped.startswith(OPEN):
-                self.state, self.saw_thinking = "thinking", True
+                self.state = "thinking"
                 buffer = stripped[len(OPEN):]
             elif OPEN.startswith(stripped):  # maybe the start of the tag: wait for more
                 self._held = buffer

@@ -1,18 +1,15 @@
-"""The chat's controls: the prompt box, the status bar and the list of conversations."""
+"""The chat's controls: the prompt box, the loading panel and the list of conversations (the status bar is in
+status_bar.py)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
-from textual.reactive import reactive
-from textual.widget import Widget
 from textual.widgets import Label, ListItem, ListView, ProgressBar, Static, TextArea
 
 
@@ -100,50 +97,6 @@ class LoadingPanel(Vertical):
 
     def tick(self) -> None:
         self.label.update(f"{self.what}… {time.monotonic() - self.started:.1f} s{self.last_step}")
-
-
-@dataclass(frozen=True)
-class StatusInfo:
-    """What the status bar shows (None: unknown or not applicable). Frozen: a change is a new value, so the
-    bar repaints only when something it shows changed."""
-
-    model: str = "?"
-    state: str = "loading"
-    ttft: float | None = None
-    tokens_per_s: float | None = None
-    context_tokens: int | None = None
-    max_model_len: int | None = None
-    context_warning: bool = False
-    kv_cache_usage: float | None = None
-    prefix_cache_hits: int | None = None
-
-
-_STATE_STYLES = {"loading": "yellow", "idle": "green", "generating": "bold cyan", "error": "bold red"}
-
-
-class StatusBar(Widget):
-    """One live line: model, state, speed of the current reply, context and KV-cache use. It repaints when
-    `info` changes (a reactive, never polled), and never asks for a new layout: it is one line tall."""
-
-    info: reactive[StatusInfo] = reactive(StatusInfo, layout=False)
-
-    def render(self) -> Text:
-        info = self.info
-        parts: list[Text] = [Text(info.model, style="bold"),
-                             Text(f"● {info.state}", style=_STATE_STYLES.get(info.state, ""))]
-        if info.ttft is not None:
-            parts.append(Text(f"TTFT {info.ttft:.2f} s"))
-        if info.tokens_per_s is not None:
-            parts.append(Text(f"{info.tokens_per_s:.1f} tok/s"))
-        if info.max_model_len:
-            used = "?" if info.context_tokens is None else str(info.context_tokens)
-            parts.append(Text(f"ctx {used}/{info.max_model_len}" + (" ⚠ nearly full" if info.context_warning else ""),
-                              style="bold yellow" if info.context_warning else ""))
-        if info.kv_cache_usage is not None:
-            parts.append(Text(f"KV {info.kv_cache_usage:.0%}"))
-        if info.prefix_cache_hits is not None:
-            parts.append(Text(f"prefix hits {info.prefix_cache_hits} tok"))
-        return Text(" │ ", style="dim").join(parts)
 
 
 class ChatList(ListView):

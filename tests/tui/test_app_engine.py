@@ -39,7 +39,7 @@ async def test_a_streamed_reply_then_a_second_turn_served_from_the_prefix_cache(
     async with app.run_test(size=(100, 30)) as pilot:
         await send(pilot, "Hello! What is your name?")
         await reply_done(pilot)
-        first = app.session.conversation.messages[-1]
+        first = app.chat.session.conversation.messages[-1]
         assert first.role == "assistant" and first.content.strip()
         assert len([d for d in app.backend.deltas if d.text]) >= 2  # streamed piece by piece
         assert app.query_one(AssistantMessage).markdown.source == first.content
@@ -47,7 +47,7 @@ async def test_a_streamed_reply_then_a_second_turn_served_from_the_prefix_cache(
 
         await send(pilot, "And what can you do?")
         await reply_done(pilot)
-        second = app.session.conversation.messages[-1]
+        second = app.chat.session.conversation.messages[-1]
         request = app.backend.requests[-1]
         assert [m["content"] for m in request.messages][:2] == ["Hello! What is your name?", first.content]
         assert second.meta["prompt_tokens"] > turn1_prompt + first.meta["completion_tokens"]
@@ -61,11 +61,11 @@ async def test_escape_aborts_the_engine_request_and_keeps_the_partial_reply(chat
     app = make_app(chat_engine, max_tokens=200)
     async with app.run_test(size=(100, 30)) as pilot:
         await send(pilot, "Write a long story about a dragon.")
-        await wait_until(pilot, lambda: len(app.session.conversation.messages) == 2
-                         and app.session.conversation.messages[1].content, what="the first words")
+        await wait_until(pilot, lambda: len(app.chat.session.conversation.messages) == 2
+                         and app.chat.session.conversation.messages[1].content, what="the first words")
         await pilot.press("escape")
         await reply_done(pilot)
-        reply = app.session.conversation.messages[-1]
+        reply = app.chat.session.conversation.messages[-1]
         assert reply.stopped and reply.content and reply.meta["completion_tokens"] < 200
         assert app.query_one(AssistantMessage).has_class("stopped")
         await wait_until(pilot, lambda: chat_engine.stats().num_running == 0, 10, "the engine to drop the request")
@@ -78,22 +78,22 @@ async def test_regenerate_and_edit_resend(chat_engine):
     async with app.run_test(size=(100, 30)) as pilot:
         await send(pilot, "Say hi.")
         await reply_done(pilot)
-        first = app.session.conversation.messages[-1].content
+        first = app.chat.session.conversation.messages[-1].content
         await pilot.press("ctrl+r")
         await reply_done(pilot)
-        messages = app.session.conversation.messages
+        messages = app.chat.session.conversation.messages
         assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content == first  # greedy
         assert len(app.query(AssistantMessage)) == 1
         # a regenerated reply re-uses the whole cached prompt
         assert messages[1].meta["cached_tokens"] >= (messages[1].meta["prompt_tokens"] // 16) * 16
 
-        original_id = app.session.conversation.id
+        original_id = app.chat.session.conversation.id
         await pilot.press("ctrl+t")
         assert isinstance(app.screen, InputScreen)
         app.screen.query_one("#input-text").load_text("Say bye.")
         await pilot.press("ctrl+s")
         await reply_done(pilot)
-        branch = app.session.conversation
+        branch = app.chat.session.conversation
         assert branch.id != original_id and [m.content for m in branch.messages][0] == "Say bye."
         assert branch.messages[1].role == "assistant" and branch.messages[1].content
         assert [m.content for m in store.load(original_id).messages] == ["Say hi.", first]
@@ -118,7 +118,7 @@ async def test_slash_commands_set_the_sampling_params_the_engine_receives(chat_e
     params = received[-1]
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed,
             params.repetition_penalty) == (0.5, 0.8, 20, 4, 1234, 1.1)
-    assert app.session.conversation.messages[-1].meta["completion_tokens"] <= 4
+    assert app.chat.session.conversation.messages[-1].meta["completion_tokens"] <= 4
 
 
 async def test_a_conversation_survives_a_restart(chat_engine, data_dir):
@@ -129,7 +129,7 @@ async def test_a_conversation_survives_a_restart(chat_engine, data_dir):
         await send(pilot, "/set temperature 0.25")
         await send(pilot, "Name a color.")
         await reply_done(pilot)
-        saved = app.session.conversation
+        saved = app.chat.session.conversation
     store.close()
     assert (data_dir / "conversations.sqlite3").exists()
 
@@ -137,7 +137,7 @@ async def test_a_conversation_survives_a_restart(chat_engine, data_dir):
     app = ChatApp(RecordingBackend(chat_engine), store, resume=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await reply_done(pilot)
-        loaded = app.session.conversation
+        loaded = app.chat.session.conversation
         assert loaded.id == saved.id and loaded.title == saved.title == "Name a color."
         assert loaded.messages == saved.messages
         assert loaded.system_prompt == "You are terse." and loaded.settings["temperature"] == 0.25

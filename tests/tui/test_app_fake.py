@@ -10,8 +10,9 @@ from localchat.tui.app import ChatApp
 from localchat.tui.conversation import Conversation
 from localchat.tui.messages import AssistantMessage, Notice, UserMessage
 from localchat.tui.screens import HelpScreen, InputScreen, SettingsScreen, TextScreen
+from localchat.tui.status_bar import ChatState, StatusBar
 from localchat.tui.store import ConversationStore
-from localchat.tui.widgets import ChatList, PromptBox, StatusBar
+from localchat.tui.widgets import ChatList, PromptBox
 
 from .conftest import reply_done, send, wait_until
 from .fakes import FakeBackend
@@ -27,10 +28,10 @@ async def test_enter_sends_and_the_reply_streams_in():
     async with app.run_test() as pilot:
         await send(pilot, "hello")
         await wait_until(pilot, lambda: app.query(AssistantMessage), what="the reply view")
-        assert app.generating and app.state == "generating"
+        assert app.chat.generating and app.chat.state is ChatState.GENERATING
         backend.hold.set()
         await reply_done(pilot)
-        messages = app.session.conversation.messages
+        messages = app.chat.session.conversation.messages
         assert [(m.role, m.content) for m in messages] == [("user", "hello"), ("assistant", "one two three four")]
         assert app.query_one(AssistantMessage).markdown.source == "one two three four"
         assert app.query_one(PromptBox).text == ""
@@ -43,7 +44,7 @@ async def test_prompt_box_keys_newline_and_history():
         prompt = app.query_one(PromptBox)
         await pilot.press(*"ab", "shift+enter", "c", "ctrl+j", "d")
         assert prompt.text == "ab\nc\nd"
-        assert not app.session.conversation.messages
+        assert not app.chat.session.conversation.messages
         await pilot.press("enter")
         await reply_done(pilot)
         await send(pilot, "second")
@@ -61,10 +62,10 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text():
     app = make_app(backend)
     async with app.run_test() as pilot:
         await send(pilot, "go")
-        await wait_until(pilot, lambda: "beta" in app.session.conversation.messages[-1].content, what="two words")
+        await wait_until(pilot, lambda: "beta" in app.chat.session.conversation.messages[-1].content, what="two words")
         await pilot.press("escape")
         await reply_done(pilot)
-        reply = app.session.conversation.messages[-1]
+        reply = app.chat.session.conversation.messages[-1]
         assert reply.stopped and reply.content.startswith("alpha beta") and reply.content != "alpha beta gamma delta"
         assert backend.running == 0
         view = app.query_one(AssistantMessage)
@@ -110,7 +111,7 @@ async def test_help_settings_and_prompt_screens():
         app.screen.query_one("#setting-temperature").value = "0.25"
         await pilot.press("ctrl+s")
         assert not isinstance(app.screen, SettingsScreen)
-        assert app.session.conversation.settings["temperature"] == 0.25
+        assert app.chat.session.conversation.settings["temperature"] == 0.25
 
 
 async def test_regenerate_and_edit_resend_branch():
@@ -122,7 +123,7 @@ async def test_regenerate_and_edit_resend_branch():
         await reply_done(pilot)
         await pilot.press("ctrl+r")
         await reply_done(pilot)
-        original = app.session.conversation
+        original = app.chat.session.conversation
         assert [m.content for m in original.messages] == ["question", "second answer"]
         assert len(app.query(AssistantMessage)) == 1
         await send(pilot, "/edit 1")
@@ -130,7 +131,7 @@ async def test_regenerate_and_edit_resend_branch():
         app.screen.query_one("#input-text").load_text("better question")
         await pilot.press("ctrl+s")
         await reply_done(pilot)
-        branch = app.session.conversation
+        branch = app.chat.session.conversation
         assert branch.id != original.id
         assert [m.content for m in branch.messages] == ["better question", "edited answer"]
         assert [m.content for m in store.load(original.id).messages] == ["question", "second answer"]
@@ -160,7 +161,7 @@ async def test_thinking_is_a_collapsed_block_and_not_part_of_the_answer():
     async with app.run_test() as pilot:
         await send(pilot, "2+2?")
         await reply_done(pilot)
-        reply = app.session.conversation.messages[-1]
+        reply = app.chat.session.conversation.messages[-1]
         assert reply.content == "It is 4." and reply.thinking.strip() == "Let me see. Two and two."
         view = app.query_one(AssistantMessage)
         assert view.thinking_block.display and view.thinking_block.collapsed
@@ -173,7 +174,7 @@ async def test_backend_errors_become_messages_not_crashes():
         await reply_done(pilot)
         errors = [str(n.render()) for n in app.query(Notice) if n.has_class("error")]
         assert errors and "the engine exploded" in errors[0]
-        assert app.is_running and app.state == "idle"
+        assert app.is_running and app.chat.state is ChatState.IDLE
 
 
 async def test_load_failure_is_shown_in_the_conversation():
@@ -183,9 +184,9 @@ async def test_load_failure_is_shown_in_the_conversation():
 
     app = make_app(Broken())
     async with app.run_test() as pilot:
-        await wait_until(pilot, app.ready.is_set)
+        await wait_until(pilot, app.chat.ready.is_set)
         await pilot.pause()
-        assert app.state == "error"
+        assert app.chat.state is ChatState.ERROR
         assert any("no such model" in str(n.render()) for n in app.query(Notice))
         await send(pilot, "hello?")
         await reply_done(pilot)
@@ -198,19 +199,19 @@ async def test_conversation_list_rename_switch_and_delete():
     async with app.run_test() as pilot:
         await send(pilot, "first chat")
         await reply_done(pilot)
-        first = app.session.conversation.id
+        first = app.chat.session.conversation.id
         await pilot.press("ctrl+n")
         await send(pilot, "second chat")
         await reply_done(pilot)
         await send(pilot, "/rename Renamed")
-        assert store.load(app.session.conversation.id).title == "Renamed"
+        assert store.load(app.chat.session.conversation.id).title == "Renamed"
         await pilot.press("ctrl+b")
         chats = app.query_one(ChatList)
         assert chats.display and len(chats.children) == 2 and app.focused is chats
         await pilot.press("down", "enter")  # the list is newest first
         await pilot.pause()
         assert app.focused is app.query_one(PromptBox)
-        assert [m.content for m in app.session.conversation.messages][0] == "first chat"
+        assert [m.content for m in app.chat.session.conversation.messages][0] == "first chat"
         await send(pilot, "/delete")
         assert store.load(first) is None and len(store.list_conversations()) == 1
 
@@ -238,7 +239,7 @@ async def test_command_palette_runs_chat_actions():
         await pilot.pause(0.3)
         await pilot.press("enter")
         await pilot.pause()
-        assert app.session.conversation.messages == []
+        assert app.chat.session.conversation.messages == []
         assert app.query("#welcome")
 
 
@@ -248,7 +249,7 @@ async def test_quitting_mid_reply_keeps_the_partial_reply(data_dir):
     app = make_app(backend, store)
     async with app.run_test() as pilot:
         await send(pilot, "tell me")
-        await wait_until(pilot, lambda: app.session.conversation.messages[-1].content, what="a word")
+        await wait_until(pilot, lambda: app.chat.session.conversation.messages[-1].content, what="a word")
         await pilot.press("ctrl+q")
     conversation = store.load(store.last_id())
     assert [m.role for m in conversation.messages] == ["user", "assistant"]
@@ -260,11 +261,11 @@ async def test_the_status_bar_warns_before_the_context_is_full():
     backend = FakeBackend(["ok"], max_model_len=100)
     app = make_app(backend)
     async with app.run_test() as pilot:
-        app.session.conversation.settings["max_tokens"] = 20
+        app.chat.session.conversation.settings["max_tokens"] = 20
         await send(pilot, "word " * 60)
         await reply_done(pilot)
-        assert app.status.context_warning
-        assert "nearly full" in str(app.query_one(StatusBar).render())
+        bar = app.query_one(StatusBar)
+        assert bar.info.context_warning and "nearly full" in str(bar.render())
 
 
 async def test_the_view_follows_the_reply_until_the_user_scrolls_up():
@@ -273,14 +274,14 @@ async def test_the_view_follows_the_reply_until_the_user_scrolls_up():
     backend = FakeBackend([long_reply, long_reply])
     app = make_app(backend)
     async with app.run_test(size=(80, 24)) as pilot:
-        view = app.messages_view
+        view = app.chat.messages_view
         await send(pilot, "first")
         await reply_done(pilot)
         assert view.max_scroll_y > 0 and view.scroll_y == view.max_scroll_y
         backend.hold = hold
         await send(pilot, "second")
         hold.set()
-        await wait_until(pilot, lambda: len(app.session.conversation.messages[-1].content) > 60, what="text")
+        await wait_until(pilot, lambda: len(app.chat.session.conversation.messages[-1].content) > 60, what="text")
         hold.clear()
         await pilot.pause(0.3)
         assert view.scroll_y == view.max_scroll_y  # pinned while streaming
@@ -304,10 +305,10 @@ async def test_loading_shows_progress_and_messages_typed_meanwhile_wait_for_the_
     async with app.run_test() as pilot:
         await pilot.pause(0.3)
         panel = app.query_one("#loading")
-        assert "reading weights" in str(panel.label.render()) and app.state == "loading"
+        assert "reading weights" in str(panel.label.render()) and app.chat.state is ChatState.LOADING
         await send(pilot, "early message")
         assert "waiting for the model" in str(app.query_one(AssistantMessage).meta.render())
         loaded.set()
         await reply_done(pilot)
         assert not app.query("#loading")
-        assert app.session.conversation.messages[-1].content == "ready now"
+        assert app.chat.session.conversation.messages[-1].content == "ready now"

@@ -40,12 +40,12 @@ async def test_url_mode_chats_with_a_real_server(server_url):
         assert backend.model_name == "SmolLM2-135M-Instruct" and backend.max_model_len == 1024
         await send(pilot, "Hello there!")
         await reply_done(pilot)
-        first = app.session.conversation.messages[-1]
+        first = app.chat.session.conversation.messages[-1]
         assert first.role == "assistant" and first.content.strip() and not first.stopped
         assert first.meta["prompt_tokens"] > 0 and first.meta["completion_tokens"] > 0
         await send(pilot, "Tell me more.")
         await reply_done(pilot)
-        second = app.session.conversation.messages[-1]
+        second = app.chat.session.conversation.messages[-1]
         assert backend.last_body["messages"][1] == {"role": "assistant", "content": first.content}
         assert second.meta["cached_tokens"] > 0  # the server's prefix cache, reported in usage
         await send(pilot, "/prompt")
@@ -55,11 +55,11 @@ async def test_url_mode_chats_with_a_real_server(server_url):
 
         await send(pilot, "/set max_tokens 200")
         await send(pilot, "Write a long poem about the sea.")
-        await wait_until(pilot, lambda: app.session.conversation.messages[-1].role == "assistant"
-                         and app.session.conversation.messages[-1].content, what="the first words")
+        await wait_until(pilot, lambda: app.chat.session.conversation.messages[-1].role == "assistant"
+                         and app.chat.session.conversation.messages[-1].content, what="the first words")
         await pilot.press("escape")
         await reply_done(pilot)
-        stopped = app.session.conversation.messages[-1]
+        stopped = app.chat.session.conversation.messages[-1]
         assert stopped.stopped and stopped.content
         assert app.query(AssistantMessage).last().has_class("stopped")
 

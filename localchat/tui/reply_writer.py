@@ -1,0 +1,88 @@
+"""ReplyWriter: one streamed reply, from the backend's deltas to the stored message and the widget showing it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from textual.timer import Timer
+from textual.widget import Widget
+
+from localchat.errors import LocalchatError
+from localchat.tui.backends import ChatBackend, ChatRequest, ReplyStats
+from localchat.tui.conversation import ChatMessage
+from localchat.tui.messages import AssistantMessage
+from localchat.tui.session import ChatSession
+
+logger = logging.getLogger("localchat.tui")
+SAVE_EVERY_S = 1.0  # how often a reply being streamed is written to the store (what survives a kill)
+# How often streamed text reaches the screen. The engine shares the machine's cores with the UI, so each
+# paint (and the frame Textual draws after it) is time the engine loses; once per token would cost it ~15%.
+PAINT_EVERY_S = 0.1
+
+
+class ReplyWriter:
+    """Streams one reply into `view`: every delta is folded into the message and its ReplyStats at once (cheap);
+    the view is painted at most every PAINT_EVERY_S and the message stored every SAVE_EVERY_S. A stop
+    (the task cancelled) or a failure keeps what was written, marked; an empty reply is removed."""
+
+    def __init__(self, session: ChatSession, backend: ChatBackend, view: AssistantMessage,
+                 on_paint: Callable[[ReplyStats], None]):
+        self.session, self.backend, self.view, self.on_paint = session, backend, view, on_paint
+        self.message = ChatMessage("assistant", "")
+        self.stats = ReplyStats()
+        self.stopped = False
+        self.error: str | None = None
+        self._position: int | None = None
+
+    async def write(self, request: ChatRequest, clock_owner: Widget) -> None:
+        """Stream the reply to `request`; `clock_owner` runs the paint timer."""
+        message, stats, session = self.message, self.stats, self.session
+        self._position = session.add_reply(message)
+        painter: Timer = clock_owner.set_interval(PAINT_EVERY_S, self._paint)
+        stream = self.backend.stream(request)
+        last_save = 0.0  # the first delta is stored at once: a kill right after it still leaves the reply
+        try:
+            async for delta in stream:
+                message.content += delta.text
+                message.thinking += delta.thinking
+                stats.apply(delta)
+                if time.monotonic() - last_save >= SAVE_EVERY_S:
+                    message.meta.update(stats.as_meta())
+                    session.save_message(self._position)
+                    last_save = time.monotonic()
+        except asyncio.CancelledError:
+            self.stopped = True
+        except LocalchatError as exc:
+            self.error = exc.message
+        except Exception as exc:  # an engine failure is a message in the chat, never a crash
+            logger.exception("reply failed")
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            painter.stop()
+            await stream.aclose()
+            message.meta.update(stats.as_meta())
+        await self._finish()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.message.content or self.message.thinking)
+
+    async def _paint(self) -> None:
+        if await self.view.catch_up(self.message):
+            self.view.set_meta(f"writing… {self.stats.completion_tokens} tok")
+            self.on_paint(self.stats)
+
+    async def _finish(self) -> None:
+        message, session = self.message, self.session
+        message.stopped = self.stopped
+        if self.error:
+            message.meta["error"] = self.error
+        if self.empty:
+            session.remove_from(self._position)
+            await self.view.remove()
+        else:
+            session.save_message(self._position)
+            await self.view.finish(message)
