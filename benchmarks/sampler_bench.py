@@ -68,21 +68,24 @@ def make_seqs(batch: int, params: SamplingParams, gen: torch.Generator) -> list[
 
 
 def time_calls(variants: dict, logits_pool: list[torch.Tensor], batch: int, params: SamplingParams,
-               gen: torch.Generator, calls: int) -> dict[str, float]:
-    """Median microseconds per call of each variant's sample(logits, seqs), the variants taking turns call by
-    call (so that they share whatever else the machine is doing); each appends its sampled tokens to its own
-    sequences, as the engine does."""
+               gen: torch.Generator, calls: int, rounds: int = 4) -> dict[str, float]:
+    """Median microseconds per call of each variant's sample(logits, seqs). The variants take turns in blocks
+    of calls / rounds (so that they share whatever else the machine is doing, and neither runs on the caches
+    the other left). Each appends its sampled tokens to its own sequences, as the engine does."""
     seqs = {label: make_seqs(batch, params, gen) for label in variants}
     times: dict[str, list[float]] = {label: [] for label in variants}
-    for i in range(-5, calls):  # five warm-up calls: the first steps of a sequence are not typical
-        logits = logits_pool[i % len(logits_pool)]
+    for label, sample_fn in variants.items():  # warm up; the first steps of a sequence are not typical either
+        for seq, token in zip(seqs[label], sample_fn(logits_pool[0], seqs[label])):
+            seq.append_token(token)
+    for round_ in range(rounds):
         for label, sample_fn in variants.items():
-            start = time.perf_counter()
-            tokens = sample_fn(logits, seqs[label])
-            if i >= 0:
+            for i in range(round_ * calls // rounds, (round_ + 1) * calls // rounds):
+                logits = logits_pool[i % len(logits_pool)]
+                start = time.perf_counter()
+                tokens = sample_fn(logits, seqs[label])
                 times[label].append((time.perf_counter() - start) * 1e6)
-            for seq, token in zip(seqs[label], tokens):
-                seq.append_token(token)
+                for seq, token in zip(seqs[label], tokens):
+                    seq.append_token(token)
     return {label: statistics.median(t) for label, t in times.items()}
 
 
@@ -118,7 +121,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     sizes = sorted(top_p_set_sizes(lm_like_logits(64, gen)))
-    print(f"vocab {VOCAB}, {args.threads} threads, median of {args.calls} calls, microseconds per call")
+    print(f"vocab {VOCAB}, {args.threads} threads; median of {args.calls} calls at batch 1, "
+          f"{max(args.calls // 8, 10)} above; microseconds per call")
     print(f"top-p 0.95 set at temperature 0.7 on these logits: median {sizes[32]}, max {sizes[-1]} tokens")
     header = f"{'setting':32s} {'batch':>5s} {'new':>9s}"
     if args.compare_ref:
@@ -129,7 +133,8 @@ def main() -> None:
             continue
         params = SamplingParams(**setting)
         for batch in args.batch:
-            pool = [lm_like_logits(batch, gen, flat=name.startswith("flat")) for _ in range(8)]
+            # fresh rows for most calls: outputs, and so penalties, spread over the vocabulary as in a reply
+            pool = [lm_like_logits(batch, gen, flat=name.startswith("flat")) for _ in range(64 if batch == 1 else 8)]
             calls = args.calls if batch == 1 else max(args.calls // 8, 10)
             variants = {"new": new_sampler()}
             if args.compare_ref:

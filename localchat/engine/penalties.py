@@ -50,26 +50,29 @@ def _history(seq: Sequence) -> _TokenHistory:
     return history
 
 
+Factor = float | torch.Tensor  # one value for every penalized row, or a [rows] tensor when rows differ
+
+
 @dataclass
 class Penalties:
     """Penalties of a batch as flat indices (row * vocab + token id) into its [rows, vocab] logits.
 
     `seen` lists the prompt and output ids of rows with a repetition penalty (repeats are harmless: every copy
     writes the same value); `counted` the distinct output ids of rows with a presence or frequency penalty,
-    with their counts. The factors are per row; an index's row is index // vocab_size.
+    with their counts. An index's row is index // vocab_size.
     """
 
     vocab_size: int
-    repetition: torch.Tensor            # [rows] float32
-    frequency: torch.Tensor             # [rows] float32
-    presence: torch.Tensor              # [rows] float32
     seen: torch.Tensor | None           # [S] int64
+    repetition: Factor | None
     counted: torch.Tensor | None        # [C] int64, distinct
     counts: torch.Tensor | None         # [C] float32
+    frequency: Factor | None
+    presence: Factor | None
 
     @classmethod
     def from_seqs(cls, seqs: list[Sequence], vocab_size: int) -> Penalties | None:
-        seen, counted = [], []
+        seen, seen_rows, counted, counted_rows = [], [], [], []
         for row, seq in enumerate(seqs):
             params = seq.params
             if not params.has_penalties:
@@ -78,30 +81,46 @@ class Penalties:
             output = history.output_ids(seq)
             if params.repetition_penalty != 1.0:
                 seen.append(torch.cat([history.prompt_ids, output]) + row * vocab_size)
+                seen_rows.append(row)
             if (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0) and len(output):
                 counted.append(output + row * vocab_size)
+                counted_rows.append(row)
         if not seen and not counted:
             return None
-        factors = [torch.tensor([getattr(seq.params, name) for seq in seqs], dtype=torch.float32)
-                   for name in ("repetition_penalty", "frequency_penalty", "presence_penalty")]
-        distinct = counts = None
+        penalties = cls(vocab_size, None, None, None, None, None, None)
+        if seen:
+            penalties.seen = torch.cat(seen)
+            penalties.repetition = _factor(seqs, seen_rows, "repetition_penalty")
         if counted:
             distinct, counts = torch.cat(counted).unique(return_counts=True)
-            counts = counts.to(torch.float32)
-        return cls(vocab_size, *factors, torch.cat(seen) if seen else None, distinct, counts)
+            penalties.counted, penalties.counts = distinct, counts.to(torch.float32)
+            penalties.frequency = _factor(seqs, counted_rows, "frequency_penalty")
+            penalties.presence = _factor(seqs, counted_rows, "presence_penalty")
+        return penalties
 
     def to(self, device) -> Penalties:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return Penalties(self.vocab_size, *(move(t) for t in (self.repetition, self.frequency, self.presence,
-                                                             self.seen, self.counted, self.counts)))
+        move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+        return Penalties(self.vocab_size, *(move(t) for t in (self.seen, self.repetition, self.counted,
+                                                             self.counts, self.frequency, self.presence)))
 
     def apply_(self, logits: torch.Tensor) -> None:
-        """Penalize [rows, vocab] float32 logits in place: repetition first (divide
-        positive logits, multiply negative ones), then frequency (times the count) and presence (once)."""
+        """Penalize [rows, vocab] float32 logits in place: repetition first (divide positive logits, multiply
+        negative ones), then frequency (times the count) and presence (once)."""
         flat = logits.view(-1)
         if self.seen is not None:
-            values, factor = flat[self.seen], self.repetition[self.seen // self.vocab_size]
+            values, factor = flat[self.seen], self._per_index(self.repetition, self.seen)
             flat[self.seen] = torch.where(values > 0, values / factor, values * factor)
         if self.counted is not None:
-            rows = self.counted // self.vocab_size
-            flat[self.counted] = flat[self.counted] - self.frequency[rows] * self.counts - self.presence[rows]
+            frequency = self._per_index(self.frequency, self.counted)
+            presence = self._per_index(self.presence, self.counted)
+            flat[self.counted] = flat[self.counted] - frequency * self.counts - presence
+
+    def _per_index(self, factor: Factor, indices: torch.Tensor) -> Factor:
+        return factor if isinstance(factor, float) else factor[indices // self.vocab_size]
+
+
+def _factor(seqs: list[Sequence], rows: list[int], name: str) -> Factor:
+    values = [getattr(seqs[row].params, name) for row in rows]
+    if len(set(values)) == 1:
+        return float(values[0])
+    return torch.tensor([getattr(seq.params, name) for seq in seqs], dtype=torch.float32)

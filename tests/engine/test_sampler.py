@@ -1,10 +1,12 @@
 """Sampler math on hand-made logits: each parameter changes the pick the way it should."""
 
+import pytest
 import torch
 
 from localchat.engine import sampler as sampler_module
 from localchat.engine.penalties import Penalties
 from localchat.engine.sampler import Sampler, SamplingBatch
+from localchat.engine.topk import topk as fast_topk
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
 
@@ -249,12 +251,17 @@ def dense_penalties(logits: torch.Tensor, seqs) -> torch.Tensor:
     return logits - torch.tensor([s.params.presence_penalty for s in seqs]).unsqueeze(1) * (counts > 0).float()
 
 
-def test_sparse_penalties_equal_the_dense_definition_as_sequences_grow():
+MIXED_PENALTIES = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=-0.5),
+                   SamplingParams(),
+                   SamplingParams(repetition_penalty=0.8),
+                   SamplingParams(frequency_penalty=-1.0, presence_penalty=2.0)]
+SHARED_PENALTIES = [SamplingParams(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.7)] * 2 + [
+    SamplingParams()]
+
+
+@pytest.mark.parametrize("params", [MIXED_PENALTIES, SHARED_PENALTIES], ids=["per-row", "shared"])
+def test_sparse_penalties_equal_the_dense_definition_as_sequences_grow(params):
     vocab, gen = 300, torch.Generator().manual_seed(11)
-    params = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=-0.5),
-              SamplingParams(),
-              SamplingParams(repetition_penalty=0.8),
-              SamplingParams(frequency_penalty=-1.0, presence_penalty=2.0)]
     seqs = [seq_with(p, prompt=torch.randint(0, vocab, (50,), generator=gen).tolist()) for p in params]
     for step in range(40):
         logits = torch.randn(len(seqs), vocab, generator=gen) * 3
@@ -264,3 +271,14 @@ def test_sparse_penalties_equal_the_dense_definition_as_sequences_grow():
         assert torch.equal(got, dense_penalties(logits, seqs)), step
         for seq in seqs:  # repeats of recent tokens, so counts above 1 happen
             seq.append_token(int(torch.randint(0, 20 if step % 2 else vocab, (1,), generator=gen)))
+
+
+def test_grouped_topk_equals_torch_topk_even_with_ties():
+    gen = torch.Generator().manual_seed(4)
+    for rows, vocab, k in [(1, 49152, 32), (3, 49152, 256), (2, 4096, 40), (2, 1000, 8), (1, 8192, 64)]:
+        for logits in (torch.randn(rows, vocab, generator=gen),
+                       torch.randint(0, 50, (rows, vocab), generator=gen).float()):  # many ties
+            values, ids = fast_topk(logits, k)
+            assert torch.equal(values, logits.topk(k, dim=-1).values)
+            assert torch.equal(logits.gather(1, ids), values)
+            assert all(len(set(row)) == k for row in ids.tolist())
