@@ -64,7 +64,7 @@ def rss_split_bytes() -> dict[str, int]:
     return split
 
 
-def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float]:
+def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]]:
     from localchat.bench.offline import run_engine, warm_up
     from localchat.engine.llm_engine import LLMEngine
 
@@ -73,28 +73,28 @@ def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float]:
     engine = LLMEngine(config)
     load_s = time.perf_counter() - start
     warm_up(engine, WARMUP_TOKENS)
-    return run_engine(engine, spec.requests), load_s
+    return run_engine(engine, spec.requests), load_s, rss_split_bytes()  # measured while the model lives
 
 
-def _run_llama_cpp(spec: IsolatedSpec) -> tuple[RunResult, float]:
+def _run_llama_cpp(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]]:
     from localchat.bench.peer_llama_cpp import LlamaCppPeer
 
     start = time.perf_counter()
     peer = LlamaCppPeer(Path(spec.gguf_path), spec.num_threads, spec.n_ctx)
     load_s = time.perf_counter() - start
     peer.warm_up()
-    return peer.run(spec.requests), load_s
+    return peer.run(spec.requests), load_s, rss_split_bytes()
 
 
 def run(spec: IsolatedSpec) -> dict:
     rss_before_load = peak_rss_bytes()
     runner = _run_localchat if spec.system == "localchat" else _run_llama_cpp
-    result, load_s = runner(spec)
+    result, load_s, split = runner(spec)
     return {
         "label": result.label, "duration": result.duration, "engine": result.engine, "notes": result.notes,
         "records": [asdict(record) for record in result.records],
         "load_s": load_s, "peak_rss_bytes": peak_rss_bytes(), "rss_before_load_bytes": rss_before_load,
-        "rss_split_bytes": rss_split_bytes(),
+        "rss_split_bytes": split,
     }
 
 
