@@ -86,6 +86,8 @@ def bench(
     timeout: Annotated[float, _opt(_O, "--timeout", help="Seconds to wait for any one read from the server")] = 600.0,
     baseline: Annotated[Optional[str], _opt(_O, "--baseline", help="An offline run's --json file to compare the server with (S1)")] = None,
     json_path: Annotated[Optional[str], _opt(_R, "--json", help="Also write the figures, machine, versions and command line to this JSON file")] = None,
+    plot: Annotated[Optional[str], _opt(_R, "--plot", help="Also draw throughput and latency into this image (.png, .svg, .pdf; needs matplotlib)")] = None,
+    plot_with: Annotated[Optional[list[str]], _opt(_R, "--plot-with", help="Earlier runs' --json files to draw with this one (online runs: against concurrency)")] = None,
     show_progress: Annotated[bool, _opt(_R, "--progress/--no-progress", help="Show a progress bar on stderr")] = True,
     engine_config=None,
 ) -> None:
@@ -102,6 +104,11 @@ def bench(
     from localchat.bench.workloads import select_workload
     from localchat.errors import InvalidParameterError
 
+    if plot:  # fail before the run, not after it
+        from localchat.bench.plot import load_payload, plot_runs, require_matplotlib
+
+        require_matplotlib()
+        earlier = [load_payload(path) for path in plot_with or []]
     chosen = select_workload(workload, num_requests, input_len, output_len)
     peers = parse_peers(compare)
     if hf_batch_size is not None and hf_batch_size < 1:
@@ -124,7 +131,9 @@ def bench(
         mode, extra = "offline", {"engine_config": dataclasses.asdict(config)}
     title = f"localchat bench ({mode}) - {outcome.model} - {chosen.describe()}"
     print_report(Console(), title, outcome.results, outcome.ratios, chosen.kind, outcome.notes)
+    payload = build_payload(mode=mode, workload=workload_info, model=outcome.model, results=outcome.results,
+                            ratios=outcome.ratios, notes=outcome.notes, extra=extra, command=_command_line())
     if json_path:
-        write_json(json_path, build_payload(mode=mode, workload=workload_info, model=outcome.model,
-                                            results=outcome.results, ratios=outcome.ratios, notes=outcome.notes,
-                                            extra=extra, command=_command_line()))
+        write_json(json_path, payload)
+    if plot:
+        plot_runs([*earlier, payload], plot)
