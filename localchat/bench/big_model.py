@@ -20,6 +20,7 @@ from localchat.bench.workloads import Workload, random_requests
 from localchat.errors import InvalidParameterError, LocalchatError
 
 DEFAULT_THREADS = 2  # DESIGN.md: C4 runs on 2 threads
+RANDOM_FILE_VERSION = 1  # bump when make_gguf writes different files, so a cached one is made again
 _NORMAL_TOKEN = 1  # GGUF tokenizer.ggml.token_type of an ordinary token (not control, byte, unused ...)
 
 
@@ -27,7 +28,7 @@ def random_file_path(workload: Workload) -> Path:
     from localchat.engine.model_cache import cache_root
 
     preset, quant = workload.random_gguf
-    return cache_root() / "bench" / f"random-{preset}-{quant}.gguf"
+    return cache_root() / "bench" / f"random-{preset}-{quant}-v{RANDOM_FILE_VERSION}.gguf"
 
 
 def bench_file(model: str | None, gguf: str | None, workload: Workload, show_progress: bool) -> Path:

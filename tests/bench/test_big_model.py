@@ -96,7 +96,7 @@ def test_the_memory_guard_stops_the_child(tiny_file, monkeypatch):
 def test_the_random_file_is_made_once(tmp_path, default_gguf):
     workload = replace(WORKLOADS["c4"], random_gguf=("smollm2-135m", "q8_0"))
     assert random_file_path(workload) == Path(os.environ["LOCALCHAT_CACHE_DIR"], "bench",
-                                              "random-smollm2-135m-q8_0.gguf")
+                                              "random-smollm2-135m-q8_0-v1.gguf")
     target = tmp_path / "made.gguf"
     path = bench_file(None, str(target), workload, show_progress=False)
     assert path == target and path.stat().st_size > 100 << 20
