@@ -20,8 +20,8 @@ from litestar.response import Stream
 from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.server.errors import error_from_exception
 from localchat.server.generation import Generation, until_disconnect
+from localchat.sse import DONE_EVENT
 
-DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _encode = msgspec.json.Encoder().encode
 
@@ -82,7 +82,7 @@ async def sse_events(generation: Generation, dialect: Dialect, encoder: ChunkEnc
         yield error_event(exc)
     finally:
         await generation.close()
-    yield DONE
+    yield DONE_EVENT
 
 
 async def respond(request: Request, generation: Generation, dialect: Dialect, *, response_id: str, model: str,
