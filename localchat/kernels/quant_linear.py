@@ -6,6 +6,7 @@ Q6_K next to Q4_K q/k) is a tuple of PackedWeights: each runs on its own and the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -14,6 +15,10 @@ from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
+
+# Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the float32
+# path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of positions.
+PRECISE_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "") in ("", "0")
 
 
 def quant_linear_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -32,7 +37,7 @@ def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> to
         return quant_linear_reference(x, weight, bias).to(x.dtype)
     bits = 4 if weight.layout == "u4" else 8
     out = ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, bits, weight.group_size,
-                           weight.zero_point, True)
+                           weight.zero_point, PRECISE_ACTIVATIONS, True)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 

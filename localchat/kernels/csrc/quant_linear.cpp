@@ -7,6 +7,10 @@
 // A 64-byte "chunk" of weight codes holds 4 groups (u4: 128 weights; u8 group 16: 64 weights) or 2 groups
 // (u8 group 32: 64 weights); each of the 16 int32 lanes of a dot product belongs to exactly one group.
 // The activations are laid out per chunk to match, so no shuffles run in the inner loop.
+//
+// With precise=true each activation is carried by two int8 codes, x = da * (q1 + q2 / 256), about 16 bits
+// of precision (int8 alone flips the top token at a few percent of positions against float32); the two dot
+// products combine exactly in int32 as (dot1 << 8) + dot2.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -50,34 +54,19 @@ Layout make_layout(int64_t bits, int64_t group_size) {
 // int8 activations for one row, arranged for the layout, with per-lane scales and per-group sums.
 struct ActivationRow {
   int8_t* codes;        // [chunks * act_chunk_bytes], zero-padded
+  int8_t* codes2;       // the second-level codes (precise mode), same arrangement
   float* lane_scales;   // [chunks * 16]
   float* group_terms;   // [groups]: da * sum(codes) of the group (multiplies the group's min)
+  int32_t* lane_zsums;  // [chunks * 16]: zero_point * the codes summed per dot-product lane (symmetric types)
   int8_t* natural;      // [chunks * chunk_values] codes in natural order (scalar path)
+  int8_t* natural2;
   float* block_scales;  // [K / 32]
 };
 
-void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, ActivationRow& a) {
-  const int64_t blocks = K / kActBlock;
-  std::memset(a.natural, 0, chunks * L.chunk_values);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float* v = x + b * kActBlock;
-    float amax = 0.f;
-    for (int i = 0; i < kActBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.f;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    a.block_scales[b] = d;
-    for (int i = 0; i < kActBlock; ++i) a.natural[b * kActBlock + i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
-  }
-  const int64_t groups = K / L.group_size;
-  for (int64_t g = 0; g < groups; ++g) {
-    int sum = 0;
-    for (int i = 0; i < L.group_size; ++i) sum += a.natural[g * L.group_size + i];
-    a.group_terms[g] = a.block_scales[g * L.group_size / kActBlock] * static_cast<float>(sum);
-  }
-  const int lanes_per_group = 16 / L.groups_per_chunk;
+void arrange(const int8_t* src_all, int8_t* dst_all, const Layout& L, int64_t chunks) {
   for (int64_t c = 0; c < chunks; ++c) {
-    int8_t* dst = a.codes + c * L.act_chunk_bytes;
-    const int8_t* src = a.natural + c * L.chunk_values;
+    int8_t* dst = dst_all + c * L.act_chunk_bytes;
+    const int8_t* src = src_all + c * L.chunk_values;
     if (L.u4) {  // low nibbles carry values 0..15 of each group, high nibbles 16..31
       for (int j = 0; j < 4; ++j) {
         std::memcpy(dst + 16 * j, src + 32 * j, 16);
@@ -86,9 +75,59 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, Ac
     } else {
       std::memcpy(dst, src, 64);
     }
+  }
+}
+
+void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bool precise, int32_t zero_point,
+                  ActivationRow& a) {
+  const int64_t blocks = K / kActBlock;
+  std::memset(a.natural, 0, chunks * L.chunk_values);
+  if (precise) std::memset(a.natural2, 0, chunks * L.chunk_values);
+  // precise: x = d * (q1 + q2 / 256), so the integer sums are taken in units of d / 256
+  const float unit = precise ? 1.f / 256.f : 1.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* v = x + b * kActBlock;
+    float amax = 0.f;
+    for (int i = 0; i < kActBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    a.block_scales[b] = d * unit;
+    for (int i = 0; i < kActBlock; ++i) {
+      const float scaled = v[i] * inv;
+      const float q1 = std::nearbyint(scaled);
+      a.natural[b * kActBlock + i] = static_cast<int8_t>(q1);
+      if (precise) {
+        const float q2 = std::nearbyint((scaled - q1) * 256.f);
+        a.natural2[b * kActBlock + i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, q2)));
+      }
+    }
+  }
+  const int64_t groups = K / L.group_size;
+  for (int64_t g = 0; g < groups; ++g) {
+    int sum = 0;
+    for (int i = 0; i < L.group_size; ++i) {
+      const int64_t k = g * L.group_size + i;
+      sum += precise ? 256 * a.natural[k] + a.natural2[k] : a.natural[k];
+    }
+    a.group_terms[g] = a.block_scales[g * L.group_size / kActBlock] * static_cast<float>(sum);
+  }
+  arrange(a.natural, a.codes, L, chunks);
+  if (precise) arrange(a.natural2, a.codes2, L, chunks);
+  const int lanes_per_group = 16 / L.groups_per_chunk;
+  for (int64_t c = 0; c < chunks; ++c) {
     for (int lane = 0; lane < 16; ++lane) {
       const int64_t g = c * L.groups_per_chunk + lane / lanes_per_group;
       a.lane_scales[c * 16 + lane] = g < groups ? a.block_scales[g * L.group_size / kActBlock] : 0.f;
+      // subtracting zero_point * sum(codes) in int32 keeps symmetric types exact (Q8_0 codes sit at +128:
+      // in floats, the two terms would cancel)
+      int32_t sum = 0;
+      for (int half = 0; half < (L.u4 ? 2 : 1); ++half) {
+        for (int i = 0; i < 4; ++i) {
+          const int64_t at = c * L.act_chunk_bytes + half * 64 + lane * 4 + i;
+          sum += precise ? 256 * a.codes[at] + a.codes2[at] : a.codes[at];
+        }
+      }
+      a.lane_zsums[c * 16 + lane] = zero_point * sum;
     }
   }
 }
@@ -97,7 +136,7 @@ float half_to_float(at::Half h) { return static_cast<float>(h); }
 
 #if LC_VNNI
 // Dot products of one weight row with kTileM (or fewer) activation rows.
-template <int MT>
+template <int MT, bool PRECISE, bool SYMMETRIC>
 void row_dots(const uint8_t* w, const at::Half* scales, int64_t groups, int64_t chunks, const Layout& L,
               ActivationRow* const* acts, float* out) {
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
@@ -125,13 +164,25 @@ void row_dots(const uint8_t* w, const at::Half* scales, int64_t groups, int64_t 
         const int8_t* a = acts[t]->codes + c * 128;
         __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(a));
         dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512(a + 64));
+        if (PRECISE) {
+          const int8_t* a2 = acts[t]->codes2 + c * 128;
+          __m512i dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(a2));
+          dot2 = _mm512_dpbusd_epi32(dot2, hi, _mm512_load_si512(a2 + 64));
+          dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
+        }
+        if (SYMMETRIC) dot = _mm512_sub_epi32(dot, _mm512_load_si512(acts[t]->lane_zsums + c * 16));
         const __m512 s = _mm512_mul_ps(weight_scales, _mm512_load_ps(acts[t]->lane_scales + c * 16));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[t]);
       }
     } else {
       for (int t = 0; t < MT; ++t) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw,
-                                                _mm512_load_si512(acts[t]->codes + c * 64));
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, _mm512_load_si512(acts[t]->codes + c * 64));
+        if (PRECISE) {
+          const __m512i dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw,
+                                                   _mm512_load_si512(acts[t]->codes2 + c * 64));
+          dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
+        }
+        if (SYMMETRIC) dot = _mm512_sub_epi32(dot, _mm512_load_si512(acts[t]->lane_zsums + c * 16));
         const __m512 s = _mm512_mul_ps(weight_scales, _mm512_load_ps(acts[t]->lane_scales + c * 16));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[t]);
       }
@@ -140,7 +191,7 @@ void row_dots(const uint8_t* w, const at::Half* scales, int64_t groups, int64_t 
   for (int t = 0; t < MT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-// sum_g offsets[g] * terms[g] for half-precision offsets (the group mins, or the scales for symmetric types).
+// sum_g mins[g] * terms[g] for the half-precision group mins of an asymmetric weight.
 float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g += 16) {
@@ -151,6 +202,27 @@ float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
   }
   return _mm512_reduce_add_ps(acc);
 }
+template <int MT>
+void row_dots_for(bool precise, bool symmetric, const uint8_t* w, const at::Half* s, int64_t groups, int64_t chunks,
+                  const Layout& L, ActivationRow* const* acts, float* dots) {
+  if (precise) {
+    if (symmetric) row_dots<MT, true, true>(w, s, groups, chunks, L, acts, dots);
+    else row_dots<MT, true, false>(w, s, groups, chunks, L, acts, dots);
+  } else {
+    if (symmetric) row_dots<MT, false, true>(w, s, groups, chunks, L, acts, dots);
+    else row_dots<MT, false, false>(w, s, groups, chunks, L, acts, dots);
+  }
+}
+
+void dispatch_row_dots(int mt, bool precise, bool symmetric, const uint8_t* w, const at::Half* s, int64_t groups,
+                       int64_t chunks, const Layout& L, ActivationRow* const* acts, float* dots) {
+  switch (mt) {
+    case 1: row_dots_for<1>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
+    case 2: row_dots_for<2>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
+    case 3: row_dots_for<3>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
+    default: row_dots_for<4>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
+  }
+}
 #else
 float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
   float sum = 0.f;
@@ -160,17 +232,31 @@ float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
 #endif
 
 // Portable path: the same arithmetic, one group at a time.
-float row_dot_scalar(const uint8_t* w, const at::Half* scales, int64_t groups, const Layout& L, const ActivationRow& a) {
+int32_t group_dot_scalar(const uint8_t* w, const int8_t* q, int64_t g, const Layout& L) {
+  int32_t dot = 0;
+  if (L.u4) {
+    const uint8_t* b = w + g * 16;
+    for (int i = 0; i < 16; ++i) dot += (b[i] & 0x0F) * q[i] + (b[i] >> 4) * q[i + 16];
+  } else {
+    const uint8_t* b = w + g * L.group_size;
+    for (int i = 0; i < L.group_size; ++i) dot += b[i] * q[i];
+  }
+  return dot;
+}
+
+float row_dot_scalar(const uint8_t* w, const at::Half* scales, int64_t groups, const Layout& L, bool precise,
+                     int32_t zero_point, const ActivationRow& a) {
   float sum = 0.f;
   for (int64_t g = 0; g < groups; ++g) {
-    const int8_t* q = a.natural + g * L.group_size;
-    int32_t dot = 0;
-    if (L.u4) {
-      const uint8_t* b = w + g * 16;
-      for (int i = 0; i < 16; ++i) dot += (b[i] & 0x0F) * q[i] + (b[i] >> 4) * q[i + 16];
-    } else {
-      const uint8_t* b = w + g * L.group_size;
-      for (int i = 0; i < L.group_size; ++i) dot += b[i] * q[i];
+    int32_t dot = group_dot_scalar(w, a.natural + g * L.group_size, g, L);
+    if (precise) dot = dot * 256 + group_dot_scalar(w, a.natural2 + g * L.group_size, g, L);
+    if (zero_point) {
+      int32_t codes = 0;
+      for (int i = 0; i < L.group_size; ++i) {
+        const int64_t k = g * L.group_size + i;
+        codes += precise ? 256 * a.natural[k] + a.natural2[k] : a.natural[k];
+      }
+      dot -= zero_point * codes;
     }
     const float da = a.block_scales[g * L.group_size / kActBlock];
     sum += half_to_float(scales[g]) * da * static_cast<float>(dot);
@@ -183,7 +269,7 @@ float row_dot_scalar(const uint8_t* w, const at::Half* scales, int64_t groups, c
 // x: [M, K] float32 (other float types are converted); returns float32 [M, N].
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight, const torch::Tensor& scales,
                            const c10::optional<torch::Tensor>& mins, const c10::optional<torch::Tensor>& bias,
-                           int64_t bits, int64_t group_size, int64_t zero_point, bool use_vnni) {
+                           int64_t bits, int64_t group_size, int64_t zero_point, bool precise, bool use_vnni) {
   const Layout L = make_layout(bits, group_size);
   TORCH_CHECK(x_in.dim() == 2, "x must be 2-D");
   TORCH_CHECK(qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(), "qweight must be contiguous uint8");
@@ -202,8 +288,8 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   // Activation buffers (64-byte aligned through an over-allocated tensor).
   const int64_t code_bytes = chunks * L.act_chunk_bytes;
   const int64_t lane_floats = chunks * 16;
-  const int64_t row_bytes = ((code_bytes + chunks * L.chunk_values + 63) / 64) * 64 +
-                            ((lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
+  const int64_t int_bytes = ((2 * (code_bytes + chunks * L.chunk_values) + 63) / 64) * 64;
+  const int64_t row_bytes = int_bytes + ((2 * lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
   torch::Tensor storage = torch::empty({M * row_bytes + 64}, torch::kUInt8);
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
   std::vector<ActivationRow> rows(M);
@@ -211,17 +297,19 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     uint8_t* p = base + m * row_bytes;
     ActivationRow& a = rows[m];
     a.codes = reinterpret_cast<int8_t*>(p);
-    a.natural = reinterpret_cast<int8_t*>(p + code_bytes);
-    float* f = reinterpret_cast<float*>(p + ((code_bytes + chunks * L.chunk_values + 63) / 64) * 64);
+    a.codes2 = reinterpret_cast<int8_t*>(p + code_bytes);
+    a.natural = reinterpret_cast<int8_t*>(p + 2 * code_bytes);
+    a.natural2 = reinterpret_cast<int8_t*>(p + 2 * code_bytes + chunks * L.chunk_values);
+    float* f = reinterpret_cast<float*>(p + int_bytes);
     a.lane_scales = f;
-    a.group_terms = f + lane_floats;
-    a.block_scales = f + lane_floats + groups;
+    a.lane_zsums = reinterpret_cast<int32_t*>(f + lane_floats);
+    a.group_terms = f + 2 * lane_floats;
+    a.block_scales = f + 2 * lane_floats + groups;
   }
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      std::memset(rows[m].codes, 0, code_bytes);
-      quantize_row(xp + m * K, K, L, chunks, rows[m]);
+      quantize_row(xp + m * K, K, L, chunks, precise, has_mins ? 0 : static_cast<int32_t>(zero_point), rows[m]);
     }
   });
 
@@ -231,7 +319,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   const at::Half* sp = scales.data_ptr<at::Half>();
   const at::Half* mp = has_mins ? mins->data_ptr<at::Half>() : nullptr;
   const int64_t w_row = qweight.size(1);
-  const float offset_factor = has_mins ? 1.f : -static_cast<float>(zero_point);
+  const int32_t symmetric_zero = has_mins ? 0 : static_cast<int32_t>(zero_point);
   const float* bp = nullptr;
   torch::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
@@ -251,23 +339,17 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
         for (int64_t n = n0; n < n1; ++n) {
           const uint8_t* w = wp + n * w_row;
           const at::Half* s = sp + n * groups;
-          const at::Half* offsets = mp ? mp + n * groups : s;
           float dots[kTileM];
 #if LC_VNNI
           if (vnni) {
-            switch (mt) {
-              case 1: row_dots<1>(w, s, groups, chunks, L, acts, dots); break;
-              case 2: row_dots<2>(w, s, groups, chunks, L, acts, dots); break;
-              case 3: row_dots<3>(w, s, groups, chunks, L, acts, dots); break;
-              default: row_dots<4>(w, s, groups, chunks, L, acts, dots); break;
-            }
+            dispatch_row_dots(mt, precise, !has_mins, w, s, groups, chunks, L, acts, dots);
           } else
 #endif
           {
-            for (int t = 0; t < mt; ++t) dots[t] = row_dot_scalar(w, s, groups, L, *acts[t]);
+            for (int t = 0; t < mt; ++t) dots[t] = row_dot_scalar(w, s, groups, L, precise, symmetric_zero, *acts[t]);
           }
           for (int t = 0; t < mt; ++t) {
-            float v = dots[t] + offset_factor * offset_dot(offsets, acts[t]->group_terms, groups);
+            float v = has_mins ? dots[t] + offset_dot(mp + n * groups, acts[t]->group_terms, groups) : dots[t];
             if (bp) v += bp[n];
             op[(m0 + t) * N + n] = v;
           }

@@ -1,0 +1,107 @@
+"""The C++ CPU kernel (AVX-512 VNNI and its portable twin) against torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.packed_weight import PackedWeight, quantize_weight
+from localchat.kernels.quant_linear import fuse, quant_linear, quant_linear_reference
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = cpu_kernels()
+    if module is None:
+        pytest.skip("the C++ CPU kernels cannot be built here")
+    return module
+
+
+def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) -> torch.Tensor:
+    """What the one-level kernel computes: x rounded to int8 per 32 values (scale amax / 127), exactly."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    codes = torch.where(scale > 0, blocks / torch.where(scale > 0, scale, 1), 0).round()
+    return quant_linear_reference((codes * scale).reshape(x.shape), weight, bias)
+
+
+def rounding_bound(x: torch.Tensor, weight: PackedWeight, step: float) -> torch.Tensor:
+    """|W| @ e: the most that rounding each activation to `step` x (its 32-block's amax / 127) can move y."""
+    blocks = x.float().abs().reshape(x.shape[0], -1, 32)
+    error = (blocks.amax(dim=-1, keepdim=True) / 127 * step).expand_as(blocks).reshape(x.shape)
+    return error @ weight.dequantize().abs().T
+
+
+def symmetric_u8(rows: int, cols: int, group: int, zero_point: int, seed: int = 0) -> PackedWeight:
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2 * zero_point, (rows, cols), dtype=torch.uint8, generator=generator)
+    scales = (torch.rand(rows, cols // group, generator=generator) * 0.01).half()
+    return PackedWeight("u8", codes, scales, None, group, zero_point=zero_point)
+
+
+def weights(rows: int, cols: int):
+    dense = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.02
+    return {"u4-asym": quantize_weight(dense, 4), "u8-asym": quantize_weight(dense, 8),
+            "u4-sym": PackedWeight("u4", quantize_weight(dense, 4).qweight, quantize_weight(dense, 4).scales, None,
+                                   32, zero_point=8),
+            "u8-g16-sym": symmetric_u8(rows, cols, 16, 32), "u8-g32-sym": symmetric_u8(rows, cols, 32, 128)}
+
+
+def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True):
+    bits = 4 if w.layout == "u4" else 8
+    return ext.quant_linear(x, w.qweight, w.scales, w.mins, bias, bits, w.group_size, w.zero_point, precise, vnni)
+
+
+@pytest.mark.parametrize("shape", [(37, 96), (40, 576), (16, 160), (5, 32)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_kernel_matches_references(ext, shape, rows):
+    out_features, in_features = shape
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+    x[0, 3] = 25.0  # an outlier, as real activations have
+    bias = torch.randn(out_features)
+    for name, w in weights(out_features, in_features).items():
+        exact = quant_linear_reference(x, w, bias)
+        scale = exact.abs().max().item()
+        one_level = int8_activation_reference(x, w, bias)
+        for vnni in (True, False):
+            got = run(ext, x, w, bias, precise=False, vnni=vnni)
+            torch.testing.assert_close(got, one_level, rtol=0, atol=2e-5 * scale, msg=f"{name} int8 vnni={vnni}")
+            precise = run(ext, x, w, bias, precise=True, vnni=vnni)
+            # two int8 levels: each activation within 1/512 of a step of 1/127 of its block's amax
+            bound = rounding_bound(x, w, 1 / 512) * 1.01 + 1e-6 * scale
+            assert ((precise - exact).abs() <= bound).all(), f"{name} precise vnni={vnni}"
+        # int8 activations are measurably coarser than two levels: the precise path is not the same code
+        assert (got - exact).abs().max() > 10 * (precise - exact).abs().max()
+
+
+def test_vnni_and_portable_paths_are_exact_on_representable_values(ext):
+    """Activations whose blocks peak at 127 quantize to themselves, and power-of-two scales multiply exactly:
+    both paths must then give the float64 result exactly (a lane or group mix-up cannot hide)."""
+    generator = torch.Generator().manual_seed(3)
+    w = symmetric_u8(64, 256, 16, 32)
+    w = PackedWeight("u8", w.qweight, torch.exp2(-torch.randint(4, 9, w.scales.shape, generator=generator)).half(),
+                     None, 16, zero_point=32)
+    x = torch.randint(-127, 128, (5, 256), generator=generator).float()
+    x[:, ::32] = 127.0
+    expected = (x.double() @ w.dequantize().double().T).float()
+    for precise in (False, True):
+        for vnni in (True, False):
+            assert torch.equal(run(ext, x, w, precise=precise, vnni=vnni), expected), (precise, vnni)
+
+
+def test_dispatch_fuses_and_splits(ext):
+    dense = torch.randn(48, 128) * 0.02
+    q4, q8 = quantize_weight(dense[:32], 4), symmetric_u8(16, 128, 16, 32)
+    mixed = fuse([q4, q8])
+    assert isinstance(mixed, tuple)  # u4 next to u8 (Q4_K q/k with a Q6_K v) stays two weights
+    same = fuse([q4, quantize_weight(dense[32:], 4)])
+    assert isinstance(same, PackedWeight) and same.shape == (48, 128)
+    x = torch.randn(2, 3, 128)
+    expected = torch.cat([quant_linear_reference(x.reshape(6, 128), q4), quant_linear_reference(x.reshape(6, 128), q8)],
+                         dim=-1).reshape(2, 3, 48)
+    torch.testing.assert_close(quant_linear(x, mixed), expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+    symmetric = PackedWeight("u4", q4.qweight, q4.scales, None, 32, zero_point=8)
+    fused = fuse([symmetric, q4])  # a symmetric part next to an asymmetric one: its mins are made explicit
+    assert isinstance(fused, PackedWeight) and fused.mins is not None
+    torch.testing.assert_close(fused.dequantize(), torch.cat([symmetric.dequantize(), q4.dequantize()]))
