@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Self
 
 import httpx
 
@@ -75,7 +76,7 @@ class Usage:
     cached_tokens: int = 0
 
     @classmethod
-    def from_dict(cls, usage: dict) -> "Usage":
+    def from_dict(cls, usage: dict) -> Usage:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         return cls(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), usage.get("total_tokens", 0),
                    cached)
@@ -228,7 +229,7 @@ class Client(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -299,7 +300,7 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,16 +14,16 @@ from localchat.errors import EmptyPromptError
 
 @engine_options
 def chat(
-    model: Annotated[Optional[str], typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url, the model to ask the server for")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) instead of the in-process engine")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", help="API key for --url")] = None,
-    served_model: Annotated[Optional[str], typer.Option("--model", help="With --url: the model name to ask for (default: the server's first)")] = None,
+    model: Annotated[str | None, typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url, the model to ask the server for")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) instead of the in-process engine")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", help="API key for --url")] = None,
+    served_model: Annotated[str | None, typer.Option("--model", help="With --url: the model name to ask for (default: the server's first)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Reopen the last conversation")] = False,
     no_history: Annotated[bool, typer.Option("--no-history", help="Keep nothing: conversations live in memory only")] = False,
-    system: Annotated[Optional[str], typer.Option("--system", help="System prompt of new conversations")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature of new conversations (0 = greedy)")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Longest reply of new conversations")] = None,
-    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="Thinking models: pass enable_thinking")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt of new conversations")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="Sampling temperature of new conversations (0 = greedy)")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", help="Longest reply of new conversations")] = None,
+    think: Annotated[bool | None, typer.Option("--think/--no-think", help="Thinking models: pass enable_thinking")] = None,
     engine_config=None,
 ) -> None:
     """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer stdin."""

@@ -21,7 +21,7 @@ class ServerError(LocalchatError):
     """The server could not be reached or answered with an error."""
 
     @classmethod
-    def from_api(cls, error: APIError) -> "ServerError":
+    def from_api(cls, error: APIError) -> ServerError:
         return cls(error.describe(), param=error.param)
 
 

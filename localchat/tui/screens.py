@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +28,7 @@ def _table(headers: tuple[str, ...], rows) -> Table:
 class HelpScreen(ModalScreen[None]):
     """Keys and slash commands."""
 
-    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+    BINDINGS: ClassVar[list[Binding]] = [Binding("escape,f1,q", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide"):
@@ -39,7 +41,7 @@ class HelpScreen(ModalScreen[None]):
 class TextScreen(ModalScreen[None]):
     """A titled block of text to read, select and copy (the rendered prompt, the settings)."""
 
-    BINDINGS = [Binding("escape", "dismiss", "Close")]
+    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "dismiss", "Close")]
 
     def __init__(self, title: str, text: str):
         super().__init__()
@@ -54,7 +56,7 @@ class TextScreen(ModalScreen[None]):
 class InputScreen(ModalScreen[str | None]):
     """Ask for a text: one line (Enter accepts) or several (Ctrl+S accepts). Esc cancels (None)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Accept", priority=True)]
+    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Accept", priority=True)]
 
     def __init__(self, title: str, text: str = "", *, multiline: bool = False):
         super().__init__()
@@ -89,7 +91,7 @@ class InputScreen(ModalScreen[str | None]):
 class SettingsScreen(ModalScreen[dict | None]):
     """Edit the sampling parameters; each value is checked as /set checks it."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Save", priority=True)]
+    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Save", priority=True)]
 
     def __init__(self, settings: dict):
         super().__init__()

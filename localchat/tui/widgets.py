@@ -4,6 +4,7 @@ status_bar.py)."""
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 from textual import events
 from textual.app import ComposeResult
@@ -102,7 +103,7 @@ class LoadingPanel(Vertical):
 class ChatList(ListView):
     """The side list of stored conversations: Enter opens one, R renames it, Delete deletes it."""
 
-    BINDINGS = [Binding("r", "rename", "Rename"), Binding("delete,d", "delete", "Delete")]
+    BINDINGS: ClassVar[list[Binding]] = [Binding("r", "rename", "Rename"), Binding("delete,d", "delete", "Delete")]
 
     class Action(Message):
         def __init__(self, action: str, conversation_id: int):

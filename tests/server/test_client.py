@@ -15,7 +15,7 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 def test_client(base_url):
     with Client(base_url, api_key=API_KEY) as client:
         assert client.health() is True
-        [model] = client.models()
+        assert len(client.models()) == 1
         reply = client.chat(MESSAGES, max_tokens=6, temperature=0)
         assert reply.text and reply.finish_reason in ("stop", "length")
         assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens

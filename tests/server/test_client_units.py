@@ -8,7 +8,14 @@ import json
 import httpx
 import pytest
 
-from localchat.client import APIConnectionError, APIError, AsyncClient, Client, api_base, auth_headers
+from localchat.client import (
+    APIConnectionError,
+    APIError,
+    AsyncClient,
+    Client,
+    api_base,
+    auth_headers,
+)
 
 
 @pytest.mark.parametrize("url, expected", [

@@ -94,7 +94,7 @@ async def test_regenerate_and_edit_resend(chat_engine):
         await pilot.press("ctrl+s")
         await reply_done(pilot)
         branch = app.chat.session.conversation
-        assert branch.id != original_id and [m.content for m in branch.messages][0] == "Say bye."
+        assert branch.id != original_id and branch.messages[0].content == "Say bye."
         assert branch.messages[1].role == "assistant" and branch.messages[1].content
         assert [m.content for m in store.load(original_id).messages] == ["Say hi.", first]
 

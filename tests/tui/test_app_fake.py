@@ -211,7 +211,7 @@ async def test_conversation_list_rename_switch_and_delete():
         await pilot.press("down", "enter")  # the list is newest first
         await pilot.pause()
         assert app.focused is app.query_one(PromptBox)
-        assert [m.content for m in app.chat.session.conversation.messages][0] == "first chat"
+        assert app.chat.session.conversation.messages[0].content == "first chat"
         await send(pilot, "/delete")
         assert store.load(first) is None and len(store.list_conversations()) == 1
 

@@ -40,6 +40,7 @@ def test_conversation_with_code_block(snap_compare):
         await loaded(pilot)
         await send(pilot, "How do I add two numbers in Python?")
         await reply_done(pilot)
+        await pilot.wait_for_scheduled_animations()  # the view scrolls to the reply's end
         await pilot.pause()
 
     assert snap_compare(make_app([CODE_REPLY]), terminal_size=SIZE, run_before=chat)

@@ -66,7 +66,7 @@ async def test_url_mode_chats_with_a_real_server(server_url):
 
 def test_url_mode_without_a_key_reports_the_error(server_url):
     result = subprocess.run([sys.executable, "-m", "localchat", "chat", "--url", server_url, "--no-history"],
-                            input="hi", capture_output=True, text=True, timeout=60,
+                            input="hi", capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "LOCALCHAT_API_KEY": ""})
     assert result.returncode == 2 and "401" in result.stderr and "Traceback" not in result.stderr
 
@@ -74,14 +74,14 @@ def test_url_mode_without_a_key_reports_the_error(server_url):
 def test_pipe_mode_with_url(server_url):
     result = subprocess.run([sys.executable, "-m", "localchat", "chat", "--url", server_url, "--api-key", API_KEY,
                              "--no-history", "-t", "0", "-n", "8"],
-                            input="Say hello.", capture_output=True, text=True, timeout=120)
+                            input="Say hello.", capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
 
 
 def test_pipe_mode_in_process_stores_the_turn(data_dir):
     result = subprocess.run([sys.executable, "-m", "localchat", "chat", "-t", "0", "-n", "8"],
-                            input="What is 2+2?", capture_output=True, text=True, timeout=300,
+                            input="What is 2+2?", capture_output=True, text=True, timeout=300, check=False,
                             env={**os.environ, "LOCALCHAT_DATA_DIR": str(data_dir)})
     assert result.returncode == 0, result.stderr
     answer = result.stdout.strip()
