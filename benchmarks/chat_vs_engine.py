@@ -105,8 +105,9 @@ async def main(args: argparse.Namespace) -> None:
         for index in range(args.rounds):
             alone.append(await engine_alone(engine, settings))
             in_chat.append(await chat(engine, settings, (args.width, args.height)))
-            print(f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, "
-                  f"chat {in_chat[-1].tokens_per_s:.2f} tok/s", flush=True)
+            print(f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, chat {in_chat[-1].tokens_per_s:.2f} "
+                  f"tok/s; event loop CPU {alone[-1].loop_cpu_ms_per_token:.2f} / "
+                  f"{in_chat[-1].loop_cpu_ms_per_token:.2f} ms per token", flush=True)
     finally:
         await engine.shutdown()
     print(_summary("engine alone", alone))
