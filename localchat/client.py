@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -168,6 +169,13 @@ def _error(response: httpx.Response) -> APIError:
         return APIError(response.status_code, response.text[:300] or response.reason_phrase)
 
 
+def _json(response: httpx.Response) -> dict:
+    """The JSON body of a successful response; the APIError of a failed one."""
+    if response.status_code >= 400:
+        raise _error(response)
+    return response.json()
+
+
 class _Base:
     """What both clients hold: the API root, the model, the headers."""
 
@@ -176,6 +184,14 @@ class _Base:
         self.root_url = self.base_url.removesuffix("/v1")  # /health, /tokenize and /detokenize live here
         self.model = model
         self.headers = auth_headers(api_key)
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Turns httpx's transport errors (refused, timed out, dropped) into APIConnectionError."""
+        try:
+            yield
+        except httpx.RequestError as exc:
+            raise APIConnectionError(self.root_url, exc) from None
 
     def _http_options(self, timeout, transport, limits) -> dict:
         options: dict = {"base_url": self.root_url, "headers": self.headers, "timeout": timeout}
@@ -236,30 +252,22 @@ class Client(_Base):
         self.close()
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.RequestError as exc:
-            raise APIConnectionError(self.root_url, exc) from None
-        if response.status_code >= 400:
-            raise _error(response)
-        return response.json()
+        with self._reaching():
+            return _json(self._http.request(method, path, **kwargs))
 
     def _generate(self, path: str, body: dict):
         return self._stream(path, body) if body["stream"] else _completion(self._call("POST", path, json=body))
 
     def _stream(self, path: str, body: dict) -> Iterator[Delta]:
-        try:
-            with self._http.stream("POST", path, json=body) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _error(response)
-                for line in response.iter_lines():
-                    deltas = _deltas(line)
-                    if deltas is None:
-                        return
-                    yield from deltas
-        except httpx.RequestError as exc:
-            raise APIConnectionError(self.root_url, exc) from None
+        with self._reaching(), self._http.stream("POST", path, json=body) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error(response)
+            for line in response.iter_lines():
+                deltas = _deltas(line)
+                if deltas is None:
+                    return
+                yield from deltas
 
 
 class AsyncClient(_Base):
@@ -307,13 +315,8 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def _call(self, method: str, path: str, **kwargs) -> dict:
-        try:
-            response = await self._http.request(method, path, **kwargs)
-        except httpx.RequestError as exc:
-            raise APIConnectionError(self.root_url, exc) from None
-        if response.status_code >= 400:
-            raise _error(response)
-        return response.json()
+        with self._reaching():
+            return _json(await self._http.request(method, path, **kwargs))
 
     def _generate(self, path: str, body: dict):
         return self._stream(path, body) if body["stream"] else self._complete(path, body)
@@ -322,7 +325,7 @@ class AsyncClient(_Base):
         return _completion(await self._call("POST", path, json=body))
 
     async def _stream(self, path: str, body: dict) -> AsyncIterator[Delta]:
-        try:
+        with self._reaching():
             async with self._http.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     await response.aread()
@@ -333,5 +336,3 @@ class AsyncClient(_Base):
                         return
                     for delta in deltas:
                         yield delta
-        except httpx.RequestError as exc:
-            raise APIConnectionError(self.root_url, exc) from None
