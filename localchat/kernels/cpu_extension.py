@@ -16,7 +16,7 @@ from types import ModuleType
 
 logger = logging.getLogger("localchat.kernels")
 
-_SOURCES = ("quant_linear.cpp",)
+_SOURCES = ("module.cpp", "quant_linear.h", "decode_attention.h")  # module.cpp includes the rest
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None
@@ -44,10 +44,9 @@ def cpu_kernels(progress=None) -> ModuleType | None:
         if _module is not None or _failed is not None:
             return _module
         directory = Path(__file__).parent / "csrc"
-        sources = [str(directory / name) for name in _SOURCES]
         digest = hashlib.sha256(_cpu_signature().encode())
-        for source in sources:
-            digest.update(Path(source).read_bytes())
+        for source in _SOURCES:
+            digest.update((directory / source).read_bytes())
         name = f"localchat_cpu_{digest.hexdigest()[:12]}"
         try:
             from torch.utils import cpp_extension
@@ -56,7 +55,7 @@ def cpu_kernels(progress=None) -> ModuleType | None:
             if progress is not None and not (build_dir / f"{name}.so").exists():
                 progress("compiling the CPU kernels for this machine (first run only, about a minute)")
             _module = cpp_extension.load(
-                name=name, sources=sources, extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
+                name=name, sources=[str(directory / _SOURCES[0])], extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
         except Exception as exc:  # no compiler, no headers, an old CPU: run the torch fallback instead
             _failed = f"{type(exc).__name__}: {exc}"
             logger.warning("CPU kernels unavailable, using slower torch ops (%s)", _failed.splitlines()[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from localchat.kernels.activation import silu_and_mul
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import quant_linear
 
@@ -27,3 +28,10 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def linear_silu_and_mul(gate_up: torch.Tensor, weight) -> torch.Tensor:
+    """silu(gate) * up @ weight.T for a fused [gate | up] input; fused into the quantized CPU kernel."""
+    if isinstance(weight, (PackedWeight, tuple)):
+        return quant_linear(gate_up, weight, silu_and_mul=True)
+    return linear(silu_and_mul(gate_up), weight)

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
+from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.dispatch import use_triton
 from localchat.kernels.packed_weight import PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
@@ -27,30 +29,36 @@ def quant_linear_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Te
     return out if bias is None else out + bias.to(torch.float32)
 
 
-def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    if x.device.type == "cuda":
+def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_and_mul: bool) -> torch.Tensor:
+    ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
+    if ext is not None:
+        bits = 4 if weight.layout == "u4" else 8
+        out = ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, bits, weight.group_size,
+                               weight.zero_point, PRECISE_ACTIVATIONS, silu_and_mul, True)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+    if silu_and_mul:
+        x = silu_and_mul_ref(x)
+    if use_triton(x):
         from localchat.kernels.triton_quant_linear import triton_quant_linear
 
         return triton_quant_linear(x, weight, bias)
-    ext = cpu_kernels() if x.device.type == "cpu" else None
-    if ext is None:
-        return quant_linear_reference(x, weight, bias).to(x.dtype)
-    bits = 4 if weight.layout == "u4" else 8
-    out = ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, bits, weight.group_size,
-                           weight.zero_point, PRECISE_ACTIVATIONS, True)
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+    return quant_linear_reference(x, weight, bias).to(x.dtype)
 
 
-def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ W.T (+ bias) for a PackedWeight or a tuple of them (outputs concatenated)."""
+def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, *,
+                 silu_and_mul: bool = False) -> torch.Tensor:
+    """x [..., in] @ W.T (+ bias) for a PackedWeight or a tuple of them (outputs concatenated); with
+    `silu_and_mul`, x is a fused [gate | up] and silu(gate) * up is multiplied instead."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    if silu_and_mul and not isinstance(weight, PackedWeight):
+        x2, silu_and_mul = silu_and_mul_ref(x2), False
     if isinstance(weight, PackedWeight):
-        out = _one(x2, weight, bias)
+        out = _one(x2, weight, bias, silu_and_mul)
     else:
         sizes = [part.shape[0] for part in weight]
         biases = [None] * len(weight) if bias is None else bias.split(sizes)
-        out = torch.cat([_one(x2, part, b) for part, b in zip(weight, biases)], dim=-1)
+        out = torch.cat([_one(x2, part, b, False) for part, b in zip(weight, biases)], dim=-1)
     return out.reshape(*lead, out.shape[-1])
 
 

@@ -50,7 +50,7 @@ def weights(rows: int, cols: int):
 
 def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True):
     bits = 4 if w.layout == "u4" else 8
-    return ext.quant_linear(x, w.qweight, w.scales, w.mins, bias, bits, w.group_size, w.zero_point, precise, vnni)
+    return ext.quant_linear(x, w.qweight, w.scales, w.mins, bias, bits, w.group_size, w.zero_point, precise, False, vnni)
 
 
 @pytest.mark.parametrize("shape", [(37, 96), (40, 576), (16, 160), (5, 32)])

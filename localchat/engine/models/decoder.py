@@ -17,10 +17,10 @@ from localchat.kernels import (
     paged_attention,
     rms_norm,
     rotary_embedding,
-    silu_and_mul,
     store_kv_cache,
 )
-from localchat.kernels.linear import can_pack, linear, pack_weight
+from localchat.kernels.decode_attention import fused_decode_attention
+from localchat.kernels.linear import can_pack, linear, linear_silu_and_mul, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
 
 # The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them), which
@@ -73,6 +73,11 @@ class Attention(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         qkv = linear(hidden, self.qkv_weight, self.qkv_bias)
+        if self.q_norm is None:
+            out = fused_decode_attention(qkv, self.k_cache, self.v_cache, ctx.cos, ctx.sin, ctx.attn, self.num_heads,
+                                         self.num_kv_heads, self.head_dim, self.scale)
+            if out is not None:
+                return linear(out, self.o_weight)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -92,7 +97,7 @@ class MLP(nn.Module):
         self.down_weight = nn.Parameter(torch.empty(spec.hidden_size, spec.intermediate_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(silu_and_mul(linear(hidden, self.gate_up_weight)), self.down_weight)
+        return linear_silu_and_mul(linear(hidden, self.gate_up_weight), self.down_weight)
 
 
 class DecoderLayer(nn.Module):

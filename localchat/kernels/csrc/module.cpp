@@ -1,0 +1,10 @@
+// The CPU kernels as one Python module. One translation unit: parsing torch's headers is most of the
+// build, so the kernels are included here rather than compiled separately.
+#include "decode_attention.h"
+#include "quant_linear.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quant_linear", &quant_linear, "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
+  m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
+  m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
+}
