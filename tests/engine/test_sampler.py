@@ -6,9 +6,9 @@ import torch
 from localchat.engine import sampler as sampler_module
 from localchat.engine.penalties import Penalties
 from localchat.engine.sampler import Sampler, SamplingBatch
-from localchat.engine.topk import topk as fast_topk
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
+from localchat.engine.topk import topk as fast_topk
 
 VOCAB = 6
 
