@@ -64,19 +64,26 @@ def test_shared_blocks_are_ref_counted():
     assert bm.num_free_blocks == 16
 
 
-def test_freed_cached_blocks_are_evicted_last_and_lose_their_hash_when_reused():
-    bm = BlockManager(4, BS)
-    (a,) = make_seq(range(9), "a")  # 3 blocks, 2 of them full and hashed
+def test_freed_cached_blocks_are_evicted_last_tail_first_and_lose_their_hash_when_reused():
+    bm = BlockManager(5, BS)
+    (a,) = make_seq(range(9), "a")  # blocks 0, 1 (full, hashed) and 2 (partial)
     admit(bm, a)
+    assert a.block_table == [0, 1, 2]
     bm.free(a)
-    (b,) = make_seq(range(100, 103), "b")  # needs one (partial) block: the unhashed one goes first
+    (b,) = make_seq(range(100, 103), "b")  # one block: a's unhashed one goes first, before a fresh one
     admit(bm, b)
-    assert len(bm.hash_to_block) == 2
-    (c,) = make_seq(range(200, 211), "c")  # needs 3: evicts a's hashed blocks, tail first
+    assert b.block_table == [2] and len(bm.hash_to_block) == 2
+    (c,) = make_seq(range(200, 207), "c")  # two blocks: the fresh ones (3, 4) before any cached block
     admit(bm, c)
-    bm.free(b), bm.free(c)
+    assert c.block_table == [3, 4] and set(bm.hash_to_block.values()) == {0, 1, 3}
+    bm.free(c)  # free list now: c's unhashed 4, then cached blocks least recently freed first: 1, 0, 3
+    (e,) = make_seq(range(300, 307), "e")  # two blocks: 4, then a's tail block 1 (its head 0 outlives it)
+    admit(bm, e)
+    assert e.block_table == [4, 1]
+    assert set(bm.hash_to_block.values()) == {0, 3, 4}  # block 1 lost a's hash when it was reused
+    bm.free(b), bm.free(e)
     (d,) = make_seq(range(9), "d")
-    assert admit(bm, d) == 0
+    assert admit(bm, d) == 4  # a's first block survived; its second was evicted
 
 
 def test_allocation_failure_changes_nothing():
@@ -95,7 +102,21 @@ def test_without_prefix_caching_only_samples_of_one_request_share():
     assert admit(bm, b) == 0
 
 
-def test_prefix_query_counters():
+def test_prefix_query_counters_count_prompt_tokens_and_hits_once_per_sequence():
+    from localchat.engine.scheduler import Scheduler
+
     bm = BlockManager(16, BS)
-    bm.record_prefix_query(10, 8)
-    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10, 8)
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    (a,) = make_seq(range(10), "a")
+    scheduler.add(a)
+    scheduler.schedule()
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10, 0)
+    a.num_computed_tokens = a.num_tokens
+    scheduler.finish(a)
+    (b,) = make_seq(list(range(10)) + [50, 51], "b")
+    scheduler.add(b)
+    scheduler.schedule()
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (22, 8)  # b's 12 tokens, 8 of them cached
+    assert b.num_cached_tokens == 8
+    scheduler.schedule()  # b runs on: nothing is counted twice
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (22, 8)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from localchat import __version__
@@ -61,5 +63,20 @@ def test_openapi_docs(http):
 
 
 def test_one_log_line_per_request(server, http):
-    http.get("/version")
-    assert '"GET /version" 200' in server.log()
+    def completion_lines() -> list[str]:
+        return [line for line in server.log().splitlines() if '"POST /v1/completions" 200' in line]
+
+    versions_before, completions_before = server.log().count('"GET /version" 200'), len(completion_lines())
+    for _ in range(3):
+        http.get("/version")
+    http.post("/v1/completions", json={"prompt": "log me", "max_tokens": 3, "ignore_eos": True})
+    with http.stream("POST", "/v1/completions", json={"prompt": "log me too", "max_tokens": 2, "ignore_eos": True,
+                                                      "stream": True}) as response:
+        response.read()
+    deadline = time.monotonic() + 10  # a stream's line is written once its response has been sent
+    while len(completion_lines()) < completions_before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.log().count('"GET /version" 200') == versions_before + 3
+    lines = completion_lines()
+    assert len(lines) == completions_before + 2
+    assert "completion=3 cached=" in lines[-2] and "completion=2 cached=" in lines[-1]

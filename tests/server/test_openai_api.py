@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
+
+from .conftest import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.slow
 
@@ -164,3 +170,27 @@ def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
     tokens = [t for chunk in streamed if chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.tokens]
     first = streamed[0].choices[0].logprobs
     assert tokens == logprobs.tokens and first.token_logprobs[:len(ids)] == logprobs.token_logprobs[:len(ids)]
+
+
+def test_server_greedy_output_equals_the_offline_llm(openai_client):
+    """The same prompts through the server and through `LLM` in a process with the server's thread count
+    (float sums, and so near-tied greedy picks, depend on it), each prompt new to the server's prefix cache
+    (a cached prefix changes how attention is computed): the replies are the same, token for token."""
+    messages = [{"role": "user", "content": "Name three animals that live in the sea."}]
+    prompt = "A short recipe for pancakes:"
+    script = f"""
+import json
+from localchat import LLM, SamplingParams
+llm = LLM(num_threads=1, max_model_len={MAX_MODEL_LEN})
+params = SamplingParams(temperature=0, max_tokens=24)
+chat, completion = llm.chat({messages!r}, params)[0], llm.generate({prompt!r}, params)[0]
+print(json.dumps([chat.text, len(chat.token_ids), completion.text]))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    chat_text, chat_tokens, completion_text = json.loads(run.stdout.splitlines()[-1])
+    chat = openai_client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24)
+    assert chat.choices[0].message.content == chat_text and chat.usage.completion_tokens == chat_tokens
+    assert chat.usage.prompt_tokens_details.cached_tokens == 0
+    completion = openai_client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24)
+    assert completion.choices[0].text == completion_text

@@ -48,9 +48,12 @@ def test_sse_wire_format(http):
     assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
 
 
+def _chat_body(position: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"Count to {position}."}], "max_tokens": 6, "temperature": 0}
+
+
 async def _stream_one(client: httpx.AsyncClient, position: int) -> tuple[str, str | None]:
-    body = {"messages": [{"role": "user", "content": f"Count to {position}."}], "max_tokens": 6,
-            "temperature": 0, "stream": True}
+    body = {**_chat_body(position), "stream": True}
     text, finish = "", None
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
@@ -64,36 +67,52 @@ async def _stream_one(client: httpx.AsyncClient, position: int) -> tuple[str, st
     raise AssertionError("the stream ended without [DONE]")
 
 
-async def test_16_concurrent_streams(base_url, wait_idle):
+async def test_16_concurrent_streams_equal_their_solo_runs(http, base_url, wait_idle):
+    solo = []
+    for position in range(16):
+        choice = http.post("/v1/chat/completions", json=_chat_body(position)).json()["choices"][0]
+        solo.append((choice["message"]["content"], choice["finish_reason"]))
     async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=120) as client:
         results = await asyncio.gather(*(_stream_one(client, i) for i in range(16)))
-    assert all(text and finish in ("stop", "length") for text, finish in results)
+    assert results == solo and all(text for text, _ in results)
     wait_idle()
 
 
+# Far more tokens than the test needs to see: the request is still running when the client hangs up, on
+# any machine (the server's context is 1024 tokens).
+LONG = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True}
+ABORTED = 'localchat_request_success_total{finished_reason="abort"}'
+
+
 def test_stream_disconnect_aborts(base_url, metrics, wait_idle):
-    aborted_before = metrics()['localchat_request_success_total{finished_reason="abort"}']
-    body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    aborted_before = metrics()[ABORTED]
+    generated_before = metrics()["localchat_generation_tokens_total"]
     with httpx.Client(base_url=base_url, headers=AUTH, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json=body) as response:
+        with client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     break  # one chunk, then hang up
-        assert metrics()["localchat_num_requests_running"] <= 1
-    start = time.monotonic()
-    after = wait_idle(timeout=5)
-    assert time.monotonic() - start < 5
-    assert after['localchat_request_success_total{finished_reason="abort"}'] == aborted_before + 1
+    after = wait_idle(timeout=10)
+    assert after[ABORTED] == aborted_before + 1
+    assert after["localchat_generation_tokens_total"] - generated_before < LONG["max_tokens"]
     assert after["localchat_kv_cache_usage_perc"] == 0
 
 
-def test_non_streamed_disconnect_aborts(base_url, metrics, wait_idle):
-    aborted_before = metrics()['localchat_request_success_total{finished_reason="abort"}']
-    body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{base_url}/v1/completions", json=body, headers=AUTH, timeout=httpx.Timeout(1.5, connect=5))
-    after = wait_idle(timeout=5)
-    assert after['localchat_request_success_total{finished_reason="abort"}'] == aborted_before + 1
+async def test_non_streamed_disconnect_aborts(base_url, metrics, wait_idle):
+    aborted_before = metrics()[ABORTED]
+    generated_before = metrics()["localchat_generation_tokens_total"]
+    async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60) as client:
+        request = asyncio.create_task(client.post("/v1/completions", json=LONG))
+        deadline = time.monotonic() + 30
+        while metrics()["localchat_generation_tokens_total"] == generated_before:  # it has started
+            assert time.monotonic() < deadline and not request.done(), metrics()
+            await asyncio.sleep(0.02)
+        request.cancel()  # hang up before the whole answer exists
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    after = wait_idle(timeout=10)
+    assert after[ABORTED] == aborted_before + 1
+    assert after["localchat_generation_tokens_total"] - generated_before < LONG["max_tokens"]
     assert after["localchat_kv_cache_usage_perc"] == 0
 
 
