@@ -81,7 +81,8 @@ async def chat(engine, settings: dict, size: tuple[int, int]) -> Run:
 def _summary(name: str, runs: list[Run]) -> str:
     speeds = ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
     return (f"{name:<12} tok/s median {statistics.median(r.tokens_per_s for r in runs):6.2f} ({speeds})  "
-            f"loop CPU {statistics.median(r.loop_cpu_ms_per_token for r in runs):5.2f} ms/token  "
+            f"loop CPU {statistics.median(r.loop_cpu_ms_per_token for r in runs):5.2f} ms/token "
+            f"({statistics.median(r.loop_cpu_ms_per_token * r.tokens_per_s / 10 for r in runs):.1f}% of a core)  "
             f"process CPU {statistics.median(r.process_cpu_share for r in runs):.2f} cores")
 
 
