@@ -12,6 +12,7 @@ import torch
 from localchat.config import EngineConfig
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.detokenizer import IncrementalDetokenizer
+from localchat.engine.memory import fix_mmap_threshold
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.model_runner import ModelRunner
 from localchat.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -54,6 +55,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, *, progress: Callable[[str], None] | None = None,
                  **kwargs):
         self.config = config = config or EngineConfig.from_kwargs(**kwargs)
+        fix_mmap_threshold()  # before the weights and the first steps: see memory.py
         self.runtime = runtime = EngineRuntime.load(config, progress)
         self.tokenizer = runtime.tokenizer
         self.codec = TextCodec(runtime.tokenizer, runtime.chat_template)  # used by this engine's thread only

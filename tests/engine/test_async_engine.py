@@ -51,11 +51,13 @@ async def test_streamed_deltas_add_up_to_the_offline_result(engine, llm):
     assert (text, token_ids) == (offline.text, offline.token_ids) and finish == offline.outputs[0].finish_reason
 
 
-async def test_many_concurrent_consumers(engine):
+async def test_many_concurrent_consumers_get_what_each_prompt_gets_alone(engine, llm):
     prompts = [engine.render_chat([{"role": "user", "content": f"Count from {i} to {i + 5}."}]) for i in range(12)]
     params = SamplingParams(temperature=0, max_tokens=16)
     results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
-    assert all(len(ids) >= 1 and finish in ("stop", "length") for _, ids, finish in results)
+    for prompt, (text, token_ids, finish) in zip(prompts, results):
+        alone = llm.generate([prompt], params)[0]
+        assert (text, token_ids, finish) == (alone.text, alone.token_ids, alone.outputs[0].finish_reason)
     await wait_idle(engine)
 
 
