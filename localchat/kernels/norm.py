@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 
 
@@ -32,4 +33,9 @@ def rms_norm(x, weight, eps, residual=None):
         from localchat.kernels.triton_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
+            and (residual is None or residual.is_contiguous()) and (ext := cpu_kernels())):
+        # one C++ pass; the residual is updated in place (the caller hands over its old residual)
+        normed, summed = ext.add_rms_norm(x, residual, weight, eps)
+        return normed if residual is None else (normed, summed)
     return rms_norm_ref(x, weight, eps, residual)

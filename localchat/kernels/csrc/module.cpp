@@ -2,9 +2,11 @@
 // build, so the kernels are included here rather than compiled separately.
 #include "decode_attention.h"
 #include "quant_linear.h"
+#include "rms_norm.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear, "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
   m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
 }
