@@ -80,38 +80,56 @@ class GGUFCheckpoint:
         config.architectures = [architecture]
         return config
 
-    def tensors(self, dequantize: bool = False) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
-        """(HF name, weight) for every tensor we use: quantized types as PackedWeights (their codes kept),
-        F32/F16/BF16 as tensors; with `dequantize`, everything as float32 tensors (the reference path)."""
-        from gguf.quants import dequantize as gguf_dequantize
-
-        permuted = _ARCHES[self.arch][2]
+    def tensor_index(self) -> dict:
+        """What loading the weights needs, as JSON: the tensors' names, types, shapes and byte ranges, and
+        the head counts for un-permuting Q/K. Reading it back skips parsing the file's metadata (the
+        tokenizer's arrays take seconds in gguf-py)."""
         num_heads = self._arch_field("attention.head_count")
-        num_kv_heads = self._arch_field("attention.head_count_kv", num_heads)
-        for tensor in self.reader.tensors:
-            name = _hf_name(tensor.name)
-            if name is None:
-                continue
-            shape = tuple(int(d) for d in reversed(tensor.shape))
-            qtype = tensor.tensor_type
-            if qtype in DENSE_TYPES:
-                weight: torch.Tensor | PackedWeight = dense(tensor.data, qtype, shape)
-            elif qtype not in QUANTIZED_TYPES:
-                raise UnsupportedModelError(
-                    f"{self.path.name}: tensor {tensor.name} has GGUF type {qtype.name}; supported: "
-                    f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}")
-            elif dequantize:
-                array = np.asarray(gguf_dequantize(tensor.data, qtype), dtype=np.float32).reshape(shape)
-                weight = torch.from_numpy(np.ascontiguousarray(array))
-            else:
-                weight = repack(tensor.data, qtype, shape)
-            if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads
-                index = _unpermute_index(shape[0], heads)
-                weight = weight.select_rows(index) if isinstance(weight, PackedWeight) else weight[index].contiguous()
-            if isinstance(weight, torch.Tensor) and weight.dtype != torch.float32 and dequantize:
-                weight = weight.float()
-            yield name, weight
+        return {
+            "arch": self.arch,
+            "num_heads": num_heads,
+            "num_kv_heads": self._arch_field("attention.head_count_kv", num_heads),
+            "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in reversed(t.shape)],
+                         "offset": int(t.data_offset), "nbytes": int(t.n_bytes)} for t in self.reader.tensors],
+        }
+
+
+def gguf_weights(path: Path, index: dict, dequantize: bool = False) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+    """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized types
+    as PackedWeights (their codes kept), F32/F16/BF16 as tensors; with `dequantize`, all as float32
+    tensors (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if data.size < max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0):
+        raise UnsupportedModelError(f"{path.name}: the file is shorter than its tensor table says (truncated?)")
+    permuted = _ARCHES[index["arch"]][2]
+    for entry in index["tensors"]:
+        name = _hf_name(entry["name"])
+        if name is None:
+            continue
+        shape = tuple(entry["shape"])
+        qtype = GGMLQuantizationType(entry["type"])
+        raw = data[entry["offset"]:entry["offset"] + entry["nbytes"]]
+        if qtype in DENSE_TYPES:
+            weight: torch.Tensor | PackedWeight = dense(raw, qtype, shape)
+        elif qtype not in QUANTIZED_TYPES:
+            raise UnsupportedModelError(
+                f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}; supported: "
+                f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}")
+        elif dequantize:
+            array = np.asarray(gguf_dequantize(raw.reshape(shape[0], -1), qtype), dtype=np.float32).reshape(shape)
+            weight = torch.from_numpy(np.ascontiguousarray(array))
+        else:
+            weight = repack(raw, qtype, shape)
+        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = index["num_heads"] if name.endswith("q_proj.weight") else index["num_kv_heads"]
+            order = _unpermute_index(shape[0], heads)
+            weight = weight.select_rows(order) if isinstance(weight, PackedWeight) else weight[order].contiguous()
+        if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
+            weight = weight.float()
+        yield name, weight
 
 
 def _hf_name(gguf_name: str) -> str | None:

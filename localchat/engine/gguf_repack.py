@@ -40,8 +40,13 @@ def _bytes(data: np.ndarray) -> torch.Tensor:
 
 
 def _f16(field: torch.Tensor) -> torch.Tensor:
-    """[..., 2] uint8 -> [...] float16."""
+    """[rows, blocks, 2] uint8 -> [rows, blocks] float16, copied out of the block array."""
     return field.contiguous().view(torch.float16).squeeze(-1)
+
+
+def _codes(field: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, blocks, n] uint8 (a strided slice of the blocks) -> [rows, blocks * n], copied once."""
+    return field.reshape(rows, -1).contiguous()
 
 
 def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,27 +93,27 @@ def repack(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> PackedWeight:
     raw = _bytes(data).reshape(rows, -1)
     if qtype == T.Q4_0:
         b = raw.reshape(rows, -1, 18)
-        return PackedWeight("u4", b[..., 2:].reshape(rows, -1).clone(), _f16(b[..., 0:2]).reshape(rows, -1).clone(),
-                            None, 32, zero_point=8, source_type="Q4_0")
+        return PackedWeight("u4", _codes(b[..., 2:], rows), _f16(b[..., 0:2]), None, 32, zero_point=8,
+                            source_type="Q4_0")
     if qtype == T.Q4_1:
         b = raw.reshape(rows, -1, 20)
-        return PackedWeight("u4", b[..., 4:].reshape(rows, -1).clone(), _f16(b[..., 0:2]).reshape(rows, -1).clone(),
-                            _f16(b[..., 2:4]).reshape(rows, -1).clone(), 32, source_type="Q4_1")
+        return PackedWeight("u4", _codes(b[..., 4:], rows), _f16(b[..., 0:2]), _f16(b[..., 2:4]), 32,
+                            source_type="Q4_1")
     if qtype == T.Q8_0:
         b = raw.reshape(rows, -1, 34)
         codes = (b[..., 2:] ^ 0x80).reshape(rows, -1)  # int8 q + 128 as an unsigned byte
-        return PackedWeight("u8", codes, _f16(b[..., 0:2]).reshape(rows, -1).clone(), None, 32, zero_point=128,
+        return PackedWeight("u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=128,
                             source_type="Q8_0")
     if qtype == T.Q5_0:
         b = raw.reshape(rows, -1, 22)
         codes = _q5_low(b[..., 6:], rows) | (_q5_high_bit(b[..., 2:6], rows) << 4)
-        return PackedWeight("u8", codes, _f16(b[..., 0:2]).reshape(rows, -1).clone(), None, 32, zero_point=16,
+        return PackedWeight("u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=16,
                             source_type="Q5_0")
     if qtype == T.Q5_1:
         b = raw.reshape(rows, -1, 24)
         codes = _q5_low(b[..., 8:], rows) | (_q5_high_bit(b[..., 4:8], rows) << 4)
-        return PackedWeight("u8", codes, _f16(b[..., 0:2]).reshape(rows, -1).clone(),
-                            _f16(b[..., 2:4]).reshape(rows, -1).clone(), 32, source_type="Q5_1")
+        return PackedWeight("u8", codes, _f16(b[..., 0:2]),
+                            _f16(b[..., 2:4]), 32, source_type="Q5_1")
     if qtype == T.Q4_K:
         b = raw.reshape(rows, -1, 144)
         scales, mins = _k_group_params(b, rows)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from localchat.engine.model_cache import ensure_converted
+from localchat.engine.model_cache import TENSOR_INDEX, ensure_converted
 from localchat.engine.model_source import ModelSource
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import build_model
-from localchat.engine.gguf_checkpoint import GGUFCheckpoint
+from localchat.engine.gguf_checkpoint import gguf_weights
 from localchat.engine.models.weights import init_dummy, load_weights
 from localchat.errors import InvalidParameterError, ModelNotFoundError
 
@@ -101,7 +101,8 @@ def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torc
         init_dummy(model, dtype=dtype, device=device, seed=seed, quantize_bits=bits)
     else:
         if gguf:
-            tensors = GGUFCheckpoint(files.source.path).tensors(dequantize=quantization == "none")
+            index = json.loads((files.directory / TENSOR_INDEX).read_text())
+            tensors = gguf_weights(files.source.path, index, dequantize=quantization == "none")
         else:
             tensors = _iter_safetensors(_safetensors_files(files.directory))
         try:

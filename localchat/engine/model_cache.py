@@ -1,7 +1,7 @@
 """Convert a GGUF file's config and tokenizer once into a small Hugging Face style directory in the cache.
 
 Converting the GGUF tokenizer with transformers takes seconds; the converted directory (config.json,
-generation_config.json, tokenizer files) loads in milliseconds. The weights are never copied: they are
+generation_config.json, tokenizer files, the GGUF's tensor table) loads in milliseconds. The weights are never copied: they are
 read from the GGUF file itself at every load (memory-mapped, quantized blocks kept).
 """
 
@@ -19,6 +19,7 @@ import platformdirs
 from localchat.engine.model_source import _say
 
 _FORMAT_VERSION = 2
+TENSOR_INDEX = "gguf_tensors.json"  # where the file's tensors are (GGUFCheckpoint.tensor_index)
 
 
 def cache_root() -> Path:
@@ -60,6 +61,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
     checkpoint = GGUFCheckpoint(gguf_path)
     config = checkpoint.hf_config()
     config.save_pretrained(out)
+    (out / TENSOR_INDEX).write_text(json.dumps(checkpoint.tensor_index()))
     generation = {"eos_token_id": config.eos_token_id, "bos_token_id": config.bos_token_id}
     (out / "generation_config.json").write_text(json.dumps(generation))
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
