@@ -18,7 +18,7 @@ import platformdirs
 
 from localchat.engine.model_source import _say
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 TENSOR_INDEX = "gguf_tensors.json"  # where the file's tensors are (GGUFCheckpoint.tensor_index)
 
 
