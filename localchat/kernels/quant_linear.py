@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.cpu_extension import cpu_kernels
@@ -20,6 +21,8 @@ QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
 # Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the float32
 # path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of positions.
+# From this many rows on, the CPU path dequantizes the weight and runs a float GEMM (measured crossover).
+DENSE_MIN_ROWS = int(os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "32"))
 PRECISE_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "") in ("", "0")
 
 
@@ -31,8 +34,14 @@ def quant_linear_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Te
 
 def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_and_mul: bool) -> torch.Tensor:
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
+    bits = 4 if weight.layout == "u4" else 8
+    if ext is not None and x.shape[0] >= DENSE_MIN_ROWS:
+        # a prefill chunk or a large batch: dequantizing once and running one float GEMM is faster than
+        # integer dot products row by row (the weight is read once either way)
+        dense = ext.dequantize(weight.qweight, weight.scales, weight.mins, bits, weight.group_size, weight.zero_point)
+        x = silu_and_mul_ref(x) if silu_and_mul else x
+        return F.linear(x.to(torch.float32), dense, None if bias is None else bias.float()).to(x.dtype)
     if ext is not None:
-        bits = 4 if weight.layout == "u4" else 8
         out = ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, bits, weight.group_size,
                                weight.zero_point, PRECISE_ACTIVATIONS, silu_and_mul, True)
         return out if x.dtype == torch.float32 else out.to(x.dtype)

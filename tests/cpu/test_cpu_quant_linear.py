@@ -105,3 +105,18 @@ def test_dispatch_fuses_and_splits(ext):
     fused = fuse([symmetric, q4])  # a symmetric part next to an asymmetric one: its mins are made explicit
     assert isinstance(fused, PackedWeight) and fused.mins is not None
     torch.testing.assert_close(fused.dequantize(), torch.cat([symmetric.dequantize(), q4.dequantize()]))
+
+
+def test_large_batches_take_the_dequantized_gemm(ext):
+    from localchat.kernels.quant_linear import DENSE_MIN_ROWS
+
+    for name, w in weights(40, 160).items():
+        bits = 4 if w.layout == "u4" else 8
+        dense = ext.dequantize(w.qweight, w.scales, w.mins, bits, w.group_size, w.zero_point)
+        torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
+        gate_up = torch.randn(DENSE_MIN_ROWS + 3, 320)
+        expected = quant_linear_reference(torch.nn.functional.silu(gate_up[:, :160]) * gate_up[:, 160:], w)
+        torch.testing.assert_close(quant_linear(gate_up, w, silu_and_mul=True), expected, rtol=1e-5, atol=1e-5)
+        small = gate_up[:2]  # and the integer kernel below the threshold, on the same fused input
+        torch.testing.assert_close(quant_linear(small, w, silu_and_mul=True), expected[:2], rtol=0,
+                                   atol=1e-3 * expected.abs().max().item())

@@ -8,5 +8,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear, "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
   m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
   m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
+  m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
 }

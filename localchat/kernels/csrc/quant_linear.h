@@ -379,3 +379,36 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
 }
 
 bool has_vnni() { return LC_VNNI; }
+
+// The dense float32 weight [N, K] (for large batches, where one float GEMM beats per-row integer dots).
+torch::Tensor dequantize(const torch::Tensor& qweight, const torch::Tensor& scales,
+                         const c10::optional<torch::Tensor>& mins, int64_t bits, int64_t group_size, int64_t zero_point) {
+  const Layout L = make_layout(bits, group_size);
+  const int64_t N = qweight.size(0), K = L.u4 ? qweight.size(1) * 2 : qweight.size(1), groups = K / group_size;
+  const bool has_mins = mins.has_value() && mins->defined();
+  torch::Tensor out = torch::empty({N, K}, torch::kFloat);
+  const uint8_t* wp = qweight.data_ptr<uint8_t>();
+  const at::Half* sp = scales.data_ptr<at::Half>();
+  const at::Half* mp = has_mins ? mins->data_ptr<at::Half>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float scale = half_to_float(sp[n * groups + g]);
+        const float offset = has_mins ? half_to_float(mp[n * groups + g]) : -scale * static_cast<float>(zero_point);
+        float* o = op + n * K + g * group_size;
+        if (L.u4) {
+          const uint8_t* b = wp + n * (K / 2) + g * 16;
+          for (int i = 0; i < 16; ++i) {
+            o[i] = static_cast<float>(b[i] & 0x0F) * scale + offset;
+            o[i + 16] = static_cast<float>(b[i] >> 4) * scale + offset;
+          }
+        } else {
+          const uint8_t* b = wp + n * K + g * group_size;
+          for (int i = 0; i < group_size; ++i) o[i] = static_cast<float>(b[i]) * scale + offset;
+        }
+      }
+    }
+  });
+  return out;
+}
