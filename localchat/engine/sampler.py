@@ -1,9 +1,9 @@
 """Sampler: turn a batch of last-position logits into tokens, vectorized over the batch.
 
 Per row: min_tokens bans, repetition/presence/frequency penalties, then greedy argmax, or temperature, top-k,
-top-p and min-p followed by one draw from what is left: the inverse of its cumulative distribution at a
-float64 uniform. A seeded request draws its uniform from its own generator, so its samples do not depend on
-its batch companions.
+top-p and min-p followed by an exponential race among what is left (argmax of p / q, q ~ Exp(1)), which
+draws from p. A seeded request draws its q from its own generator, so its samples do not depend on its batch
+companions.
 
 Cost at batch 1 is a few passes over the vocabulary, never a sort of it in the common case: top-k and top-p
 work on a candidate set (an exact top-k, engine/topk.py), which top-p widens (at last to a full sort) only
@@ -20,6 +20,8 @@ import torch
 from localchat.engine.penalties import Penalties
 from localchat.engine.sequence import Sequence, TokenLogprob
 from localchat.engine.topk import topk
+
+RACE_GROUP = 256  # token ids per group of the sampling race (see _race)
 
 # Candidate counts top-p tries in turn before sorting the whole vocabulary. With the chat's defaults
 # (temperature 0.7, top_p 0.95) on the default model, 32 were enough at 95% of 370 reply steps, 256 at all.
@@ -114,27 +116,20 @@ class Sampler:
     def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy_rows = batch.temperature == 0
         scaled = logits / torch.where(greedy_rows, 1.0, batch.temperature).unsqueeze(1)
-        ids = None
         if batch.top_k is None:
             weights = scaled.softmax(dim=-1)
         else:
-            weights, ids = _top_k_top_p(scaled, batch)
-            if batch.unfiltered:  # rows without filters need the whole vocabulary: put the others' back into it
+            candidate_weights, ids = _top_k_top_p(scaled, batch)
+            weights = torch.zeros_like(scaled).scatter_(1, ids, candidate_weights)
+            if batch.unfiltered:  # rows without filters among rows with them keep the whole vocabulary
                 unfiltered_rows = batch.top_k == scaled.shape[1]
                 if batch.top_p is not None:
                     unfiltered_rows &= batch.top_p == 1.0
-                spread = torch.zeros_like(scaled).scatter_(1, ids, weights)
-                weights, ids = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), spread), None
-            else:  # the kept tokens are a prefix of the candidates; draw among them in token id order, as a
-                # whole-vocabulary row does, so that which token a uniform picks does not depend on the batch
-                kept = int((weights > 0).sum(dim=-1).max())
-                ids, order = ids[:, :kept].sort(dim=-1)
-                weights = weights[:, :kept].gather(1, order)
+                weights = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), weights)
         if batch.min_p is not None:  # weights are each row's probabilities up to a factor, which min-p ignores
             threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
             weights = weights.masked_fill(weights < threshold, 0.0)
-        picks = _draw(weights, batch.generators)
-        tokens = picks if ids is None else ids.gather(1, picks.unsqueeze(1)).squeeze(1)
+        tokens = _race(weights, batch.generators)
         if batch.any_greedy:
             tokens = torch.where(greedy_rows, logits.argmax(dim=-1), tokens)
         return tokens
@@ -220,14 +215,33 @@ def _keep(values: torch.Tensor, batch: SamplingBatch, vocab: int,
     return weights, values.shape[1] + float(more.max())
 
 
-def _draw(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """Per row, index i with probability weights[i] / sum(weights): the first whose cumulative weight exceeds
-    u * total for a uniform u. In float64, so even tokens of probability 1e-9 keep their chance."""
-    cumulative = weights.cumsum(dim=-1, dtype=torch.float64)
-    total = cumulative[:, -1:]
-    uniform = torch.rand(len(generators), 1, dtype=torch.float64)
+def _race(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Per row, index i with probability weights[i] / sum(weights), by exponential races (argmax of w / q,
+    q ~ Exp(1)): first among groups of RACE_GROUP ids by their total weight, then within the winning group.
+
+    Two small races draw a fixed count of exponentials per row (about 2 * sqrt(vocab)), not one per token,
+    and keep what a race is good at: a token's q belongs to its id, so logits that differ in the last digits
+    (another batch size, another kernel) change the pick only near a tie of w / q, and a seeded request's
+    generator advances by the same count at every step.
+    """
+    rows, size = weights.shape
+    if size % RACE_GROUP:
+        weights = torch.nn.functional.pad(weights, (0, RACE_GROUP - size % RACE_GROUP))
+    groups = weights.view(rows, -1, RACE_GROUP)
+    num_groups = groups.shape[1]
+    noise = _exponentials(rows, num_groups + RACE_GROUP, generators).to(weights.device)
+    group = (groups.sum(dim=-1) / noise[:, :num_groups]).argmax(dim=-1)
+    members = groups.gather(1, group.view(rows, 1, 1).expand(rows, 1, RACE_GROUP)).squeeze(1)
+    member = (members / noise[:, num_groups:]).argmax(dim=-1)
+    return group * RACE_GROUP + member
+
+
+def _exponentials(rows: int, count: int, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """[rows, count] Exp(1) draws on the CPU, a seeded row's from its own generator."""
+    noise = torch.empty(rows, count)
+    if any(generator is None for generator in generators):
+        noise.exponential_()
     for row, generator in enumerate(generators):
         if generator is not None:
-            uniform[row] = torch.rand(1, dtype=torch.float64, generator=generator)
-    target = torch.minimum(uniform.to(weights.device) * total, total.nextafter(torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, target, right=True).squeeze(1)
+            noise[row].exponential_(generator=generator)
+    return noise.clamp_min_(torch.finfo(torch.float32).tiny)  # a 0 would make 0 / 0; tiny keeps w / q ordered
