@@ -1,0 +1,75 @@
+"""The engine on quantized weights: the default GGUF stays quantized and follows the float32 path; dense
+checkpoints quantize with --quantization; bad combinations are named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from localchat import LLM, SamplingParams
+from localchat.errors import InvalidParameterError
+from localchat.kernels.packed_weight import PackedWeight
+from tests.engine.test_loading import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_model_runs_quantized_and_follows_the_float32_path(llm, float_llm):
+    model = llm.engine.runner.model
+    layer = model.layers[0]
+    assert isinstance(layer.self_attn.qkv_weight, PackedWeight) and layer.self_attn.qkv_weight.source_type == "Q4_1"
+    assert isinstance(layer.mlp.down_weight, PackedWeight) and isinstance(model.embed_tokens, PackedWeight)
+    assert model.embed_tokens.source_type == "Q8_0" and model.packed_head is None  # the tied head stays Q8_0
+    assert not any(p.dim() == 2 and p.shape[0] > 512 for p in model.parameters())  # no dense projection left
+    text = "Paged attention keeps the KV cache in fixed-size blocks, so memory is never fragmented. " * 12
+    ids = llm.engine.tokenize(text)[:256]
+    quantized, reference = llm.engine.prompt_logits(ids), float_llm.engine.prompt_logits(ids)
+    agreement = (quantized.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    kl = torch.nn.functional.kl_div(quantized.log_softmax(-1), reference.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1)
+    assert agreement >= 0.99 and kl.max().item() < 1e-3, (agreement, kl.max().item())
+    # and the decode fast path (one token per step) continues the prompt as the float32 path does
+    params = SamplingParams(temperature=0, max_tokens=24)
+    chat = [{"role": "user", "content": "Name three rivers in Europe."}]
+    assert llm.chat(chat, params)[0].token_ids == float_llm.chat(chat, params)[0].token_ids
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    (path / "config.json").write_text(json.dumps(tiny_config("llama-3.2-1b", rope_scaling=None)))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.01), ("int4", 0.15)])
+def test_dense_checkpoints_quantize_weight_only(tiny_dense, quantization, tolerance):
+    dense = LLM(str(tiny_dense), max_model_len=256, kv_cache_memory="16MiB")
+    quantized = LLM(str(tiny_dense), max_model_len=256, kv_cache_memory="16MiB", quantization=quantization)
+    weight = quantized.engine.runner.model.layers[1].mlp.gate_up_weight
+    assert isinstance(weight, PackedWeight) and weight.source_type == quantization
+    ids = list(range(3, 60))
+    expected, got = dense.engine.prompt_logits(ids), quantized.engine.prompt_logits(ids)
+    error = ((got - expected).norm() / expected.norm()).item()
+    assert 0 < error < tolerance, error
+
+
+def test_dummy_weights_quantize_and_generate():
+    llm = LLM("tests/data/models/qwen2.5-0.5b", load_format="dummy", quantization="int4", max_model_len=128,
+              kv_cache_memory="64MiB")
+    assert isinstance(llm.engine.runner.model.layers[0].self_attn.qkv_weight, PackedWeight)
+    out = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
+def test_requantizing_a_gguf_is_refused(default_gguf):
+    with pytest.raises(InvalidParameterError, match="already quantized") as info:
+        LLM(str(default_gguf), quantization="int4")
+    assert info.value.param == "quantization"
+    with pytest.raises(InvalidParameterError, match="quantization"):
+        LLM(quantization="int3")
