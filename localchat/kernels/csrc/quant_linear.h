@@ -59,6 +59,7 @@ struct ActivationRow {
   float* lane_scales;   // [chunks * 16]
   float* group_terms;   // [groups]: da * sum(codes) of the group (multiplies the group's min)
   int32_t* lane_zsums;  // [chunks * 16]: zero_point * the codes summed per dot-product lane (symmetric types)
+  float* lane_terms;    // [chunks * 16]: da * the codes summed per lane (multiplies the lane's group min)
   int8_t* natural;      // [chunks * chunk_values] codes in natural order (scalar path)
   int8_t* natural2;
   float* block_scales;  // [K / 32]
@@ -129,6 +130,7 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
         }
       }
       a.lane_zsums[c * 16 + lane] = zero_point * sum;
+      a.lane_terms[c * 16 + lane] = a.lane_scales[c * 16 + lane] * static_cast<float>(sum);
     }
   }
 }
@@ -203,6 +205,77 @@ float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
   }
   return _mm512_reduce_add_ps(acc);
 }
+
+// One activation row (a decode) against kRowsPerPass weight rows at a time: the activation codes and lane
+// scales are loaded once per chunk for all of them, and an asymmetric weight's mins are applied per lane
+// inside the same loop (lane_terms), so a row costs no extra pass and no extra reduction.
+constexpr int kRowsPerPass = 4;
+
+template <bool PRECISE, bool SYMMETRIC, bool U4>
+void gemv_rows(const uint8_t* w, int64_t w_row, const at::Half* scales, const at::Half* mins, int64_t groups,
+               int64_t chunks, int64_t weight_bytes, const Layout& L, const __m512i scale_index,
+               const ActivationRow& a, int rows, float* out) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  __m512 acc[kRowsPerPass];
+  for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t offset = c * kChunkBytes;
+    const int64_t left = weight_bytes - offset;
+    const __mmask64 byte_mask = left >= 64 ? ~0ULL : ((1ULL << left) - 1);
+    const int64_t first_group = c * L.groups_per_chunk;
+    const __mmask8 scale_mask = static_cast<__mmask8>(
+        (1u << std::min<int64_t>(L.groups_per_chunk, groups - first_group)) - 1);
+    const int8_t* codes = a.codes + c * L.act_chunk_bytes;
+    const __m512i a_lo = _mm512_load_si512(codes);
+    const __m512i a_hi = U4 ? _mm512_load_si512(codes + 64) : a_lo;
+    __m512i b_lo = a_lo, b_hi = a_hi;
+    if (PRECISE) {
+      const int8_t* codes2 = a.codes2 + c * L.act_chunk_bytes;
+      b_lo = _mm512_load_si512(codes2);
+      b_hi = U4 ? _mm512_load_si512(codes2 + 64) : b_lo;
+    }
+    const __m512 lane_scales = _mm512_load_ps(a.lane_scales + c * 16);
+    const __m512i zsums = SYMMETRIC ? _mm512_load_si512(a.lane_zsums + c * 16) : _mm512_setzero_si512();
+    const __m512 terms = SYMMETRIC ? _mm512_setzero_ps() : _mm512_load_ps(a.lane_terms + c * 16);
+    for (int r = 0; r < rows; ++r) {
+      const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, w + r * w_row + offset);
+      __m512i dot, dot2;
+      if (U4) {
+        const __m512i lo = _mm512_and_si512(raw, low_mask);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask);
+        dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a_lo), hi, a_hi);
+        if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, b_lo), hi, b_hi);
+      } else {
+        dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, a_lo);
+        if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, b_lo);
+      }
+      if (PRECISE) dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
+      if (SYMMETRIC) dot = _mm512_sub_epi32(dot, zsums);
+      const __m512 s = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
+          _mm_maskz_loadu_epi16(scale_mask, scales + r * groups + first_group))));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, lane_scales), acc[r]);
+      if (!SYMMETRIC) {
+        const __m512 m = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
+            _mm_maskz_loadu_epi16(scale_mask, mins + r * groups + first_group))));
+        acc[r] = _mm512_fmadd_ps(m, terms, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+using GemvFn = void (*)(const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, int64_t, int64_t,
+                        const Layout&, const __m512i, const ActivationRow&, int, float*);
+
+GemvFn pick_gemv(bool precise, bool symmetric, bool u4) {
+  if (u4) {
+    if (precise) return symmetric ? gemv_rows<true, true, true> : gemv_rows<true, false, true>;
+    return symmetric ? gemv_rows<false, true, true> : gemv_rows<false, false, true>;
+  }
+  if (precise) return symmetric ? gemv_rows<true, true, false> : gemv_rows<true, false, false>;
+  return symmetric ? gemv_rows<false, true, false> : gemv_rows<false, false, false>;
+}
+
 template <int MT>
 void row_dots_for(bool precise, bool symmetric, const uint8_t* w, const at::Half* s, int64_t groups, int64_t chunks,
                   const Layout& L, ActivationRow* const* acts, float* dots) {
@@ -307,7 +380,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   const int64_t code_bytes = chunks * L.act_chunk_bytes;
   const int64_t lane_floats = chunks * 16;
   const int64_t int_bytes = ((2 * (code_bytes + chunks * L.chunk_values) + 63) / 64) * 64;
-  const int64_t row_bytes = int_bytes + ((2 * lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
+  const int64_t row_bytes = int_bytes + ((3 * lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
   torch::Tensor storage = torch::empty({M * row_bytes + 64}, torch::kUInt8);
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
   std::vector<ActivationRow> rows(M);
@@ -321,8 +394,9 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     float* f = reinterpret_cast<float*>(p + int_bytes);
     a.lane_scales = f;
     a.lane_zsums = reinterpret_cast<int32_t*>(f + lane_floats);
-    a.group_terms = f + 2 * lane_floats;
-    a.block_scales = f + 2 * lane_floats + groups;
+    a.lane_terms = f + 2 * lane_floats;
+    a.group_terms = f + 3 * lane_floats;
+    a.block_scales = f + 3 * lane_floats + groups;
   }
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
@@ -347,6 +421,28 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   }
   const bool vnni = LC_VNNI && use_vnni;
 
+#if LC_VNNI
+  if (vnni && M == 1) {
+    alignas(64) int32_t index_values[16];
+    for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
+    const __m512i scale_index = _mm512_load_si512(index_values);
+    const GemvFn gemv = pick_gemv(precise, !has_mins, L.u4);
+    const int64_t weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
+    const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
+    const ActivationRow& activation = rows[0];
+    at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t pass = begin; pass < end; ++pass) {
+        const int64_t n = pass * kRowsPerPass;
+        const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+        float dots[kRowsPerPass];
+        gemv(wp + n * w_row, w_row, sp + n * groups, mp ? mp + n * groups : nullptr, groups, chunks, weight_bytes,
+             L, scale_index, activation, count, dots);
+        for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
+      }
+    });
+    return out;
+  }
+#endif
   at::parallel_for(0, (N + kTileN - 1) / kTileN, 1, [&](int64_t tile_begin, int64_t tile_end) {
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t n0 = tile * kTileN, n1 = std::min(N, n0 + kTileN);
