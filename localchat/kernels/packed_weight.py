@@ -53,6 +53,10 @@ class PackedWeight:
         return rows, cols * 2 if self.layout == "u4" else cols
 
     @property
+    def bits(self) -> int:
+        return 4 if self.layout == "u4" else 8
+
+    @property
     def in_features(self) -> int:
         return self.shape[1]
 

@@ -34,7 +34,7 @@ def quant_linear_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Te
 
 def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_and_mul: bool) -> torch.Tensor:
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
-    bits = 4 if weight.layout == "u4" else 8
+    bits = weight.bits
     if ext is not None and x.shape[0] >= DENSE_MIN_ROWS:
         # a prefill chunk or a large batch: dequantizing once and running one float GEMM is faster than
         # integer dot products row by row (the weight is read once either way)
@@ -58,6 +58,11 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
                  silu_and_mul: bool = False) -> torch.Tensor:
     """x [..., in] @ W.T (+ bias) for a PackedWeight or a tuple of them (outputs concatenated); with
     `silu_and_mul`, x is a fused [gate | up] and silu(gate) * up is multiplied instead."""
+    if (type(weight) is PackedWeight and x.dim() == 2 and x.shape[0] < DENSE_MIN_ROWS and x.device.type == "cpu"
+            and x.dtype == torch.float32 and (ext := cpu_kernels()) is not None and not use_triton(x)):
+        # the decode hot path (about 120 calls per token): straight to the kernel
+        return ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, weight.bits, weight.group_size,
+                                weight.zero_point, PRECISE_ACTIVATIONS, silu_and_mul, True)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if silu_and_mul and not isinstance(weight, PackedWeight):
