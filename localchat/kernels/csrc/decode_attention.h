@@ -65,6 +65,7 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
 
   at::parallel_for(0, T * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<int64_t> key_rows;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / Hkv, h = task % Hkv;
       float* q = qkv_p + t * row + h * group * D;
@@ -81,12 +82,17 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
       const int64_t length = lens[t];
       scores.resize(length);
       const int32_t* table = table_p + t * max_blocks;
+      // the pool rows of this sequence's keys, in order (one lookup per block, not per key)
+      key_rows.resize(length);
+      for (int64_t j = 0; j < length; j += block_size) {
+        const int64_t base = static_cast<int64_t>(table[j / block_size]) * block_size;
+        for (int64_t i = 0; i < block_size && j + i < length; ++i) key_rows[j + i] = ((base + i) * Hkv + h) * D;
+      }
       for (int64_t g = 0; g < group; ++g) {
         const float* qh = q + g * D;
         float top = -INFINITY;
         for (int64_t j = 0; j < length; ++j) {
-          const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-          scores[j] = dot(qh, kc + (slot * Hkv + h) * D, D) * fscale;
+          scores[j] = dot(qh, kc + key_rows[j], D) * fscale;
           top = std::max(top, scores[j]);
         }
         float total = 0.f;
@@ -94,12 +100,12 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
           scores[j] = std::exp(scores[j] - top);
           total += scores[j];
         }
+        const float inv_total = 1.f / total;
         float* o = out_p + t * Hq * D + (h * group + g) * D;
         std::fill(o, o + D, 0.f);
         for (int64_t j = 0; j < length; ++j) {
-          const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-          const float* vj = vc + (slot * Hkv + h) * D;
-          const float p = scores[j] / total;
+          const float* vj = vc + key_rows[j];
+          const float p = scores[j] * inv_total;
 #pragma omp simd
           for (int64_t i = 0; i < D; ++i) o[i] += p * vj[i];
         }
