@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localchat.engine.forward_context import get_forward_context
+from localchat.engine.models import cpu_decode
 from localchat.kernels import (
     paged_attention,
     rms_norm,
@@ -130,6 +131,7 @@ class DecoderForCausalLM(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
         self.packed_head: torch.Tensor | None = None
+        self.cpu_decode_layers: list | None = None  # C++ layers for single decodes (models/cpu_decode.py)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed_tokens, PackedWeight):
@@ -138,8 +140,16 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual)
+        ctx = get_forward_context()
+        if self.cpu_decode_layers is not None and cpu_decode.applies(input_ids, ctx.attn):
+            md = ctx.attn
+            for layer, fused in zip(self.layers, self.cpu_decode_layers):
+                attn = layer.self_attn
+                hidden, residual = fused.forward(hidden, residual, attn.k_cache, attn.v_cache, ctx.cos, ctx.sin,
+                                                 md.slot_mapping, md.block_tables, md.seq_lens)
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -160,6 +170,7 @@ class DecoderForCausalLM(nn.Module):
                 module = getattr(layer, module_name)
                 if name in module._parameters and can_pack(module._parameters[name]):
                     setattr(module, name, pack_weight(module._parameters.pop(name)))
+        self.cpu_decode_layers = cpu_decode.build_decode_layers(self)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, torch.Tensor) and can_pack(head):
             self.packed_head = pack_weight(head)

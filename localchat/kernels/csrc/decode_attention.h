@@ -28,6 +28,68 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// One decode token's view of the pool and its shapes.
+struct DecodeToken {
+  float* qkv;          // [(Hq + 2 Hkv) * D], rotated in place
+  float* out;          // [Hq * D]
+  const float* cos;    // [half]
+  const float* sin;
+  int64_t slot;        // where this token's k/v go (-1: nowhere)
+  const int32_t* table;
+  int64_t length;      // keys to attend to, this token's included
+};
+
+struct PoolShape {
+  float* k_cache;
+  float* v_cache;
+  int64_t num_heads, num_kv_heads, head_dim, half, block_size;
+  float scale;
+};
+
+// Rotary, KV store and attention for KV head h of one token (and its group of query heads).
+void attend_kv_head(const DecodeToken& t, const PoolShape& p, int64_t h, std::vector<float>& scores,
+                    std::vector<int64_t>& key_rows) {
+  const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
+  float* q = t.qkv + h * group * D;
+  float* k = t.qkv + Hq * D + h * D;
+  const float* v = t.qkv + (Hq + Hkv) * D + h * D;
+  for (int64_t g = 0; g < group; ++g) rotate(q + g * D, t.cos, t.sin, p.half);
+  rotate(k, t.cos, t.sin, p.half);
+  if (t.slot >= 0) {
+    std::copy(k, k + D, p.k_cache + (t.slot * Hkv + h) * D);
+    std::copy(v, v + D, p.v_cache + (t.slot * Hkv + h) * D);
+  }
+  // the pool rows of this sequence's keys, in order (one lookup per block, not per key)
+  scores.resize(t.length);
+  key_rows.resize(t.length);
+  for (int64_t j = 0; j < t.length; j += p.block_size) {
+    const int64_t base = static_cast<int64_t>(t.table[j / p.block_size]) * p.block_size;
+    for (int64_t i = 0; i < p.block_size && j + i < t.length; ++i) key_rows[j + i] = ((base + i) * Hkv + h) * D;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qh = q + g * D;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < t.length; ++j) {
+      scores[j] = dot(qh, p.k_cache + key_rows[j], D) * p.scale;
+      top = std::max(top, scores[j]);
+    }
+    float total = 0.f;
+    for (int64_t j = 0; j < t.length; ++j) {
+      scores[j] = std::exp(scores[j] - top);
+      total += scores[j];
+    }
+    const float inv_total = 1.f / total;
+    float* o = t.out + (h * group + g) * D;
+    std::fill(o, o + D, 0.f);
+    for (int64_t j = 0; j < t.length; ++j) {
+      const float* vj = p.v_cache + key_rows[j];
+      const float w = scores[j] * inv_total;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
+    }
+  }
+}
+
 }  // namespace
 
 // qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32;
@@ -44,72 +106,25 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
               seq_lens.scalar_type() == torch::kInt, "metadata dtypes");
   const int64_t T = qkv.size(0);
-  const int64_t D = head_dim, Hq = num_heads, Hkv = num_kv_heads, group = Hq / Hkv;
-  const int64_t row = (Hq + 2 * Hkv) * D;
+  const int64_t row = (num_heads + 2 * num_kv_heads) * head_dim;
   TORCH_CHECK(qkv.size(1) == row, "qkv width does not match the heads");
-  const int64_t half = cos.size(1);
-  const int64_t block_size = k_cache.size(1);
-  const int64_t max_blocks = block_tables.size(1);
   const torch::Tensor tables = block_tables.contiguous();
+  const PoolShape pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), num_heads, num_kv_heads, head_dim,
+                       cos.size(1), k_cache.size(1), static_cast<float>(scale)};
+  torch::Tensor out = torch::empty({T, num_heads * head_dim}, torch::kFloat);
   float* qkv_p = qkv.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  const float* cos_p = cos.data_ptr<float>();
-  const float* sin_p = sin.data_ptr<float>();
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  const int32_t* table_p = tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  torch::Tensor out = torch::empty({T, Hq * D}, torch::kFloat);
   float* out_p = out.data_ptr<float>();
-  const float fscale = static_cast<float>(scale);
-
-  at::parallel_for(0, T * Hkv, 1, [&](int64_t begin, int64_t end) {
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  at::parallel_for(0, T * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<int64_t> key_rows;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / Hkv, h = task % Hkv;
-      float* q = qkv_p + t * row + h * group * D;
-      float* k = qkv_p + t * row + Hq * D + h * D;
-      const float* v = qkv_p + t * row + (Hq + Hkv) * D + h * D;
-      const float* c = cos_p + t * half;
-      const float* s = sin_p + t * half;
-      for (int64_t g = 0; g < group; ++g) rotate(q + g * D, c, s, half);
-      rotate(k, c, s, half);
-      if (slots[t] >= 0) {
-        std::copy(k, k + D, kc + (slots[t] * Hkv + h) * D);
-        std::copy(v, v + D, vc + (slots[t] * Hkv + h) * D);
-      }
-      const int64_t length = lens[t];
-      scores.resize(length);
-      const int32_t* table = table_p + t * max_blocks;
-      // the pool rows of this sequence's keys, in order (one lookup per block, not per key)
-      key_rows.resize(length);
-      for (int64_t j = 0; j < length; j += block_size) {
-        const int64_t base = static_cast<int64_t>(table[j / block_size]) * block_size;
-        for (int64_t i = 0; i < block_size && j + i < length; ++i) key_rows[j + i] = ((base + i) * Hkv + h) * D;
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qh = q + g * D;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < length; ++j) {
-          scores[j] = dot(qh, kc + key_rows[j], D) * fscale;
-          top = std::max(top, scores[j]);
-        }
-        float total = 0.f;
-        for (int64_t j = 0; j < length; ++j) {
-          scores[j] = std::exp(scores[j] - top);
-          total += scores[j];
-        }
-        const float inv_total = 1.f / total;
-        float* o = out_p + t * Hq * D + (h * group + g) * D;
-        std::fill(o, o + D, 0.f);
-        for (int64_t j = 0; j < length; ++j) {
-          const float* vj = vc + key_rows[j];
-          const float p = scores[j] * inv_total;
-#pragma omp simd
-          for (int64_t i = 0; i < D; ++i) o[i] += p * vj[i];
-        }
-      }
+      const int64_t t = task / num_kv_heads, h = task % num_kv_heads;
+      const DecodeToken token{qkv_p + t * row, out_p + t * num_heads * head_dim, cos.data_ptr<float>() + t * pool.half,
+                              sin.data_ptr<float>() + t * pool.half, slots[t],
+                              tables.data_ptr<int32_t>() + t * tables.size(1), lens[t]};
+      attend_kv_head(token, pool, h, scores, key_rows);
     }
   });
   return out;

@@ -1,6 +1,7 @@
 // The CPU kernels as one Python module. One translation unit: parsing torch's headers is most of the
 // build, so the kernels are included here rather than compiled separately.
 #include "decode_attention.h"
+#include "decode_layer.h"
 #include "quant_linear.h"
 #include "rms_norm.h"
 
@@ -9,5 +10,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
   m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
   m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
+#if LC_VNNI
+  pybind11::class_<DecodeLayer>(m, "DecodeLayer")
+      .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
+                          c10::optional<torch::Tensor>, int64_t, int64_t, int64_t, bool>())
+      .def("forward", &DecodeLayer::forward);
+#endif
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
 }

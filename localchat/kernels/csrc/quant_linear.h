@@ -65,6 +65,41 @@ struct ActivationRow {
   float* block_scales;  // [K / 32]
 };
 
+
+// 64-byte aligned activation buffers for M rows of K values in a weight layout.
+struct ActivationBuffers {
+  std::vector<uint8_t> storage;
+  std::vector<ActivationRow> rows;
+  int64_t chunks = 0;
+
+  ActivationBuffers() = default;
+  ActivationBuffers(int64_t M, int64_t K, const Layout& L) {
+    chunks = (K + L.chunk_values - 1) / L.chunk_values;
+    const int64_t groups = K / L.group_size;
+    const int64_t code_bytes = chunks * L.act_chunk_bytes;
+    const int64_t lane_floats = chunks * 16;
+    const int64_t int_bytes = ((2 * (code_bytes + chunks * L.chunk_values) + 63) / 64) * 64;
+    const int64_t row_bytes = int_bytes + ((3 * lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
+    storage.resize(M * row_bytes + 64);
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
+    rows.resize(M);
+    for (int64_t m = 0; m < M; ++m) {
+      uint8_t* p = base + m * row_bytes;
+      ActivationRow& a = rows[m];
+      a.codes = reinterpret_cast<int8_t*>(p);
+      a.codes2 = reinterpret_cast<int8_t*>(p + code_bytes);
+      a.natural = reinterpret_cast<int8_t*>(p + 2 * code_bytes);
+      a.natural2 = reinterpret_cast<int8_t*>(p + 2 * code_bytes + chunks * L.chunk_values);
+      float* f = reinterpret_cast<float*>(p + int_bytes);
+      a.lane_scales = f;
+      a.lane_zsums = reinterpret_cast<int32_t*>(f + lane_floats);
+      a.lane_terms = f + 2 * lane_floats;
+      a.group_terms = f + 3 * lane_floats;
+      a.block_scales = f + 3 * lane_floats + groups;
+    }
+  }
+};
+
 void arrange(const int8_t* src_all, int8_t* dst_all, const Layout& L, int64_t chunks) {
   for (int64_t c = 0; c < chunks; ++c) {
     int8_t* dst = dst_all + c * L.act_chunk_bytes;
@@ -376,28 +411,8 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
                             "mins must be contiguous float16 shaped like scales");
   const int64_t chunks = (K + L.chunk_values - 1) / L.chunk_values;
 
-  // Activation buffers (64-byte aligned through an over-allocated tensor).
-  const int64_t code_bytes = chunks * L.act_chunk_bytes;
-  const int64_t lane_floats = chunks * 16;
-  const int64_t int_bytes = ((2 * (code_bytes + chunks * L.chunk_values) + 63) / 64) * 64;
-  const int64_t row_bytes = int_bytes + ((3 * lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
-  torch::Tensor storage = torch::empty({M * row_bytes + 64}, torch::kUInt8);
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
-  std::vector<ActivationRow> rows(M);
-  for (int64_t m = 0; m < M; ++m) {
-    uint8_t* p = base + m * row_bytes;
-    ActivationRow& a = rows[m];
-    a.codes = reinterpret_cast<int8_t*>(p);
-    a.codes2 = reinterpret_cast<int8_t*>(p + code_bytes);
-    a.natural = reinterpret_cast<int8_t*>(p + 2 * code_bytes);
-    a.natural2 = reinterpret_cast<int8_t*>(p + 2 * code_bytes + chunks * L.chunk_values);
-    float* f = reinterpret_cast<float*>(p + int_bytes);
-    a.lane_scales = f;
-    a.lane_zsums = reinterpret_cast<int32_t*>(f + lane_floats);
-    a.lane_terms = f + 2 * lane_floats;
-    a.group_terms = f + 3 * lane_floats;
-    a.block_scales = f + 3 * lane_floats + groups;
-  }
+  ActivationBuffers buffers(M, K, L);
+  std::vector<ActivationRow>& rows = buffers.rows;
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
