@@ -125,23 +125,30 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
   for (int64_t b = 0; b < blocks; ++b) {
     const float* v = x + b * kActBlock;
     float amax = 0.f;
+#pragma omp simd reduction(max : amax)
     for (int i = 0; i < kActBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
     const float d = amax / 127.f;
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     a.block_scales[b] = d * unit;
-    for (int i = 0; i < kActBlock; ++i) {
-      const float scaled = v[i] * inv;
-      const float q1 = std::nearbyint(scaled);
-      a.natural[b * kActBlock + i] = static_cast<int8_t>(q1);
-      if (precise) {
-        const float q2 = std::nearbyint((scaled - q1) * 256.f);
-        a.natural2[b * kActBlock + i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, q2)));
+    int8_t* q1s = a.natural + b * kActBlock;
+    int8_t* q2s = a.natural2 + b * kActBlock;
+    if (precise) {
+#pragma omp simd
+      for (int i = 0; i < kActBlock; ++i) {
+        const float scaled = v[i] * inv;
+        const float q1 = std::nearbyint(scaled);
+        q1s[i] = static_cast<int8_t>(q1);
+        q2s[i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::nearbyint((scaled - q1) * 256.f))));
       }
+    } else {
+#pragma omp simd
+      for (int i = 0; i < kActBlock; ++i) q1s[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
     }
   }
   const int64_t groups = K / L.group_size;
   for (int64_t g = 0; g < groups; ++g) {
     int sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int i = 0; i < L.group_size; ++i) {
       const int64_t k = g * L.group_size + i;
       sum += precise ? 256 * a.natural[k] + a.natural2[k] : a.natural[k];
