@@ -16,7 +16,7 @@ from types import ModuleType
 
 logger = logging.getLogger("localchat.kernels")
 
-_SOURCES = ("module.cpp", "quant_linear.h", "decode_attention.h", "rms_norm.h")  # module.cpp includes the rest
+_SOURCES = ("module.cpp", "quant_linear.h", "decode_attention.h", "decode_layer.h", "rms_norm.h")  # module.cpp includes the rest
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None

@@ -73,3 +73,21 @@ def test_requantizing_a_gguf_is_refused(default_gguf):
     assert info.value.param == "quantization"
     with pytest.raises(InvalidParameterError, match="quantization"):
         LLM(quantization="int3")
+
+
+def test_whole_layer_decode_path_equals_the_per_op_path(llm):
+    """A single decode runs each layer as one C++ call; turning that off must not change a greedy reply
+    (and the per-token logprobs agree to float rounding)."""
+    model = llm.engine.runner.model
+    assert model.cpu_decode_layers is not None and len(model.cpu_decode_layers) == len(model.layers)
+    ids = llm.render_chat([{"role": "user", "content": "Describe a lighthouse at night."}])
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
+    fused = llm.generate([ids], params)[0]
+    saved, model.cpu_decode_layers = model.cpu_decode_layers, None
+    try:
+        per_op = llm.generate([ids], params)[0]
+    finally:
+        model.cpu_decode_layers = saved
+    assert fused.token_ids == per_op.token_ids
+    for a, b in zip(fused.outputs[0].logprobs, per_op.outputs[0].logprobs, strict=True):
+        assert abs(a.logprob - b.logprob) < 1e-3

@@ -46,9 +46,8 @@ struct PoolShape {
   float scale;
 };
 
-// Rotary, KV store and attention for KV head h of one token (and its group of query heads).
-void attend_kv_head(const DecodeToken& t, const PoolShape& p, int64_t h, std::vector<float>& scores,
-                    std::vector<int64_t>& key_rows) {
+// Rotary for KV head h of one token and its group of query heads, and the store of its key and value.
+void rope_and_store(const DecodeToken& t, const PoolShape& p, int64_t h) {
   const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
   float* q = t.qkv + h * group * D;
   float* k = t.qkv + Hq * D + h * D;
@@ -59,6 +58,12 @@ void attend_kv_head(const DecodeToken& t, const PoolShape& p, int64_t h, std::ve
     std::copy(k, k + D, p.k_cache + (t.slot * Hkv + h) * D);
     std::copy(v, v + D, p.v_cache + (t.slot * Hkv + h) * D);
   }
+}
+
+// Attention of query head qh (already rotated) over its sequence's keys, which are all in the pool.
+void attend_query_head(const DecodeToken& t, const PoolShape& p, int64_t qh, std::vector<float>& scores,
+                       std::vector<int64_t>& key_rows) {
+  const int64_t D = p.head_dim, Hkv = p.num_kv_heads, h = qh / (p.num_heads / Hkv);
   // the pool rows of this sequence's keys, in order (one lookup per block, not per key)
   scores.resize(t.length);
   key_rows.resize(t.length);
@@ -66,28 +71,34 @@ void attend_kv_head(const DecodeToken& t, const PoolShape& p, int64_t h, std::ve
     const int64_t base = static_cast<int64_t>(t.table[j / p.block_size]) * p.block_size;
     for (int64_t i = 0; i < p.block_size && j + i < t.length; ++i) key_rows[j + i] = ((base + i) * Hkv + h) * D;
   }
-  for (int64_t g = 0; g < group; ++g) {
-    const float* qh = q + g * D;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < t.length; ++j) {
-      scores[j] = dot(qh, p.k_cache + key_rows[j], D) * p.scale;
-      top = std::max(top, scores[j]);
-    }
-    float total = 0.f;
-    for (int64_t j = 0; j < t.length; ++j) {
-      scores[j] = std::exp(scores[j] - top);
-      total += scores[j];
-    }
-    const float inv_total = 1.f / total;
-    float* o = t.out + (h * group + g) * D;
-    std::fill(o, o + D, 0.f);
-    for (int64_t j = 0; j < t.length; ++j) {
-      const float* vj = p.v_cache + key_rows[j];
-      const float w = scores[j] * inv_total;
-#pragma omp simd
-      for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
-    }
+  const float* q = t.qkv + qh * D;
+  float top = -INFINITY;
+  for (int64_t j = 0; j < t.length; ++j) {
+    scores[j] = dot(q, p.k_cache + key_rows[j], D) * p.scale;
+    top = std::max(top, scores[j]);
   }
+  float total = 0.f;
+  for (int64_t j = 0; j < t.length; ++j) {
+    scores[j] = std::exp(scores[j] - top);
+    total += scores[j];
+  }
+  const float inv_total = 1.f / total;
+  float* o = t.out + qh * D;
+  std::fill(o, o + D, 0.f);
+  for (int64_t j = 0; j < t.length; ++j) {
+    const float* vj = p.v_cache + key_rows[j];
+    const float w = scores[j] * inv_total;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
+  }
+}
+
+// Both, for KV head h and its query heads.
+void attend_kv_head(const DecodeToken& t, const PoolShape& p, int64_t h, std::vector<float>& scores,
+                    std::vector<int64_t>& key_rows) {
+  rope_and_store(t, p, h);
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  for (int64_t g = 0; g < group; ++g) attend_query_head(t, p, h * group + g, scores, key_rows);
 }
 
 }  // namespace

@@ -122,10 +122,12 @@ class DecodeLayer {
       }
       qkv_.multiply(tid, n, qkv_out_.data(), bias);
 #pragma omp barrier
-      {
+#pragma omp single
+      for (int64_t h = 0; h < kv_heads_; ++h) rope_and_store(token, pool, h);
+      {  // query heads, not KV heads, are shared out: 9 heads split 5/4 where 3 KV heads split 2/1
         std::vector<float> scores;
         std::vector<int64_t> key_rows;
-        for (int64_t h = tid; h < kv_heads_; h += n) attend_kv_head(token, pool, h, scores, key_rows);
+        for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, scores, key_rows);
       }
 #pragma omp barrier
 #pragma omp single
