@@ -49,7 +49,10 @@ def model_target(engine) -> ModelTarget:
 def engine_label(engine) -> str:
     runtime = engine.runtime
     prefix = "on" if runtime.config.enable_prefix_caching else "off"
-    return (f"localchat engine ({str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
+    from localchat.engine.models.weights import describe_weights
+
+    return (f"localchat engine (weights {describe_weights(runtime.model)}, activations "
+            f"{str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
             f"max_num_seqs {runtime.max_num_seqs}, max_num_batched_tokens {runtime.max_num_batched_tokens}, "
             f"prefix caching {prefix})")
 

@@ -149,3 +149,17 @@ def init_dummy(model: DecoderForCausalLM, *, dtype: torch.dtype, device: torch.d
             setattr(module, attr, quantize_weight(param, quantize_bits))
         else:
             module._parameters[attr] = nn.Parameter(param, requires_grad=False)
+
+
+def describe_weights(model: DecoderForCausalLM) -> str:
+    """The formats the projections and embedding are held in, e.g. 'Q4_1 + Q8_0' or 'float32'."""
+    kinds: set[str] = set()
+    for value in [model.embed_tokens, *(getattr(getattr(layer, path), attr) for layer in model.layers
+                                        for path, attr in (("self_attn", "qkv_weight"), ("self_attn", "o_weight"),
+                                                           ("mlp", "gate_up_weight"), ("mlp", "down_weight")))]:
+        for part in value if isinstance(value, tuple) else (value,):
+            if isinstance(part, PackedWeight):
+                kinds.update(part.source_type.split("+"))
+            else:
+                kinds.add(str(part.dtype).removeprefix("torch."))
+    return " + ".join(sorted(kinds))
