@@ -41,6 +41,10 @@ class UnsupportedModelError(LocalchatError):
     """A model whose architecture has no forward pass here."""
 
 
+class InvalidModelFileError(LocalchatError):
+    """A model file that cannot be read: not GGUF, cut off, or inconsistent with its own tensor table."""
+
+
 class ModelDownloadError(LocalchatError):
     """Fetching a model failed (no network, pip failure, hub unreachable)."""
 

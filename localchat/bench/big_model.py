@@ -95,7 +95,8 @@ def run_big_model(config, workload: Workload, peers: list[str], *, gguf: str | N
         _warm_page_cache(path)
     threads = config.num_threads or DEFAULT_THREADS
     n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in requests) + 8
-    engine_config = replace(config, model=str(path), num_threads=threads)
+    # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it never uses
+    engine_config = replace(config, model=str(path), num_threads=threads, max_model_len=config.max_model_len or n_ctx)
     outcome = BenchOutcome(path.name, notes=notes)
     outcome.notes.append(f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})")
     for system in systems:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from localchat.engine.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, dense, repack
-from localchat.errors import UnsupportedModelError
+from localchat.errors import InvalidModelFileError, UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
 
 # GGUF architecture -> (HF config class name, HF architecture, Q/K rows permuted by llama.cpp's converter)
@@ -36,7 +36,11 @@ class GGUFCheckpoint:
         from gguf import GGUFReader
 
         self.path = Path(path)
-        self.reader = GGUFReader(str(self.path))
+        try:
+            self.reader = GGUFReader(str(self.path))
+        except (ValueError, OSError, IndexError, KeyError) as exc:  # a bad magic, a cut-off file, a bad field
+            raise InvalidModelFileError(f"{self.path.name} is not a readable GGUF file ({exc}); is it complete? "
+                                        "(compare its size with the original)") from None
         self.arch = self.field("general.architecture")
         if self.arch not in _ARCHES:
             raise UnsupportedModelError(
@@ -103,7 +107,7 @@ def gguf_weights(path: Path, index: dict, dequantize: bool = False) -> Iterator[
 
     data = np.memmap(path, dtype=np.uint8, mode="r")
     if data.size < max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0):
-        raise UnsupportedModelError(f"{path.name}: the file is shorter than its tensor table says (truncated?)")
+        raise InvalidModelFileError(f"{path.name}: the file is shorter than its tensor table says (cut off?)")
     permuted = _ARCHES[index["arch"]][2]
     for entry in index["tensors"]:
         name = _hf_name(entry["name"])

@@ -70,7 +70,7 @@ class EngineRuntime:
             if getattr(tokenizer, "_tokenizer", None) is None:  # incremental detokenization needs it
                 raise UnsupportedModelError(f"{tokenizer_path}: only fast tokenizers (tokenizer.json) are supported")
         chat_template = ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
-        max_model_len = _max_model_len(config, hf_config, device)
+        max_model_len = _max_model_len(config, hf_config, device, dtype)
         say(f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
             f"{str(dtype).removeprefix('torch.')}, {device.type})")
         model = load_model(files, hf_config, dtype=dtype, device=device, load_format=config.load_format,
@@ -110,13 +110,29 @@ def _pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _max_model_len(config: EngineConfig, hf_config, device: torch.device) -> int:
+def _kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def _max_model_len(config: EngineConfig, hf_config, device: torch.device, dtype: torch.dtype) -> int:
     model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
     sliding = getattr(hf_config, "sliding_window", None)
     if sliding and getattr(hf_config, "use_sliding_window", True) and sliding < model_max:
         model_max = sliding  # full attention is only exact within the window
     if config.max_model_len is None:
-        return model_max if device.type == "cuda" else min(model_max, CPU_DEFAULT_MAX_MODEL_LEN)
+        if device.type == "cuda":
+            return model_max
+        length = min(model_max, CPU_DEFAULT_MAX_MODEL_LEN)
+        if config.kv_cache_memory is None:  # a big model's default context is what the default KV budget holds
+            fits = CPU_DEFAULT_KV_MEMORY // _kv_bytes_per_token(hf_config, dtype) // config.block_size
+            if fits * config.block_size < length:
+                length = max(fits * config.block_size, config.block_size)
+                logger.info("max_model_len %d: what the default KV cache (%s) holds; raise --kv-cache-memory "
+                            "for more", length, format_bytes(CPU_DEFAULT_KV_MEMORY))
+        return length
     if config.max_model_len > model_max:
         raise InvalidParameterError(
             f"max_model_len={config.max_model_len} exceeds the model's context of {model_max} tokens",

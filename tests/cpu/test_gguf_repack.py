@@ -48,3 +48,18 @@ def test_repack_matches_gguf_dequantize(qtype):
 def test_repack_rejects_unsupported_type():
     with pytest.raises(NotImplementedError, match="IQ2_XXS"):
         repack(np.zeros((1, 66), dtype=np.uint8), T.IQ2_XXS, (1, 256))
+
+
+@pytest.mark.parametrize("damage", ["cut-in-half", "not-gguf"])
+def test_a_damaged_file_is_named_not_a_traceback(default_gguf, tmp_path, damage):
+    from localchat import LLM
+    from localchat.errors import InvalidModelFileError
+
+    path = tmp_path / "model.gguf"
+    if damage == "cut-in-half":
+        data = default_gguf.read_bytes()
+        path.write_bytes(data[:len(data) // 2])
+    else:
+        path.write_text("hello, I am not a GGUF file\n")
+    with pytest.raises(InvalidModelFileError, match="model.gguf is not a readable GGUF file"):
+        LLM(str(path))
