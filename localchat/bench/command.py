@@ -107,8 +107,8 @@ def bench(
     if plot:  # fail before the run, not after it
         from localchat.bench.plot import load_payload, plot_runs, require_matplotlib
 
+        earlier = [load_payload(path) for path in plot_with or []]  # a bad file is named even without matplotlib
         require_matplotlib()
-        earlier = [load_payload(path) for path in plot_with or []]
     chosen = select_workload(workload, num_requests, input_len, output_len)
     peers = parse_peers(compare)
     if hf_batch_size is not None and hf_batch_size < 1:

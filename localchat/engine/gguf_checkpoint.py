@@ -3,6 +3,7 @@ Face names (llama.cpp's rotary row permutation of Q/K undone), quantized ones ke
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,6 +135,20 @@ def gguf_weights(path: Path, index: dict, dequantize: bool = False) -> Iterator[
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
             weight = weight.float()
         yield name, weight
+        _release(data, entry["offset"], entry["nbytes"])
+
+
+def _release(data: np.memmap, offset: int, nbytes: int) -> None:
+    """Drop a tensor's file pages from this process once it is repacked (they stay in the page cache), so
+    loading a big model does not count the whole file on top of the weights in its peak memory."""
+    handle = getattr(data, "_mmap", None)
+    if handle is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = offset - offset % mmap.PAGESIZE
+    try:
+        handle.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
+    except (OSError, ValueError):
+        pass
 
 
 def _hf_name(gguf_name: str) -> str | None:

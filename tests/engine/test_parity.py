@@ -11,7 +11,7 @@ from tests.engine.conftest import greedy_params
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def llm(float_llm):
     """Parity with transformers holds on the float32 path (GGUF weights dequantized)."""
     return float_llm

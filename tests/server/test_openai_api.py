@@ -176,7 +176,9 @@ def test_server_greedy_output_equals_the_offline_llm(openai_client):
     """The same prompts through the server and through `LLM` in a process with the server's thread count
     (float sums, and so near-tied greedy picks, depend on it), each prompt new to the server's prefix cache
     (a cached prefix changes how attention is computed): the replies are the same, token for token."""
-    messages = [{"role": "user", "content": "Name three animals that live in the sea."}]
+    # a system message of its own: the default one's first block is in the server's cache from other tests
+    messages = [{"role": "system", "content": "You answer as a marine biologist would."},
+                {"role": "user", "content": "Name three animals that live in the sea."}]
     prompt = "A short recipe for pancakes:"
     script = f"""
 import json
