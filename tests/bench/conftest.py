@@ -14,6 +14,14 @@ TINY_MIX = ["--num-requests", "4", "--input-len", "8:40", "--output-len", "4:12"
 API_KEY = "bench-key"
 
 
+@pytest.fixture(scope="module")
+def module_cache_dir(tmp_path_factory):
+    """A LOCALCHAT_CACHE_DIR of the module's own (random GGUF files and their converted tokenizers)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 def run_bench(*args: str) -> str:
     """Run `localchat bench ARGS` in this process; returns its output, failing on a non-zero exit."""
     result = CliRunner().invoke(app, ["bench", "--no-progress", *args])

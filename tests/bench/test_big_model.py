@@ -22,14 +22,7 @@ from localchat.bench.workloads import WORKLOADS, BenchRequest
 from localchat.cli import app
 from tests.bench.conftest import _has_llama_cpp, run_bench
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("module_cache_dir")]
 
 
 @pytest.fixture(scope="module")

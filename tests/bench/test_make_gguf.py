@@ -35,12 +35,7 @@ EXPECTED_TYPE = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q4_k": "Q4_K", "q5_k": "Q5
                  "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1",
                  "f16": "F16", "bf16": "BF16", "f32": "F32"}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
 
 @pytest.fixture(scope="module")

@@ -180,6 +180,9 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
 float half_to_float(at::Half h) { return static_cast<float>(h); }
 
 #if LC_VNNI
+// The bytes of a 64-byte chunk that exist, given how many are left in the row (the last chunk may be short).
+inline __mmask64 chunk_byte_mask(int64_t left) { return left >= 64 ? ~0ULL : ((1ULL << left) - 1); }
+
 // Dot products of one weight row with kTileM (or fewer) activation rows.
 template <int MT, bool PRECISE, bool SYMMETRIC>
 void row_dots(const uint8_t* w, const at::Half* scales, int64_t groups, int64_t chunks, const Layout& L,
@@ -194,8 +197,7 @@ void row_dots(const uint8_t* w, const at::Half* scales, int64_t groups, int64_t 
   for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * kChunkBytes;
-    const int64_t left = weight_bytes - offset;
-    const __mmask64 byte_mask = left >= 64 ? ~0ULL : ((1ULL << left) - 1);
+    const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
     const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, w + offset);
     const int64_t first_group = c * L.groups_per_chunk;
     const int64_t scale_count = std::min<int64_t>(L.groups_per_chunk, groups - first_group);
@@ -262,8 +264,7 @@ void gemv_rows(const uint8_t* w, int64_t w_row, const at::Half* scales, const at
   for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * kChunkBytes;
-    const int64_t left = weight_bytes - offset;
-    const __mmask64 byte_mask = left >= 64 ? ~0ULL : ((1ULL << left) - 1);
+    const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
     const int64_t first_group = c * L.groups_per_chunk;
     const __mmask8 scale_mask = static_cast<__mmask8>(
         (1u << std::min<int64_t>(L.groups_per_chunk, groups - first_group)) - 1);
