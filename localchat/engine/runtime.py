@@ -22,6 +22,7 @@ from localchat.engine.loader import (
 )
 from localchat.engine.model_source import resolve_model
 from localchat.errors import InvalidParameterError, UnsupportedModelError
+from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.utils import format_bytes
 
 logger = logging.getLogger("localchat.engine")
@@ -71,6 +72,8 @@ class EngineRuntime:
                 raise UnsupportedModelError(f"{tokenizer_path}: only fast tokenizers (tokenizer.json) are supported")
         chat_template = ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
         max_model_len = _max_model_len(config, hf_config, device, dtype)
+        if device.type == "cpu":
+            cpu_kernels(say)  # built once per machine (about a minute): say so rather than stall the first step
         say(f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
             f"{str(dtype).removeprefix('torch.')}, {device.type})")
         model = load_model(files, hf_config, dtype=dtype, device=device, load_format=config.load_format,
