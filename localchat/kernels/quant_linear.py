@@ -19,10 +19,10 @@ from localchat.kernels.packed_weight import PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
-# Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the float32
-# path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of positions.
 # From this many rows on, the CPU path dequantizes the weight and runs a float GEMM (measured crossover).
 DENSE_MIN_ROWS = int(os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "32"))
+# Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the float32
+# path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of positions.
 PRECISE_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "") in ("", "0")
 
 
@@ -58,11 +58,8 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
                  silu_and_mul: bool = False) -> torch.Tensor:
     """x [..., in] @ W.T (+ bias) for a PackedWeight or a tuple of them (outputs concatenated); with
     `silu_and_mul`, x is a fused [gate | up] and silu(gate) * up is multiplied instead."""
-    if (type(weight) is PackedWeight and x.dim() == 2 and x.shape[0] < DENSE_MIN_ROWS and x.device.type == "cpu"
-            and x.dtype == torch.float32 and (ext := cpu_kernels()) is not None and not use_triton(x)):
-        # the decode hot path (about 120 calls per token): straight to the kernel
-        return ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, weight.bits, weight.group_size,
-                                weight.zero_point, PRECISE_ACTIVATIONS, silu_and_mul, True)
+    if type(weight) is PackedWeight and x.dim() == 2:  # the decode hot path (~120 calls a token): no reshapes
+        return _one(x, weight, bias, silu_and_mul)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if silu_and_mul and not isinstance(weight, PackedWeight):
@@ -89,6 +86,3 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
     return PackedWeight(first.layout, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]),
                         mins, first.group_size, first.zero_point if symmetric else 0, "+".join(kinds))
 
-
-def out_features(weight: QuantWeight) -> int:
-    return weight.shape[0] if isinstance(weight, PackedWeight) else sum(p.shape[0] for p in weight)

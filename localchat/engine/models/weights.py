@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.models.decoder import PROJECTIONS, DecoderForCausalLM
 from localchat.kernels.packed_weight import PackedWeight, quantize_weight
 from localchat.kernels.quant_linear import fuse
 
@@ -155,8 +155,7 @@ def describe_weights(model: DecoderForCausalLM) -> str:
     """The formats the projections and embedding are held in, e.g. 'Q4_1 + Q8_0' or 'float32'."""
     kinds: set[str] = set()
     for value in [model.embed_tokens, *(getattr(getattr(layer, path), attr) for layer in model.layers
-                                        for path, attr in (("self_attn", "qkv_weight"), ("self_attn", "o_weight"),
-                                                           ("mlp", "gate_up_weight"), ("mlp", "down_weight")))]:
+                                        for path, attr in PROJECTIONS)]:
         for part in value if isinstance(value, tuple) else (value,):
             if isinstance(part, PackedWeight):
                 kinds.update(part.source_type.split("+"))
