@@ -35,13 +35,17 @@ class Run:
     tokens: int
     tokens_per_s: float
     loop_cpu_ms_per_token: float  # CPU time of the event loop thread, per token
-    process_cpu_share: float  # process CPU seconds / wall seconds over the reply (2.0 = both cores busy)
+    process_cpu_share: (
+        float  # process CPU seconds / wall seconds over the reply (2.0 = both cores busy)
+    )
 
 
 async def engine_alone(engine, settings: dict) -> Run:
     from localchat.engine.sampling_params import SamplingParams
 
-    token_ids = engine.render_chat([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    token_ids = engine.render_chat(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+    )
     times: list[float] = []
     tokens = 0
     cpu0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
@@ -50,7 +54,11 @@ async def engine_alone(engine, settings: dict) -> Run:
         if new:
             tokens += new
             times.append(time.perf_counter())
-    cpu, proc, wall = time.thread_time() - cpu0, time.process_time() - proc0, time.perf_counter() - wall0
+    cpu, proc, wall = (
+        time.thread_time() - cpu0,
+        time.process_time() - proc0,
+        time.perf_counter() - wall0,
+    )
     return Run(tokens, (tokens - 1) / (times[-1] - times[0]), 1000 * cpu / tokens, proc / wall)
 
 
@@ -61,7 +69,11 @@ async def chat(engine, settings: dict, size: tuple[int, int]) -> Run:
     from localchat.tui.store import ConversationStore
     from localchat.tui.widgets import PromptBox
 
-    app = ChatApp(EngineBackend(engine=engine), ConversationStore(None), conversation=Conversation(settings=settings))
+    app = ChatApp(
+        EngineBackend(engine=engine),
+        ConversationStore(None),
+        conversation=Conversation(settings=settings),
+    )
     async with app.run_test(size=size) as pilot:
         while not app.chat.ready.is_set():
             await pilot.pause(0.05)
@@ -72,7 +84,11 @@ async def chat(engine, settings: dict, size: tuple[int, int]) -> Run:
         await pilot.pause()
         while app.chat.generating:
             await asyncio.sleep(0.05)
-        cpu, proc, wall = time.thread_time() - cpu0, time.process_time() - proc0, time.perf_counter() - wall0
+        cpu, proc, wall = (
+            time.thread_time() - cpu0,
+            time.process_time() - proc0,
+            time.perf_counter() - wall0,
+        )
         reply = app.chat.session.conversation.messages[-1]
     tokens = reply.meta["completion_tokens"]
     return Run(tokens, reply.meta["tokens_per_s"], 1000 * cpu / tokens, proc / wall)
@@ -80,10 +96,12 @@ async def chat(engine, settings: dict, size: tuple[int, int]) -> Run:
 
 def _summary(name: str, runs: list[Run]) -> str:
     speeds = ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
-    return (f"{name:<12} tok/s median {statistics.median(r.tokens_per_s for r in runs):6.2f} ({speeds})  "
-            f"loop CPU {statistics.median(r.loop_cpu_ms_per_token for r in runs):5.2f} ms/token "
-            f"({statistics.median(r.loop_cpu_ms_per_token * r.tokens_per_s / 10 for r in runs):.1f}% of a core)  "
-            f"process CPU {statistics.median(r.process_cpu_share for r in runs):.2f} cores")
+    return (
+        f"{name:<12} tok/s median {statistics.median(r.tokens_per_s for r in runs):6.2f} ({speeds})  "
+        f"loop CPU {statistics.median(r.loop_cpu_ms_per_token for r in runs):5.2f} ms/token "
+        f"({statistics.median(r.loop_cpu_ms_per_token * r.tokens_per_s / 10 for r in runs):.1f}% of a core)  "
+        f"process CPU {statistics.median(r.process_cpu_share for r in runs):.2f} cores"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -93,36 +111,49 @@ async def main(args: argparse.Namespace) -> None:
     from localchat.engine.async_engine import AsyncEngine
     from localchat.tui.conversation import DEFAULT_SETTINGS
 
-    engine = AsyncEngine(EngineConfig(model=args.model, num_threads=args.threads, max_model_len=2048))
+    engine = AsyncEngine(
+        EngineConfig(model=args.model, num_threads=args.threads, max_model_len=2048)
+    )
     await engine.start()
     settings = {**DEFAULT_SETTINGS, "max_tokens": args.max_tokens, "ignore_eos": True, "seed": 0}
     try:
-        print(f"model {engine.model_name}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
-              f"{args.max_tokens} tokens, temperature {settings['temperature']}, top_p {settings['top_p']}",
-              flush=True)
+        print(
+            f"model {engine.model_name}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
+            f"{args.max_tokens} tokens, temperature {settings['temperature']}, top_p {settings['top_p']}",
+            flush=True,
+        )
         await engine_alone(engine, {**settings, "max_tokens": 32})  # warm up
         alone: list[Run] = []
         in_chat: list[Run] = []
         for index in range(args.rounds):
             alone.append(await engine_alone(engine, settings))
             in_chat.append(await chat(engine, settings, (args.width, args.height)))
-            print(f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, chat {in_chat[-1].tokens_per_s:.2f} "
-                  f"tok/s; event loop CPU {alone[-1].loop_cpu_ms_per_token:.2f} / "
-                  f"{in_chat[-1].loop_cpu_ms_per_token:.2f} ms per token", flush=True)
+            print(
+                f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, chat {in_chat[-1].tokens_per_s:.2f} "
+                f"tok/s; event loop CPU {alone[-1].loop_cpu_ms_per_token:.2f} / "
+                f"{in_chat[-1].loop_cpu_ms_per_token:.2f} ms per token",
+                flush=True,
+            )
     finally:
         await engine.shutdown()
     print(_summary("engine alone", alone))
     print(_summary("chat", in_chat))
-    ratio = statistics.median(r.tokens_per_s for r in in_chat) / statistics.median(r.tokens_per_s for r in alone)
+    ratio = statistics.median(r.tokens_per_s for r in in_chat) / statistics.median(
+        r.tokens_per_s for r in alone
+    )
     print(f"chat / engine: {ratio:.3f}x (target >= 0.95)")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", default=None, help="model (default: the embedded default model)")
+    parser.add_argument(
+        "model", nargs="?", default=None, help="model (default: the embedded default model)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the engine's)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: the engine's)"
+    )
     parser.add_argument("--width", type=int, default=100)
     parser.add_argument("--height", type=int, default=40)
     asyncio.run(main(parser.parse_args()))

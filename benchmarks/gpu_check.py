@@ -23,8 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_CONFIG = next(p for p in (ROOT.parent / "shared" / "models" / "qwen3-0.6b" / "config.json",
-                                 ROOT / "tests" / "data" / "models" / "qwen3-0.6b" / "config.json") if p.is_file())
+SHARED_CONFIG = next(
+    p
+    for p in (
+        ROOT.parent / "shared" / "models" / "qwen3-0.6b" / "config.json",
+        ROOT / "tests" / "data" / "models" / "qwen3-0.6b" / "config.json",
+    )
+    if p.is_file()
+)
 G1_FLOOR, G2_FLOOR = 37_500.0, 3_600.0  # memory-bound floors on one H200 (issue #3)
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,15 +44,25 @@ def kernel_tests(device: str) -> tuple[str, bool]:
     env = {**os.environ, "LOCALCHAT_KERNEL_DEVICE": device}
     if device != "cpu":
         env.pop("TRITON_INTERPRET", None)
-    result = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels", "-q", "-p", "no:cacheprovider"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/kernels", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     if result.returncode != 0:
         print(result.stdout[-6000:], result.stderr[-2000:])
     return (lines[-1] if lines else "no output"), result.returncode == 0
 
 
-QUANT_SHAPES = [("u4", 32, 4096, 4096), ("u4", 32, 14336, 4096), ("u8", 16, 4096, 4096)]  # layout, group, N, K
+QUANT_SHAPES = [
+    ("u4", 32, 4096, 4096),
+    ("u4", 32, 14336, 4096),
+    ("u8", 16, 4096, 4096),
+]  # layout, group, N, K
 QUANT_ROWS = (1, 16, 512)
 
 
@@ -61,7 +77,9 @@ def packed_weight_for(layout: str, group: int, n: int, k: int, device: str):
         dense = torch.randn(n, k, device=device, generator=generator) * 0.02
         return quantize_weight(dense, 4, group)
     codes = torch.randint(0, 64, (n, k), device=device, generator=generator, dtype=torch.uint8)
-    scales = (torch.rand(n, k // group, device=device, generator=generator) * 1e-3 + 1e-4).to(torch.float16)
+    scales = (torch.rand(n, k // group, device=device, generator=generator) * 1e-3 + 1e-4).to(
+        torch.float16
+    )
     return PackedWeight("u8", codes, scales, None, group, zero_point=32, source_type="Q6_K-like")
 
 
@@ -89,8 +107,11 @@ def quant_linear_check(device: str, tiny: bool) -> list[dict]:
     from localchat.kernels.triton_quant_linear import triton_quant_linear
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    shapes = list(dict.fromkeys((layout, group, 96, 128) for layout, group, _, _ in QUANT_SHAPES)) if tiny \
+    shapes = (
+        list(dict.fromkeys((layout, group, 96, 128) for layout, group, _, _ in QUANT_SHAPES))
+        if tiny
         else QUANT_SHAPES
+    )
     results = []
     for layout, group, n, k in shapes:
         weight = packed_weight_for(layout, group, n, k, device)
@@ -104,15 +125,31 @@ def quant_linear_check(device: str, tiny: bool) -> list[dict]:
             error = (out.float() - expected).abs().amax().item() / scale
             ours = seconds(lambda x=x, w=weight: triton_quant_linear(x, w), device)
             theirs = seconds(lambda x=x, w=dense_lowp: F.linear(x, w), device)
-            results.append({"layout": layout, "group": group, "n": n, "k": k, "m": m, "rel_error": error,
-                            "seconds": ours, "dense_seconds": theirs, "weight_bytes": weight.nbytes,
-                            "dense_bytes": dense_lowp.nbytes, "dense_dtype": str(dtype).removeprefix("torch.")})
+            results.append(
+                {
+                    "layout": layout,
+                    "group": group,
+                    "n": n,
+                    "k": k,
+                    "m": m,
+                    "rel_error": error,
+                    "seconds": ours,
+                    "dense_seconds": theirs,
+                    "weight_bytes": weight.nbytes,
+                    "dense_bytes": dense_lowp.nbytes,
+                    "dense_dtype": str(dtype).removeprefix("torch."),
+                }
+            )
         release(device)
     return results
 
 
-def quant_linear_rows(results: list[dict], device: str) -> tuple[list[tuple[str, str, str, str]], bool]:
-    tolerance = 1e-2 if device == "cuda" else 1e-5  # bfloat16 weights and outputs on CUDA; float32 on the CPU
+def quant_linear_rows(
+    results: list[dict], device: str
+) -> tuple[list[tuple[str, str, str, str]], bool]:
+    tolerance = (
+        1e-2 if device == "cuda" else 1e-5
+    )  # bfloat16 weights and outputs on CUDA; float32 on the CPU
     rows, ok = [], True
     for r in results:
         passed = r["rel_error"] <= tolerance
@@ -123,7 +160,14 @@ def quant_linear_rows(results: list[dict], device: str) -> tuple[list[tuple[str,
             ours += f", {r['weight_bytes'] / r['seconds'] / 1e9:,.0f} GB/s"
             theirs += f", {r['dense_bytes'] / r['dense_seconds'] / 1e9:,.0f} GB/s"
         verdict = f"{'ok' if passed else 'FAILED'}, err {r['rel_error']:.1e}, {r['dense_seconds'] / r['seconds']:.2f}x"
-        rows.append((f"quant linear {r['layout']}/g{r['group']} {r['n']}x{r['k']} M={r['m']}", ours, theirs, verdict))
+        rows.append(
+            (
+                f"quant linear {r['layout']}/g{r['group']} {r['n']}x{r['k']} M={r['m']}",
+                ours,
+                theirs,
+                verdict,
+            )
+        )
     return rows, ok
 
 
@@ -137,9 +181,24 @@ def quant_linear_step(device: str, tiny: bool) -> tuple[list[dict], str]:
         env.pop("TRITON_INTERPRET", None)
     with tempfile.TemporaryDirectory(prefix="localchat-quant-linear-") as tmp:
         path = Path(tmp) / "quant.json"
-        command = [sys.executable, __file__, "--device", device, "--quant-linear-only", "--json", str(path)]
-        result = subprocess.run(command + (["--tiny"] if tiny else []), cwd=ROOT, env=env, capture_output=True,
-                                text=True, timeout=900, check=False)
+        command = [
+            sys.executable,
+            __file__,
+            "--device",
+            device,
+            "--quant-linear-only",
+            "--json",
+            str(path),
+        ]
+        result = subprocess.run(
+            command + (["--tiny"] if tiny else []),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
         if not path.is_file():
             return [], result.stdout[-4000:] + result.stderr[-4000:]
         return json.loads(path.read_text())["quant_linear"], ""
@@ -160,8 +219,14 @@ def make_model(directory: Path, tiny: bool, dtype, device: str) -> None:
 
     config_dict = json.loads(SHARED_CONFIG.read_text())
     if tiny:
-        config_dict.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32)
+        config_dict.update(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+        )
     (directory / "config.json").write_text(json.dumps(config_dict))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory), dtype=dtype)
@@ -176,12 +241,20 @@ def parity(directory: Path, device: str, dtype_name: str) -> dict:
 
     from localchat import LLM
 
-    llm = LLM(str(directory), dtype=dtype_name, device=device, max_model_len=2048, kv_cache_memory="2GiB")
-    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=llm.engine.runtime.dtype).to(device).eval()
+    llm = LLM(
+        str(directory), dtype=dtype_name, device=device, max_model_len=2048, kv_cache_memory="2GiB"
+    )
+    hf = (
+        AutoModelForCausalLM.from_pretrained(directory, dtype=llm.engine.runtime.dtype)
+        .to(device)
+        .eval()
+    )
     generator = torch.Generator().manual_seed(1)
     worst, mean_diffs, agree, total = 0.0, [], 0, 0
     for length in (17, 200, 700):
-        prompt = torch.randint(0, llm.engine.runner.spec.vocab_size, (length,), generator=generator).tolist()
+        prompt = torch.randint(
+            0, llm.engine.runner.spec.vocab_size, (length,), generator=generator
+        ).tolist()
         ours = llm.engine.prompt_logits(prompt)
         with torch.inference_mode():
             theirs = hf(torch.tensor([prompt], device=device)).logits[0].float()
@@ -193,28 +266,43 @@ def parity(directory: Path, device: str, dtype_name: str) -> dict:
     scale = theirs.abs().mean().item()
     del llm, hf
     torch.cuda.empty_cache() if device == "cuda" else None
-    return {"max_abs": worst, "mean_abs": sum(mean_diffs) / len(mean_diffs), "logit_scale": scale,
-            "top1_agreement": agree / total}
+    return {
+        "max_abs": worst,
+        "mean_abs": sum(mean_diffs) / len(mean_diffs),
+        "logit_scale": scale,
+        "top1_agreement": agree / total,
+    }
 
 
-def engine_run(directory: Path, workload, device: str, dtype_name: str, num_requests: int | None = None):
+def engine_run(
+    directory: Path, workload, device: str, dtype_name: str, num_requests: int | None = None
+):
     from localchat.bench.offline import model_target, run_engine, warm_up
     from localchat.bench.records import figures
     from localchat.bench.workloads import allowed_token_ids, random_requests
     from localchat.config import EngineConfig
     from localchat.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(model=str(directory), dtype=dtype_name, device=device,
-                          max_model_len=workload.input_len[1] + workload.output_len[1] + 16)
+    config = EngineConfig(
+        model=str(directory),
+        dtype=dtype_name,
+        device=device,
+        max_model_len=workload.input_len[1] + workload.output_len[1] + 16,
+    )
     started = time.perf_counter()
     engine = LLMEngine(config)
     load_s = time.perf_counter() - started
-    requests = random_requests(workload, allowed_token_ids(engine.runner.spec.vocab_size), config.seed)
+    requests = random_requests(
+        workload, allowed_token_ids(engine.runner.spec.vocab_size), config.seed
+    )
     warm_up(engine, list(range(100, 108)))
     result = run_engine(engine, requests[:num_requests] if num_requests else requests)
     target = model_target(engine)
-    info = {"load_s": load_s, "kv_blocks": engine.block_manager.num_blocks,
-            "graphs": engine.runner.graphs.max_batch_size if engine.runner.graphs else 0}
+    info = {
+        "load_s": load_s,
+        "kv_blocks": engine.block_manager.num_blocks,
+        "graphs": engine.runner.graphs.max_batch_size if engine.runner.graphs else 0,
+    }
     del engine
     return figures(result, workload.kind), target, requests, info
 
@@ -241,14 +329,25 @@ def release(device: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer model and small workloads (CPU dry run)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a 2-layer model and small workloads (CPU dry run)"
+    )
     parser.add_argument("--skip-kernels", action="store_true")
-    parser.add_argument("--quant-linear-only", action="store_true",
-                        help="run only the quantized linear check in this process (CPU: needs TRITON_INTERPRET=1)")
-    parser.add_argument("--hf-g1-requests", type=int, default=64,
-                        help="HF runs the first N requests of G1 (one batch of 64 takes ~1 minute)")
+    parser.add_argument(
+        "--quant-linear-only",
+        action="store_true",
+        help="run only the quantized linear check in this process (CPU: needs TRITON_INTERPRET=1)",
+    )
+    parser.add_argument(
+        "--hf-g1-requests",
+        type=int,
+        default=64,
+        help="HF runs the first N requests of G1 (one batch of 64 takes ~1 minute)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -277,7 +376,9 @@ def main() -> int:
         log("kernel tests ...")
         summary, passed = kernel_tests(device)
         ok &= passed
-        rows.append(("kernel tests (Triton vs torch reference)", summary, "", "ok" if passed else "FAILED"))
+        rows.append(
+            ("kernel tests (Triton vs torch reference)", summary, "", "ok" if passed else "FAILED")
+        )
 
     log("quantized linear (Triton W4A16/W8A16) vs reference and a dense matmul ...")
     report["quant_linear"], failure = quant_linear_step(device, args.tiny)
@@ -297,7 +398,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="localchat-gpu-check-") as tmp:
         directory = Path(tmp)
         log("random weights for the qwen3-0.6b config ...")
-        make_model(directory, args.tiny, torch.bfloat16 if device == "cuda" else torch.float32, device)
+        make_model(
+            directory, args.tiny, torch.bfloat16 if device == "cuda" else torch.float32, device
+        )
 
         log("logits parity with HF ...")
         par = parity(directory, device, dtype_name)
@@ -305,9 +408,14 @@ def main() -> int:
         tolerance = 0.05 * max(par["logit_scale"], 1.0) if device == "cuda" else 1e-3
         parity_ok = par["mean_abs"] <= tolerance and par["top1_agreement"] >= 0.95
         ok &= parity_ok
-        rows.append(("logits vs HF: max / mean |diff|, top-1 agreement",
-                     f"{par['max_abs']:.3g} / {par['mean_abs']:.3g}", f"{100 * par['top1_agreement']:.1f}% agree",
-                     "ok" if parity_ok else "FAILED"))
+        rows.append(
+            (
+                "logits vs HF: max / mean |diff|, top-1 agreement",
+                f"{par['max_abs']:.3g} / {par['mean_abs']:.3g}",
+                f"{100 * par['top1_agreement']:.1f}% agree",
+                "ok" if parity_ok else "FAILED",
+            )
+        )
         release(device)
 
         log("G2 (batch-1 decode) localchat ...")
@@ -323,18 +431,40 @@ def main() -> int:
         hf_g1 = hf_run(target, g1, requests[:hf_g1_requests], 64)
         release(device)
 
-    report.update(g1={"localchat": ours_g1, "hf": hf_g1, "hf_requests": hf_g1_requests, "engine": info_g1},
-                  g2={"localchat": ours_g2, "hf": hf_g2, "engine": info})
+    report.update(
+        g1={"localchat": ours_g1, "hf": hf_g1, "hf_requests": hf_g1_requests, "engine": info_g1},
+        g2={"localchat": ours_g2, "hf": hf_g2, "engine": info},
+    )
     g2_ours, g2_hf = ours_g2.get("decode_tok_s") or 0.0, hf_g2.get("decode_tok_s") or 0.0
     g1_ours, g1_hf = ours_g1["output_throughput"] or 0.0, hf_g1["output_throughput"] or 0.0
-    rows.append(("G2 decode tok/s (batch 1)", f"{g2_ours:,.0f}", f"HF {g2_hf:,.1f}",
-                 f"{g2_ours / g2_hf:.1f}x HF, {100 * g2_ours / G2_FLOOR:.0f}% of floor" if g2_hf else "-"))
-    rows.append((f"G1 output tok/s ({g1.num_requests} requests)", f"{g1_ours:,.0f}",
-                 f"HF {g1_hf:,.1f} ({hf_g1_requests} req.)",
-                 f"{g1_ours / g1_hf:.1f}x HF, {100 * g1_ours / G1_FLOOR:.0f}% of floor" if g1_hf else "-"))
-    rows.append(("G1 TTFT / TPOT mean (ms)", f"{ours_g1['ttft_ms']['mean']:,.0f} / {ours_g1['tpot_ms']['mean']:.1f}",
-                 f"HF {hf_g1['ttft_ms']['mean']:,.0f} / {hf_g1['tpot_ms']['mean']:.1f}",
-                 f"{info_g1['kv_blocks']} KV blocks, graphs to {info_g1['graphs']}"))
+    rows.append(
+        (
+            "G2 decode tok/s (batch 1)",
+            f"{g2_ours:,.0f}",
+            f"HF {g2_hf:,.1f}",
+            f"{g2_ours / g2_hf:.1f}x HF, {100 * g2_ours / G2_FLOOR:.0f}% of floor"
+            if g2_hf
+            else "-",
+        )
+    )
+    rows.append(
+        (
+            f"G1 output tok/s ({g1.num_requests} requests)",
+            f"{g1_ours:,.0f}",
+            f"HF {g1_hf:,.1f} ({hf_g1_requests} req.)",
+            f"{g1_ours / g1_hf:.1f}x HF, {100 * g1_ours / G1_FLOOR:.0f}% of floor"
+            if g1_hf
+            else "-",
+        )
+    )
+    rows.append(
+        (
+            "G1 TTFT / TPOT mean (ms)",
+            f"{ours_g1['ttft_ms']['mean']:,.0f} / {ours_g1['tpot_ms']['mean']:.1f}",
+            f"HF {hf_g1['ttft_ms']['mean']:,.0f} / {hf_g1['tpot_ms']['mean']:.1f}",
+            f"{info_g1['kv_blocks']} KV blocks, graphs to {info_g1['graphs']}",
+        )
+    )
 
     print_table(rows)
     if args.json:

@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", help=f"preset ({', '.join(PRESETS)}) or a config.json path")
     parser.add_argument("output", help="the .gguf file to write")
-    parser.add_argument("--quant", default="q4_k_m", choices=list(QUANTS), help="quantization mix (default q4_k_m)")
+    parser.add_argument(
+        "--quant", default="q4_k_m", choices=list(QUANTS), help="quantization mix (default q4_k_m)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--std", type=float, default=0.02, help="standard deviation of the weights")
     args = parser.parse_args(argv)
@@ -35,21 +37,28 @@ def main(argv: list[str] | None = None) -> int:
         percent = 100 * done // total
         if percent // 10 != shown[0]:
             shown[0] = percent // 10
-            print(f"\r{percent:3d}% of {total / 2**30:.2f} GiB", end="", file=sys.stderr, flush=True)
+            print(
+                f"\r{percent:3d}% of {total / 2**30:.2f} GiB", end="", file=sys.stderr, flush=True
+            )
 
     try:
         shape = resolve_shape(args.shape)
-        print(f"{shape.name} ({shape.arch}, {shape.num_layers} layers, hidden {shape.hidden_size}) in {args.quant}",
-              file=sys.stderr)
-        path = write_random_gguf(args.output, shape, args.quant, seed=args.seed, std=args.std, progress=progress)
+        print(
+            f"{shape.name} ({shape.arch}, {shape.num_layers} layers, hidden {shape.hidden_size}) in {args.quant}",
+            file=sys.stderr,
+        )
+        path = write_random_gguf(
+            args.output, shape, args.quant, seed=args.seed, std=args.std, progress=progress
+        )
     except LocalchatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"\nwrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - start:.1f} s",
-          file=sys.stderr)
+    print(
+        f"\nwrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

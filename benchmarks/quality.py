@@ -26,7 +26,7 @@ DEFAULT_TEXT = Path(__file__).parent / "data" / "declaration.txt"
 
 
 def windows(ids: list[int], size: int) -> list[list[int]]:
-    return [ids[i:i + size] for i in range(0, len(ids) - 1, size) if len(ids[i:i + size]) > 1]
+    return [ids[i : i + size] for i in range(0, len(ids) - 1, size) if len(ids[i : i + size]) > 1]
 
 
 def nll_sum(logits: torch.Tensor, ids: list[int]) -> float:
@@ -43,12 +43,19 @@ def llama_cpp_perplexity(path: str, chunks: list[list[int]], window: int, thread
     import numpy as np
     from llama_cpp import Llama
 
-    model = Llama(model_path=path, n_ctx=window, n_batch=window, logits_all=True, n_threads=threads, verbose=False)
+    model = Llama(
+        model_path=path,
+        n_ctx=window,
+        n_batch=window,
+        logits_all=True,
+        n_threads=threads,
+        verbose=False,
+    )
     total, count = 0.0, 0
     for chunk in chunks:
         model.reset()
         model.eval(chunk)
-        logits = torch.from_numpy(np.array(model.scores[:len(chunk)], dtype=np.float32))
+        logits = torch.from_numpy(np.array(model.scores[: len(chunk)], dtype=np.float32))
         total += nll_sum(logits, chunk)
         count += len(chunk) - 1
     return math.exp(total / count)
@@ -56,7 +63,9 @@ def llama_cpp_perplexity(path: str, chunks: list[list[int]], window: int, thread
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", default=None, help="a GGUF file (default: the embedded default model)")
+    parser.add_argument(
+        "model", nargs="?", default=None, help="a GGUF file (default: the embedded default model)"
+    )
     parser.add_argument("--text", default=str(DEFAULT_TEXT))
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
@@ -76,19 +85,33 @@ def main() -> None:
     started = time.perf_counter()
     q_logits, f_logits = engine_logits(quantized, chunks[0]), engine_logits(reference, chunks[0])
     agreement = (q_logits.argmax(-1) == f_logits.argmax(-1)).float().mean().item()
-    kl = torch.nn.functional.kl_div(q_logits.log_softmax(-1), f_logits.log_softmax(-1), log_target=True,
-                                    reduction="none").sum(-1)
-    results = {"model": Path(path).name, "tokens": len(ids), "window": args.window, "windows": len(chunks),
-               "logits_positions": len(chunks[0]), "top1_agreement": agreement, "max_kl": kl.max().item(),
-               "mean_kl": kl.mean().item()}
+    kl = torch.nn.functional.kl_div(
+        q_logits.log_softmax(-1), f_logits.log_softmax(-1), log_target=True, reduction="none"
+    ).sum(-1)
+    results = {
+        "model": Path(path).name,
+        "tokens": len(ids),
+        "window": args.window,
+        "windows": len(chunks),
+        "logits_positions": len(chunks[0]),
+        "top1_agreement": agreement,
+        "max_kl": kl.max().item(),
+        "mean_kl": kl.mean().item(),
+    }
     for name, llm in (("localchat_quantized", quantized), ("localchat_float32", reference)):
         total = sum(nll_sum(engine_logits(llm, chunk), chunk) for chunk in chunks)
         results[f"ppl_{name}"] = math.exp(total / sum(len(c) - 1 for c in chunks))
     if not args.no_llama_cpp:
         results["ppl_llama_cpp"] = llama_cpp_perplexity(path, chunks, args.window, args.threads)
-        results["ppl_ratio_localchat_vs_llama_cpp"] = results["ppl_localchat_quantized"] / results["ppl_llama_cpp"]
-    results.update(seconds=round(time.perf_counter() - started, 1), machine=platform.processor() or platform.machine(),
-                   date=time.strftime("%Y-%m-%d"), torch=torch.__version__)
+        results["ppl_ratio_localchat_vs_llama_cpp"] = (
+            results["ppl_localchat_quantized"] / results["ppl_llama_cpp"]
+        )
+    results.update(
+        seconds=round(time.perf_counter() - started, 1),
+        machine=platform.processor() or platform.machine(),
+        date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__,
+    )
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

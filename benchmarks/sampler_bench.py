@@ -27,7 +27,7 @@ from localchat.engine.sampler import Sampler, SamplingBatch
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request, Sequence, TokenLogprob
 
-VOCAB = 49152       # SmolLM2
+VOCAB = 49152  # SmolLM2
 PROMPT_TOKENS = 1000
 EOS = {0, 2}
 PENALTIES = {"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5}
@@ -41,7 +41,12 @@ SETTINGS: dict[str, dict] = {
     "top_p 0.95 + penalties": dict(temperature=0.7, top_p=0.95, **PENALTIES),
     "top_k 40 + penalties": dict(temperature=0.7, top_k=40, **PENALTIES),
     "min_p 0.05 + penalties": dict(temperature=0.7, min_p=0.05, **PENALTIES),
-    "top_p 0.95 + min_tokens": {"temperature": 0.7, "top_p": 0.95, "min_tokens": 10_000, "max_tokens": 20_000},
+    "top_p 0.95 + min_tokens": {
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "min_tokens": 10_000,
+        "max_tokens": 20_000,
+    },
     "top_p 0.95 + seed": {"temperature": 0.7, "top_p": 0.95, "seed": 1},
     "top_p 0.95 + logprobs 5": {"temperature": 0.7, "top_p": 0.95, "logprobs": 5},
     "flat: top_p 0.95 (full sort)": {"temperature": 0.7, "top_p": 0.95},
@@ -67,14 +72,24 @@ def make_seqs(batch: int, params: SamplingParams, gen: torch.Generator) -> list[
     return seqs
 
 
-def time_calls(variants: dict, logits_pool: list[torch.Tensor], batch: int, params: SamplingParams,
-               gen: torch.Generator, calls: int, rounds: int = 4) -> dict[str, float]:
+def time_calls(
+    variants: dict,
+    logits_pool: list[torch.Tensor],
+    batch: int,
+    params: SamplingParams,
+    gen: torch.Generator,
+    calls: int,
+    rounds: int = 4,
+) -> dict[str, float]:
     """Median microseconds per call of each variant's sample(logits, seqs). The variants take turns in blocks
     of calls / rounds (so that they share whatever else the machine is doing, and neither runs on the caches
     the other left). Each appends its sampled tokens to its own sequences, as the engine does."""
     seqs = {label: make_seqs(batch, params, gen) for label in variants}
     times: dict[str, list[float]] = {label: [] for label in variants}
-    for label, sample_fn in variants.items():  # warm up; the first steps of a sequence are not typical either
+    for (
+        label,
+        sample_fn,
+    ) in variants.items():  # warm up; the first steps of a sequence are not typical either
         for seq, token in zip(seqs[label], sample_fn(logits_pool[0], seqs[label])):
             seq.append_token(token)
     for round_ in range(rounds):
@@ -94,6 +109,7 @@ def new_sampler():
 
     def run(logits, seqs):
         return sampler(logits, SamplingBatch.from_seqs(seqs, VOCAB, EOS, logits.device)).token_ids
+
     return run
 
 
@@ -101,7 +117,10 @@ def ref_sampler():
     sampler = _RefSampler()
 
     def run(logits, seqs):
-        return sampler(logits, _RefSamplingBatch.from_seqs(seqs, VOCAB, EOS, logits.device)).token_ids
+        return sampler(
+            logits, _RefSamplingBatch.from_seqs(seqs, VOCAB, EOS, logits.device)
+        ).token_ids
+
     return run
 
 
@@ -111,9 +130,15 @@ def top_p_set_sizes(logits: torch.Tensor, temperature=0.7, top_p=0.95) -> list[i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compare-ref", action="store_true", help="also time the pre-issue-9 sampler")
-    parser.add_argument("--calls", type=int, default=200, help="timed calls per setting and batch size")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--compare-ref", action="store_true", help="also time the pre-issue-9 sampler"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=200, help="timed calls per setting and batch size"
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="settings to run (substring match)")
@@ -121,9 +146,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     sizes = sorted(top_p_set_sizes(lm_like_logits(64, gen)))
-    print(f"vocab {VOCAB}, {args.threads} threads; median of {args.calls} calls at batch 1, "
-          f"{max(args.calls // 8, 10)} above; microseconds per call")
-    print(f"top-p 0.95 set at temperature 0.7 on these logits: median {sizes[32]}, max {sizes[-1]} tokens")
+    print(
+        f"vocab {VOCAB}, {args.threads} threads; median of {args.calls} calls at batch 1, "
+        f"{max(args.calls // 8, 10)} above; microseconds per call"
+    )
+    print(
+        f"top-p 0.95 set at temperature 0.7 on these logits: median {sizes[32]}, max {sizes[-1]} tokens"
+    )
     header = f"{'setting':32s} {'batch':>5s} {'new':>9s}"
     if args.compare_ref:
         header += f" {'before':>9s} {'speedup':>8s}"
@@ -134,7 +163,10 @@ def main() -> None:
         params = SamplingParams(**setting)
         for batch in args.batch:
             # fresh rows for most calls: outputs, and so penalties, spread over the vocabulary as in a reply
-            pool = [lm_like_logits(batch, gen, flat=name.startswith("flat")) for _ in range(64 if batch == 1 else 8)]
+            pool = [
+                lm_like_logits(batch, gen, flat=name.startswith("flat"))
+                for _ in range(64 if batch == 1 else 8)
+            ]
             calls = args.calls if batch == 1 else max(args.calls // 8, 10)
             variants = {"new": new_sampler()}
             if args.compare_ref:
@@ -166,10 +198,14 @@ class _RefSamplingBatch:
         params = [seq.params for seq in seqs]
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
-        temperature = torch.tensor([0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32)
+        temperature = torch.tensor(
+            [0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32
+        )
         top_k = top_p = min_p = None
         if not all_greedy and any(p.top_k > 0 for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in params], dtype=torch.int64)
+            top_k = torch.tensor(
+                [p.top_k if p.top_k > 0 else vocab_size for p in params], dtype=torch.int64
+            )
         if not all_greedy and any(p.top_p < 1.0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
         if not all_greedy and any(p.min_p > 0.0 for p in params):
@@ -177,14 +213,25 @@ class _RefSamplingBatch:
         banned = []
         for row, seq in enumerate(seqs):
             if seq.num_output_tokens < seq.params.min_tokens:
-                ids = set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else eos_token_ids)
+                ids = set(seq.params.stop_token_ids) | (
+                    set() if seq.params.ignore_eos else eos_token_ids
+                )
                 banned.append((row, sorted(i for i in ids if i < vocab_size)))
-        penalties = _ref_penalty_tensors(seqs, vocab_size) if any(p.has_penalties for p in params) else None
+        penalties = (
+            _ref_penalty_tensors(seqs, vocab_size) if any(p.has_penalties for p in params) else None
+        )
         to = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return cls(temperature=to(temperature), top_k=to(top_k), top_p=to(top_p), min_p=to(min_p),
-                   penalties=None if penalties is None else tuple(to(t) for t in penalties),
-                   banned=banned, generators=[seq.generator for seq in seqs],
-                   num_logprobs=[p.logprobs for p in params], all_greedy=all_greedy)
+        return cls(
+            temperature=to(temperature),
+            top_k=to(top_k),
+            top_p=to(top_p),
+            min_p=to(min_p),
+            penalties=None if penalties is None else tuple(to(t) for t in penalties),
+            banned=banned,
+            generators=[seq.generator for seq in seqs],
+            num_logprobs=[p.logprobs for p in params],
+            all_greedy=all_greedy,
+        )
 
 
 def _ref_penalty_tensors(seqs, vocab_size):
@@ -195,7 +242,7 @@ def _ref_penalty_tensors(seqs, vocab_size):
     prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)
     output_counts = torch.zeros(rows, vocab_size, dtype=torch.float32)
     for row, seq in enumerate(seqs):
-        prompt_ids = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.int64)
+        prompt_ids = torch.tensor(seq.token_ids[: seq.num_prompt_tokens], dtype=torch.int64)
         prompt_mask[row, prompt_ids] = True
         output_ids = torch.tensor(seq.output_token_ids, dtype=torch.int64)
         output_counts[row].index_add_(0, output_ids, torch.ones(len(output_ids)))
@@ -228,7 +275,9 @@ class _RefSampler:
             repetition, presence, frequency, prompt_mask, output_counts = batch.penalties
             seen = prompt_mask | (output_counts > 0)
             penalty = repetition.unsqueeze(1)
-            logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+            logits = torch.where(
+                seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits
+            )
             logits = logits - frequency.unsqueeze(1) * output_counts
             logits = logits - presence.unsqueeze(1) * (output_counts > 0).float()
         return logits
@@ -246,7 +295,9 @@ class _RefSampler:
         race = torch.empty_like(probs).exponential_()
         for row, generator in enumerate(batch.generators):
             if generator is not None:
-                race[row] = torch.empty(probs.shape[1]).exponential_(generator=generator).to(probs.device)
+                race[row] = (
+                    torch.empty(probs.shape[1]).exponential_(generator=generator).to(probs.device)
+                )
         sampled = (probs / race).argmax(dim=-1)
         return torch.where(greedy_rows, greedy_tokens, sampled)
 
@@ -260,14 +311,24 @@ class _RefSampler:
         ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
         max_k = max(k for k in num_logprobs if k is not None)
         top_values, top_ids = logprobs.topk(max(max_k, 1), dim=-1)
-        chosen, top_values, top_ids = chosen.squeeze(1).tolist(), top_values.tolist(), top_ids.tolist()
+        chosen, top_values, top_ids = (
+            chosen.squeeze(1).tolist(),
+            top_values.tolist(),
+            top_ids.tolist(),
+        )
         result = []
         for row, k in enumerate(num_logprobs):
             if k is None:
                 result.append(None)
                 continue
-            result.append(TokenLogprob(tokens[row], chosen[row], ranks[row], list(zip(top_ids[row][:k],
-                                                                                       top_values[row][:k]))))
+            result.append(
+                TokenLogprob(
+                    tokens[row],
+                    chosen[row],
+                    ranks[row],
+                    list(zip(top_ids[row][:k], top_values[row][:k])),
+                )
+            )
         return result
 
 

@@ -32,7 +32,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("stream", "dropped", "completion", "malformed", "tokenize")
-TOPICS = ["the sea", "a red fox", "paging in operating systems", "bread", "the moon", "trains", "tea", "rain"]
+TOPICS = [
+    "the sea",
+    "a red fox",
+    "paging in operating systems",
+    "bread",
+    "the moon",
+    "trains",
+    "tea",
+    "rain",
+]
 
 
 @dataclass
@@ -54,14 +63,21 @@ def rss_mib(pid: int) -> float:
 
 def _chat_body(rng: random.Random, stream: bool) -> dict:
     words = " and ".join(rng.choice(TOPICS) for _ in range(rng.randint(1, 8)))
-    return {"messages": [{"role": "user", "content": f"Write about {words}."}], "stream": stream,
-            "max_tokens": rng.randint(8, 64), "temperature": rng.choice([0, 0.7, 1.0]), "seed": rng.randint(0, 9)}
+    return {
+        "messages": [{"role": "user", "content": f"Write about {words}."}],
+        "stream": stream,
+        "max_tokens": rng.randint(8, 64),
+        "temperature": rng.choice([0, 0.7, 1.0]),
+        "seed": rng.randint(0, 9),
+    }
 
 
 async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random) -> None:
     if kind in ("stream", "dropped"):
         keep = 10**9 if kind == "stream" else rng.randint(1, 4)
-        async with client.stream("POST", "/v1/chat/completions", json=_chat_body(rng, True)) as response:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=_chat_body(rng, True)
+        ) as response:
             if response.status_code != 200:
                 raise RuntimeError(f"{kind}: HTTP {response.status_code}")
             seen = 0
@@ -73,27 +89,43 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random) -> None
             if kind == "stream" and line != "data: [DONE]":
                 raise RuntimeError("stream ended without [DONE]")
     elif kind == "completion":
-        body = {"prompt": f"Once upon a time, {rng.choice(TOPICS)}", "max_tokens": rng.randint(4, 64),
-                "logprobs": rng.choice([None, 2])}
+        body = {
+            "prompt": f"Once upon a time, {rng.choice(TOPICS)}",
+            "max_tokens": rng.randint(4, 64),
+            "logprobs": rng.choice([None, 2]),
+        }
         response = await client.post("/v1/completions", json=body)
         if response.status_code != 200 or not response.json()["choices"]:
             raise RuntimeError(f"completion: HTTP {response.status_code}")
     elif kind == "malformed":
-        bad = rng.choice([b"{not json", json.dumps({"messages": []}).encode(),
-                          json.dumps({"prompt": "x", "temperature": -3}).encode(),
-                          json.dumps({"prompt": [10**9]}).encode()])
-        response = await client.post("/v1/completions", content=bad, headers={"content-type": "application/json"})
+        bad = rng.choice(
+            [
+                b"{not json",
+                json.dumps({"messages": []}).encode(),
+                json.dumps({"prompt": "x", "temperature": -3}).encode(),
+                json.dumps({"prompt": [10**9]}).encode(),
+            ]
+        )
+        response = await client.post(
+            "/v1/completions", content=bad, headers={"content-type": "application/json"}
+        )
         if response.status_code != 400:
             raise RuntimeError(f"malformed: HTTP {response.status_code}, expected 400")
     else:
-        response = await client.post("/tokenize", json={"prompt": " ".join(TOPICS * rng.randint(1, 20))})
+        response = await client.post(
+            "/tokenize", json={"prompt": " ".join(TOPICS * rng.randint(1, 20))}
+        )
         if response.status_code != 200:
             raise RuntimeError(f"tokenize: HTTP {response.status_code}")
 
 
-async def _client(index: int, base_url: str, deadline: float, budget: list[int], counts: Counts) -> None:
+async def _client(
+    index: int, base_url: str, deadline: float, budget: list[int], counts: Counts
+) -> None:
     rng = random.Random(index)
-    async with httpx.AsyncClient(base_url=base_url, timeout=None) as client:  # a slow answer is no error
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=None
+    ) as client:  # a slow answer is no error
         while time.monotonic() < deadline and budget[0] > 0:
             budget[0] -= 1
             kind = KINDS[rng.randrange(len(KINDS))]
@@ -104,14 +136,27 @@ async def _client(index: int, base_url: str, deadline: float, budget: list[int],
                 counts.errors.append(f"{type(exc).__name__}: {exc}")
 
 
-async def soak(base_url: str, pid: int, clients: int, duration: float, max_requests: int, every: float,
-               grace: float) -> int:
+async def soak(
+    base_url: str,
+    pid: int,
+    clients: int,
+    duration: float,
+    max_requests: int,
+    every: float,
+    grace: float,
+) -> int:
     counts, budget = Counts(), [max_requests]
     start = time.monotonic()
     ready = rss_mib(pid)
     samples = [(0.0, ready)]
-    print(f"{'t (s)':>7} {'RSS MiB':>8} {'requests':>9} {'errors':>6}   (RSS at ready: {ready:.0f} MiB)", flush=True)
-    tasks = [asyncio.create_task(_client(i, base_url, start + duration, budget, counts)) for i in range(clients)]
+    print(
+        f"{'t (s)':>7} {'RSS MiB':>8} {'requests':>9} {'errors':>6}   (RSS at ready: {ready:.0f} MiB)",
+        flush=True,
+    )
+    tasks = [
+        asyncio.create_task(_client(i, base_url, start + duration, budget, counts))
+        for i in range(clients)
+    ]
     cut = 0
     while not all(t.done() for t in tasks):
         await asyncio.wait(tasks, timeout=every)
@@ -121,18 +166,33 @@ async def soak(base_url: str, pid: int, clients: int, duration: float, max_reque
                 task.cancel()  # closes their connections: the server aborts those requests
             await asyncio.gather(*tasks, return_exceptions=True)
         samples.append((time.monotonic() - start, rss_mib(pid)))
-        print(f"{samples[-1][0]:7.0f} {samples[-1][1]:8.0f} {counts.total:9d} {len(counts.errors):6d}", flush=True)
+        print(
+            f"{samples[-1][0]:7.0f} {samples[-1][1]:8.0f} {counts.total:9d} {len(counts.errors):6d}",
+            flush=True,
+        )
     await asyncio.sleep(2)  # let aborts of the last dropped streams land
     metrics = httpx.get(f"{base_url}/metrics").text
-    usage = next((line.split()[-1] for line in metrics.splitlines()
-                  if line.startswith("localchat_kv_cache_usage_perc ")), "?")
+    usage = next(
+        (
+            line.split()[-1]
+            for line in metrics.splitlines()
+            if line.startswith("localchat_kv_cache_usage_perc ")
+        ),
+        "?",
+    )
     peak = max(rss for _, rss in samples)
     final = rss_mib(pid)
-    print(f"\nrequests {counts.done}, errors {len(counts.errors)}, cut at the end {cut}, KV usage after {usage}")
-    print(f"RSS: ready {ready:.0f} MiB, peak {peak:.0f} MiB (+{peak - ready:.0f}), end {final:.0f} MiB "
-          f"(+{final - ready:.0f}) after {time.monotonic() - start:.0f} s with {clients} clients")
+    print(
+        f"\nrequests {counts.done}, errors {len(counts.errors)}, cut at the end {cut}, KV usage after {usage}"
+    )
+    print(
+        f"RSS: ready {ready:.0f} MiB, peak {peak:.0f} MiB (+{peak - ready:.0f}), end {final:.0f} MiB "
+        f"(+{final - ready:.0f}) after {time.monotonic() - start:.0f} s with {clients} clients"
+    )
     # the KV pool is allocated untouched: its pages join the RSS as blocks are first used, up to its size
-    print("(RSS grows by the KV pool's pages as blocks are first used: up to --kv-cache-memory, 1 GiB on a CPU)")
+    print(
+        "(RSS grows by the KV pool's pages as blocks are first used: up to --kv-cache-memory, 1 GiB on a CPU)"
+    )
     for error in sorted(set(counts.errors))[:10]:
         print("  error:", error)
     return 1 if counts.errors else 0
@@ -142,8 +202,11 @@ def _start_server(serve_args: list[str], log_path: Path) -> tuple[subprocess.Pop
     from tests.serve_process import _wait_until_healthy
 
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", "0", *serve_args],
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "serve", "--port", "0", *serve_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         return process, _wait_until_healthy(process, log_path, timeout=300)
     except BaseException:
@@ -152,12 +215,18 @@ def _start_server(serve_args: list[str], log_path: Path) -> tuple[subprocess.Pop
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
-    parser.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
+    parser.add_argument(
+        "--max-requests", type=int, default=100_000, help="stop after this many requests"
+    )
     parser.add_argument("--every", type=float, default=15.0, help="seconds between RSS lines")
-    parser.add_argument("--grace", type=float, default=60.0, help="seconds running requests get after --duration")
+    parser.add_argument(
+        "--grace", type=float, default=60.0, help="seconds running requests get after --duration"
+    )
     parser.add_argument("--url", help="an already running server (give its --pid too)")
     parser.add_argument("--pid", type=int)
     parser.add_argument("serve_args", nargs="*", help="after --: arguments for `localchat serve`")
@@ -165,14 +234,32 @@ def main() -> int:
     if args.url:
         if args.pid is None:
             parser.error("--url needs --pid (the server's process id, to read its RSS)")
-        return asyncio.run(soak(args.url.rstrip("/"), args.pid, args.clients, args.duration, args.max_requests,
-                                args.every, args.grace))
+        return asyncio.run(
+            soak(
+                args.url.rstrip("/"),
+                args.pid,
+                args.clients,
+                args.duration,
+                args.max_requests,
+                args.every,
+                args.grace,
+            )
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     log_path = Path(tempfile.mkdtemp(prefix="localchat-soak-")) / "serve.log"
     process, base_url = _start_server(args.serve_args, log_path)
     try:
-        return asyncio.run(soak(base_url, process.pid, args.clients, args.duration, args.max_requests, args.every,
-                                args.grace))
+        return asyncio.run(
+            soak(
+                base_url,
+                process.pid,
+                args.clients,
+                args.duration,
+                args.max_requests,
+                args.every,
+                args.grace,
+            )
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         try:

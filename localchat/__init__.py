@@ -4,7 +4,15 @@ from localchat.config import EngineConfig
 from localchat.errors import LocalchatError
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "AsyncEngine", "EngineConfig", "LLMEngine", "LocalchatError", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "EngineConfig",
+    "LLMEngine",
+    "LocalchatError",
+    "SamplingParams",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
@@ -12,14 +20,18 @@ def __getattr__(name: str):
     # and the HTTP client stay fast.
     if name == "LLM":
         from localchat.engine.llm import LLM
+
         return LLM
     if name == "AsyncEngine":
         from localchat.engine.async_engine import AsyncEngine
+
         return AsyncEngine
     if name == "LLMEngine":
         from localchat.engine.llm_engine import LLMEngine
+
         return LLMEngine
     if name == "SamplingParams":
         from localchat.engine.sampling_params import SamplingParams
+
         return SamplingParams
     raise AttributeError(f"module 'localchat' has no attribute {name!r}")

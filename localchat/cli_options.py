@@ -22,23 +22,99 @@ def _opt(*names: str, help: str, **kwargs):
 
 # name -> (annotation, default): each becomes a keyword-only CLI option of the decorated command.
 ENGINE_PARAMETERS: dict[str, tuple] = {
-    "dtype": (Annotated[str, _opt("--dtype", help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16, bfloat16")], "auto"),
+    "dtype": (
+        Annotated[
+            str,
+            _opt(
+                "--dtype",
+                help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16, bfloat16",
+            ),
+        ],
+        "auto",
+    ),
     "device": (Annotated[str, _opt("--device", help="auto, cpu or cuda")], "auto"),
-    "max_model_len": (Annotated[Optional[int], _opt("--max-model-len", help="Context length (default: the model's, at most 8192 on CPU)")], None),
-    "max_num_seqs": (Annotated[Optional[int], _opt("--max-num-seqs", help="Most sequences in one batch")], None),
-    "max_num_batched_tokens": (Annotated[Optional[int], _opt("--max-num-batched-tokens", help="Token budget of one step (prefill chunk size)")], None),
-    "kv_cache_memory": (Annotated[Optional[str], _opt("--kv-cache-memory", help="KV cache size, e.g. 512MiB or 4GiB")], None),
-    "gpu_memory_utilization": (Annotated[float, _opt("--gpu-memory-utilization", help="Fraction of GPU memory to use (CUDA)")], 0.9),
+    "max_model_len": (
+        Annotated[
+            Optional[int],
+            _opt(
+                "--max-model-len", help="Context length (default: the model's, at most 8192 on CPU)"
+            ),
+        ],
+        None,
+    ),
+    "max_num_seqs": (
+        Annotated[Optional[int], _opt("--max-num-seqs", help="Most sequences in one batch")],
+        None,
+    ),
+    "max_num_batched_tokens": (
+        Annotated[
+            Optional[int],
+            _opt("--max-num-batched-tokens", help="Token budget of one step (prefill chunk size)"),
+        ],
+        None,
+    ),
+    "kv_cache_memory": (
+        Annotated[
+            Optional[str], _opt("--kv-cache-memory", help="KV cache size, e.g. 512MiB or 4GiB")
+        ],
+        None,
+    ),
+    "gpu_memory_utilization": (
+        Annotated[
+            float, _opt("--gpu-memory-utilization", help="Fraction of GPU memory to use (CUDA)")
+        ],
+        0.9,
+    ),
     "block_size": (Annotated[int, _opt("--block-size", help="Tokens per KV block")], 16),
-    "enable_prefix_caching": (Annotated[bool, _opt("--prefix-caching/--no-prefix-caching", help="Reuse the KV of shared prompt prefixes")], True),
+    "enable_prefix_caching": (
+        Annotated[
+            bool,
+            _opt(
+                "--prefix-caching/--no-prefix-caching",
+                help="Reuse the KV of shared prompt prefixes",
+            ),
+        ],
+        True,
+    ),
     "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="Disable CUDA graphs")], False),
-    "load_format": (Annotated[str, _opt("--load-format", help="auto, or dummy for random weights from config.json")], "auto"),
-    "quantization": (Annotated[str, _opt("--quantization", help="auto (GGUF stays quantized), none (dequantize), "
-                                         "int8 or int4 (weight-only, group 32, for dense checkpoints)")], "auto"),
-    "chat_template": (Annotated[Optional[str], _opt("--chat-template", help="Jinja chat template file overriding the model's")], None),
-    "tokenizer": (Annotated[Optional[str], _opt("--tokenizer", help="Tokenizer directory (default: the model's)")], None),
-    "seed": (Annotated[int, _opt("--seed", help="Seed for random weights and unseeded sampling")], 0),
-    "num_threads": (Annotated[Optional[int], _opt("--threads", help="CPU threads for torch")], None),
+    "load_format": (
+        Annotated[
+            str, _opt("--load-format", help="auto, or dummy for random weights from config.json")
+        ],
+        "auto",
+    ),
+    "quantization": (
+        Annotated[
+            str,
+            _opt(
+                "--quantization",
+                help="auto (GGUF stays quantized), none (dequantize), "
+                "int8 or int4 (weight-only, group 32, for dense checkpoints)",
+            ),
+        ],
+        "auto",
+    ),
+    "chat_template": (
+        Annotated[
+            Optional[str],
+            _opt("--chat-template", help="Jinja chat template file overriding the model's"),
+        ],
+        None,
+    ),
+    "tokenizer": (
+        Annotated[
+            Optional[str], _opt("--tokenizer", help="Tokenizer directory (default: the model's)")
+        ],
+        None,
+    ),
+    "seed": (
+        Annotated[int, _opt("--seed", help="Seed for random weights and unseeded sampling")],
+        0,
+    ),
+    "num_threads": (
+        Annotated[Optional[int], _opt("--threads", help="CPU threads for torch")],
+        None,
+    ),
 }
 
 
@@ -62,11 +138,20 @@ def engine_options(func):
     """Give a command the engine flags; it receives them as `engine_config: EngineConfig` (built from its
     `model` argument and the flags) and must not declare them itself."""
     signature = inspect.signature(func)
-    hints = typing.get_type_hints(func, include_extras=True)  # resolve string annotations in func's module
-    own = [p.replace(annotation=hints.get(name, p.annotation))
-           for name, p in signature.parameters.items() if name != "engine_config"]
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-             for name, (annotation, default) in ENGINE_PARAMETERS.items()]
+    hints = typing.get_type_hints(
+        func, include_extras=True
+    )  # resolve string annotations in func's module
+    own = [
+        p.replace(annotation=hints.get(name, p.annotation))
+        for name, p in signature.parameters.items()
+        if name != "engine_config"
+    ]
+    extra = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+        )
+        for name, (annotation, default) in ENGINE_PARAMETERS.items()
+    ]
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):

@@ -50,7 +50,9 @@ def auth_headers(api_key: str | None) -> dict:
 class APIError(Exception):
     """An HTTP error from the server: `status`, `message`, and the OpenAI error `type` and `param`."""
 
-    def __init__(self, status: int, message: str, error_type: str | None = None, param: str | None = None):
+    def __init__(
+        self, status: int, message: str, error_type: str | None = None, param: str | None = None
+    ):
         super().__init__(f"{status}: {message}")
         self.status, self.message, self.type, self.param = status, message, error_type, param
 
@@ -79,8 +81,12 @@ class Usage:
     @classmethod
     def from_dict(cls, usage: dict) -> Usage:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        return cls(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), usage.get("total_tokens", 0),
-                   cached)
+        return cls(
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+            usage.get("total_tokens", 0),
+            cached,
+        )
 
 
 @dataclass
@@ -128,9 +134,15 @@ def _payload(key: str, value, stream: bool, model: str | None, params: dict) -> 
 
 def _completion(body: dict) -> Completion:
     choices = sorted(body.get("choices", []), key=lambda c: c.get("index", 0))
-    texts = [c["message"].get("content") or "" if "message" in c else c.get("text", "") for c in choices]
-    return Completion(texts, [c.get("finish_reason") for c in choices], Usage.from_dict(body.get("usage") or {}),
-                      body)
+    texts = [
+        c["message"].get("content") or "" if "message" in c else c.get("text", "") for c in choices
+    ]
+    return Completion(
+        texts,
+        [c.get("finish_reason") for c in choices],
+        Usage.from_dict(body.get("usage") or {}),
+        body,
+    )
 
 
 def _deltas(line: str) -> list[Delta] | None:
@@ -142,17 +154,29 @@ def _deltas(line: str) -> list[Delta] | None:
         return None
     if "error" in chunk:
         error = chunk["error"]
-        raise APIError(error.get("code") or 500, error.get("message", "stream failed"), error.get("type"),
-                       error.get("param"))
+        raise APIError(
+            error.get("code") or 500,
+            error.get("message", "stream failed"),
+            error.get("type"),
+            error.get("param"),
+        )
     deltas = []
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta")
         if delta is None:  # /v1/completions
-            deltas.append(Delta(choice.get("text") or "", choice.get("index", 0), choice.get("finish_reason")))
+            deltas.append(
+                Delta(choice.get("text") or "", choice.get("index", 0), choice.get("finish_reason"))
+            )
             continue
         reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-        deltas.append(Delta(delta.get("content") or "", choice.get("index", 0), choice.get("finish_reason"),
-                            reasoning=reasoning))
+        deltas.append(
+            Delta(
+                delta.get("content") or "",
+                choice.get("index", 0),
+                choice.get("finish_reason"),
+                reasoning=reasoning,
+            )
+        )
     if chunk.get("usage"):
         deltas.append(Delta("", usage=Usage.from_dict(chunk["usage"])))
     return deltas
@@ -164,7 +188,9 @@ def _error(response: httpx.Response) -> APIError:
         error = response.json()["error"]
         if not isinstance(error, dict):
             return APIError(response.status_code, str(error))
-        return APIError(response.status_code, error.get("message", ""), error.get("type"), error.get("param"))
+        return APIError(
+            response.status_code, error.get("message", ""), error.get("type"), error.get("param")
+        )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return APIError(response.status_code, response.text[:300] or response.reason_phrase)
 
@@ -181,7 +207,9 @@ class _Base:
 
     def __init__(self, base_url: str, api_key: str | None, model: str | None):
         self.base_url = api_base(base_url)  # .../v1
-        self.root_url = self.base_url.removesuffix("/v1")  # /health, /tokenize and /detokenize live here
+        self.root_url = self.base_url.removesuffix(
+            "/v1"
+        )  # /health, /tokenize and /detokenize live here
         self.model = model
         self.headers = auth_headers(api_key)
 
@@ -206,19 +234,34 @@ class Client(_Base):
     """Blocking client. `model=None` lets the server use the model it serves. `base_url` takes any form
     `api_base` accepts."""
 
-    def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str | None = None, model: str | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, transport: httpx.BaseTransport | None = None,
-                 limits: httpx.Limits | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+        limits: httpx.Limits | None = None,
+    ):
         super().__init__(base_url, api_key, model)
         self._http = httpx.Client(**self._http_options(timeout, transport, limits))
 
-    def chat(self, messages: list[dict], stream: bool = False, **params) -> Completion | Iterator[Delta]:
+    def chat(
+        self, messages: list[dict], stream: bool = False, **params
+    ) -> Completion | Iterator[Delta]:
         """POST /v1/chat/completions; params are the OpenAI/vLLM fields (max_tokens, temperature, ...)."""
-        return self._generate("/v1/chat/completions", _payload("messages", messages, stream, self.model, params))
+        return self._generate(
+            "/v1/chat/completions", _payload("messages", messages, stream, self.model, params)
+        )
 
-    def complete(self, prompt: str | list, stream: bool = False, **params) -> Completion | Iterator[Delta]:
+    def complete(
+        self, prompt: str | list, stream: bool = False, **params
+    ) -> Completion | Iterator[Delta]:
         """POST /v1/completions: continue `prompt` (text or token ids)."""
-        return self._generate("/v1/completions", _payload("prompt", prompt, stream, self.model, params))
+        return self._generate(
+            "/v1/completions", _payload("prompt", prompt, stream, self.model, params)
+        )
 
     def models(self) -> list[str]:
         return [card["id"] for card in self.model_cards()]
@@ -227,7 +270,9 @@ class Client(_Base):
         """The /v1/models entries (id, max_model_len, ...)."""
         return self._call("GET", "/v1/models").get("data") or []
 
-    def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **params) -> dict:
+    def tokenize(
+        self, prompt: str | None = None, *, messages: list[dict] | None = None, **params
+    ) -> dict:
         """{'tokens', 'count', 'max_model_len'} of a text or of a conversation rendered by the chat template."""
         body = {"prompt": prompt} if messages is None else {"messages": messages}
         return self._call("POST", "/tokenize", json={**body, **params})
@@ -256,7 +301,11 @@ class Client(_Base):
             return _json(self._http.request(method, path, **kwargs))
 
     def _generate(self, path: str, body: dict):
-        return self._stream(path, body) if body["stream"] else _completion(self._call("POST", path, json=body))
+        return (
+            self._stream(path, body)
+            if body["stream"]
+            else _completion(self._call("POST", path, json=body))
+        )
 
     def _stream(self, path: str, body: dict) -> Iterator[Delta]:
         with self._reaching(), self._http.stream("POST", path, json=body) as response:
@@ -274,17 +323,28 @@ class AsyncClient(_Base):
     """The asyncio twin of Client: `await client.chat(...)`; `async for d in client.chat(..., stream=True)`.
     Leaving a stream early closes its HTTP response, which aborts the request on the server."""
 
-    def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str | None = None, model: str | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, transport: httpx.AsyncBaseTransport | None = None,
-                 limits: httpx.Limits | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits | None = None,
+    ):
         super().__init__(base_url, api_key, model)
         self._http = httpx.AsyncClient(**self._http_options(timeout, transport, limits))
 
     def chat(self, messages: list[dict], stream: bool = False, **params):
-        return self._generate("/v1/chat/completions", _payload("messages", messages, stream, self.model, params))
+        return self._generate(
+            "/v1/chat/completions", _payload("messages", messages, stream, self.model, params)
+        )
 
     def complete(self, prompt: str | list, stream: bool = False, **params):
-        return self._generate("/v1/completions", _payload("prompt", prompt, stream, self.model, params))
+        return self._generate(
+            "/v1/completions", _payload("prompt", prompt, stream, self.model, params)
+        )
 
     async def models(self) -> list[str]:
         return [card["id"] for card in await self.model_cards()]
@@ -292,12 +352,16 @@ class AsyncClient(_Base):
     async def model_cards(self) -> list[dict]:
         return (await self._call("GET", "/v1/models")).get("data") or []
 
-    async def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None, **params) -> dict:
+    async def tokenize(
+        self, prompt: str | None = None, *, messages: list[dict] | None = None, **params
+    ) -> dict:
         body = {"prompt": prompt} if messages is None else {"messages": messages}
         return await self._call("POST", "/tokenize", json={**body, **params})
 
     async def detokenize(self, tokens: list[int], **params) -> str:
-        return (await self._call("POST", "/detokenize", json={"tokens": tokens, **params}))["prompt"]
+        return (await self._call("POST", "/detokenize", json={"tokens": tokens, **params}))[
+            "prompt"
+        ]
 
     async def health(self) -> bool:
         try:

@@ -48,23 +48,46 @@ class EngineConfig:
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
-        _check(self.load_format in LOAD_FORMATS, "load_format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
-        _check(self.quantization in QUANTIZATIONS, "quantization",
-               f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        _check(
+            self.load_format in LOAD_FORMATS,
+            "load_format",
+            f"must be one of {LOAD_FORMATS}, got {self.load_format!r}",
+        )
+        _check(
+            self.quantization in QUANTIZATIONS,
+            "quantization",
+            f"must be one of {QUANTIZATIONS}, got {self.quantization!r}",
+        )
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
-        _check(self.block_size in (8, 16, 32, 64, 128), "block_size", f"must be 8, 16, 32, 64 or 128, got {self.block_size}")
+        _check(
+            self.block_size in (8, 16, 32, 64, 128),
+            "block_size",
+            f"must be 8, 16, 32, 64 or 128, got {self.block_size}",
+        )
         if self.max_model_len is not None:
-            _check(self.max_model_len >= 1, "max_model_len", f"must be >= 1, got {self.max_model_len}")
+            _check(
+                self.max_model_len >= 1, "max_model_len", f"must be >= 1, got {self.max_model_len}"
+            )
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
-        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-               f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            f"must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
         if self.max_num_seqs is not None:
-            _check(1 <= self.max_num_seqs <= 4096, "max_num_seqs", f"must be in [1, 4096], got {self.max_num_seqs}")
+            _check(
+                1 <= self.max_num_seqs <= 4096,
+                "max_num_seqs",
+                f"must be in [1, 4096], got {self.max_num_seqs}",
+            )
         if self.max_num_batched_tokens is not None:
-            _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
-                   f"must be >= 1, got {self.max_num_batched_tokens}")
+            _check(
+                self.max_num_batched_tokens >= 1,
+                "max_num_batched_tokens",
+                f"must be >= 1, got {self.max_num_batched_tokens}",
+            )
         if self.num_threads is not None:
             _check(self.num_threads >= 1, "num_threads", f"must be >= 1, got {self.num_threads}")
 
@@ -75,6 +98,7 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise InvalidParameterError(
-                f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}", param=unknown[0]
+                f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                param=unknown[0],
             )
         return cls(model=model, **kwargs)

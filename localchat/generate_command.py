@@ -12,13 +12,30 @@ from localchat.cli_options import engine_options
 
 @engine_options
 def generate(
-    prompt: Annotated[str, typer.Argument(help="The message (or, with --raw, the text to continue); - reads stdin")],
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")] = 256,
+    prompt: Annotated[
+        str,
+        typer.Argument(help="The message (or, with --raw, the text to continue); - reads stdin"),
+    ],
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)",
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
+    ] = 256,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.7,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    sampling_seed: Annotated[Optional[int], typer.Option("--sampling-seed", help="Seed for this reply")] = None,
-    raw: Annotated[bool, typer.Option("--raw", help="Continue the text instead of answering it as a chat message")] = False,
+    sampling_seed: Annotated[
+        Optional[int], typer.Option("--sampling-seed", help="Seed for this reply")
+    ] = None,
+    raw: Annotated[
+        bool,
+        typer.Option("--raw", help="Continue the text instead of answering it as a chat message"),
+    ] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt")] = None,
     engine_config=None,
 ) -> None:
@@ -29,11 +46,15 @@ def generate(
     if prompt == "-":
         prompt = sys.stdin.read()
     llm = LLM(config=engine_config)
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=sampling_seed)
+    params = SamplingParams(
+        temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=sampling_seed
+    )
     if raw:
         token_ids = llm.engine.tokenize(prompt)
     else:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
         token_ids = llm.render_chat(messages)
     engine = llm.engine
     engine.add_request("generate", token_ids, params)

@@ -7,18 +7,29 @@ import re
 from localchat.errors import InvalidParameterError
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
 }
 
 
 def parse_memory_size(value: int | str, *, param: str = "kv_cache_memory") -> int:
     """Parse `512MiB`, `4GiB`, `1.5GB` or a plain byte count into bytes."""
     if isinstance(value, bool):
-        raise InvalidParameterError(f"{param} must be a size like '512MiB' or a byte count", param=param)
+        raise InvalidParameterError(
+            f"{param} must be a size like '512MiB' or a byte count", param=param
+        )
     if isinstance(value, int):
         size = value
     else:
@@ -26,7 +37,8 @@ def parse_memory_size(value: int | str, *, param: str = "kv_cache_memory") -> in
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _SIZE_UNITS:
             raise InvalidParameterError(
-                f"{param}={value!r} is not a size; use e.g. '512MiB', '4GiB' or a byte count", param=param
+                f"{param}={value!r} is not a size; use e.g. '512MiB', '4GiB' or a byte count",
+                param=param,
             )
         size = int(float(match.group(1)) * _SIZE_UNITS[unit])
     if size <= 0:

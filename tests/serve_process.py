@@ -29,26 +29,37 @@ def _wait_until_healthy(process: subprocess.Popen, log_path: Path, timeout: floa
     deadline = time.monotonic() + timeout
     url = None
     while True:
-        if url is None and (match := re.search(r"on (http://127\.0\.0\.1:\d+)", log_path.read_text())):
+        if url is None and (
+            match := re.search(r"on (http://127\.0\.0\.1:\d+)", log_path.read_text())
+        ):
             url = match.group(1)
         if url is not None and httpx.get(f"{url}/health").status_code == 200:
             return url
         if process.poll() is not None:
-            raise RuntimeError(f"localchat serve exited with {process.returncode}:\n{log_path.read_text()}")
+            raise RuntimeError(
+                f"localchat serve exited with {process.returncode}:\n{log_path.read_text()}"
+            )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"localchat serve was not healthy within {timeout}s:\n{log_path.read_text()}")
+            raise RuntimeError(
+                f"localchat serve was not healthy within {timeout}s:\n{log_path.read_text()}"
+            )
         time.sleep(0.2)
 
 
 @contextmanager
-def serve_process(log_path: Path, *args: str, api_key: str | None = None,
-                  timeout: float = 240) -> Iterator[ServeProcess]:
+def serve_process(
+    log_path: Path, *args: str, api_key: str | None = None, timeout: float = 240
+) -> Iterator[ServeProcess]:
     """Start `localchat serve --port 0 ARGS` (the default model unless ARGS name one), wait until /health
     answers 200, and stop it with SIGTERM afterwards (killed if it takes over 60 s)."""
     env = {**os.environ, **({"LOCALCHAT_API_KEY": api_key} if api_key else {})}
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", "0", *args],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "serve", "--port", "0", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         yield ServeProcess(process, _wait_until_healthy(process, log_path, timeout), log_path)
     finally:

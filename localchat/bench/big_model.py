@@ -21,7 +21,9 @@ from localchat.errors import InvalidParameterError, LocalchatError
 
 DEFAULT_THREADS = 2  # DESIGN.md: C4 runs on 2 threads
 RANDOM_FILE_VERSION = 1  # bump when make_gguf writes different files, so a cached one is made again
-_NORMAL_TOKEN = 1  # GGUF tokenizer.ggml.token_type of an ordinary token (not control, byte, unused ...)
+_NORMAL_TOKEN = (
+    1  # GGUF tokenizer.ggml.token_type of an ordinary token (not control, byte, unused ...)
+)
 
 
 def random_file_path(workload: Workload) -> Path:
@@ -31,13 +33,17 @@ def random_file_path(workload: Workload) -> Path:
     return cache_root() / "bench" / f"random-{preset}-{quant}-v{RANDOM_FILE_VERSION}.gguf"
 
 
-def bench_file(model: str | None, gguf: str | None, workload: Workload, show_progress: bool) -> Path:
+def bench_file(
+    model: str | None, gguf: str | None, workload: Workload, show_progress: bool
+) -> Path:
     """FILE (MODEL or --gguf) when given; else the workload's random file, made on first use (also at a
     --gguf path that does not exist yet)."""
     if model is not None:
         path = Path(model)
         if path.suffix != ".gguf" or not path.is_file():
-            raise InvalidParameterError(f"{workload.name} runs a GGUF file: {model} is not one", param="model")
+            raise InvalidParameterError(
+                f"{workload.name} runs a GGUF file: {model} is not one", param="model"
+            )
         return path
     if workload.random_gguf is None:
         raise InvalidParameterError(f"{workload.name} needs a GGUF FILE", param="model")
@@ -47,8 +53,11 @@ def bench_file(model: str | None, gguf: str | None, workload: Workload, show_pro
         from localchat.bench.random_gguf import write_random_gguf
 
         preset, quant = workload.random_gguf
-        with progress.status(show_progress, f"writing a random-weight {preset} {quant} GGUF to {path} "
-                                            "(first run only, about a minute) ..."):
+        with progress.status(
+            show_progress,
+            f"writing a random-weight {preset} {quant} GGUF to {path} "
+            "(first run only, about a minute) ...",
+        ):
             write_random_gguf(path, resolve_shape(preset), quant)
     return path
 
@@ -62,7 +71,9 @@ def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
     types = reader.fields.get("tokenizer.ggml.token_type")
     if types is None:
         raise LocalchatError(f"{path.name}: no tokenizer in the GGUF metadata")
-    name = reader.fields["general.name"].contents() if "general.name" in reader.fields else path.stem
+    name = (
+        reader.fields["general.name"].contents() if "general.name" in reader.fields else path.stem
+    )
     return name, [i for i, kind in enumerate(types.contents()) if kind == _NORMAL_TOKEN]
 
 
@@ -72,16 +83,27 @@ def _warm_page_cache(path: Path) -> None:
             pass
 
 
-def run_big_model(config, workload: Workload, peers: list[str], *, gguf: str | None, show_progress: bool,
-                  hf_batch_size: int | None = None, systems: list[str] | None = None) -> BenchOutcome:
+def run_big_model(
+    config,
+    workload: Workload,
+    peers: list[str],
+    *,
+    gguf: str | None,
+    show_progress: bool,
+    hf_batch_size: int | None = None,
+    systems: list[str] | None = None,
+) -> BenchOutcome:
     """localchat, then llama.cpp (whether or not --compare names it), each in its own process.
     `systems` narrows the run (e.g. to llama.cpp alone while localchat cannot hold the model)."""
     from localchat.bench.peer_llama_cpp import INSTALL_HINT, llama_cpp_available
 
     del hf_batch_size  # same signature as run_offline; the HF peer has no place here
     if "hf" in peers:
-        raise InvalidParameterError(f"{workload.name} compares with llama.cpp only (transformers would hold the "
-                                    "model in float32)", param="compare")
+        raise InvalidParameterError(
+            f"{workload.name} compares with llama.cpp only (transformers would hold the "
+            "model in float32)",
+            param="compare",
+        )
     systems = list(systems or ["localchat", "llama.cpp"])
     notes = []
     if "llama.cpp" in systems and not llama_cpp_available():
@@ -89,27 +111,47 @@ def run_big_model(config, workload: Workload, peers: list[str], *, gguf: str | N
         notes.append(f"llama.cpp skipped: llama-cpp-python is not installed ({INSTALL_HINT})")
         progress.STDERR.print(f"note: {notes[-1]}", style="yellow", markup=False)
     path = bench_file(config.model, gguf, workload, show_progress)
-    with progress.status(show_progress, f"reading {path.name} ({path.stat().st_size / 2**30:.1f} GiB) ..."):
+    with progress.status(
+        show_progress, f"reading {path.name} ({path.stat().st_size / 2**30:.1f} GiB) ..."
+    ):
         name, token_ids = gguf_vocabulary(path)
         requests = random_requests(workload, token_ids, config.seed)
         _warm_page_cache(path)
     threads = config.num_threads or DEFAULT_THREADS
     n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in requests) + 8
     # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it never uses
-    engine_config = replace(config, model=str(path), num_threads=threads, max_model_len=config.max_model_len or n_ctx)
+    engine_config = replace(
+        config, model=str(path), num_threads=threads, max_model_len=config.max_model_len or n_ctx
+    )
     outcome = BenchOutcome(path.name, notes=notes)
-    outcome.notes.append(f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})")
+    outcome.notes.append(
+        f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})"
+    )
     for system in systems:
-        spec = IsolatedSpec(system, str(path), requests, threads, n_ctx,
-                            engine_config if system == "localchat" else None)
-        with progress.status(show_progress, f"{system}: loading and running {path.name} in its own process ..."):
+        spec = IsolatedSpec(
+            system,
+            str(path),
+            requests,
+            threads,
+            n_ctx,
+            engine_config if system == "localchat" else None,
+        )
+        with progress.status(
+            show_progress, f"{system}: loading and running {path.name} in its own process ..."
+        ):
             result = run_isolated(spec, system)
         fig = outcome.add(system, result, workload.kind)
         if fig.get("load_s") is not None:
-            split = (f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous + {fig['rss_file_end_mib']:,.0f} MiB "
-                     "file-backed" if "rss_anon_end_mib" in fig else "")
-            outcome.notes.append(f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
-                                 f"({fig['rss_before_load_mib']:,.0f} MiB before loading{split}), {threads} threads")
+            split = (
+                f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous + {fig['rss_file_end_mib']:,.0f} MiB "
+                "file-backed"
+                if "rss_anon_end_mib" in fig
+                else ""
+            )
+            outcome.notes.append(
+                f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
+                f"({fig['rss_before_load_mib']:,.0f} MiB before loading{split}), {threads} threads"
+            )
     _compare(outcome, workload)
     return outcome
 
@@ -128,4 +170,3 @@ def _compare(outcome: BenchOutcome, workload: Workload) -> None:
         parts.append(f"TTFT {ttft[0] / ttft[1]:.2f}x")
     if parts:
         outcome.notes.append(f"localchat / llama.cpp (lower is better): {', '.join(parts)}")
-

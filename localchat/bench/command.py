@@ -28,8 +28,10 @@ def _apply_workload_model(config, workload, online: bool):
     changes = {}
     if config.model is None:
         if not Path(workload.model).exists():
-            raise InvalidParameterError(f"{workload.name} is defined on {workload.model} (not found from here): "
-                                        "pass MODEL", param="model")
+            raise InvalidParameterError(
+                f"{workload.name} is defined on {workload.model} (not found from here): pass MODEL",
+                param="model",
+            )
         changes["model"] = workload.model
     if online:
         return dataclasses.replace(config, **changes) if changes else config
@@ -70,25 +72,125 @@ def _command_line() -> str:
 
 @engine_options
 def bench(
-    model: Annotated[Optional[str], typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url only its tokenizer is used")] = None,
-    workload: Annotated[str, _opt(_W, "--workload", "-w", help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4")] = "c2",
-    num_requests: Annotated[Optional[int], _opt(_W, "--num-requests", "-n", help="Requests (c3: turns) instead of the workload's")] = None,
-    input_len: Annotated[Optional[str], _opt(_W, "--input-len", help="Prompt length N or MIN:MAX in tokens (c3: user message)")] = None,
-    output_len: Annotated[Optional[str], _opt(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)")] = None,
-    compare: Annotated[Optional[list[str]], _opt(_P, "--compare", "-c", help="Peer on the same requests: hf, llama-cpp (repeatable or comma-separated)")] = None,
-    hf_batch_size: Annotated[Optional[int], _opt(_P, "--hf-batch-size", help="Batch size of the HF peer (default 8 on CPU, 64 on GPU)")] = None,
-    gguf: Annotated[Optional[str], _opt(_P, "--gguf", help="GGUF file for the llama.cpp peer (default: MODEL when it is one); c4: made there if missing")] = None,
-    url: Annotated[Optional[str], _opt(_O, "--url", help="Benchmark this OpenAI-compatible server (streaming /v1/completions) instead of the in-process engine")] = None,
-    concurrency: Annotated[Optional[int], _opt(_O, "--concurrency", help="Most requests in flight (default: all)")] = None,
-    request_rate: Annotated[float, _opt(_O, "--request-rate", help="Poisson arrival rate in requests/s (default inf: all at once)")] = math.inf,
-    served_model_name: Annotated[Optional[str], _opt(_O, "--served-model-name", help="Model name to send (default: the server's first in /v1/models)")] = None,
-    api_key: Annotated[Optional[str], _opt(_O, "--api-key", envvar="LOCALCHAT_API_KEY", show_default=False, help="Bearer token for the server")] = None,
-    timeout: Annotated[float, _opt(_O, "--timeout", help="Seconds to wait for any one read from the server")] = 600.0,
-    baseline: Annotated[Optional[str], _opt(_O, "--baseline", help="An offline run's --json file to compare the server with (S1)")] = None,
-    json_path: Annotated[Optional[str], _opt(_R, "--json", help="Also write the figures, machine, versions and command line to this JSON file")] = None,
-    plot: Annotated[Optional[str], _opt(_R, "--plot", help="Also draw throughput and latency into this image (.png, .svg, .pdf; needs matplotlib)")] = None,
-    plot_with: Annotated[Optional[list[str]], _opt(_R, "--plot-with", help="Earlier runs' --json files to draw with this one (online runs: against concurrency)")] = None,
-    show_progress: Annotated[bool, _opt(_R, "--progress/--no-progress", help="Show a progress bar on stderr")] = True,
+    model: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url only its tokenizer is used"
+        ),
+    ] = None,
+    workload: Annotated[
+        str,
+        _opt(
+            _W,
+            "--workload",
+            "-w",
+            help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4",
+        ),
+    ] = "c2",
+    num_requests: Annotated[
+        Optional[int],
+        _opt(_W, "--num-requests", "-n", help="Requests (c3: turns) instead of the workload's"),
+    ] = None,
+    input_len: Annotated[
+        Optional[str],
+        _opt(_W, "--input-len", help="Prompt length N or MIN:MAX in tokens (c3: user message)"),
+    ] = None,
+    output_len: Annotated[
+        Optional[str],
+        _opt(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)"),
+    ] = None,
+    compare: Annotated[
+        Optional[list[str]],
+        _opt(
+            _P,
+            "--compare",
+            "-c",
+            help="Peer on the same requests: hf, llama-cpp (repeatable or comma-separated)",
+        ),
+    ] = None,
+    hf_batch_size: Annotated[
+        Optional[int],
+        _opt(_P, "--hf-batch-size", help="Batch size of the HF peer (default 8 on CPU, 64 on GPU)"),
+    ] = None,
+    gguf: Annotated[
+        Optional[str],
+        _opt(
+            _P,
+            "--gguf",
+            help="GGUF file for the llama.cpp peer (default: MODEL when it is one); c4: made there if missing",
+        ),
+    ] = None,
+    url: Annotated[
+        Optional[str],
+        _opt(
+            _O,
+            "--url",
+            help="Benchmark this OpenAI-compatible server (streaming /v1/completions) instead of the in-process engine",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        Optional[int], _opt(_O, "--concurrency", help="Most requests in flight (default: all)")
+    ] = None,
+    request_rate: Annotated[
+        float,
+        _opt(
+            _O,
+            "--request-rate",
+            help="Poisson arrival rate in requests/s (default inf: all at once)",
+        ),
+    ] = math.inf,
+    served_model_name: Annotated[
+        Optional[str],
+        _opt(
+            _O,
+            "--served-model-name",
+            help="Model name to send (default: the server's first in /v1/models)",
+        ),
+    ] = None,
+    api_key: Annotated[
+        Optional[str],
+        _opt(
+            _O,
+            "--api-key",
+            envvar="LOCALCHAT_API_KEY",
+            show_default=False,
+            help="Bearer token for the server",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, _opt(_O, "--timeout", help="Seconds to wait for any one read from the server")
+    ] = 600.0,
+    baseline: Annotated[
+        Optional[str],
+        _opt(_O, "--baseline", help="An offline run's --json file to compare the server with (S1)"),
+    ] = None,
+    json_path: Annotated[
+        Optional[str],
+        _opt(
+            _R,
+            "--json",
+            help="Also write the figures, machine, versions and command line to this JSON file",
+        ),
+    ] = None,
+    plot: Annotated[
+        Optional[str],
+        _opt(
+            _R,
+            "--plot",
+            help="Also draw throughput and latency into this image (.png, .svg, .pdf; needs matplotlib)",
+        ),
+    ] = None,
+    plot_with: Annotated[
+        Optional[list[str]],
+        _opt(
+            _R,
+            "--plot-with",
+            help="Earlier runs' --json files to draw with this one (online runs: against concurrency)",
+        ),
+    ] = None,
+    show_progress: Annotated[
+        bool, _opt(_R, "--progress/--no-progress", help="Show a progress bar on stderr")
+    ] = True,
     engine_config=None,
 ) -> None:
     """Measure throughput and latency (TTFT, TPOT, ITL) on a random-token workload, with peers side by side.
@@ -107,32 +209,68 @@ def bench(
     if plot:  # fail before the run, not after it
         from localchat.bench.plot import load_payload, plot_runs, require_matplotlib
 
-        earlier = [load_payload(path) for path in plot_with or []]  # a bad file is named even without matplotlib
+        earlier = [
+            load_payload(path) for path in plot_with or []
+        ]  # a bad file is named even without matplotlib
         require_matplotlib()
     chosen = select_workload(workload, num_requests, input_len, output_len)
     peers = parse_peers(compare)
     if hf_batch_size is not None and hf_batch_size < 1:
-        raise InvalidParameterError(f"--hf-batch-size must be >= 1, got {hf_batch_size}", param="hf_batch_size")
+        raise InvalidParameterError(
+            f"--hf-batch-size must be >= 1, got {hf_batch_size}", param="hf_batch_size"
+        )
     workload_info = {**dataclasses.asdict(chosen), "seed": engine_config.seed}
     config = _apply_workload_model(engine_config, chosen, online=url is not None)
     if url is not None:
         if peers:
-            raise InvalidParameterError("--compare runs peers in this process (offline mode); with --url, compare "
-                                        "with an offline run's figures through --baseline FILE", param="compare")
-        outcome = run_online_bench(config, chosen, url, concurrency=concurrency, request_rate=request_rate,
-                                   served_model_name=served_model_name, api_key=api_key, timeout=timeout,
-                                   baseline=baseline, show_progress=show_progress)
-        workload_info.update(url=url, concurrency=concurrency,
-                             request_rate=None if math.isinf(request_rate) else request_rate)
+            raise InvalidParameterError(
+                "--compare runs peers in this process (offline mode); with --url, compare "
+                "with an offline run's figures through --baseline FILE",
+                param="compare",
+            )
+        outcome = run_online_bench(
+            config,
+            chosen,
+            url,
+            concurrency=concurrency,
+            request_rate=request_rate,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            timeout=timeout,
+            baseline=baseline,
+            show_progress=show_progress,
+        )
+        workload_info.update(
+            url=url,
+            concurrency=concurrency,
+            request_rate=None if math.isinf(request_rate) else request_rate,
+        )
         mode, extra = "online", {}
     else:
-        run = run_big_model if chosen.isolated else run_offline  # c4: each system in its own process
-        outcome = run(config, chosen, peers, hf_batch_size=hf_batch_size, gguf=gguf, show_progress=show_progress)
+        run = (
+            run_big_model if chosen.isolated else run_offline
+        )  # c4: each system in its own process
+        outcome = run(
+            config,
+            chosen,
+            peers,
+            hf_batch_size=hf_batch_size,
+            gguf=gguf,
+            show_progress=show_progress,
+        )
         mode, extra = "offline", {"engine_config": dataclasses.asdict(config)}
     title = f"localchat bench ({mode}) - {outcome.model} - {chosen.describe()}"
     print_report(Console(), title, outcome.results, outcome.ratios, chosen.kind, outcome.notes)
-    payload = build_payload(mode=mode, workload=workload_info, model=outcome.model, results=outcome.results,
-                            ratios=outcome.ratios, notes=outcome.notes, extra=extra, command=_command_line())
+    payload = build_payload(
+        mode=mode,
+        workload=workload_info,
+        model=outcome.model,
+        results=outcome.results,
+        ratios=outcome.ratios,
+        notes=outcome.notes,
+        extra=extra,
+        command=_command_line(),
+    )
     if json_path:
         write_json(json_path, payload)
     if plot:

@@ -13,8 +13,12 @@ from pathlib import Path
 from localchat.errors import InvalidParameterError
 
 # HF architecture -> GGUF architecture
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
-                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +34,9 @@ class ModelShape:
     num_kv_heads: int
     intermediate_size: int
     head_dim: int | None = None  # None: hidden_size // num_heads
-    explicit_head_dim: bool = False  # the config names head_dim: the converter writes key/value_length
+    explicit_head_dim: bool = (
+        False  # the config names head_dim: the converter writes key/value_length
+    )
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     context_length: int = 8192
@@ -39,17 +45,32 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         if self.arch not in ("llama", "qwen2", "qwen3"):
-            raise InvalidParameterError(f"architecture {self.arch!r} is not supported: llama, qwen2, qwen3",
-                                        param="config")
-        for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            raise InvalidParameterError(
+                f"architecture {self.arch!r} is not supported: llama, qwen2, qwen3", param="config"
+            )
+        for field in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+        ):
             if getattr(self, field) < 1:
-                raise InvalidParameterError(f"{field} must be >= 1, got {getattr(self, field)}", param=field)
+                raise InvalidParameterError(
+                    f"{field} must be >= 1, got {getattr(self, field)}", param=field
+                )
         if self.num_heads % self.num_kv_heads:
-            raise InvalidParameterError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                                        f"({self.num_kv_heads})", param="num_kv_heads")
+            raise InvalidParameterError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})",
+                param="num_kv_heads",
+            )
         if self.head_dim is None and self.hidden_size % self.num_heads:
-            raise InvalidParameterError(f"hidden_size ({self.hidden_size}) must be a multiple of num_heads "
-                                        f"({self.num_heads}) unless head_dim is given", param="head_dim")
+            raise InvalidParameterError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_heads "
+                f"({self.num_heads}) unless head_dim is given",
+                param="head_dim",
+            )
 
     @property
     def dim_per_head(self) -> int:
@@ -58,14 +79,48 @@ class ModelShape:
 
 PRESETS: dict[str, ModelShape] = {
     # Llama-3.1-8B: the C4 workload's shape
-    "llama-8b": ModelShape("llama-8b", "llama", 4096, 32, 32, 8, 14336, rope_theta=500000.0, rms_norm_eps=1e-5,
-                           context_length=131072),
+    "llama-8b": ModelShape(
+        "llama-8b",
+        "llama",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        context_length=131072,
+    ),
     # Llama-3.2-1B
-    "llama-1b": ModelShape("llama-1b", "llama", 2048, 16, 32, 8, 8192, head_dim=64, explicit_head_dim=True,
-                           rope_theta=500000.0, rms_norm_eps=1e-5, context_length=131072, tie_word_embeddings=True),
+    "llama-1b": ModelShape(
+        "llama-1b",
+        "llama",
+        2048,
+        16,
+        32,
+        8,
+        8192,
+        head_dim=64,
+        explicit_head_dim=True,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        context_length=131072,
+        tie_word_embeddings=True,
+    ),
     # SmolLM2-135M (the default model's shape)
-    "smollm2-135m": ModelShape("smollm2-135m", "llama", 576, 30, 9, 3, 1536, rope_theta=100000.0, rms_norm_eps=1e-5,
-                               context_length=8192, tie_word_embeddings=True),
+    "smollm2-135m": ModelShape(
+        "smollm2-135m",
+        "llama",
+        576,
+        30,
+        9,
+        3,
+        1536,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        context_length=8192,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -74,25 +129,38 @@ def shape_from_config(path: Path) -> ModelShape:
     try:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise InvalidParameterError(f"{path}: not a readable config.json ({exc})", param="config") from None
+        raise InvalidParameterError(
+            f"{path}: not a readable config.json ({exc})", param="config"
+        ) from None
     architectures = config.get("architectures") or []
     arch = next((_ARCHITECTURES[a] for a in architectures if a in _ARCHITECTURES), None)
     if arch is None:
-        raise InvalidParameterError(f"{path}: architectures {architectures} not supported; supported: "
-                                    f"{', '.join(_ARCHITECTURES)}", param="config")
+        raise InvalidParameterError(
+            f"{path}: architectures {architectures} not supported; supported: "
+            f"{', '.join(_ARCHITECTURES)}",
+            param="config",
+        )
     try:
         heads = int(config["num_attention_heads"])
         return ModelShape(
-            name=Path(path).parent.name or "model", arch=arch, hidden_size=int(config["hidden_size"]),
-            num_layers=int(config["num_hidden_layers"]), num_heads=heads,
+            name=Path(path).parent.name or "model",
+            arch=arch,
+            hidden_size=int(config["hidden_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            intermediate_size=int(config["intermediate_size"]), head_dim=config.get("head_dim"),
+            intermediate_size=int(config["intermediate_size"]),
+            head_dim=config.get("head_dim"),
             explicit_head_dim=config.get("head_dim") is not None,
-            rope_theta=float(config.get("rope_theta", 10000.0)), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             context_length=int(config.get("max_position_embeddings", 8192)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)))
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
     except KeyError as exc:
-        raise InvalidParameterError(f"{path}: config.json lacks {exc.args[0]}", param="config") from None
+        raise InvalidParameterError(
+            f"{path}: config.json lacks {exc.args[0]}", param="config"
+        ) from None
 
 
 def resolve_shape(spec: str) -> ModelShape:
@@ -104,8 +172,9 @@ def resolve_shape(spec: str) -> ModelShape:
         path = path / "config.json"
     if path.is_file():
         return shape_from_config(path)
-    raise InvalidParameterError(f"{spec!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json",
-                                param="config")
+    raise InvalidParameterError(
+        f"{spec!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json", param="config"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +202,10 @@ def tensor_specs(shape: ModelShape) -> list[TensorSpec]:
     q_rows, kv_rows = shape.num_heads * hd, shape.num_kv_heads * hd
     specs = [TensorSpec("token_embd.weight", (shape.vocab_size, hidden), "matrix")]
     for i in range(shape.num_layers):
-        def add(kind: str, dims: tuple[int, ...], role: str = "matrix", suffix: str = "weight", i=i) -> None:
+
+        def add(
+            kind: str, dims: tuple[int, ...], role: str = "matrix", suffix: str = "weight", i=i
+        ) -> None:
             specs.append(TensorSpec(f"blk.{i}.{kind}.{suffix}", dims, role, i))
 
         add("attn_norm", (hidden,), "norm")

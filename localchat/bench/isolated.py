@@ -61,14 +61,27 @@ def run_isolated(spec: IsolatedSpec, column: str) -> RunResult:
     records carry the error (and a note), never as an exception."""
     floor = memory_floor()
     with tempfile.TemporaryDirectory(prefix="localchat-bench-") as tmp:
-        spec_path, result_path, log_path = Path(tmp, "spec.pickle"), Path(tmp, "result.json"), Path(tmp, "stderr")
+        spec_path, result_path, log_path = (
+            Path(tmp, "spec.pickle"),
+            Path(tmp, "result.json"),
+            Path(tmp, "stderr"),
+        )
         spec_path.write_bytes(pickle.dumps(spec))
         stopped_for_memory = False
         polled_peak = 0
         with open(log_path, "wb") as log:
-            process = subprocess.Popen([sys.executable, "-m", "localchat.bench.isolated_child", str(spec_path),
-                                        str(result_path)], stdout=subprocess.DEVNULL, stderr=log,
-                                       env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "localchat.bench.isolated_child",
+                    str(spec_path),
+                    str(result_path),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            )
             try:
                 while process.poll() is None:
                     polled_peak = max(polled_peak, _rss_bytes(process.pid) or 0)
@@ -84,23 +97,46 @@ def run_isolated(spec: IsolatedSpec, column: str) -> RunResult:
         payload = json.loads(result_path.read_text()) if result_path.is_file() else {}
         log_tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
     if stopped_for_memory:
-        error = (f"stopped: the machine's available memory fell below {floor / 2**30:.1f} GiB "
-                 f"(the child's RSS reached {polled_peak / 2**30:.1f} GiB)")
+        error = (
+            f"stopped: the machine's available memory fell below {floor / 2**30:.1f} GiB "
+            f"(the child's RSS reached {polled_peak / 2**30:.1f} GiB)"
+        )
     elif "records" not in payload:
-        error = payload.get("error") or f"exit status {process.returncode}: {' | '.join(log_tail) or 'no output'}"
+        error = (
+            payload.get("error")
+            or f"exit status {process.returncode}: {' | '.join(log_tail) or 'no output'}"
+        )
     else:
         return _result(column, payload)
-    records = [RequestRecord(len(r.prompt_token_ids), r.output_len, error=error) for r in spec.requests]
+    records = [
+        RequestRecord(len(r.prompt_token_ids), r.output_len, error=error) for r in spec.requests
+    ]
     peak = payload.get("peak_rss_bytes") or polled_peak or None
-    return RunResult(column, f"{spec.system} (failed)", records, 0.0, {"peak_rss_mib": peak and peak / MIB},
-                     notes=[f"{column}: {error}"])
+    return RunResult(
+        column,
+        f"{spec.system} (failed)",
+        records,
+        0.0,
+        {"peak_rss_mib": peak and peak / MIB},
+        notes=[f"{column}: {error}"],
+    )
 
 
 def _result(column: str, payload: dict) -> RunResult:
     records = [RequestRecord(**record) for record in payload["records"]]
-    extra = {**(payload.get("engine") or {}), "load_s": payload["load_s"],
-             "peak_rss_mib": payload["peak_rss_bytes"] / MIB,
-             "rss_before_load_mib": payload["rss_before_load_bytes"] / MIB}
+    extra = {
+        **(payload.get("engine") or {}),
+        "load_s": payload["load_s"],
+        "peak_rss_mib": payload["peak_rss_bytes"] / MIB,
+        "rss_before_load_mib": payload["rss_before_load_bytes"] / MIB,
+    }
     for key, value in (payload.get("rss_split_bytes") or {}).items():  # RssAnon -> rss_anon_end_mib
         extra[f"rss_{key.removeprefix('Rss').lower()}_end_mib"] = value / MIB
-    return RunResult(column, payload["label"], records, payload["duration"], extra, notes=payload.get("notes") or [])
+    return RunResult(
+        column,
+        payload["label"],
+        records,
+        payload["duration"],
+        extra,
+        notes=payload.get("notes") or [],
+    )

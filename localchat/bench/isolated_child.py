@@ -73,7 +73,11 @@ def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]
     engine = LLMEngine(config)
     load_s = time.perf_counter() - start
     warm_up(engine, WARMUP_TOKENS)
-    return run_engine(engine, spec.requests), load_s, rss_split_bytes()  # measured while the model lives
+    return (
+        run_engine(engine, spec.requests),
+        load_s,
+        rss_split_bytes(),
+    )  # measured while the model lives
 
 
 def _run_llama_cpp(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]]:
@@ -91,9 +95,14 @@ def run(spec: IsolatedSpec) -> dict:
     runner = _run_localchat if spec.system == "localchat" else _run_llama_cpp
     result, load_s, split = runner(spec)
     return {
-        "label": result.label, "duration": result.duration, "engine": result.engine, "notes": result.notes,
+        "label": result.label,
+        "duration": result.duration,
+        "engine": result.engine,
+        "notes": result.notes,
         "records": [asdict(record) for record in result.records],
-        "load_s": load_s, "peak_rss_bytes": peak_rss_bytes(), "rss_before_load_bytes": rss_before_load,
+        "load_s": load_s,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "rss_before_load_bytes": rss_before_load,
         "rss_split_bytes": split,
     }
 

@@ -42,8 +42,18 @@ def model_target(engine) -> ModelTarget:
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     if pad is None:
         pad = eos[0] if eos else 0
-    return ModelTarget(info.name, info.config_dir, info.gguf_path, info.load_format, info.device, info.dtype,
-                       torch.get_num_threads(), info.max_model_len, eos, pad)
+    return ModelTarget(
+        info.name,
+        info.config_dir,
+        info.gguf_path,
+        info.load_format,
+        info.device,
+        info.dtype,
+        torch.get_num_threads(),
+        info.max_model_len,
+        eos,
+        pad,
+    )
 
 
 def engine_label(engine) -> str:
@@ -51,10 +61,12 @@ def engine_label(engine) -> str:
     prefix = "on" if runtime.config.enable_prefix_caching else "off"
     from localchat.engine.models.weights import describe_weights
 
-    return (f"localchat engine (weights {describe_weights(runtime.model)}, activations "
-            f"{str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
-            f"max_num_seqs {runtime.max_num_seqs}, max_num_batched_tokens {runtime.max_num_batched_tokens}, "
-            f"prefix caching {prefix})")
+    return (
+        f"localchat engine (weights {describe_weights(runtime.model)}, activations "
+        f"{str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
+        f"max_num_seqs {runtime.max_num_seqs}, max_num_batched_tokens {runtime.max_num_batched_tokens}, "
+        f"prefix caching {prefix})"
+    )
 
 
 def _greedy(max_tokens: int):
@@ -78,7 +90,9 @@ def run_engine(engine, requests: list[BenchRequest], advance: Advance = _noop) -
     start = time.perf_counter()
     try:
         for index, request in enumerate(requests):
-            engine.add_request(f"bench-{index}", request.prompt_token_ids, _greedy(request.output_len))
+            engine.add_request(
+                f"bench-{index}", request.prompt_token_ids, _greedy(request.output_len)
+            )
             records[index].start = start
         while engine.has_unfinished():
             outputs = engine.step()
@@ -93,21 +107,30 @@ def run_engine(engine, requests: list[BenchRequest], advance: Advance = _noop) -
             engine.abort(f"bench-{index}")
         raise
     duration = time.perf_counter() - start
-    return RunResult("localchat", engine_label(engine), records, duration, _engine_figures(engine, before, peak_usage))
+    return RunResult(
+        "localchat",
+        engine_label(engine),
+        records,
+        duration,
+        _engine_figures(engine, before, peak_usage),
+    )
 
 
 def _engine_figures(engine, before, peak_usage: float) -> dict:
     after = engine.stats()
     queries = after.prefix_cache_queries - before.prefix_cache_queries
     hits = after.prefix_cache_hits - before.prefix_cache_hits
-    return {"peak_kv_cache_usage": peak_usage,
-            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
-            "num_preemptions": after.num_preemptions - before.num_preemptions,
-            "kv_cache_blocks": after.num_blocks}
+    return {
+        "peak_kv_cache_usage": peak_usage,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "num_preemptions": after.num_preemptions - before.num_preemptions,
+        "kv_cache_blocks": after.num_blocks,
+    }
 
 
-def run_engine_chat(engine, user_messages: list[str], reply_len: int,
-                    advance: Advance = _noop) -> tuple[RunResult, list[list[int]]]:
+def run_engine_chat(
+    engine, user_messages: list[str], reply_len: int, advance: Advance = _noop
+) -> tuple[RunResult, list[list[int]]]:
     """One conversation, a turn at a time: each turn's prompt is the whole history rendered with the chat
     template (the prefix cache may serve what earlier turns computed). Returns the result and the prompt
     token ids of every turn, which the peers then re-read in full."""
@@ -134,6 +157,11 @@ def run_engine_chat(engine, user_messages: list[str], reply_len: int,
         records.append(record)
         messages.append({"role": "assistant", "content": engine.detokenize(reply)})
     duration = time.perf_counter() - start
-    result = RunResult("localchat", engine_label(engine), records, duration,
-                       _engine_figures(engine, before, peak_usage))
+    result = RunResult(
+        "localchat",
+        engine_label(engine),
+        records,
+        duration,
+        _engine_figures(engine, before, peak_usage),
+    )
     return result, prompts

@@ -29,16 +29,25 @@ async def served_model(client: AsyncClient) -> str:
         return (await client.models())[0]
     except (APIError, IndexError, KeyError, ValueError) as exc:
         reason = exc.describe() if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
-        raise LocalchatError(f"cannot list the models of {client.base_url} ({reason}); is the server up? "
-                             "(or name the model with --served-model-name)") from None
+        raise LocalchatError(
+            f"cannot list the models of {client.base_url} ({reason}); is the server up? "
+            "(or name the model with --served-model-name)"
+        ) from None
 
 
-async def _send(client: AsyncClient, request: BenchRequest, record: RequestRecord, advance: Advance) -> None:
+async def _send(
+    client: AsyncClient, request: BenchRequest, record: RequestRecord, advance: Advance
+) -> None:
     """One streamed request; every chunk's arrival is timed into `record`, a failure kept in `record.error`."""
     record.start = time.perf_counter()
     try:
-        async for delta in client.complete(request.prompt_token_ids, stream=True, max_tokens=request.output_len,
-                                           ignore_eos=True, temperature=0.0):
+        async for delta in client.complete(
+            request.prompt_token_ids,
+            stream=True,
+            max_tokens=request.output_len,
+            ignore_eos=True,
+            temperature=0.0,
+        ):
             if delta.usage is not None:
                 record.num_output_tokens = delta.usage.completion_tokens
                 continue
@@ -54,11 +63,28 @@ async def _send(client: AsyncClient, request: BenchRequest, record: RequestRecor
         record.error = "the stream ended without any output"
 
 
-async def _run(url: str, requests: list[BenchRequest], *, concurrency: int | None, request_rate: float, seed: int,
-               model: str | None, api_key: str | None, timeout: float, advance: Advance) -> RunResult:
-    limits = httpx.Limits(max_connections=concurrency or len(requests) + 1, max_keepalive_connections=None)
-    async with AsyncClient(url, api_key=api_key, model=model, timeout=httpx.Timeout(timeout, connect=10.0),
-                           limits=limits) as client:
+async def _run(
+    url: str,
+    requests: list[BenchRequest],
+    *,
+    concurrency: int | None,
+    request_rate: float,
+    seed: int,
+    model: str | None,
+    api_key: str | None,
+    timeout: float,
+    advance: Advance,
+) -> RunResult:
+    limits = httpx.Limits(
+        max_connections=concurrency or len(requests) + 1, max_keepalive_connections=None
+    )
+    async with AsyncClient(
+        url,
+        api_key=api_key,
+        model=model,
+        timeout=httpx.Timeout(timeout, connect=10.0),
+        limits=limits,
+    ) as client:
         base = client.base_url
         client.model = model or await served_model(client)
         # one short request first (as vllm bench serve does): fails fast on a wrong URL, warms the server
@@ -91,13 +117,33 @@ async def _run(url: str, requests: list[BenchRequest], *, concurrency: int | Non
     return RunResult("server", f"{client.model} @ {base} ({mode})", records, duration)
 
 
-def run_online(url: str, requests: list[BenchRequest], *, concurrency: int | None = None,
-               request_rate: float = math.inf, seed: int = 0, model: str | None = None, api_key: str | None = None,
-               timeout: float = 600.0, advance: Advance = _noop) -> RunResult:
+def run_online(
+    url: str,
+    requests: list[BenchRequest],
+    *,
+    concurrency: int | None = None,
+    request_rate: float = math.inf,
+    seed: int = 0,
+    model: str | None = None,
+    api_key: str | None = None,
+    timeout: float = 600.0,
+    advance: Advance = _noop,
+) -> RunResult:
     """Send the requests and time every streamed chunk; failures are counted, not raised."""
     if concurrency is not None and concurrency < 1:
         raise LocalchatError(f"--concurrency must be >= 1, got {concurrency}")
     if not request_rate > 0:
         raise LocalchatError(f"--request-rate must be > 0 (or inf), got {request_rate}")
-    return asyncio.run(_run(url, requests, concurrency=concurrency, request_rate=request_rate, seed=seed,
-                            model=model, api_key=api_key, timeout=timeout, advance=advance))
+    return asyncio.run(
+        _run(
+            url,
+            requests,
+            concurrency=concurrency,
+            request_rate=request_rate,
+            seed=seed,
+            model=model,
+            api_key=api_key,
+            timeout=timeout,
+            advance=advance,
+        )
+    )

@@ -50,7 +50,9 @@ class HFPeer:
             model = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
         elif target.gguf_path is not None:  # transformers dequantizes the GGUF file itself
             gguf = target.gguf_path
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=target.dtype)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=target.dtype
+            )
         else:
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype)
         self.model = model.to(target.device).eval()
@@ -61,24 +63,38 @@ class HFPeer:
 
         torch, pad = self.torch, self.target.pad_token_id
         width = max(len(p) for p in prompts)
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.target.device)
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                                      device=self.target.device)
-        config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                  pad_token_id=pad, eos_token_id=list(self.target.eos_token_ids) or None)
+        input_ids = torch.tensor(
+            [[pad] * (width - len(p)) + p for p in prompts], device=self.target.device
+        )
+        attention_mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.target.device
+        )
+        config = GenerationConfig(
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=list(self.target.eos_token_ids) or None,
+        )
         with torch.inference_mode():
-            self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                                streamer=clock)
+            self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                streamer=clock,
+            )
 
     def warm_up(self) -> None:
         self._generate([[self.target.pad_token_id] * 4], 2, _StepClock())
 
-    def run(self, requests: list[BenchRequest], batch_size: int, advance: Advance = _noop) -> RunResult:
+    def run(
+        self, requests: list[BenchRequest], batch_size: int, advance: Advance = _noop
+    ) -> RunResult:
         """Offline: every request arrives at the start; batches run one after another."""
         records = [RequestRecord(len(r.prompt_token_ids), r.output_len) for r in requests]
         start = time.perf_counter()
         for first in range(0, len(requests), batch_size):
-            batch = requests[first:first + batch_size]
+            batch = requests[first : first + batch_size]
             lengths = [r.output_len for r in batch]
 
             def on_step(step: int, lengths=lengths) -> None:
@@ -89,11 +105,15 @@ class HFPeer:
             for offset, request in enumerate(batch):
                 record = records[first + offset]
                 record.start = start
-                record.token_times = clock.times[:request.output_len]
+                record.token_times = clock.times[: request.output_len]
         duration = time.perf_counter() - start
-        return RunResult("hf", f"{self.label}, batch {min(batch_size, len(requests))}", records, duration)
+        return RunResult(
+            "hf", f"{self.label}, batch {min(batch_size, len(requests))}", records, duration
+        )
 
-    def run_chat(self, prompts: list[list[int]], reply_len: int, advance: Advance = _noop) -> RunResult:
+    def run_chat(
+        self, prompts: list[list[int]], reply_len: int, advance: Advance = _noop
+    ) -> RunResult:
         """One turn at a time, each re-reading the whole history (no cache kept between turns)."""
         records = []
         start = time.perf_counter()

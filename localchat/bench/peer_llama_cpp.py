@@ -30,7 +30,9 @@ def llama_cpp_available() -> bool:
 def gguf_for(target: ModelTarget, gguf: str | None) -> Path:
     path = Path(gguf) if gguf else target.gguf_path
     if path is None:
-        raise LocalchatError(f"--compare llama-cpp needs a GGUF file: {target.name} is not one; pass --gguf FILE")
+        raise LocalchatError(
+            f"--compare llama-cpp needs a GGUF file: {target.name} is not one; pass --gguf FILE"
+        )
     if not path.is_file():
         raise LocalchatError(f"--gguf {path}: no such file")
     return path
@@ -41,14 +43,27 @@ class LlamaCppPeer:
         try:
             from llama_cpp import Llama
         except ImportError:
-            raise LocalchatError(f"--compare llama-cpp needs llama-cpp-python, which is not installed: "
-                                 f"{INSTALL_HINT}") from None
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=num_threads,
-                         n_threads_batch=num_threads, seed=seed, verbose=False)
+            raise LocalchatError(
+                f"--compare llama-cpp needs llama-cpp-python, which is not installed: "
+                f"{INSTALL_HINT}"
+            ) from None
+        self.llm = Llama(
+            model_path=str(gguf_path),
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=num_threads,
+            n_threads_batch=num_threads,
+            seed=seed,
+            verbose=False,
+        )
         self.label = f"llama.cpp ({gguf_path.name}, one sequence at a time)"
 
-    def _generate(self, prompt: list[int], new_tokens: int, record: RequestRecord, advance: Advance) -> None:
-        for token in self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+    def _generate(
+        self, prompt: list[int], new_tokens: int, record: RequestRecord, advance: Advance
+    ) -> None:
+        for token in self.llm.generate(
+            prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0
+        ):
             del token
             record.token_times.append(time.perf_counter())
             advance(1)
@@ -67,7 +82,9 @@ class LlamaCppPeer:
             self._generate(request.prompt_token_ids, request.output_len, record, advance)
         return RunResult("llama-cpp", self.label, records, time.perf_counter() - start)
 
-    def run_chat(self, prompts: list[list[int]], reply_len: int, advance: Advance = _noop) -> RunResult:
+    def run_chat(
+        self, prompts: list[list[int]], reply_len: int, advance: Advance = _noop
+    ) -> RunResult:
         records = []
         start = time.perf_counter()
         for prompt in prompts:

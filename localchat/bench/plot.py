@@ -24,7 +24,9 @@ def load_payload(path: str) -> dict:
         with open(path, encoding="utf-8") as handle:
             payload = json.load(handle)
     except (OSError, ValueError) as exc:
-        raise LocalchatError(f"cannot read the bench results {path}: {exc}", param="plot_with") from None
+        raise LocalchatError(
+            f"cannot read the bench results {path}: {exc}", param="plot_with"
+        ) from None
     if not isinstance(payload, dict) or not isinstance(payload.get("results"), dict):
         raise LocalchatError(f"{path} is not a `localchat bench --json` file", param="plot_with")
     return payload
@@ -49,7 +51,11 @@ def _series(payloads: list[dict]) -> tuple[str, list, dict[str, list[dict]]]:
         ordered = sorted(payloads, key=lambda p: p["workload"].get("concurrency") or 0)
         xs = [p["workload"].get("concurrency") or "all" for p in ordered]
         systems = {name for p in ordered for name in p["results"]}
-        return "concurrency", xs, {name: [p["results"].get(name, {}) for p in ordered] for name in sorted(systems)}
+        return (
+            "concurrency",
+            xs,
+            {name: [p["results"].get(name, {}) for p in ordered] for name in sorted(systems)},
+        )
     results = {name: fig for p in payloads for name, fig in p["results"].items()}
     return "system", list(results), {"": list(results.values())}
 
@@ -73,8 +79,14 @@ def plot_runs(payloads: list[dict], path: str) -> None:
             tag = f"{name} {label}".strip()
             if x_label == "system":
                 shifted = [x + (offset - 0.5) * 0.38 for x in positions]
-                latency.bar(shifted, p50, width=0.38, label=f"{label} p50",
-                            yerr=[[0] * len(p50), [max(b - a, 0) for a, b in zip(p50, p99)]], capsize=3)
+                latency.bar(
+                    shifted,
+                    p50,
+                    width=0.38,
+                    label=f"{label} p50",
+                    yerr=[[0] * len(p50), [max(b - a, 0) for a, b in zip(p50, p99)]],
+                    capsize=3,
+                )
             else:
                 latency.plot(xs, p50, marker="o", label=f"{tag} p50")
     if x_label == "system":
@@ -90,7 +102,9 @@ def plot_runs(payloads: list[dict], path: str) -> None:
     latency.set_title("Latency")
     latency.legend()
     first = payloads[-1]
-    figure.suptitle(f"localchat bench ({first.get('mode')}) - {first.get('model')} - {first.get('date', '')}")
+    figure.suptitle(
+        f"localchat bench ({first.get('mode')}) - {first.get('model')} - {first.get('date', '')}"
+    )
     try:
         figure.savefig(path)
     except (OSError, ValueError) as exc:

@@ -26,8 +26,14 @@ def token_progress(enabled: bool, description: str, total: int) -> Iterator[Adva
     if not (enabled and STDERR.is_terminal):
         yield _noop
         return
-    columns = (SpinnerColumn(), TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("tokens"), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tokens"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=STDERR, transient=True, refresh_per_second=4) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)

@@ -43,15 +43,24 @@ from localchat.errors import InvalidParameterError, LocalchatError
 T = GGMLQuantizationType
 # quantization name -> (type of most matrices, llama.cpp file type)
 QUANTS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
-    "q4_k_m": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M), "q5_k_m": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
-    "q4_k": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_S), "q5_k": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
-    "q6_k": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K), "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0),
-    "q4_0": (T.Q4_0, LlamaFileType.MOSTLY_Q4_0), "q4_1": (T.Q4_1, LlamaFileType.MOSTLY_Q4_1),
-    "q5_0": (T.Q5_0, LlamaFileType.MOSTLY_Q5_0), "q5_1": (T.Q5_1, LlamaFileType.MOSTLY_Q5_1),
-    "f16": (T.F16, LlamaFileType.MOSTLY_F16), "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16),
+    "q4_k_m": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "q5_k_m": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
+    "q4_k": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_S),
+    "q5_k": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
+    "q6_k": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+    "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (T.Q4_0, LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (T.Q4_1, LlamaFileType.MOSTLY_Q4_1),
+    "q5_0": (T.Q5_0, LlamaFileType.MOSTLY_Q5_0),
+    "q5_1": (T.Q5_1, LlamaFileType.MOSTLY_Q5_1),
+    "f16": (T.F16, LlamaFileType.MOSTLY_F16),
+    "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16),
     "f32": (T.F32, LlamaFileType.ALL_F32),
 }
-_MIXED = ("q4_k_m", "q5_k_m")  # Q6_K for the output and for attn_v / ffn_down of about half the layers
+_MIXED = (
+    "q4_k_m",
+    "q5_k_m",
+)  # Q6_K for the output and for attn_v / ffn_down of about half the layers
 # llama.cpp's fallback when a row is not a whole number of 256-wide super-blocks
 _K_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 _FLOAT_BLOCK = 32  # pool block width for the float types
@@ -76,7 +85,9 @@ def tensor_type(spec: TensorSpec, quant: str, shape: ModelShape) -> GGMLQuantiza
     qtype = QUANTS[quant][0]
     if quant in _MIXED:
         output = spec.kind == "output" or (spec.kind == "token_embd" and shape.tie_word_embeddings)
-        more_bits = spec.kind in ("attn_v", "ffn_down") and _use_more_bits(spec.layer, shape.num_layers)
+        more_bits = spec.kind in ("attn_v", "ffn_down") and _use_more_bits(
+            spec.layer, shape.num_layers
+        )
         if output or more_bits:
             qtype = T.Q6_K
     row = spec.shape[-1]
@@ -89,7 +100,9 @@ def tensor_type(spec: TensorSpec, quant: str, shape: ModelShape) -> GGMLQuantiza
 
 def plan(shape: ModelShape, quant: str) -> list[tuple[TensorSpec, GGMLQuantizationType]]:
     if quant not in QUANTS:
-        raise InvalidParameterError(f"quantization must be one of {', '.join(QUANTS)}, got {quant!r}", param="quant")
+        raise InvalidParameterError(
+            f"quantization must be one of {', '.join(QUANTS)}, got {quant!r}", param="quant"
+        )
     return [(spec, tensor_type(spec, quant, shape)) for spec in tensor_specs(shape)]
 
 
@@ -104,7 +117,9 @@ def estimated_size(shape: ModelShape, quant: str) -> int:
 
 
 @functools.cache  # parsing the default GGUF takes seconds
-def default_tokenizer() -> tuple[list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int]:
+def default_tokenizer() -> tuple[
+    list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int
+]:
     """Every `tokenizer.*` field of the default model's GGUF (key, value, type, array item type), and the
     size of its vocabulary."""
     from localchat.engine.model_source import pull_default_model
@@ -114,7 +129,9 @@ def default_tokenizer() -> tuple[list[tuple[str, object, GGUFValueType, GGUFValu
     for key, field in reader.fields.items():
         if key.startswith("tokenizer."):
             array = field.types[0] == GGUFValueType.ARRAY
-            fields.append((key, field.contents(), field.types[0], field.types[-1] if array else None))
+            fields.append(
+                (key, field.contents(), field.types[0], field.types[-1] if array else None)
+            )
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     return fields, vocab
 
@@ -150,11 +167,14 @@ def block_pool(qtype: GGMLQuantizationType, rng: np.random.Generator, std: float
         return weights.view(np.uint8)
     if qtype == T.F16:
         return weights.astype(np.float16).view(np.uint8)
-    return np.ascontiguousarray(quantize(weights, qtype)).view(np.uint8)  # BF16 and the legacy types
+    return np.ascontiguousarray(quantize(weights, qtype)).view(
+        np.uint8
+    )  # BF16 and the legacy types
 
 
-def _tensor_bytes(spec: TensorSpec, qtype: GGMLQuantizationType, pools: dict, rng: np.random.Generator,
-                  std: float) -> np.ndarray:
+def _tensor_bytes(
+    spec: TensorSpec, qtype: GGMLQuantizationType, pools: dict, rng: np.random.Generator, std: float
+) -> np.ndarray:
     if spec.role == "norm":
         return np.ones(spec.shape, dtype=np.float32).view(np.uint8)
     if spec.role == "bias":
@@ -171,8 +191,15 @@ def _tensor_bytes(spec: TensorSpec, qtype: GGMLQuantizationType, pools: dict, rn
     return blocks.reshape(spec.shape[0], -1) if len(spec.shape) == 2 else blocks.reshape(-1)
 
 
-def write_random_gguf(path: str | os.PathLike, shape: ModelShape, quant: str = "q4_k_m", *, seed: int = 0,
-                      std: float = 0.02, progress: Progress | None = None) -> Path:
+def write_random_gguf(
+    path: str | os.PathLike,
+    shape: ModelShape,
+    quant: str = "q4_k_m",
+    *,
+    seed: int = 0,
+    std: float = 0.02,
+    progress: Progress | None = None,
+) -> Path:
     """Write the file (to a temporary name, renamed when complete) and return its path."""
     path = Path(path)
     tokenizer_fields, vocab = default_tokenizer()
@@ -182,7 +209,9 @@ def write_random_gguf(path: str | os.PathLike, shape: ModelShape, quant: str = "
     path.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path.parent).free
     if free < total + (256 << 20):
-        raise LocalchatError(f"{path.parent}: {free / 2**30:.1f} GiB free, the file needs {total / 2**30:.1f} GiB")
+        raise LocalchatError(
+            f"{path.parent}: {free / 2**30:.1f} GiB free, the file needs {total / 2**30:.1f} GiB"
+        )
     partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
     writer = GGUFWriter(str(partial), shape.arch)
     try:
@@ -194,8 +223,17 @@ def write_random_gguf(path: str | os.PathLike, shape: ModelShape, quant: str = "
     return path
 
 
-def _write(writer: GGUFWriter, shape: ModelShape, quant: str, tensors, tokenizer_fields, seed: int, std: float,
-           total: int, progress: Progress | None) -> None:
+def _write(
+    writer: GGUFWriter,
+    shape: ModelShape,
+    quant: str,
+    tensors,
+    tokenizer_fields,
+    seed: int,
+    std: float,
+    total: int,
+    progress: Progress | None,
+) -> None:
     writer.add_type("model")
     writer.add_name(f"random {shape.name} {quant}")
     add_arch_metadata(writer, shape)
@@ -207,7 +245,9 @@ def _write(writer: GGUFWriter, shape: ModelShape, quant: str, tensors, tokenizer
     for spec, qtype in tensors:
         block, type_size = GGML_QUANT_SIZES[qtype]
         byte_shape = (*spec.shape[:-1], spec.shape[-1] // block * type_size)
-        writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), tensor_nbytes(spec, qtype), raw_dtype=qtype)
+        writer.add_tensor_info(
+            spec.name, byte_shape, np.dtype(np.uint8), tensor_nbytes(spec, qtype), raw_dtype=qtype
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

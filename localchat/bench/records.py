@@ -21,12 +21,16 @@ class RequestRecord:
     requested_output_len: int
     start: float = 0.0
     token_times: list[float] = field(default_factory=list)
-    num_output_tokens: int | None = None  # when the count differs from len(token_times) (online usage)
+    num_output_tokens: int | None = (
+        None  # when the count differs from len(token_times) (online usage)
+    )
     error: str | None = None
 
     @property
     def output_tokens(self) -> int:
-        return self.num_output_tokens if self.num_output_tokens is not None else len(self.token_times)
+        return (
+            self.num_output_tokens if self.num_output_tokens is not None else len(self.token_times)
+        )
 
     @property
     def ttft(self) -> float | None:
@@ -62,8 +66,11 @@ def _stats_ms(values: list[float]) -> dict | None:
     if not values:
         return None
     array = np.asarray(values) * 1000.0
-    return {"mean": float(array.mean()), "p50": float(np.percentile(array, 50)),
-            "p99": float(np.percentile(array, 99))}
+    return {
+        "mean": float(array.mean()),
+        "p50": float(np.percentile(array, 50)),
+        "p99": float(np.percentile(array, 99)),
+    }
 
 
 def decode_tok_s(record: RequestRecord) -> float | None:
@@ -99,7 +106,9 @@ def figures(result: RunResult, kind: str) -> dict:
     if kind == "decode" and ok:
         out["decode_tok_s"] = decode_tok_s(ok[0])
     if kind == "chat":
-        out["turn_ttft_ms"] = [r.ttft * 1000.0 if r.ttft is not None else None for r in result.records]
+        out["turn_ttft_ms"] = [
+            r.ttft * 1000.0 if r.ttft is not None else None for r in result.records
+        ]
     if result.engine:
         out.update(result.engine)
     return out

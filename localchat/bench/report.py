@@ -51,12 +51,18 @@ def _rows(results: dict[str, dict], kind: str) -> list[tuple[str, list[str]]]:
         rows.append(row("Decode tok/s (tokens 17..n)", lambda f: _num(f.get("decode_tok_s"))))
     for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")):
         for stat in ("mean", "p50", "p99"):
-            rows.append(row(f"{name} {stat} (ms)", lambda f, k=key, s=stat: _num((f.get(k) or {}).get(s))))
+            rows.append(
+                row(f"{name} {stat} (ms)", lambda f, k=key, s=stat: _num((f.get(k) or {}).get(s)))
+            )
     if kind == "chat":
         turns = max(len(f.get("turn_ttft_ms") or []) for f in figs)
         for turn in range(turns):
-            rows.append(row(f"TTFT turn {turn + 1} (ms)",
-                            lambda f, t=turn: _num((f.get("turn_ttft_ms") or [None] * (t + 1))[t])))
+            rows.append(
+                row(
+                    f"TTFT turn {turn + 1} (ms)",
+                    lambda f, t=turn: _num((f.get("turn_ttft_ms") or [None] * (t + 1))[t]),
+                )
+            )
     rows += [
         row("Peak KV-cache usage", lambda f: _pct(f.get("peak_kv_cache_usage"))),
         row("Prefix-cache hit rate", lambda f: _pct(f.get("prefix_cache_hit_rate"))),
@@ -65,8 +71,14 @@ def _rows(results: dict[str, dict], kind: str) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def print_report(console: Console, title: str, results: dict[str, dict], ratios: dict[str, float | None],
-                 kind: str, notes: list[str]) -> None:
+def print_report(
+    console: Console,
+    title: str,
+    results: dict[str, dict],
+    ratios: dict[str, float | None],
+    kind: str,
+    notes: list[str],
+) -> None:
     """`results` maps a column name to its figures (with a 'label'); ratios are 'ours/peer' -> times."""
     table = Table(title=escape(title), title_justify="left")
     table.add_column("Metric", no_wrap=True)
@@ -100,8 +112,12 @@ def _cpu_name() -> str:
 
 
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version()}
+    info = {
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     try:
         pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         info["memory_gib"] = round(pages * page_size / 2**30, 1)
@@ -130,15 +146,30 @@ def command_line() -> str:
     return " ".join(["localchat", *(shlex.quote(a) for a in sys.argv[1:])])
 
 
-def build_payload(*, mode: str, workload: dict, model: str, results: dict[str, dict],
-                  ratios: dict[str, float | None], notes: list[str], extra: dict | None = None,
-                  command: str | None = None) -> dict:
+def build_payload(
+    *,
+    mode: str,
+    workload: dict,
+    model: str,
+    results: dict[str, dict],
+    ratios: dict[str, float | None],
+    notes: list[str],
+    extra: dict | None = None,
+    command: str | None = None,
+) -> dict:
     return {
-        "schema": SCHEMA_VERSION, "mode": mode,
+        "schema": SCHEMA_VERSION,
+        "mode": mode,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command or command_line(), "model": model, "workload": workload,
-        "machine": machine_info(), "versions": versions(),
-        "results": results, "ratios": ratios, "notes": notes, **(extra or {}),
+        "command": command or command_line(),
+        "model": model,
+        "workload": workload,
+        "machine": machine_info(),
+        "versions": versions(),
+        "results": results,
+        "ratios": ratios,
+        "notes": notes,
+        **(extra or {}),
     }
 
 
@@ -154,5 +185,10 @@ def load_baseline(path: str) -> tuple[str, dict]:
         payload = json.loads(Path(path).read_text())
         fig = payload["results"]["localchat"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LocalchatError(f"--baseline {path}: not a `localchat bench --json` file of an offline run ({exc})") from None
-    return "offline", {**fig, "label": f"offline localchat, from {path} ({payload.get('date', '?')})"}
+        raise LocalchatError(
+            f"--baseline {path}: not a `localchat bench --json` file of an offline run ({exc})"
+        ) from None
+    return "offline", {
+        **fig,
+        "label": f"offline localchat, from {path} ({payload.get('date', '?')})",
+    }

@@ -18,8 +18,14 @@ from localchat.bench.workloads import (
     user_messages,
 )
 
-PEERS = {"hf": "hf", "transformers": "hf", "llama-cpp": "llama.cpp", "llama.cpp": "llama.cpp",
-         "llama_cpp": "llama.cpp", "llamacpp": "llama.cpp"}
+PEERS = {
+    "hf": "hf",
+    "transformers": "hf",
+    "llama-cpp": "llama.cpp",
+    "llama.cpp": "llama.cpp",
+    "llama_cpp": "llama.cpp",
+    "llamacpp": "llama.cpp",
+}
 
 
 @dataclass
@@ -34,8 +40,10 @@ class BenchOutcome:
         self.results[column] = fig
         self.notes.extend(result.notes)
         if fig["output_tokens"] != fig["requested_output_tokens"] and not fig["failures"]:
-            self.notes.append(f"{column}: {fig['output_tokens']} output tokens for {fig['requested_output_tokens']} "
-                              "requested (does it honour ignore_eos / max_tokens?)")
+            self.notes.append(
+                f"{column}: {fig['output_tokens']} output tokens for {fig['requested_output_tokens']} "
+                "requested (does it honour ignore_eos / max_tokens?)"
+            )
         return fig
 
 
@@ -47,7 +55,9 @@ def parse_peers(values: list[str] | None) -> list[str]:
         if not item:
             continue
         if item not in PEERS:
-            raise InvalidParameterError(f"--compare takes hf or llama-cpp, got {item!r}", param="compare")
+            raise InvalidParameterError(
+                f"--compare takes hf or llama-cpp, got {item!r}", param="compare"
+            )
         if PEERS[item] not in peers:
             peers.append(PEERS[item])
     return peers
@@ -61,8 +71,15 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_offline(config, workload: Workload, peers: list[str], *, hf_batch_size: int | None, gguf: str | None,
-                show_progress: bool) -> BenchOutcome:
+def run_offline(
+    config,
+    workload: Workload,
+    peers: list[str],
+    *,
+    hf_batch_size: int | None,
+    gguf: str | None,
+    show_progress: bool,
+) -> BenchOutcome:
     from localchat.bench.offline import (
         model_target,
         run_engine,
@@ -98,21 +115,33 @@ def run_offline(config, workload: Workload, peers: list[str], *, hf_batch_size: 
     warm_up(engine, list(range(100, 108)))
     with progress.token_progress(show_progress, "localchat", total) as advance:
         if chat:
-            result, chat_prompts = run_engine_chat(engine, prompts_or_requests, workload.output_len[0], advance)
+            result, chat_prompts = run_engine_chat(
+                engine, prompts_or_requests, workload.output_len[0], advance
+            )
         else:
             result = run_engine(engine, prompts_or_requests, advance)
     ours = outcome.add("localchat", result, workload.kind)
     del engine
     _release_memory()
     for peer_name in peers:
-        peer_result = _run_peer(peer_name, target, workload, chat_prompts if chat else prompts_or_requests,
-                                hf_batch_size=hf_batch_size, gguf=gguf, show_progress=show_progress, total=total)
+        peer_result = _run_peer(
+            peer_name,
+            target,
+            workload,
+            chat_prompts if chat else prompts_or_requests,
+            hf_batch_size=hf_batch_size,
+            gguf=gguf,
+            show_progress=show_progress,
+            total=total,
+        )
         peer = outcome.add(peer_name, peer_result, workload.kind)
         outcome.ratios[f"localchat/{peer_name}"] = ratio(ours, peer, workload.kind)
     return outcome
 
 
-def _run_peer(name: str, target, workload: Workload, work, *, hf_batch_size, gguf, show_progress, total) -> RunResult:
+def _run_peer(
+    name: str, target, workload: Workload, work, *, hf_batch_size, gguf, show_progress, total
+) -> RunResult:
     chat = workload.kind == "chat"
     if name == "hf":
         from localchat.bench.peer_hf import HFPeer
@@ -122,7 +151,11 @@ def _run_peer(name: str, target, workload: Workload, work, *, hf_batch_size, ggu
             peer.warm_up()
         batch_size = hf_batch_size or (64 if target.device == "cuda" else 8)
         with progress.token_progress(show_progress, "hf", total) as advance:
-            return peer.run_chat(work, workload.output_len[0], advance) if chat else peer.run(work, batch_size, advance)
+            return (
+                peer.run_chat(work, workload.output_len[0], advance)
+                if chat
+                else peer.run(work, batch_size, advance)
+            )
     from localchat.bench.peer_llama_cpp import LlamaCppPeer, gguf_for
 
     path = gguf_for(target, gguf)
@@ -134,7 +167,11 @@ def _run_peer(name: str, target, workload: Workload, work, *, hf_batch_size, ggu
         peer = LlamaCppPeer(path, target.num_threads, n_ctx)
         peer.warm_up()
     with progress.token_progress(show_progress, "llama.cpp", total) as advance:
-        return peer.run_chat(work, workload.output_len[0], advance) if chat else peer.run(work, advance)
+        return (
+            peer.run_chat(work, workload.output_len[0], advance)
+            if chat
+            else peer.run(work, advance)
+        )
 
 
 def _online_vocabulary(config) -> tuple[str, list[int]]:
@@ -150,9 +187,19 @@ def _online_vocabulary(config) -> tuple[str, list[int]]:
     return files.source.name, allowed_token_ids(len(tokenizer), tokenizer)
 
 
-def run_online_bench(config, workload: Workload, url: str, *, concurrency: int | None, request_rate: float,
-                     served_model_name: str | None, api_key: str | None, timeout: float, baseline: str | None,
-                     show_progress: bool) -> BenchOutcome:
+def run_online_bench(
+    config,
+    workload: Workload,
+    url: str,
+    *,
+    concurrency: int | None,
+    request_rate: float,
+    served_model_name: str | None,
+    api_key: str | None,
+    timeout: float,
+    baseline: str | None,
+    show_progress: bool,
+) -> BenchOutcome:
     from localchat.bench.online import run_online
     from localchat.bench.report import load_baseline
     from localchat.errors import InvalidParameterError
@@ -165,8 +212,17 @@ def run_online_bench(config, workload: Workload, url: str, *, concurrency: int |
     total = sum(r.output_len for r in requests)
     outcome = BenchOutcome(served_model_name or name)
     with progress.token_progress(show_progress, "server", total) as advance:
-        result = run_online(url, requests, concurrency=concurrency, request_rate=request_rate, seed=config.seed,
-                            model=served_model_name, api_key=api_key, timeout=timeout, advance=advance)
+        result = run_online(
+            url,
+            requests,
+            concurrency=concurrency,
+            request_rate=request_rate,
+            seed=config.seed,
+            model=served_model_name,
+            api_key=api_key,
+            timeout=timeout,
+            advance=advance,
+        )
     server = outcome.add("server", result, workload.kind)
     if baseline_fig is not None:
         column, fig = baseline_fig

@@ -37,35 +37,72 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise InvalidParameterError(f"workload kind must be one of {KINDS}, got {self.kind!r}", param="workload")
+            raise InvalidParameterError(
+                f"workload kind must be one of {KINDS}, got {self.kind!r}", param="workload"
+            )
         if self.num_requests < 1:
-            raise InvalidParameterError(f"--num-requests must be >= 1, got {self.num_requests}", param="num_requests")
+            raise InvalidParameterError(
+                f"--num-requests must be >= 1, got {self.num_requests}", param="num_requests"
+            )
         for name, (low, high) in (("input_len", self.input_len), ("output_len", self.output_len)):
             if not 1 <= low <= high:
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be MIN:MAX with 1 <= MIN <= MAX, "
-                                            f"got {low}:{high}", param=name)
+                raise InvalidParameterError(
+                    f"--{name.replace('_', '-')} must be MIN:MAX with 1 <= MIN <= MAX, "
+                    f"got {low}:{high}",
+                    param=name,
+                )
 
     def describe(self) -> str:
         def span(r):
             return str(r[0]) if r[0] == r[1] else f"{r[0]}-{r[1]}"
 
         if self.kind == "chat":
-            return (f"{self.name.upper()}: {self.title}: {self.num_requests} turns, user messages ~{self.input_len[0]} "
-                    f"tokens, replies {self.output_len[0]} tokens")
-        return (f"{self.name.upper()}: {self.title}: {self.num_requests} requests, prompt {span(self.input_len)}, "
-                f"output {span(self.output_len)} tokens")
+            return (
+                f"{self.name.upper()}: {self.title}: {self.num_requests} turns, user messages ~{self.input_len[0]} "
+                f"tokens, replies {self.output_len[0]} tokens"
+            )
+        return (
+            f"{self.name.upper()}: {self.title}: {self.num_requests} requests, prompt {span(self.input_len)}, "
+            f"output {span(self.output_len)} tokens"
+        )
 
 
 WORKLOADS: dict[str, Workload] = {
-    "g1": Workload("g1", "offline throughput, GPU", "throughput", 256, (100, 1024), (100, 1024),
-                   model="../shared/models/qwen3-0.6b", load_format="dummy", dtype="bfloat16"),
-    "g2": Workload("g2", "batch-1 decode, GPU", "decode", 1, (128, 128), (256, 256),
-                   model="../shared/models/qwen3-0.6b", load_format="dummy", dtype="bfloat16"),
+    "g1": Workload(
+        "g1",
+        "offline throughput, GPU",
+        "throughput",
+        256,
+        (100, 1024),
+        (100, 1024),
+        model="../shared/models/qwen3-0.6b",
+        load_format="dummy",
+        dtype="bfloat16",
+    ),
+    "g2": Workload(
+        "g2",
+        "batch-1 decode, GPU",
+        "decode",
+        1,
+        (128, 128),
+        (256, 256),
+        model="../shared/models/qwen3-0.6b",
+        load_format="dummy",
+        dtype="bfloat16",
+    ),
     "c1": Workload("c1", "batch-1 decode, CPU", "decode", 1, (128, 128), (128, 128)),
     "c2": Workload("c2", "offline throughput, CPU", "throughput", 32, (32, 256), (32, 128)),
     "c3": Workload("c3", "multi-turn chat, CPU", "chat", 8, (150, 150), (64, 64)),
-    "c4": Workload("c4", "big model, CPU", "decode", 1, (128, 128), (64, 64), random_gguf=("llama-8b", "q4_k_m"),
-                   isolated=True),
+    "c4": Workload(
+        "c4",
+        "big model, CPU",
+        "decode",
+        1,
+        (128, 128),
+        (64, 64),
+        random_gguf=("llama-8b", "q4_k_m"),
+        isolated=True,
+    ),
 }
 
 
@@ -83,12 +120,18 @@ def parse_range(value: str | None, param: str) -> tuple[int, int] | None:
     return (numbers[0], numbers[-1])
 
 
-def select_workload(name: str, num_requests: int | None = None, input_len: str | None = None,
-                    output_len: str | None = None) -> Workload:
+def select_workload(
+    name: str,
+    num_requests: int | None = None,
+    input_len: str | None = None,
+    output_len: str | None = None,
+) -> Workload:
     """A named workload with any of its sizes overridden by the command's flags."""
     workload = WORKLOADS.get(name.lower())
     if workload is None:
-        raise InvalidParameterError(f"--workload must be one of {', '.join(WORKLOADS)}, got {name!r}", param="workload")
+        raise InvalidParameterError(
+            f"--workload must be one of {', '.join(WORKLOADS)}, got {name!r}", param="workload"
+        )
     changes = {}
     if num_requests is not None:
         changes["num_requests"] = num_requests
@@ -97,8 +140,10 @@ def select_workload(name: str, num_requests: int | None = None, input_len: str |
         if parsed is not None:
             changes[field] = parsed
     if changes and workload.kind == "decode" and changes.get("num_requests", 1) != 1:
-        raise InvalidParameterError(f"{workload.name} measures batch-1 decode: --num-requests must be 1",
-                                    param="num_requests")
+        raise InvalidParameterError(
+            f"{workload.name} measures batch-1 decode: --num-requests must be 1",
+            param="num_requests",
+        )
     return replace(workload, **changes) if changes else workload
 
 
@@ -126,24 +171,30 @@ def random_requests(workload: Workload, token_ids: list[int], seed: int) -> list
     for _ in range(workload.num_requests):
         prompt_len = rng.randint(*workload.input_len)
         output_len = rng.randint(*workload.output_len)
-        requests.append(BenchRequest([rng.choice(token_ids) for _ in range(prompt_len)], output_len))
+        requests.append(
+            BenchRequest([rng.choice(token_ids) for _ in range(prompt_len)], output_len)
+        )
     return requests
 
 
-_WORDS = ("the a of to and in that it for on with as at by from this be was are have not or which one all "
-          "would there their will when who more if out so up about into than them can only other new some "
-          "time could these two may first then do any like my now over such our man me even most made after "
-          "also did many before must through back years where much your way well down should because each "
-          "just those people how too little state good very make world still own see men work long get here "
-          "between both life being under never day same another know while last might us great old year off "
-          "come since against go came right used take three small house garden river mountain city history "
-          "engine memory paper music light water story question answer reason number system machine").split()
+_WORDS = (
+    "the a of to and in that it for on with as at by from this be was are have not or which one all "
+    "would there their will when who more if out so up about into than them can only other new some "
+    "time could these two may first then do any like my now over such our man me even most made after "
+    "also did many before must through back years where much your way well down should because each "
+    "just those people how too little state good very make world still own see men work long get here "
+    "between both life being under never day same another know while last might us great old year off "
+    "come since against go came right used take three small house garden river mountain city history "
+    "engine memory paper music light water story question answer reason number system machine"
+).split()
 
 
 def user_messages(workload: Workload, tokenizer, seed: int) -> list[str]:
     """C3's user messages: random English words, each message grown to the target token count."""
     if tokenizer is None:
-        raise InvalidParameterError("the chat workload needs a model with a tokenizer", param="workload")
+        raise InvalidParameterError(
+            "the chat workload needs a model with a tokenizer", param="workload"
+        )
     rng = random.Random(seed)
     target = workload.input_len[0]
     messages = []

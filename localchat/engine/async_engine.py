@@ -65,7 +65,9 @@ class _Stream:
 class RequestStream:
     """An accepted request: iterate it for delta RequestOutputs; `aclose()` (or leaving early) aborts it."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, stream: _Stream, prompt_token_ids: list[int]):
+    def __init__(
+        self, engine: "AsyncEngine", request_id: str, stream: _Stream, prompt_token_ids: list[int]
+    ):
         self.engine = engine
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -105,8 +107,14 @@ class AsyncEngine:
     ...     print(delta.outputs[0].text, end="")
     """
 
-    def __init__(self, config: EngineConfig | None = None, *, max_waiting: int | None = None,
-                 on_load_progress: Callable[[str], None] | None = None, **kwargs):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        max_waiting: int | None = None,
+        on_load_progress: Callable[[str], None] | None = None,
+        **kwargs,
+    ):
         """`on_load_progress` is called from the engine thread with a line per loading stage."""
         self.config = config or EngineConfig.from_kwargs(**kwargs)
         self.max_waiting = max_waiting
@@ -187,17 +195,25 @@ class AsyncEngine:
         return self._codec
 
     # --- requests ------------------------------------------------------------------------------------
-    async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                          request_id: str | None = None) -> RequestStream:
+    async def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> RequestStream:
         """Validate and queue a request; raises its LocalchatError here, before any output."""
         self._check_alive()
         capacity = self.engine.scheduler.max_num_seqs + (self.max_waiting or 0)
         if self.max_waiting is not None and len(self._streams) >= capacity:
-            raise QueueFullError(f"too many requests are waiting (more than {self.max_waiting} beyond the "
-                                 f"{self.engine.scheduler.max_num_seqs} running); retry later")
+            raise QueueFullError(
+                f"too many requests are waiting (more than {self.max_waiting} beyond the "
+                f"{self.engine.scheduler.max_num_seqs} running); retry later"
+            )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
-            raise InvalidParameterError(f"request id {request_id!r} is already in use", param="request_id")
+            raise InvalidParameterError(
+                f"request id {request_id!r} is already in use", param="request_id"
+            )
         stream = _Stream(asyncio.get_running_loop())
         self._streams[request_id] = stream
         accepted: asyncio.Future = stream.loop.create_future()
@@ -209,8 +225,12 @@ class AsyncEngine:
             raise
         return RequestStream(self, request_id, stream, prompt_token_ids)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         stream = await self.add_request(prompt, params, request_id)
         async for delta in stream:
             yield delta
@@ -248,7 +268,9 @@ class AsyncEngine:
                 if not self._handle_commands(block=not self.engine.has_unfinished()):
                     break
                 outputs = self.engine.step() if self.engine.has_unfinished() else []
-                self._stats = self.engine.stats()  # before delivering, so consumers see the step's state
+                self._stats = (
+                    self.engine.stats()
+                )  # before delivering, so consumers see the step's state
                 self._deliver(outputs)
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
@@ -311,7 +333,10 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, _Add) and (stream := self._streams.get(command.request_id)) is not None:
+            if (
+                isinstance(command, _Add)
+                and (stream := self._streams.get(command.request_id)) is not None
+            ):
                 stream.loop.call_soon_threadsafe(_settle, command.accepted, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}

@@ -21,7 +21,9 @@ class Block:
         self.block_id = block_id
         self.ref_count = 0
         self.hash: int | None = None
-        self.key: tuple | None = None  # (salt, parent hash, token ids) behind `hash`, checked on a hit
+        self.key: tuple | None = (
+            None  # (salt, parent hash, token ids) behind `hash`, checked on a hit
+        )
 
     def reset(self) -> None:
         self.hash = None
@@ -38,7 +40,7 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up
-        self.prefix_cache_hits = 0     # of which found in the cache
+        self.prefix_cache_hits = 0  # of which found in the cache
 
     @property
     def num_blocks(self) -> int:
@@ -58,7 +60,7 @@ class BlockManager:
 
     def _key(self, seq: Sequence, index: int) -> tuple:
         parent = seq.block_hashes[index - 1] if index else None
-        tokens = tuple(seq.token_ids[index * self.block_size:(index + 1) * self.block_size])
+        tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
         return (self._salt(seq), parent, tokens)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
@@ -71,9 +73,11 @@ class BlockManager:
         hits: list[int] = []
         hashes: list[int] = []
         parent = None
-        num_candidates = 0 if seq.prompt_logprobs is not None else (seq.num_tokens - 1) // self.block_size
+        num_candidates = (
+            0 if seq.prompt_logprobs is not None else (seq.num_tokens - 1) // self.block_size
+        )
         for index in range(num_candidates):
-            tokens = tuple(seq.token_ids[index * self.block_size:(index + 1) * self.block_size])
+            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
             key = (self._salt(seq), parent, tokens)
             block_id = self.hash_to_block.get(hash(key))
             if block_id is None or self.blocks[block_id].key != key:
@@ -88,7 +92,9 @@ class BlockManager:
         self.prefix_cache_queries += num_prompt_tokens
         self.prefix_cache_hits += num_hit_tokens
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
+    def allocate(
+        self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None
+    ) -> bool:
         """Give `seq` blocks for `num_new_tokens` more tokens (after `cached_blocks`, if any); False if
         the pool cannot, in which case nothing changes. Blocks that this step fills are registered in the
         prefix cache at once: a sequence scheduled later in the same step may share them, because each
@@ -146,4 +152,3 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
-

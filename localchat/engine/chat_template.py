@@ -28,9 +28,17 @@ def _compile(source: str):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -42,23 +50,37 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     normalized = []
     for position, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message:
-            raise InvalidParameterError(f"messages[{position}] must be an object with a 'role'", param="messages")
+            raise InvalidParameterError(
+                f"messages[{position}] must be an object with a 'role'", param="messages"
+            )
         if message["role"] not in ROLES:
             raise InvalidParameterError(
-                f"messages[{position}].role {message['role']!r} is not one of {', '.join(ROLES)}", param="messages")
+                f"messages[{position}].role {message['role']!r} is not one of {', '.join(ROLES)}",
+                param="messages",
+            )
         content = message.get("content")
         if isinstance(content, list):
             texts = []
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
                     raise InvalidParameterError(
-                        f"messages[{position}].content parts must be {{'type': 'text', 'text': ...}}", param="messages")
+                        f"messages[{position}].content parts must be {{'type': 'text', 'text': ...}}",
+                        param="messages",
+                    )
                 texts.append(part["text"])
             content = "\n".join(texts)
         elif content is not None and not isinstance(content, str):
-            raise InvalidParameterError(f"messages[{position}].content must be a string or a list of text parts",
-                                        param="messages")
-        normalized.append({k: v for k, v in {**message, "content": content}.items() if v is not None})
+            raise InvalidParameterError(
+                f"messages[{position}].content must be a string or a list of text parts",
+                param="messages",
+            )
+        normalized.append(
+            {k: v for k, v in {**message, "content": content}.items() if v is not None}
+        )
     return normalized
 
 
@@ -80,35 +102,61 @@ class ChatTemplate:
             elif "{" in override:
                 source = override
             else:
-                raise InvalidParameterError(f"chat template file {override!r} does not exist", param="chat_template")
+                raise InvalidParameterError(
+                    f"chat template file {override!r} does not exist", param="chat_template"
+                )
         if isinstance(source, dict):  # several named templates: take the default one
             source = source.get("default") or next(iter(source.values()))
         if not source:
             return None
-        return cls(source, {k: str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)})
+        return cls(
+            source,
+            {k: str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)},
+        )
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
-               continue_final_message: bool = False, tools: list[dict] | None = None,
-               documents: list[dict] | None = None, **kwargs) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        **kwargs,
+    ) -> str:
         """The prompt text for `messages`; `kwargs` (chat_template_kwargs, e.g. enable_thinking) reach the template."""
         import jinja2
 
         messages = normalize_messages(messages)
         if continue_final_message:
             if not messages or not isinstance(messages[-1].get("content"), str):
-                raise InvalidParameterError("continue_final_message needs a final message with text content",
-                                            param="continue_final_message")
+                raise InvalidParameterError(
+                    "continue_final_message needs a final message with text content",
+                    param="continue_final_message",
+                )
             final = messages[-1]["content"]
             messages[-1] = {**messages[-1], "content": final + _CONTINUE_TAG}
         try:
             text = _compile(self.source).render(
-                messages=messages, tools=tools, documents=documents,
-                add_generation_prompt=add_generation_prompt, **{**self.special_tokens, **kwargs})
+                messages=messages,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                **{**self.special_tokens, **kwargs},
+            )
         except jinja2.TemplateError as exc:
-            raise InvalidParameterError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+            raise InvalidParameterError(
+                f"the chat template rejected these messages: {exc}", param="messages"
+            ) from exc
         if continue_final_message:
             tag = text.rfind(_CONTINUE_TAG.strip())
             if tag < 0:
-                raise LocalchatError("the chat template dropped the final message; cannot continue it")
-            text = text[:tag] if text[tag:tag + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:tag].rstrip()
+                raise LocalchatError(
+                    "the chat template dropped the final message; cannot continue it"
+                )
+            text = (
+                text[:tag]
+                if text[tag : tag + len(_CONTINUE_TAG)] == _CONTINUE_TAG
+                else text[:tag].rstrip()
+            )
         return text

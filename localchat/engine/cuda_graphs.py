@@ -19,7 +19,9 @@ from localchat.engine.forward_context import (
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_batch_size] + list(range(16, max_batch_size + 1, 16))
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_batch_size] + list(
+        range(16, max_batch_size + 1, 16)
+    )
     if sizes[-1] != max_batch_size:
         sizes.append(max_batch_size)
     return sizes
@@ -36,7 +38,9 @@ class DecodeGraphs:
         self.positions = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((max_batch_size,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(max_batch_size, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(max_batch_size, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(
+            max_batch_size, max_blocks_per_seq, dtype=torch.int32, device=device
+        )
         self.query_start_loc = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -48,10 +52,16 @@ class DecodeGraphs:
 
     def _metadata(self, size: int, max_seq_len: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size], query_start_loc=self.query_start_loc[:size + 1],
-            seq_lens=self.seq_lens[:size], block_tables=self.block_tables[:size], num_decodes=size,
-            max_query_len=1, max_seq_len=max_seq_len, seq_lens_cpu=[1] * size,
-            query_start_loc_cpu=list(range(size + 1)))
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            num_decodes=size,
+            max_query_len=1,
+            max_seq_len=max_seq_len,
+            seq_lens_cpu=[1] * size,
+            query_start_loc_cpu=list(range(size + 1)),
+        )
 
     def _forward(self, size: int, md: AttentionMetadata) -> torch.Tensor:
         cos, sin = self.runner.rotary.lookup(self.positions[:size])
@@ -61,7 +71,9 @@ class DecodeGraphs:
     @torch.inference_mode()
     def _capture_all(self, max_seq_len: int) -> None:
         pool = None
-        for size in reversed(self.sizes):  # largest first, so the smaller graphs fit in its memory pool
+        for size in reversed(
+            self.sizes
+        ):  # largest first, so the smaller graphs fit in its memory pool
             md = self._metadata(size, max_seq_len)
             self._forward(size, md)  # warm up: compiles the Triton kernels outside the capture
             torch.cuda.synchronize()
@@ -72,7 +84,9 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize()
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
         """Hidden states [n, hidden] of an all-decode batch of n <= max_batch_size sequences."""
         n = input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
@@ -80,7 +94,7 @@ class DecodeGraphs:
         self.positions[:n].copy_(positions, non_blocking=True)
         self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
         self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
-        self.block_tables[:n, :md.block_tables.shape[1]].copy_(md.block_tables, non_blocking=True)
+        self.block_tables[:n, : md.block_tables.shape[1]].copy_(md.block_tables, non_blocking=True)
         if size > n:  # padding rows: store nothing, attend to one (harmless) key
             self.slot_mapping[n:size].fill_(-1)
             self.seq_lens[n:size].fill_(1)

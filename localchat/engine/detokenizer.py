@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from localchat.engine.sampling_params import SamplingParams
 
-_PROMPT_CONTEXT_TOKENS = 6  # enough prompt tokens for the decoder to place the first output token's spacing
+_PROMPT_CONTEXT_TOKENS = (
+    6  # enough prompt tokens for the decoder to place the first output token's spacing
+)
 
 
 class IncrementalDetokenizer:
@@ -64,6 +66,6 @@ class IncrementalDetokenizer:
         end = len(self.text) if finished or not self._stops else len(self.text) - self._held_back()
         if end <= self._emitted:
             return ""
-        delta = self.text[self._emitted:end]
+        delta = self.text[self._emitted : end]
         self._emitted = end
         return delta

@@ -19,10 +19,10 @@ class AttentionMetadata:
     -1 marks a padding token whose key/value is not stored.
     """
 
-    slot_mapping: torch.Tensor      # [num_tokens] int64
-    query_start_loc: torch.Tensor   # [num_seqs + 1] int32
-    seq_lens: torch.Tensor          # [num_seqs] int32
-    block_tables: torch.Tensor      # [num_seqs, max_blocks] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     num_decodes: int
     max_query_len: int
     max_seq_len: int

@@ -22,12 +22,23 @@ _ARCHES = {
 }
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 
 
 class GGUFCheckpoint:
@@ -39,9 +50,16 @@ class GGUFCheckpoint:
         self.path = Path(path)
         try:
             self.reader = GGUFReader(str(self.path))
-        except (ValueError, OSError, IndexError, KeyError) as exc:  # a bad magic, a cut-off file, a bad field
-            raise InvalidModelFileError(f"{self.path.name} is not a readable GGUF file ({exc}); is it complete? "
-                                        "(compare its size with the original)") from None
+        except (
+            ValueError,
+            OSError,
+            IndexError,
+            KeyError,
+        ) as exc:  # a bad magic, a cut-off file, a bad field
+            raise InvalidModelFileError(
+                f"{self.path.name} is not a readable GGUF file ({exc}); is it complete? "
+                "(compare its size with the original)"
+            ) from None
         self.arch = self.field("general.architecture")
         if self.arch not in _ARCHES:
             raise UnsupportedModelError(
@@ -63,11 +81,14 @@ class GGUFCheckpoint:
         hidden = self._arch_field("embedding_length")
         tensor_names = {t.name for t in self.reader.tensors}
         if "rope_freqs.weight" in tensor_names:
-            raise UnsupportedModelError(f"{self.path.name}: GGUF rope_freqs (llama3 rope scaling) is not supported; "
-                                        "use the Hugging Face safetensors checkpoint")
+            raise UnsupportedModelError(
+                f"{self.path.name}: GGUF rope_freqs (llama3 rope scaling) is not supported; "
+                "use the Hugging Face safetensors checkpoint"
+            )
         kwargs = dict(
             architectures=[architecture],
-            vocab_size=len(self.field("tokenizer.ggml.tokens", [])) or self._arch_field("vocab_size"),
+            vocab_size=len(self.field("tokenizer.ggml.tokens", []))
+            or self._arch_field("vocab_size"),
             hidden_size=hidden,
             intermediate_size=self._arch_field("feed_forward_length"),
             num_hidden_layers=self._arch_field("block_count"),
@@ -94,12 +115,22 @@ class GGUFCheckpoint:
             "arch": self.arch,
             "num_heads": num_heads,
             "num_kv_heads": self._arch_field("attention.head_count_kv", num_heads),
-            "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in reversed(t.shape)],
-                         "offset": int(t.data_offset), "nbytes": int(t.n_bytes)} for t in self.reader.tensors],
+            "tensors": [
+                {
+                    "name": t.name,
+                    "type": int(t.tensor_type),
+                    "shape": [int(d) for d in reversed(t.shape)],
+                    "offset": int(t.data_offset),
+                    "nbytes": int(t.n_bytes),
+                }
+                for t in self.reader.tensors
+            ],
         }
 
 
-def gguf_weights(path: Path, index: dict, dequantize: bool = False) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+def gguf_weights(
+    path: Path, index: dict, dequantize: bool = False
+) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
     """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized types
     as PackedWeights (their codes kept), F32/F16/BF16 as tensors; with `dequantize`, all as float32
     tensors (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
@@ -108,7 +139,9 @@ def gguf_weights(path: Path, index: dict, dequantize: bool = False) -> Iterator[
 
     data = np.memmap(path, dtype=np.uint8, mode="r")
     if data.size < max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0):
-        raise InvalidModelFileError(f"{path.name}: the file is shorter than its tensor table says (cut off?)")
+        raise InvalidModelFileError(
+            f"{path.name}: the file is shorter than its tensor table says (cut off?)"
+        )
     permuted = _ARCHES[index["arch"]][2]
     for entry in index["tensors"]:
         name = _hf_name(entry["name"])
@@ -116,22 +149,29 @@ def gguf_weights(path: Path, index: dict, dequantize: bool = False) -> Iterator[
             continue
         shape = tuple(entry["shape"])
         qtype = GGMLQuantizationType(entry["type"])
-        raw = data[entry["offset"]:entry["offset"] + entry["nbytes"]]
+        raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
         if qtype in DENSE_TYPES:
             weight: torch.Tensor | PackedWeight = dense(raw, qtype, shape)
         elif qtype not in QUANTIZED_TYPES:
             raise UnsupportedModelError(
                 f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}; supported: "
-                f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}")
+                f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}"
+            )
         elif dequantize:
-            array = np.asarray(gguf_dequantize(raw.reshape(shape[0], -1), qtype), dtype=np.float32).reshape(shape)
+            array = np.asarray(
+                gguf_dequantize(raw.reshape(shape[0], -1), qtype), dtype=np.float32
+            ).reshape(shape)
             weight = torch.from_numpy(np.ascontiguousarray(array))
         else:
             weight = repack(raw, qtype, shape)
         if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = index["num_heads"] if name.endswith("q_proj.weight") else index["num_kv_heads"]
             order = _unpermute_index(shape[0], heads)
-            weight = weight.select_rows(order) if isinstance(weight, PackedWeight) else weight[order].contiguous()
+            weight = (
+                weight.select_rows(order)
+                if isinstance(weight, PackedWeight)
+                else weight[order].contiguous()
+            )
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
             weight = weight.float()
         yield name, weight
@@ -162,4 +202,6 @@ def _hf_name(gguf_name: str) -> str | None:
 
 def _unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
     """Row order that inverts llama.cpp's permutation, which interleaves each head's two rotary halves."""
-    return torch.arange(rows).reshape(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
+    return (
+        torch.arange(rows).reshape(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
+    )

@@ -66,7 +66,9 @@ def _k_group_params(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torc
     d = _f16(blocks[..., 0:2]).to(torch.float32).unsqueeze(-1)
     dmin = _f16(blocks[..., 2:4]).to(torch.float32).unsqueeze(-1)
     sc, mn = _k_scales(blocks[..., 4:16])
-    return (d * sc).reshape(rows, -1).to(torch.float16), (-dmin * mn).reshape(rows, -1).to(torch.float16)
+    return (d * sc).reshape(rows, -1).to(torch.float16), (-dmin * mn).reshape(rows, -1).to(
+        torch.float16
+    )
 
 
 def _k_low_codes(qs: torch.Tensor, rows: int) -> torch.Tensor:
@@ -93,36 +95,56 @@ def repack(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> PackedWeight:
     raw = _bytes(data).reshape(rows, -1)
     if qtype == T.Q4_0:
         b = raw.reshape(rows, -1, 18)
-        return PackedWeight("u4", _codes(b[..., 2:], rows), _f16(b[..., 0:2]), None, 32, zero_point=8,
-                            source_type="Q4_0")
+        return PackedWeight(
+            "u4",
+            _codes(b[..., 2:], rows),
+            _f16(b[..., 0:2]),
+            None,
+            32,
+            zero_point=8,
+            source_type="Q4_0",
+        )
     if qtype == T.Q4_1:
         b = raw.reshape(rows, -1, 20)
-        return PackedWeight("u4", _codes(b[..., 4:], rows), _f16(b[..., 0:2]), _f16(b[..., 2:4]), 32,
-                            source_type="Q4_1")
+        return PackedWeight(
+            "u4",
+            _codes(b[..., 4:], rows),
+            _f16(b[..., 0:2]),
+            _f16(b[..., 2:4]),
+            32,
+            source_type="Q4_1",
+        )
     if qtype == T.Q8_0:
         b = raw.reshape(rows, -1, 34)
         codes = (b[..., 2:] ^ 0x80).reshape(rows, -1)  # int8 q + 128 as an unsigned byte
-        return PackedWeight("u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=128,
-                            source_type="Q8_0")
+        return PackedWeight(
+            "u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=128, source_type="Q8_0"
+        )
     if qtype == T.Q5_0:
         b = raw.reshape(rows, -1, 22)
         codes = _q5_low(b[..., 6:], rows) | (_q5_high_bit(b[..., 2:6], rows) << 4)
-        return PackedWeight("u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=16,
-                            source_type="Q5_0")
+        return PackedWeight(
+            "u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=16, source_type="Q5_0"
+        )
     if qtype == T.Q5_1:
         b = raw.reshape(rows, -1, 24)
         codes = _q5_low(b[..., 8:], rows) | (_q5_high_bit(b[..., 4:8], rows) << 4)
-        return PackedWeight("u8", codes, _f16(b[..., 0:2]),
-                            _f16(b[..., 2:4]), 32, source_type="Q5_1")
+        return PackedWeight(
+            "u8", codes, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 32, source_type="Q5_1"
+        )
     if qtype == T.Q4_K:
         b = raw.reshape(rows, -1, 144)
         scales, mins = _k_group_params(b, rows)
-        return PackedWeight("u4", pack_u4(_k_low_codes(b[..., 16:], rows)), scales, mins, 32, source_type="Q4_K")
+        return PackedWeight(
+            "u4", pack_u4(_k_low_codes(b[..., 16:], rows)), scales, mins, 32, source_type="Q4_K"
+        )
     if qtype == T.Q5_K:
         b = raw.reshape(rows, -1, 176)
         scales, mins = _k_group_params(b, rows)
         qh = b[..., 16:48].reshape(rows, -1, 1, 32)
-        high = (qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)) & 1  # bit s of qh[i]: sub-block s
+        high = (
+            qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
+        ) & 1  # bit s of qh[i]: sub-block s
         codes = _k_low_codes(b[..., 48:], rows) | (high.reshape(rows, -1) << 4)
         return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K")
     if qtype == T.Q6_K:
@@ -134,8 +156,15 @@ def repack(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> PackedWeight:
         codes = low.reshape(rows, -1) | (high.reshape(rows, -1) << 4)
         sub = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
         d = _f16(b[..., 208:210]).to(torch.float32).unsqueeze(-1)
-        return PackedWeight("u8", codes, (d * sub).reshape(rows, -1).to(torch.float16), None, 16, zero_point=32,
-                            source_type="Q6_K")
+        return PackedWeight(
+            "u8",
+            codes,
+            (d * sub).reshape(rows, -1).to(torch.float16),
+            None,
+            16,
+            zero_point=32,
+            source_type="Q6_K",
+        )
     raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
 
 

@@ -29,8 +29,11 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | list[Prompt],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """One accumulated RequestOutput per prompt, in order."""
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
@@ -46,16 +49,27 @@ class LLM:
                 self.engine.abort(request_id)
             raise
 
-    def chat(self, conversations: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-             chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+    def chat(
+        self,
+        conversations: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        chat_template_kwargs: dict | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[RequestOutput]:
         """Generate a reply for one conversation (a list of messages) or each of several."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
-        prompts = [self.render_chat(c, chat_template_kwargs=chat_template_kwargs,
-                                    add_generation_prompt=add_generation_prompt,
-                                    continue_final_message=continue_final_message) for c in conversations]
+        prompts = [
+            self.render_chat(
+                c,
+                chat_template_kwargs=chat_template_kwargs,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
+            for c in conversations
+        ]
         return self.generate(prompts, sampling_params)
 
     def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
@@ -82,8 +96,10 @@ def _as_prompt_list(prompts) -> list[Prompt]:
     if isinstance(prompts, SequenceABC) and prompts and all(isinstance(t, int) for t in prompts):
         return [list(prompts)]
     if not isinstance(prompts, SequenceABC) or not prompts:
-        raise InvalidParameterError("prompts must be a string, a list of token ids, or a non-empty list of those",
-                                    param="prompts")
+        raise InvalidParameterError(
+            "prompts must be a string, a list of token ids, or a non-empty list of those",
+            param="prompts",
+        )
     return [p if isinstance(p, str) else list(p) for p in prompts]
 
 
@@ -93,5 +109,7 @@ def _as_params_list(params, count: int) -> list[SamplingParams]:
     if isinstance(params, SamplingParams):
         return [params] * count
     if len(params) != count:
-        raise InvalidParameterError(f"got {len(params)} sampling params for {count} prompts", param="sampling_params")
+        raise InvalidParameterError(
+            f"got {len(params)} sampling params for {count} prompts", param="sampling_params"
+        )
     return list(params)

@@ -52,27 +52,48 @@ class LLMEngine:
     RequestOutput for every request that advanced (or finished) in that step.
     """
 
-    def __init__(self, config: EngineConfig | None = None, *, progress: Callable[[str], None] | None = None,
-                 **kwargs):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        progress: Callable[[str], None] | None = None,
+        **kwargs,
+    ):
         self.config = config = config or EngineConfig.from_kwargs(**kwargs)
         fix_mmap_threshold()  # before the weights and the first steps: see memory.py
         self.runtime = runtime = EngineRuntime.load(config, progress)
         self.tokenizer = runtime.tokenizer
-        self.codec = TextCodec(runtime.tokenizer, runtime.chat_template)  # used by this engine's thread only
+        self.codec = TextCodec(
+            runtime.tokenizer, runtime.chat_template
+        )  # used by this engine's thread only
         self.max_model_len = runtime.max_model_len
         self.eos_token_ids = runtime.eos_token_ids
-        self.runner = ModelRunner(runtime.model, runtime.hf_config, device=runtime.device, dtype=runtime.dtype,
-                                  block_size=config.block_size, max_model_len=self.max_model_len,
-                                  eos_token_ids=self.eos_token_ids, max_num_seqs=runtime.max_num_seqs)
+        self.runner = ModelRunner(
+            runtime.model,
+            runtime.hf_config,
+            device=runtime.device,
+            dtype=runtime.dtype,
+            block_size=config.block_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+            max_num_seqs=runtime.max_num_seqs,
+        )
         if progress is not None:
             progress("allocating the KV cache")
         num_blocks = runtime.num_kv_blocks(self.runner)
         self.runner.allocate_kv_cache(num_blocks)
         if not config.enforce_eager and self.runner.capture_cuda_graphs():
-            logger.info("captured CUDA graphs for decode batches up to %d", self.runner.graphs.max_batch_size)
+            logger.info(
+                "captured CUDA graphs for decode batches up to %d",
+                self.runner.graphs.max_batch_size,
+            )
         self.model_info = _model_info(runtime, self.runner.spec.vocab_size)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
+        )
         self.requests: dict[str, Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -88,11 +109,15 @@ class LLMEngine:
         """Token ids of a conversation rendered with the chat template (kwargs as TextCodec.render_chat)."""
         return self.codec.render_chat(messages, **kwargs)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Request:
         """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with it."""
         params = params or SamplingParams()
         if request_id in self.requests:
-            raise InvalidParameterError(f"request id {request_id!r} is already in use", param="request_id")
+            raise InvalidParameterError(
+                f"request id {request_id!r} is already in use", param="request_id"
+            )
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate_prompt(token_ids, params)
@@ -110,17 +135,22 @@ class LLMEngine:
             raise EmptyPromptError("the prompt is empty", param="prompt")
         vocab = self.model_info.vocab_size
         if any(not isinstance(t, int) or t < 0 or t >= vocab for t in token_ids):
-            raise InvalidParameterError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+            raise InvalidParameterError(
+                f"prompt token ids must be integers in [0, {vocab})", param="prompt"
+            )
         limit = self.max_model_len
         if params.max_tokens is None and len(token_ids) >= limit:
             raise PromptTooLongError(
                 f"the prompt has {len(token_ids)} tokens, but the context holds {limit} (max_model_len), "
-                "leaving no room for output", param="prompt")
+                "leaving no room for output",
+                param="prompt",
+            )
         if params.max_tokens is not None and len(token_ids) + params.max_tokens > limit:
             raise PromptTooLongError(
                 f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is "
                 f"{len(token_ids) + params.max_tokens} tokens, beyond the context of {limit} (max_model_len)",
-                param="max_tokens")
+                param="max_tokens",
+            )
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its final (delta) output, or None if unknown."""
@@ -132,7 +162,9 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq)
                 seq.finish_reason = "abort"
-                outputs.append(CompletionOutput(seq.index, self._take_text(seq, True), [], None, "abort"))
+                outputs.append(
+                    CompletionOutput(seq.index, self._take_text(seq, True), [], None, "abort")
+                )
         return self._request_output(request, outputs)
 
     def has_unfinished(self) -> bool:
@@ -154,7 +186,9 @@ class LLMEngine:
             if result is None:
                 continue
             token_id, logprob = result
-            deltas.setdefault(seq.request.request_id, []).append(self._advance(seq, token_id, logprob))
+            deltas.setdefault(seq.request.request_id, []).append(
+                self._advance(seq, token_id, logprob)
+            )
         outputs = []
         for request_id, pieces in deltas.items():
             request = self.requests[request_id]
@@ -172,12 +206,16 @@ class LLMEngine:
         params = seq.params
         may_stop = seq.num_output_tokens >= params.min_tokens
         finish_reason = stop_reason = None
-        stop_token = may_stop and (token_id in params.stop_token_ids or
-                                   (not params.ignore_eos and token_id in self.eos_token_ids))
+        stop_token = may_stop and (
+            token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in self.eos_token_ids)
+        )
         if stop_token:
             finish_reason = "stop"
             stop_reason = token_id if token_id in params.stop_token_ids else None
-        if seq.detokenizer is not None and not (stop_token and not params.include_stop_str_in_output):
+        if seq.detokenizer is not None and not (
+            stop_token and not params.include_stop_str_in_output
+        ):
             stop_string = seq.detokenizer.add_token(token_id)
             if stop_string is not None and may_stop and finish_reason is None:
                 finish_reason, stop_reason = "stop", stop_string
@@ -189,25 +227,45 @@ class LLMEngine:
         if finish_reason is not None:
             seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
             self.scheduler.finish(seq)
-        return CompletionOutput(seq.index, self._take_text(seq, finish_reason is not None), [token_id],
-                                [logprob] if logprob is not None else None, finish_reason, stop_reason)
+        return CompletionOutput(
+            seq.index,
+            self._take_text(seq, finish_reason is not None),
+            [token_id],
+            [logprob] if logprob is not None else None,
+            finish_reason,
+            stop_reason,
+        )
 
     @staticmethod
     def _take_text(seq: Sequence, finished: bool) -> str:
         return seq.detokenizer.take_delta(finished) if seq.detokenizer is not None else ""
 
     def _request_output(self, request: Request, pieces: list[CompletionOutput]) -> RequestOutput:
-        metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time,
-                                 min((s.first_token_time for s in request.seqs if s.first_token_time), default=None))
+        metrics = RequestMetrics(
+            request.arrival_time,
+            request.first_scheduled_time,
+            min((s.first_token_time for s in request.seqs if s.first_token_time), default=None),
+        )
         finished = request.is_finished
         if finished:
             metrics.finished_time = time.monotonic()
         first = request.seqs[0]
         prompt_logprobs = None
-        if first.prompt_logprobs is not None and first.num_computed_tokens >= first.num_prompt_tokens:
+        if (
+            first.prompt_logprobs is not None
+            and first.num_computed_tokens >= first.num_prompt_tokens
+        ):
             prompt_logprobs, first.prompt_logprobs = first.prompt_logprobs, None  # handed over once
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, pieces,
-                             finished, request.num_cached_tokens, metrics, prompt_logprobs)
+        return RequestOutput(
+            request.request_id,
+            request.prompt,
+            request.prompt_token_ids,
+            pieces,
+            finished,
+            request.num_cached_tokens,
+            metrics,
+            prompt_logprobs,
+        )
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity checks)."""
@@ -226,17 +284,28 @@ class LLMEngine:
         return EngineStats(
             num_running=len({s.request.request_id for s in self.scheduler.running}),
             num_waiting=len({s.request.request_id for s in self.scheduler.waiting}),
-            kv_cache_usage=bm.usage, num_blocks=bm.num_blocks,
-            prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
+            kv_cache_usage=bm.usage,
+            num_blocks=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
-            prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
         )
 
 
 def _model_info(runtime: EngineRuntime, vocab_size: int) -> ModelInfo:
     """The one place that reads where the model came from (the runtime's files and config)."""
     source = runtime.files.source
-    return ModelInfo(name=runtime.model_name, source_kind=source.kind, source_path=source.path,
-                     config_dir=runtime.files.directory, load_format=runtime.config.load_format,
-                     vocab_size=vocab_size, max_model_len=runtime.max_model_len, dtype=runtime.dtype,
-                     device=runtime.device.type, eos_token_ids=tuple(sorted(runtime.eos_token_ids)))
+    return ModelInfo(
+        name=runtime.model_name,
+        source_kind=source.kind,
+        source_path=source.path,
+        config_dir=runtime.files.directory,
+        load_format=runtime.config.load_format,
+        vocab_size=vocab_size,
+        max_model_len=runtime.max_model_len,
+        dtype=runtime.dtype,
+        device=runtime.device.type,
+        eos_token_ids=tuple(sorted(runtime.eos_token_ids)),
+    )

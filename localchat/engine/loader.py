@@ -85,8 +85,16 @@ def _iter_safetensors(files: list[Path]):
                 yield name, handle.get_tensor(name)
 
 
-def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torch.device,
-               load_format: str = "auto", quantization: str = "auto", seed: int = 0) -> DecoderForCausalLM:
+def load_model(
+    files: ModelFiles,
+    hf_config,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str = "auto",
+    quantization: str = "auto",
+    seed: int = 0,
+) -> DecoderForCausalLM:
     """Build the model for `hf_config` on `device` in `dtype` with its weights: a GGUF file's quantized
     tensors kept quantized (unless quantization='none'), a safetensors checkpoint's dense (or quantized
     with int8/int4), or (load_format='dummy') random ones."""
@@ -94,8 +102,11 @@ def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torc
         model = build_model(hf_config)
     gguf = files.source.kind == "gguf" and load_format != "dummy"
     if gguf and quantization in ("int8", "int4"):
-        raise InvalidParameterError(f"{files.source.path.name} is already quantized; --quantization {quantization} "
-                                    "applies to dense checkpoints (use auto or none)", param="quantization")
+        raise InvalidParameterError(
+            f"{files.source.path.name} is already quantized; --quantization {quantization} "
+            "applies to dense checkpoints (use auto or none)",
+            param="quantization",
+        )
     bits = {"int8": 8, "int4": 4}.get(quantization)
     if load_format == "dummy":
         init_dummy(model, dtype=dtype, device=device, seed=seed, quantize_bits=bits)
@@ -110,7 +121,9 @@ def load_model(files: ModelFiles, hf_config, *, dtype: torch.dtype, device: torc
         except ValueError as exc:
             raise ModelNotFoundError(f"{files.source.path}: {exc}") from exc
         if missing:
-            raise ModelNotFoundError(f"{files.source.path}: checkpoint lacks weights for {', '.join(sorted(missing)[:5])}")
+            raise ModelNotFoundError(
+                f"{files.source.path}: checkpoint lacks weights for {', '.join(sorted(missing)[:5])}"
+            )
     model = model.eval().requires_grad_(False)
     model.pack_weights()
     return model

@@ -29,7 +29,11 @@ def cache_root() -> Path:
 
 def converted_dir(gguf_path: Path) -> Path:
     stat = gguf_path.stat()
-    return cache_root() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{_FORMAT_VERSION}"
+    return (
+        cache_root()
+        / "gguf"
+        / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{_FORMAT_VERSION}"
+    )
 
 
 def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None) -> Path:

@@ -28,8 +28,18 @@ from localchat.kernels.dispatch import triton_available
 class ModelRunner:
     """Owns the model, the KV pool and the rotary tables on one device."""
 
-    def __init__(self, model: DecoderForCausalLM, hf_config, *, device: torch.device, dtype: torch.dtype,
-                 block_size: int, max_model_len: int, eos_token_ids: set[int], max_num_seqs: int = 256):
+    def __init__(
+        self,
+        model: DecoderForCausalLM,
+        hf_config,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        block_size: int,
+        max_model_len: int,
+        eos_token_ids: set[int],
+        max_num_seqs: int = 256,
+    ):
         self.model = model
         self.spec = model.spec
         self.device = device
@@ -113,13 +123,14 @@ class ModelRunner:
             hidden = self._forward(input_ids, positions, md)
         for row, seq in enumerate(seqs):
             if seq.prompt_logprobs is not None:
-                chunk = hidden[md.query_start_loc_cpu[row]:md.query_start_loc_cpu[row + 1]]
+                chunk = hidden[md.query_start_loc_cpu[row] : md.query_start_loc_cpu[row + 1]]
                 fill_prompt_logprobs(seq, chunk, seq.num_computed_tokens, self.model.compute_logits)
         results: list = [None] * len(batch.seqs)
         if not sample_rows:
             return results
-        last_token_index = torch.tensor([md.query_start_loc_cpu[row + 1] - 1 for row in sample_rows],
-                                        device=self.device)
+        last_token_index = torch.tensor(
+            [md.query_start_loc_cpu[row + 1] - 1 for row in sample_rows], device=self.device
+        )
         logits = self.model.compute_logits(hidden[last_token_index])
         sampled = self._sample(logits, sampling_seqs)
         for row, token, logprob in zip(sample_rows, sampled.token_ids, sampled.logprobs):
@@ -129,16 +140,22 @@ class ModelRunner:
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:
         """Logits at every position of a sequence whose blocks are allocated (for parity checks)."""
-        input_ids, positions, md, _ = self._prepare([seq], [seq.num_tokens - seq.num_computed_tokens])
+        input_ids, positions, md, _ = self._prepare(
+            [seq], [seq.num_tokens - seq.num_computed_tokens]
+        )
         return self.model.compute_logits(self._forward(input_ids, positions, md)).float()
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
         """Hidden states of every token, run eagerly."""
         with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
             return self.model(input_ids)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        sampling = SamplingBatch.from_seqs(seqs, self.spec.vocab_size, self.eos_token_ids, self.device)
+        sampling = SamplingBatch.from_seqs(
+            seqs, self.spec.vocab_size, self.eos_token_ids, self.device
+        )
         return self.sampler(logits, sampling)
 
     def _prepare(self, seqs: list[Sequence], num_new: list[int]):
@@ -152,13 +169,17 @@ class ModelRunner:
         query_start_loc = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(num_new, out=query_start_loc[1:])
         seq_index = np.repeat(np.arange(len(seqs)), num_new)
-        positions = np.arange(len(input_ids)) - np.repeat(query_start_loc[:-1] - np.asarray(starts), num_new)
+        positions = np.arange(len(input_ids)) - np.repeat(
+            query_start_loc[:-1] - np.asarray(starts), num_new
+        )
         max_blocks = max(len(seq.block_table) for seq in seqs)
         block_tables = np.full((len(seqs), max_blocks), -1, dtype=np.int32)
         for row, seq in enumerate(seqs):
-            block_tables[row, :len(seq.block_table)] = seq.block_table
-        slot_mapping = (block_tables[seq_index, positions // block_size].astype(np.int64) * block_size
-                        + positions % block_size)
+            block_tables[row, : len(seq.block_table)] = seq.block_table
+        slot_mapping = (
+            block_tables[seq_index, positions // block_size].astype(np.int64) * block_size
+            + positions % block_size
+        )
         num_decodes = sum(1 for n in num_new if n == 1)
         sample_rows = [row for row, seq in enumerate(seqs) if seq_lens[row] == seq.num_tokens]
         to_device = self._to_device
@@ -173,7 +194,12 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             query_start_loc_cpu=query_start_loc.tolist(),
         )
-        return to_device(np.asarray(input_ids, dtype=np.int64)), to_device(positions), md, sample_rows
+        return (
+            to_device(np.asarray(input_ids, dtype=np.int64)),
+            to_device(positions),
+            md,
+            sample_rows,
+        )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)

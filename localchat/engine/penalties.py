@@ -19,17 +19,23 @@ class _TokenHistory:
     """A sequence's distinct prompt ids and its output ids so far, as int64 tensors."""
 
     def __init__(self, seq: Sequence):
-        self.prompt_ids = torch.from_numpy(np.unique(np.asarray(seq.token_ids[:seq.num_prompt_tokens], np.int64)))
+        self.prompt_ids = torch.from_numpy(
+            np.unique(np.asarray(seq.token_ids[: seq.num_prompt_tokens], np.int64))
+        )
         self._output = torch.empty(0, dtype=torch.int64)
         self._num_output = 0
         self._last_token: int | None = None
 
     def output_ids(self, seq: Sequence) -> torch.Tensor:
         num, done = seq.num_output_tokens, self._num_output
-        if done and (num < done or seq.token_ids[seq.num_prompt_tokens + done - 1] != self._last_token):
+        if done and (
+            num < done or seq.token_ids[seq.num_prompt_tokens + done - 1] != self._last_token
+        ):
             done = 0  # the output changed under us (never happens today): start over
         if num > done:
-            new = torch.from_numpy(np.asarray(seq.token_ids[seq.num_prompt_tokens + done:], np.int64))
+            new = torch.from_numpy(
+                np.asarray(seq.token_ids[seq.num_prompt_tokens + done :], np.int64)
+            )
             if num > len(self._output):
                 grown = torch.empty(max(num, 2 * len(self._output), 64), dtype=torch.int64)
                 grown[:done] = self._output[:done]
@@ -50,7 +56,9 @@ def _history(seq: Sequence) -> _TokenHistory:
     return history
 
 
-Factor = float | torch.Tensor  # one value for every penalized row, or a [rows] tensor when rows differ
+Factor = (
+    float | torch.Tensor
+)  # one value for every penalized row, or a [rows] tensor when rows differ
 
 
 @dataclass
@@ -63,10 +71,10 @@ class Penalties:
     """
 
     vocab_size: int
-    seen: torch.Tensor | None           # [S] int64
+    seen: torch.Tensor | None  # [S] int64
     repetition: Factor | None
-    counted: torch.Tensor | None        # [C] int64, distinct
-    counts: torch.Tensor | None         # [C] float32
+    counted: torch.Tensor | None  # [C] int64, distinct
+    counts: torch.Tensor | None  # [C] float32
     frequency: Factor | None
     presence: Factor | None
 
@@ -100,8 +108,20 @@ class Penalties:
 
     def to(self, device) -> Penalties:
         move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
-        return Penalties(self.vocab_size, *(move(t) for t in (self.seen, self.repetition, self.counted,
-                                                             self.counts, self.frequency, self.presence)))
+        return Penalties(
+            self.vocab_size,
+            *(
+                move(t)
+                for t in (
+                    self.seen,
+                    self.repetition,
+                    self.counted,
+                    self.counts,
+                    self.frequency,
+                    self.presence,
+                )
+            ),
+        )
 
     def apply_(self, logits: torch.Tensor) -> None:
         """Penalize [rows, vocab] float32 logits in place: repetition first (divide positive logits, multiply

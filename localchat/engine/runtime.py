@@ -52,13 +52,19 @@ class EngineRuntime:
         return self.files.source.name
 
     @classmethod
-    def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "EngineRuntime":
+    def load(
+        cls, config: EngineConfig, progress: Callable[[str], None] | None = None
+    ) -> "EngineRuntime":
         """Load everything; `progress` hears a short line at each stage (for a loading screen)."""
         say = progress or (lambda message: None)
         device = _pick_device(config.device)
         if device.type == "cpu":
-            torch.set_num_threads(config.num_threads or min(os.cpu_count() or 1, torch.get_num_threads()))
-        dtype = _DTYPES.get(config.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+            torch.set_num_threads(
+                config.num_threads or min(os.cpu_count() or 1, torch.get_num_threads())
+            )
+        dtype = _DTYPES.get(config.dtype) or (
+            torch.bfloat16 if device.type == "cuda" else torch.float32
+        )
         torch.manual_seed(config.seed)
         say("finding the model")
         files = model_files(resolve_model(config.model, progress=progress), progress)
@@ -68,21 +74,50 @@ class EngineRuntime:
         tokenizer_path = config.tokenizer or (files.directory if files.has_tokenizer else None)
         if tokenizer_path is not None:
             tokenizer = load_tokenizer(tokenizer_path)
-            if getattr(tokenizer, "_tokenizer", None) is None:  # incremental detokenization needs it
-                raise UnsupportedModelError(f"{tokenizer_path}: only fast tokenizers (tokenizer.json) are supported")
-        chat_template = ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
+            if (
+                getattr(tokenizer, "_tokenizer", None) is None
+            ):  # incremental detokenization needs it
+                raise UnsupportedModelError(
+                    f"{tokenizer_path}: only fast tokenizers (tokenizer.json) are supported"
+                )
+        chat_template = (
+            ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
+        )
         max_model_len = _max_model_len(config, hf_config, device, dtype)
         if device.type == "cpu":
-            cpu_kernels(say)  # built once per machine (about a minute): say so rather than stall the first step
-        say(f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
-            f"{str(dtype).removeprefix('torch.')}, {device.type})")
-        model = load_model(files, hf_config, dtype=dtype, device=device, load_format=config.load_format,
-                           quantization=config.quantization, seed=config.seed)
+            cpu_kernels(
+                say
+            )  # built once per machine (about a minute): say so rather than stall the first step
+        say(
+            f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
+            f"{str(dtype).removeprefix('torch.')}, {device.type})"
+        )
+        model = load_model(
+            files,
+            hf_config,
+            dtype=dtype,
+            device=device,
+            load_format=config.load_format,
+            quantization=config.quantization,
+            seed=config.seed,
+        )
         cuda = device.type == "cuda"
         max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
         max_num_batched_tokens = config.max_num_batched_tokens or (8192 if cuda else 512)
-        return cls(config, files, hf_config, model, tokenizer, chat_template, device, dtype, max_model_len,
-                   max_num_seqs, max(max_num_batched_tokens, max_num_seqs), eos_token_ids(files, hf_config))
+        return cls(
+            config,
+            files,
+            hf_config,
+            model,
+            tokenizer,
+            chat_template,
+            device,
+            dtype,
+            max_model_len,
+            max_num_seqs,
+            max(max_num_batched_tokens, max_num_seqs),
+            eos_token_ids(files, hf_config),
+        )
 
     def num_kv_blocks(self, runner) -> int:
         """Blocks that fit the KV budget; the budget must hold at least one full-length sequence."""
@@ -90,7 +125,9 @@ class EngineRuntime:
         if self.config.kv_cache_memory is not None:
             budget = self.config.kv_cache_memory
         elif self.device.type == "cuda":
-            budget = _cuda_kv_budget(runner, self.config.gpu_memory_utilization, self.max_num_batched_tokens)
+            budget = _cuda_kv_budget(
+                runner, self.config.gpu_memory_utilization, self.max_num_batched_tokens
+            )
         else:
             budget = CPU_DEFAULT_KV_MEMORY
         num_blocks = budget // per_block
@@ -100,7 +137,8 @@ class EngineRuntime:
                 f"the KV cache ({format_bytes(budget)}, {num_blocks} blocks of {self.config.block_size} tokens) "
                 f"cannot hold one sequence of max_model_len={self.max_model_len} tokens ({needed} blocks, "
                 f"{format_bytes(needed * per_block)}); raise --kv-cache-memory or lower --max-model-len",
-                param="kv_cache_memory")
+                param="kv_cache_memory",
+            )
         logger.info("KV cache: %d blocks (%s)", num_blocks, format_bytes(num_blocks * per_block))
         return int(num_blocks)
 
@@ -109,7 +147,9 @@ def _pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise InvalidParameterError("device 'cuda' was requested but no CUDA GPU is available", param="device")
+        raise InvalidParameterError(
+            "device 'cuda' was requested but no CUDA GPU is available", param="device"
+        )
     return torch.device(name)
 
 
@@ -117,10 +157,18 @@ def _kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    return (
+        2
+        * hf_config.num_hidden_layers
+        * kv_heads
+        * head_dim
+        * torch.empty(0, dtype=dtype).element_size()
+    )
 
 
-def _max_model_len(config: EngineConfig, hf_config, device: torch.device, dtype: torch.dtype) -> int:
+def _max_model_len(
+    config: EngineConfig, hf_config, device: torch.device, dtype: torch.dtype
+) -> int:
     model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
     sliding = getattr(hf_config, "sliding_window", None)
     if sliding and getattr(hf_config, "use_sliding_window", True) and sliding < model_max:
@@ -129,17 +177,26 @@ def _max_model_len(config: EngineConfig, hf_config, device: torch.device, dtype:
         if device.type == "cuda":
             return model_max
         length = min(model_max, CPU_DEFAULT_MAX_MODEL_LEN)
-        if config.kv_cache_memory is None:  # a big model's default context is what the default KV budget holds
-            fits = CPU_DEFAULT_KV_MEMORY // _kv_bytes_per_token(hf_config, dtype) // config.block_size
+        if (
+            config.kv_cache_memory is None
+        ):  # a big model's default context is what the default KV budget holds
+            fits = (
+                CPU_DEFAULT_KV_MEMORY // _kv_bytes_per_token(hf_config, dtype) // config.block_size
+            )
             if fits * config.block_size < length:
                 length = max(fits * config.block_size, config.block_size)
-                logger.info("max_model_len %d: what the default KV cache (%s) holds; raise --kv-cache-memory "
-                            "for more", length, format_bytes(CPU_DEFAULT_KV_MEMORY))
+                logger.info(
+                    "max_model_len %d: what the default KV cache (%s) holds; raise --kv-cache-memory "
+                    "for more",
+                    length,
+                    format_bytes(CPU_DEFAULT_KV_MEMORY),
+                )
         return length
     if config.max_model_len > model_max:
         raise InvalidParameterError(
             f"max_model_len={config.max_model_len} exceeds the model's context of {model_max} tokens",
-            param="max_model_len")
+            param="max_model_len",
+        )
     return config.max_model_len
 
 

@@ -32,52 +32,76 @@ TOP_P_CANDIDATES = (32, 256, 4096)
 class SamplingBatch:
     """Per-row sampling parameters as tensors on the logits' device, plus host-side facts about them."""
 
-    temperature: torch.Tensor        # [B] float32; 0 = greedy
-    top_k: torch.Tensor | None       # [B] int64 in [1, vocab], vocab = off, greedy rows 1; None if no row filters
-    top_p: torch.Tensor | None       # [B] float32, 1 = off; None if no row uses it
-    min_p: torch.Tensor | None       # [B] float32
+    temperature: torch.Tensor  # [B] float32; 0 = greedy
+    top_k: (
+        torch.Tensor | None
+    )  # [B] int64 in [1, vocab], vocab = off, greedy rows 1; None if no row filters
+    top_p: torch.Tensor | None  # [B] float32, 1 = off; None if no row uses it
+    min_p: torch.Tensor | None  # [B] float32
     penalties: Penalties | None
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked until min_tokens
     generators: list[torch.Generator | None]
     num_logprobs: list[int | None]
     all_greedy: bool
     any_greedy: bool = False
-    max_top_k: int = 0               # largest top_k below the vocabulary size (candidates top-k needs)
-    top_p_alone: bool = False        # a row has top_p and no top_k: its candidates may not be enough
-    unfiltered: bool = False         # a sampled row has neither top_k nor top_p, among rows that do
+    max_top_k: int = 0  # largest top_k below the vocabulary size (candidates top-k needs)
+    top_p_alone: bool = False  # a row has top_p and no top_k: its candidates may not be enough
+    unfiltered: bool = False  # a sampled row has neither top_k nor top_p, among rows that do
 
     @classmethod
-    def from_seqs(cls, seqs: list[Sequence], vocab_size: int, eos_token_ids: set[int], device) -> SamplingBatch:
+    def from_seqs(
+        cls, seqs: list[Sequence], vocab_size: int, eos_token_ids: set[int], device
+    ) -> SamplingBatch:
         params = [seq.params for seq in seqs]
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
-        temperature = torch.tensor([0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32)
+        temperature = torch.tensor(
+            [0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32
+        )
         top_k = top_p = min_p = None
         facts = {}
         if not all_greedy:
-            ks = [1 if g else min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for g, p in zip(greedy, params)]
+            ks = [
+                1 if g else min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size
+                for g, p in zip(greedy, params)
+            ]
             ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
             if any(k < vocab_size for k, g in zip(ks, greedy) if not g) or any(p < 1.0 for p in ps):
                 top_k = torch.tensor(ks, dtype=torch.int64)
                 if any(p < 1.0 for p in ps):
                     top_p = torch.tensor(ps, dtype=torch.float32)
-                facts = {"max_top_k": max((k for k in ks if k < vocab_size), default=0),
-                             "top_p_alone": any(p < 1.0 and k == vocab_size for k, p in zip(ks, ps)),
-                             "unfiltered": any(p == 1.0 and k == vocab_size for k, p in zip(ks, ps))}
+                facts = {
+                    "max_top_k": max((k for k in ks if k < vocab_size), default=0),
+                    "top_p_alone": any(p < 1.0 and k == vocab_size for k, p in zip(ks, ps)),
+                    "unfiltered": any(p == 1.0 and k == vocab_size for k, p in zip(ks, ps)),
+                }
             if any(p.min_p > 0.0 for g, p in zip(greedy, params) if not g):
-                min_p = torch.tensor([0.0 if g else p.min_p for g, p in zip(greedy, params)], dtype=torch.float32)
+                min_p = torch.tensor(
+                    [0.0 if g else p.min_p for g, p in zip(greedy, params)], dtype=torch.float32
+                )
         banned = []
         for row, seq in enumerate(seqs):
             if seq.num_output_tokens < seq.params.min_tokens:
-                ids = set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else eos_token_ids)
+                ids = set(seq.params.stop_token_ids) | (
+                    set() if seq.params.ignore_eos else eos_token_ids
+                )
                 banned.append((row, sorted(i for i in ids if i < vocab_size)))
-        penalties = Penalties.from_seqs(seqs, vocab_size) if any(p.has_penalties for p in params) else None
+        penalties = (
+            Penalties.from_seqs(seqs, vocab_size) if any(p.has_penalties for p in params) else None
+        )
         to = lambda t: None if t is None else t.to(device, non_blocking=True)
         return cls(
-            temperature=to(temperature), top_k=to(top_k), top_p=to(top_p), min_p=to(min_p),
+            temperature=to(temperature),
+            top_k=to(top_k),
+            top_p=to(top_p),
+            min_p=to(min_p),
             penalties=None if penalties is None else penalties.to(device),
-            banned=banned, generators=[seq.generator for seq in seqs],
-            num_logprobs=[p.logprobs for p in params], all_greedy=all_greedy, any_greedy=any(greedy), **facts,
+            banned=banned,
+            generators=[seq.generator for seq in seqs],
+            num_logprobs=[p.logprobs for p in params],
+            all_greedy=all_greedy,
+            any_greedy=any(greedy),
+            **facts,
         )
 
 
@@ -121,12 +145,16 @@ class Sampler:
         else:
             candidate_weights, ids = _top_k_top_p(scaled, batch)
             weights = torch.zeros_like(scaled).scatter_(1, ids, candidate_weights)
-            if batch.unfiltered:  # rows without filters among rows with them keep the whole vocabulary
+            if (
+                batch.unfiltered
+            ):  # rows without filters among rows with them keep the whole vocabulary
                 unfiltered_rows = batch.top_k == scaled.shape[1]
                 if batch.top_p is not None:
                     unfiltered_rows &= batch.top_p == 1.0
                 weights = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), weights)
-        if batch.min_p is not None:  # weights are each row's probabilities up to a factor, which min-p ignores
+        if (
+            batch.min_p is not None
+        ):  # weights are each row's probabilities up to a factor, which min-p ignores
             threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
             weights = weights.masked_fill(weights < threshold, 0.0)
         tokens = _race(weights, batch.generators)
@@ -135,7 +163,9 @@ class Sampler:
         return tokens
 
     @staticmethod
-    def _logprobs(raw_logits, tokens: list[int], num_logprobs: list[int | None]) -> list[TokenLogprob | None]:
+    def _logprobs(
+        raw_logits, tokens: list[int], num_logprobs: list[int | None]
+    ) -> list[TokenLogprob | None]:
         if raw_logits is None:
             return [None] * len(tokens)
         logprobs = raw_logits.log_softmax(dim=-1)
@@ -143,8 +173,14 @@ class Sampler:
         chosen = logprobs.gather(1, chosen_ids)
         ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
         max_k = max(k for k in num_logprobs if k is not None)
-        top_values, top_ids = topk(logprobs, max_k) if max_k else (logprobs[:, :0], chosen_ids[:, :0])
-        chosen, top_values, top_ids = chosen.squeeze(1).tolist(), top_values.tolist(), top_ids.tolist()
+        top_values, top_ids = (
+            topk(logprobs, max_k) if max_k else (logprobs[:, :0], chosen_ids[:, :0])
+        )
+        chosen, top_values, top_ids = (
+            chosen.squeeze(1).tolist(),
+            top_values.tolist(),
+            top_ids.tolist(),
+        )
         result: list[TokenLogprob | None] = []
         for row, k in enumerate(num_logprobs):
             if k is None:
@@ -182,8 +218,9 @@ def _top_k_top_p(scaled: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tens
     return _keep(values, batch, vocab, full_lse)[0], ids
 
 
-def _keep(values: torch.Tensor, batch: SamplingBatch, vocab: int,
-          full_lse: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+def _keep(
+    values: torch.Tensor, batch: SamplingBatch, vocab: int, full_lse: torch.Tensor | None
+) -> tuple[torch.Tensor, float]:
     """(weights, needed) for the sorted candidate logits `values` (see _top_k_top_p). `needed` is 0 when no
     token past the candidates can be kept, else a lower bound on the candidates that could be enough. A row's
     weights do not depend on how many candidates there are."""
@@ -201,12 +238,16 @@ def _keep(values: torch.Tensor, batch: SamplingBatch, vocab: int,
         return probs, 0.0
     top_p = batch.top_p.unsqueeze(1)
     cumulative = probs.cumsum(dim=-1)
-    remove = (cumulative - probs >= top_p) & (top_p < 1.0)  # the mass of strictly more likely tokens
+    remove = (cumulative - probs >= top_p) & (
+        top_p < 1.0
+    )  # the mass of strictly more likely tokens
     remove[:, 0] = False  # always keep the most likely token
     weights = probs.masked_fill(remove, 0.0)
     if full_lse is None:
         return weights, 0.0
-    missing = (top_p - cumulative[:, -1:]).squeeze(1).clamp_min(0.0)  # top-p mass the candidates lack
+    missing = (
+        (top_p - cumulative[:, -1:]).squeeze(1).clamp_min(0.0)
+    )  # top-p mass the candidates lack
     missing = missing.masked_fill(has_top_k | (batch.top_p >= 1.0), 0.0)
     if not bool(missing.any()):
         return weights, 0.0
@@ -244,4 +285,6 @@ def _exponentials(rows: int, count: int, generators: list[torch.Generator | None
     for row, generator in enumerate(generators):
         if generator is not None:
             noise[row].exponential_(generator=generator)
-    return noise.clamp_min_(torch.finfo(torch.float32).tiny)  # a 0 would make 0 / 0; tiny keeps w / q ordered
+    return noise.clamp_min_(
+        torch.finfo(torch.float32).tiny
+    )  # a 0 would make 0 / 0; tiny keeps w / q ordered

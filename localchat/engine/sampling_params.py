@@ -59,28 +59,58 @@ class SamplingParams:
         check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer in [1, 128]")
         check(0.0 <= self.temperature <= 100.0, "temperature", "in [0, 100]")
         check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]")
-        check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (disabled) or a positive integer")
+        check(
+            isinstance(self.top_k, int) and self.top_k >= -1,
+            "top_k",
+            "-1, 0 (disabled) or a positive integer",
+        )
         check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
         check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "in (0, 10]")
         check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]")
         check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]")
-        check(self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed <= INT64_MAX),
-              "seed", "a 64-bit integer")
-        check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-              "max_tokens", "an integer >= 1")
-        check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "an integer >= 0")
+        check(
+            self.seed is None
+            or (isinstance(self.seed, int) and -(2**63) <= self.seed <= INT64_MAX),
+            "seed",
+            "a 64-bit integer",
+        )
+        check(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            "max_tokens",
+            "an integer >= 1",
+        )
+        check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            "min_tokens",
+            "an integer >= 0",
+        )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidParameterError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", param="min_tokens"
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                param="min_tokens",
             )
-        check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
-              "logprobs", f"an integer in [0, {MAX_LOGPROBS}]")
-        check(self.prompt_logprobs is None
-              or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
-              "prompt_logprobs", f"an integer in [0, {MAX_LOGPROBS}]")
-        check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
-        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-              "a list of non-negative token ids")
+        check(
+            self.logprobs is None
+            or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+            "logprobs",
+            f"an integer in [0, {MAX_LOGPROBS}]",
+        )
+        check(
+            self.prompt_logprobs is None
+            or (
+                isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+            ),
+            "prompt_logprobs",
+            f"an integer in [0, {MAX_LOGPROBS}]",
+        )
+        check(
+            all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings"
+        )
+        check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "a list of non-negative token ids",
+        )
 
     @property
     def greedy(self) -> bool:
@@ -88,4 +118,8 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

@@ -62,7 +62,9 @@ class Sequence:
         self.num_preemptions = 0
         self.generator: torch.Generator | None = None
         if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed((self.params.seed + index * 1_000_003) % 2**63)
+            self.generator = torch.Generator().manual_seed(
+                (self.params.seed + index * 1_000_003) % 2**63
+            )
         self.detokenizer = None  # set by the engine when a tokenizer exists
         self.first_token_time: float | None = None
 
@@ -76,7 +78,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:
@@ -88,8 +90,10 @@ class Sequence:
             self.first_token_time = time.monotonic()
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, request={self.request.request_id!r}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})")
+        return (
+            f"Sequence(id={self.seq_id}, request={self.request.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})"
+        )
 
 
 @dataclass(eq=False)

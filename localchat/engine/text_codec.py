@@ -26,7 +26,9 @@ class TextCodec:
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
-            raise NoTokenizerError("this model was loaded without a tokenizer: pass token ids, not text")
+            raise NoTokenizerError(
+                "this model was loaded without a tokenizer: pass token ids, not text"
+            )
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -34,14 +36,26 @@ class TextCodec:
             raise NoTokenizerError("this model was loaded without a tokenizer")
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    tools: list[dict] | None = None) -> list[int]:
+    def render_chat(
+        self,
+        messages: list[dict],
+        *,
+        chat_template_kwargs: dict | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+    ) -> list[int]:
         """Token ids of a conversation rendered with the chat template (no special tokens added on top,
         as transformers' apply_chat_template does)."""
         if self.chat_template is None:
-            raise LocalchatError("this model has no chat template; pass one with --chat-template FILE")
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message, tools=tools,
-                                         **(chat_template_kwargs or {}))
+            raise LocalchatError(
+                "this model has no chat template; pass one with --chat-template FILE"
+            )
+        text = self.chat_template.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            **(chat_template_kwargs or {}),
+        )
         return self.tokenize(text, add_special_tokens=False)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-GROUP = 32  # measured: narrower groups make the max over each group slow; wider ones the second top-k
+GROUP = (
+    32  # measured: narrower groups make the max over each group slow; wider ones the second top-k
+)
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -21,6 +23,8 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return x.topk(k, dim=-1)
     groups = x.view(rows, n // GROUP, GROUP)
     group_ids = groups.amax(dim=-1).topk(k, dim=-1).indices
-    candidates = groups.gather(1, group_ids.unsqueeze(-1).expand(rows, k, GROUP)).view(rows, k * GROUP)
+    candidates = groups.gather(1, group_ids.unsqueeze(-1).expand(rows, k, GROUP)).view(
+        rows, k * GROUP
+    )
     values, local = candidates.topk(k, dim=-1)
     return values, group_ids.gather(1, local // GROUP) * GROUP + local % GROUP

@@ -17,8 +17,8 @@ from localchat.kernels.dispatch import use_triton
 
 @dataclass
 class _RefPlan:
-    decode_slots: torch.Tensor | None       # [num_decodes, max_len] pool slots of each decode's keys
-    decode_mask: torch.Tensor | None        # [num_decodes, 1, 1, max_len] True where a key exists
+    decode_slots: torch.Tensor | None  # [num_decodes, max_len] pool slots of each decode's keys
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_len] True where a key exists
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (q_start, q_end, key slots, prefix length)
 
 
@@ -38,10 +38,14 @@ def _plan(md: AttentionMetadata, block_size: int) -> _RefPlan:
     if nd:
         max_len = max(seq_lens[:nd])
         num_blocks = -(-max_len // block_size)
-        decode_slots = _slots_of(md.block_tables[:nd, :num_blocks].clamp_min(0), block_size, max_len)
+        decode_slots = _slots_of(
+            md.block_tables[:nd, :num_blocks].clamp_min(0), block_size, max_len
+        )
         if min(seq_lens[:nd]) != max_len:
             lens = md.seq_lens[:nd].to(decode_slots.device).unsqueeze(1)
-            decode_mask = (torch.arange(max_len, device=decode_slots.device) < lens)[:, None, None, :]
+            decode_mask = (torch.arange(max_len, device=decode_slots.device) < lens)[
+                :, None, None, :
+            ]
     prefills = []
     for i in range(nd, md.num_seqs):
         q_start, q_end, length = starts[i], starts[i + 1], seq_lens[i]
@@ -53,7 +57,11 @@ def _plan(md: AttentionMetadata, block_size: int) -> _RefPlan:
 
 
 def paged_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    md: AttentionMetadata,
+    scale: float,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D] -> out [T, Hq, D]. GQA when Hq > Hkv."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -61,11 +69,17 @@ def paged_attention_ref(
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     plan = _plan(md, block_size)
     nd = md.num_decodes
-    out = torch.empty_like(q) if nd < q.shape[0] else None  # an all-decode batch needs no extra copy
+    out = (
+        torch.empty_like(q) if nd < q.shape[0] else None
+    )  # an all-decode batch needs no extra copy
     if nd:
         shape = (*plan.decode_slots.shape, num_kv_heads, head_dim)
-        flat_slots = plan.decode_slots.flatten()  # index_select: advanced indexing scans the whole pool
-        keys = k_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)  # [nd, Hkv, L, D]
+        flat_slots = (
+            plan.decode_slots.flatten()
+        )  # index_select: advanced indexing scans the whole pool
+        keys = (
+            k_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
+        )  # [nd, Hkv, L, D]
         values = v_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
         queries = q[:nd].unsqueeze(2)  # [nd, Hq, 1, D]
         decoded = F.scaled_dot_product_attention(
@@ -79,8 +93,9 @@ def paged_attention_ref(
         values = v_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)
         queries = q[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
         if prefix_len == 0:
-            attended = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale,
-                                                      enable_gqa=True)
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             attended = _attend_after_prefix(queries, keys, values, prefix_len, scale)
         out[q_start:q_end] = attended.transpose(0, 1)
@@ -102,18 +117,26 @@ def _attend_after_prefix(queries, keys, values, prefix_len: int, scale: float) -
     if _flash_cpu is None or queries.device.type != "cpu":
         q_pos = torch.arange(prefix_len, prefix_len + q_len, device=queries.device).unsqueeze(1)
         mask = torch.arange(keys.shape[1], device=queries.device).unsqueeze(0) <= q_pos
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
     group = num_heads // num_kv_heads
     grouped = queries.reshape(num_kv_heads, group * q_len, head_dim).unsqueeze(0)
-    old_out, old_lse = _flash_cpu(grouped, keys[None, :, :prefix_len], values[None, :, :prefix_len], 0.0, False,
-                                  scale=scale)
-    old_out, old_lse = old_out.reshape(num_heads, q_len, head_dim), old_lse.reshape(num_heads, q_len)
+    old_out, old_lse = _flash_cpu(
+        grouped, keys[None, :, :prefix_len], values[None, :, :prefix_len], 0.0, False, scale=scale
+    )
+    old_out, old_lse = (
+        old_out.reshape(num_heads, q_len, head_dim),
+        old_lse.reshape(num_heads, q_len),
+    )
     new_keys = keys[:, prefix_len:].repeat_interleave(group, dim=0)[None]
     new_values = values[:, prefix_len:].repeat_interleave(group, dim=0)[None]
     new_out, new_lse = _flash_cpu(queries[None], new_keys, new_values, 0.0, True, scale=scale)
     lse = torch.logaddexp(old_lse, new_lse[0])
-    return (old_out * (old_lse - lse).exp().unsqueeze(-1)
-            + new_out[0] * (new_lse[0] - lse).exp().unsqueeze(-1)).to(queries.dtype)
+    return (
+        old_out * (old_lse - lse).exp().unsqueeze(-1)
+        + new_out[0] * (new_lse[0] - lse).exp().unsqueeze(-1)
+    ).to(queries.dtype)
 
 
 def paged_attention(q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:

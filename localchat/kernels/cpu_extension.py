@@ -16,7 +16,13 @@ from types import ModuleType
 
 logger = logging.getLogger("localchat.kernels")
 
-_SOURCES = ("module.cpp", "quant_linear.h", "decode_attention.h", "decode_layer.h", "rms_norm.h")  # module.cpp includes the rest
+_SOURCES = (
+    "module.cpp",
+    "quant_linear.h",
+    "decode_attention.h",
+    "decode_layer.h",
+    "rms_norm.h",
+)  # module.cpp includes the rest
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None
@@ -53,10 +59,20 @@ def cpu_kernels(progress=None) -> ModuleType | None:
 
             build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
             if progress is not None and not (build_dir / f"{name}.so").exists():
-                progress("compiling the CPU kernels for this machine (first run only, about a minute)")
+                progress(
+                    "compiling the CPU kernels for this machine (first run only, about a minute)"
+                )
             _module = cpp_extension.load(
-                name=name, sources=[str(directory / _SOURCES[0])], extra_cflags=["-O3", "-march=native", "-fopenmp"], verbose=False)
-        except Exception as exc:  # no compiler, no headers, an old CPU: run the torch fallback instead
+                name=name,
+                sources=[str(directory / _SOURCES[0])],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                verbose=False,
+            )
+        except (
+            Exception
+        ) as exc:  # no compiler, no headers, an old CPU: run the torch fallback instead
             _failed = f"{type(exc).__name__}: {exc}"
-            logger.warning("CPU kernels unavailable, using slower torch ops (%s)", _failed.splitlines()[0])
+            logger.warning(
+                "CPU kernels unavailable, using slower torch ops (%s)", _failed.splitlines()[0]
+            )
         return _module

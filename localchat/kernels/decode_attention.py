@@ -11,16 +11,42 @@ from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 
 
-def fused_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
-                           sin: torch.Tensor, md: AttentionMetadata, num_heads: int, num_kv_heads: int,
-                           head_dim: int, scale: float) -> torch.Tensor | None:
+def fused_decode_attention(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    md: AttentionMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+) -> torch.Tensor | None:
     """Attention output [T, num_heads * head_dim] for an all-decode batch, or None when the fast path
     does not apply (the caller then runs the per-op path). `qkv` is rotated in place."""
-    if (qkv.device.type != "cpu" or qkv.dtype != torch.float32 or k_cache.dtype != torch.float32
-            or md.num_decodes != qkv.shape[0] or use_triton(qkv)):
+    if (
+        qkv.device.type != "cpu"
+        or qkv.dtype != torch.float32
+        or k_cache.dtype != torch.float32
+        or md.num_decodes != qkv.shape[0]
+        or use_triton(qkv)
+    ):
         return None
     ext = cpu_kernels()
     if ext is None:
         return None
-    return ext.decode_attention(qkv, k_cache, v_cache, cos, sin, md.slot_mapping, md.block_tables, md.seq_lens,
-                                num_heads, num_kv_heads, head_dim, scale)
+    return ext.decode_attention(
+        qkv,
+        k_cache,
+        v_cache,
+        cos,
+        sin,
+        md.slot_mapping,
+        md.block_tables,
+        md.seq_lens,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        scale,
+    )

@@ -23,7 +23,10 @@ def triton_available() -> bool:
 
 @functools.cache
 def _triton_on_cpu() -> bool:
-    return os.environ.get("LOCALCHAT_TRITON_ON_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+    return (
+        os.environ.get("LOCALCHAT_TRITON_ON_CPU") == "1"
+        and os.environ.get("TRITON_INTERPRET") == "1"
+    )
 
 
 def use_triton(tensor: torch.Tensor) -> bool:

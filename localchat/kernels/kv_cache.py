@@ -8,7 +8,11 @@ from localchat.kernels.dispatch import use_triton
 
 
 def store_kv_cache_ref(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """key/value: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]; slot -1 = skip (padding)."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]

@@ -12,8 +12,11 @@ from localchat.kernels.quant_linear import quant_linear
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available())
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+    )
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

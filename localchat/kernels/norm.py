@@ -33,8 +33,13 @@ def rms_norm(x, weight, eps, residual=None):
         from localchat.kernels.triton_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
-            and (residual is None or residual.is_contiguous()) and (ext := cpu_kernels())):
+    if (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.is_contiguous()
+        and (residual is None or residual.is_contiguous())
+        and (ext := cpu_kernels())
+    ):
         # one C++ pass; the residual is updated in place (the caller hands over its old residual)
         normed, summed = ext.add_rms_norm(x, residual, weight, eps)
         return normed if residual is None else (normed, summed)

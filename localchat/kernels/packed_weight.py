@@ -27,13 +27,15 @@ LAYOUTS = ("u4", "u8")
 class PackedWeight:
     """A quantized projection weight; see the module docstring for the layouts."""
 
-    layout: str                     # "u4" or "u8"
-    qweight: torch.Tensor           # uint8 [out, in // 2] (u4) or [out, in] (u8)
-    scales: torch.Tensor            # float16 [out, in // group_size]
-    mins: torch.Tensor | None       # float16 [out, in // group_size], or None: symmetric around zero_point
+    layout: str  # "u4" or "u8"
+    qweight: torch.Tensor  # uint8 [out, in // 2] (u4) or [out, in] (u8)
+    scales: torch.Tensor  # float16 [out, in // group_size]
+    mins: (
+        torch.Tensor | None
+    )  # float16 [out, in // group_size], or None: symmetric around zero_point
     group_size: int
-    zero_point: int = 0             # used only when mins is None
-    source_type: str = ""           # the GGUF type it came from (Q4_K, ...), for reports
+    zero_point: int = 0  # used only when mins is None
+    source_type: str = ""  # the GGUF type it came from (Q4_K, ...), for reports
 
     def __post_init__(self) -> None:
         out_features, in_features = self.shape
@@ -42,9 +44,13 @@ class PackedWeight:
         if self.qweight.dtype != torch.uint8 or self.scales.dtype != torch.float16:
             raise ValueError("qweight must be uint8 and scales float16")
         if in_features % self.group_size or (self.layout == "u4" and self.group_size != 32):
-            raise ValueError(f"in_features {in_features} is not a multiple of group_size {self.group_size}")
+            raise ValueError(
+                f"in_features {in_features} is not a multiple of group_size {self.group_size}"
+            )
         expected = (out_features, in_features // self.group_size)
-        if tuple(self.scales.shape) != expected or (self.mins is not None and tuple(self.mins.shape) != expected):
+        if tuple(self.scales.shape) != expected or (
+            self.mins is not None and tuple(self.mins.shape) != expected
+        ):
             raise ValueError(f"scales/mins must have shape {expected}")
 
     @property
@@ -71,18 +77,36 @@ class PackedWeight:
 
     def to(self, device: torch.device | str) -> "PackedWeight":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return PackedWeight(self.layout, move(self.qweight), move(self.scales), move(self.mins), self.group_size,
-                            self.zero_point, self.source_type)
+        return PackedWeight(
+            self.layout,
+            move(self.qweight),
+            move(self.scales),
+            move(self.mins),
+            self.group_size,
+            self.zero_point,
+            self.source_type,
+        )
 
     def select_rows(self, index: torch.Tensor) -> "PackedWeight":
         """The weight with its output rows reordered/selected by `index`."""
         pick = lambda t: None if t is None else t[index].contiguous()  # noqa: E731
-        return PackedWeight(self.layout, pick(self.qweight), pick(self.scales), pick(self.mins), self.group_size,
-                            self.zero_point, self.source_type)
+        return PackedWeight(
+            self.layout,
+            pick(self.qweight),
+            pick(self.scales),
+            pick(self.mins),
+            self.group_size,
+            self.zero_point,
+            self.source_type,
+        )
 
     def offsets(self) -> torch.Tensor:
         """The additive term of each group (mins, or -zero_point * scales for symmetric types), float16."""
-        return self.mins if self.mins is not None else (self.scales.to(torch.float32) * -self.zero_point).half()
+        return (
+            self.mins
+            if self.mins is not None
+            else (self.scales.to(torch.float32) * -self.zero_point).half()
+        )
 
     def codes(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """The integer codes as int32 [out, in] (or the selected rows), in natural order."""
@@ -92,7 +116,9 @@ class PackedWeight:
         groups = q.reshape(*q.shape[:-1], -1, 16).to(torch.int32)
         return torch.cat((groups & 0x0F, groups >> 4), dim=-1).reshape(*q.shape[:-1], -1)
 
-    def dequantize(self, rows: torch.Tensor | slice | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantize(
+        self, rows: torch.Tensor | slice | None = None, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every kernel."""
         codes = self.codes(rows).to(torch.float32)
         scales = (self.scales if rows is None else self.scales[rows]).to(torch.float32)
@@ -116,14 +142,20 @@ def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> Pa
     for checkpoints without quantized weights (`--quantization int4|int8`)."""
     out_features, in_features = weight.shape
     if in_features % group_size:
-        raise ValueError(f"in_features {in_features} is not a multiple of the group size {group_size}")
+        raise ValueError(
+            f"in_features {in_features} is not a multiple of the group size {group_size}"
+        )
     groups = weight.detach().to(torch.float32).reshape(out_features, -1, group_size)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)
     levels = (1 << bits) - 1
     scales = ((high - low) / levels).to(torch.float16)
     safe = torch.where(scales == 0, 1.0, scales.to(torch.float32))
     mins = low.to(torch.float16)
-    codes = ((groups - mins.to(torch.float32).unsqueeze(-1)) / safe.unsqueeze(-1)).round_().clamp_(0, levels)
+    codes = (
+        ((groups - mins.to(torch.float32).unsqueeze(-1)) / safe.unsqueeze(-1))
+        .round_()
+        .clamp_(0, levels)
+    )
     codes = codes.reshape(out_features, in_features).to(torch.uint8)
     if bits == 4:
         return PackedWeight("u4", pack_u4(codes), scales, mins, group_size, source_type="int4")

@@ -26,24 +26,43 @@ DENSE_MIN_ROWS = int(os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "32"))
 PRECISE_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "") in ("", "0")
 
 
-def quant_linear_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def quant_linear_reference(
+    x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x @ dequantize(weight).T + bias in float32: the exact result every kernel approximates."""
     out = x.to(torch.float32) @ weight.dequantize().T
     return out if bias is None else out + bias.to(torch.float32)
 
 
-def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_and_mul: bool) -> torch.Tensor:
+def _one(
+    x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_and_mul: bool
+) -> torch.Tensor:
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
     bits = weight.bits
     if ext is not None and x.shape[0] >= DENSE_MIN_ROWS:
         # a prefill chunk or a large batch: dequantizing once and running one float GEMM is faster than
         # integer dot products row by row (the weight is read once either way)
-        dense = ext.dequantize(weight.qweight, weight.scales, weight.mins, bits, weight.group_size, weight.zero_point)
+        dense = ext.dequantize(
+            weight.qweight, weight.scales, weight.mins, bits, weight.group_size, weight.zero_point
+        )
         x = silu_and_mul_ref(x) if silu_and_mul else x
-        return F.linear(x.to(torch.float32), dense, None if bias is None else bias.float()).to(x.dtype)
+        return F.linear(x.to(torch.float32), dense, None if bias is None else bias.float()).to(
+            x.dtype
+        )
     if ext is not None:
-        out = ext.quant_linear(x, weight.qweight, weight.scales, weight.mins, bias, bits, weight.group_size,
-                               weight.zero_point, PRECISE_ACTIVATIONS, silu_and_mul, True)
+        out = ext.quant_linear(
+            x,
+            weight.qweight,
+            weight.scales,
+            weight.mins,
+            bias,
+            bits,
+            weight.group_size,
+            weight.zero_point,
+            PRECISE_ACTIVATIONS,
+            silu_and_mul,
+            True,
+        )
         return out if x.dtype == torch.float32 else out.to(x.dtype)
     if silu_and_mul:
         x = silu_and_mul_ref(x)
@@ -54,11 +73,18 @@ def _one(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_
     return quant_linear_reference(x, weight, bias).to(x.dtype)
 
 
-def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, *,
-                 silu_and_mul: bool = False) -> torch.Tensor:
+def quant_linear(
+    x: torch.Tensor,
+    weight: QuantWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    silu_and_mul: bool = False,
+) -> torch.Tensor:
     """x [..., in] @ W.T (+ bias) for a PackedWeight or a tuple of them (outputs concatenated); with
     `silu_and_mul`, x is a fused [gate | up] and silu(gate) * up is multiplied instead."""
-    if type(weight) is PackedWeight and x.dim() == 2:  # the decode hot path (~120 calls a token): no reshapes
+    if (
+        type(weight) is PackedWeight and x.dim() == 2
+    ):  # the decode hot path (~120 calls a token): no reshapes
         return _one(x, weight, bias, silu_and_mul)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -76,13 +102,23 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
 def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
     """One PackedWeight with the parts' rows stacked, when their layouts allow it; otherwise a tuple."""
     first = parts[0]
-    same = all(p.layout == first.layout and p.group_size == first.group_size and p.in_features == first.in_features
-               for p in parts)
+    same = all(
+        p.layout == first.layout
+        and p.group_size == first.group_size
+        and p.in_features == first.in_features
+        for p in parts
+    )
     if not same:
         return tuple(parts)
     symmetric = all(p.mins is None and p.zero_point == first.zero_point for p in parts)
     mins = None if symmetric else torch.cat([p.offsets() for p in parts])
     kinds = sorted({p.source_type for p in parts})
-    return PackedWeight(first.layout, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]),
-                        mins, first.group_size, first.zero_point if symmetric else 0, "+".join(kinds))
-
+    return PackedWeight(
+        first.layout,
+        torch.cat([p.qweight for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        mins,
+        first.group_size,
+        first.zero_point if symmetric else 0,
+        "+".join(kinds),
+    )

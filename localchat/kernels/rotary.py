@@ -28,7 +28,7 @@ def rotary_embedding_ref(
     sin = sin.unsqueeze(1).to(q.dtype)
     # Rotating q and k as one tensor halves the number of small ops (this runs in every layer).
     rotated = _rotate(torch.cat((q, k), dim=1), cos, sin)
-    return rotated[:, :q.shape[1]], rotated[:, q.shape[1]:]
+    return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
 
 
 def rotary_embedding(q, k, cos, sin):

@@ -29,5 +29,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
     if y.numel():
         block = min(triton.next_power_of_2(d), 1024)
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, y, x2.stride(0), y.stride(0), d, BLOCK=block)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+            x2, y, x2.stride(0), y.stride(0), d, BLOCK=block
+        )
     return y.view(*x.shape[:-1], d)

@@ -29,8 +29,19 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _load_kv_tile(
-    cache_ptr, block_table_row_ptr, offs_n, n_mask, kv_head, offs_d, stride_cb, stride_cs, stride_ch,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_N: tl.constexpr,
+    cache_ptr,
+    block_table_row_ptr,
+    offs_n,
+    n_mask,
+    kv_head,
+    offs_d,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK_N: tl.constexpr,
 ):
     """Gather the [BLOCK_N, BLOCK_D] K or V rows of tokens offs_n from their pages (zeros where masked)."""
     if MASK_N:
@@ -51,7 +62,16 @@ def _load_kv_tile(
 
 @triton.jit
 def _online_softmax_step(
-    acc, m_i, l_i, q, k, v, qk_scale, score_mask, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    acc,
+    m_i,
+    l_i,
+    q,
+    k,
+    v,
+    qk_scale,
+    score_mask,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Fold one key tile into the running (acc, row max m_i, row sum l_i), all float32, log2 domain."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
@@ -69,10 +89,32 @@ def _online_softmax_step(
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-    qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)  # decodes come first, so sequence i's query is token i
@@ -89,8 +131,11 @@ def _decode_kernel(
     g_mask = offs_g < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -99,17 +144,48 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _load_kv_tile(k_cache_ptr, block_table_row, offs_n, n_mask, kv_head, offs_d,
-                          stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_D, True).to(q.dtype)
-        v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, n_mask, kv_head, offs_d,
-                          stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_D, True).to(q.dtype)
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, qk_scale, n_mask[None, :], True, DOT_PRECISION)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            block_table_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            BLOCK_D,
+            True,
+        ).to(q.dtype)
+        v = _load_kv_tile(
+            v_cache_ptr,
+            block_table_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            BLOCK_D,
+            True,
+        ).to(q.dtype)
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, n_mask[None, :], True, DOT_PRECISION
+        )
 
     store_mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
         out = acc / tl.maximum(l_i, 1e-30)[:, None]  # l_i == 0 only for an empty (padding) sequence
-        tl.store(out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=store_mask)
+        tl.store(
+            out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=store_mask,
+        )
     else:
         # Partials are [num_decodes, Hq, NUM_SPLITS] (+ [HEAD_DIM] for acc), contiguous float32.
         part = (seq.to(tl.int64) * NUM_Q_HEADS + heads) * NUM_SPLITS + split
@@ -120,38 +196,77 @@ def _decode_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, out_ptr, stride_ot, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     offs_s = tl.arange(0, BLOCK_S)
-    s_mask = (offs_s < NUM_SPLITS) & (offs_s * split_len < seq_len)  # splits that saw at least one key
+    s_mask = (offs_s < NUM_SPLITS) & (
+        offs_s * split_len < seq_len
+    )  # splits that saw at least one key
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     part = (seq.to(tl.int64) * NUM_Q_HEADS + head) * NUM_SPLITS + offs_s
     m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
     l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.math.exp2(m - m_max)  # rescale every split to the common max
     total = tl.sum(l * w, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(total, 1e-30)
-    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_mask)
+    tl.store(
+        out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr, first_seq,
-    qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    out_ptr,
+    first_seq,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     seq = first_seq + tl.program_id(1)
@@ -172,8 +287,11 @@ def _prefill_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     q_rows = (q_start + q_idx).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     q_pos = context + q_idx
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -185,27 +303,86 @@ def _prefill_kernel(
     diagonal_start = (context + q_first) // BLOCK_N * BLOCK_N
     for n0 in range(0, diagonal_start, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = _load_kv_tile(k_cache_ptr, block_table_row, offs_n, None, kv_head, offs_d,
-                          stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_D, False).to(q.dtype)
-        v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, None, kv_head, offs_d,
-                          stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_D, False).to(q.dtype)
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, qk_scale, None, False, DOT_PRECISION)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            block_table_row,
+            offs_n,
+            None,
+            kv_head,
+            offs_d,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            BLOCK_D,
+            False,
+        ).to(q.dtype)
+        v = _load_kv_tile(
+            v_cache_ptr,
+            block_table_row,
+            offs_n,
+            None,
+            kv_head,
+            offs_d,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            BLOCK_D,
+            False,
+        ).to(q.dtype)
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, None, False, DOT_PRECISION
+        )
 
     # Diagonal tiles: up to the tile's last query position, causal mask per row.
     end = context + tl.minimum(q_first + BLOCK_Q, q_len)
     for n0 in range(diagonal_start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _load_kv_tile(k_cache_ptr, block_table_row, offs_n, n_mask, kv_head, offs_d,
-                          stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_D, True).to(q.dtype)
-        v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, n_mask, kv_head, offs_d,
-                          stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, BLOCK_D, True).to(q.dtype)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            block_table_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            BLOCK_D,
+            True,
+        ).to(q.dtype)
+        v = _load_kv_tile(
+            v_cache_ptr,
+            block_table_row,
+            offs_n,
+            n_mask,
+            kv_head,
+            offs_d,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            BLOCK_D,
+            True,
+        ).to(q.dtype)
         causal = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, qk_scale, causal, True, DOT_PRECISION)
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, causal, True, DOT_PRECISION
+        )
 
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & d_mask[None, :],
+    )
 
 
 @functools.cache
@@ -218,21 +395,28 @@ def _decode_num_splits(num_decodes: int, num_kv_heads: int, device: torch.device
 
     Depends only on the batch shape, so a CUDA graph captured for a batch size stays valid for any lengths.
     """
-    num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 4  # the CPU interpreter: a few splits, to exercise the reduction
+    num_sms = (
+        _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        if device.type == "cuda"
+        else 4
+    )  # the CPU interpreter: a few splits, to exercise the reduction
     return max(1, min(16, triton.cdiv(2 * num_sms, num_decodes * num_kv_heads)))
 
 
-def _partials(md: AttentionMetadata, shape: tuple[int, int, int], head_dim: int, device: torch.device):
+def _partials(
+    md: AttentionMetadata, shape: tuple[int, int, int], head_dim: int, device: torch.device
+):
     """Split-K scratch (acc [*shape, D], max and sum [*shape]), float32, shared by a step's layers via md.scratch.
 
     Layers run one after another on one stream, so one set of buffers serves them all.
     """
     cached = md.scratch.get("triton_decode_partials")
     if cached is None or cached[0].shape != (*shape, head_dim) or cached[0].device != device:
-        cached = (torch.empty(*shape, head_dim, dtype=torch.float32, device=device),
-                  torch.empty(shape, dtype=torch.float32, device=device),
-                  torch.empty(shape, dtype=torch.float32, device=device))
+        cached = (
+            torch.empty(*shape, head_dim, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device),
+        )
         md.scratch["triton_decode_partials"] = cached
     return cached
 
@@ -260,7 +444,11 @@ def _launch_config(dtype: torch.dtype, head_dim: int, on_gpu: bool) -> dict:
 
 
 def paged_attention_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    md: AttentionMetadata,
+    scale: float,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D] -> out [T, Hq, D] in q.dtype (float32 math).
@@ -277,8 +465,17 @@ def paged_attention_triton(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = _launch_config(q.dtype, head_dim, q.is_cuda)
     block_d = triton.next_power_of_2(max(head_dim, 16))
-    common = (scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), md.block_tables.stride(0))
+    common = (
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        md.block_tables.stride(0),
+    )
 
     nd = md.num_decodes
     if nd:
@@ -289,16 +486,43 @@ def paged_attention_triton(
         else:
             part_acc = part_m = part_l = out  # unused
         _decode_kernel[(nd, num_kv_heads, splits)](
-            q, k_cache, v_cache, md.block_tables, md.seq_lens, out, part_acc, part_m, part_l, *common,
-            NUM_Q_HEADS=num_q_heads, GROUP=group, NUM_SPLITS=splits, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-            BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-            DOT_PRECISION=config["precision"], num_warps=decode_warps, num_stages=2,
+            q,
+            k_cache,
+            v_cache,
+            md.block_tables,
+            md.seq_lens,
+            out,
+            part_acc,
+            part_m,
+            part_l,
+            *common,
+            NUM_Q_HEADS=num_q_heads,
+            GROUP=group,
+            NUM_SPLITS=splits,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            BLOCK_G=max(16, triton.next_power_of_2(group)),
+            BLOCK_D=block_d,
+            BLOCK_N=block_n,
+            DOT_PRECISION=config["precision"],
+            num_warps=decode_warps,
+            num_stages=2,
         )
         if splits > 1:
             _decode_reduce_kernel[(nd, num_q_heads)](
-                part_acc, part_m, part_l, md.seq_lens, out, out.stride(0), out.stride(1),
-                NUM_Q_HEADS=num_q_heads, NUM_SPLITS=splits, HEAD_DIM=head_dim,
-                BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, BLOCK_N=block_n,
+                part_acc,
+                part_m,
+                part_l,
+                md.seq_lens,
+                out,
+                out.stride(0),
+                out.stride(1),
+                NUM_Q_HEADS=num_q_heads,
+                NUM_SPLITS=splits,
+                HEAD_DIM=head_dim,
+                BLOCK_S=triton.next_power_of_2(splits),
+                BLOCK_D=block_d,
+                BLOCK_N=block_n,
             )
 
     num_prefills = md.num_seqs - nd
@@ -307,8 +531,24 @@ def paged_attention_triton(
         block_m = max(block_m, triton.next_power_of_2(group))  # at least one query token per tile
         block_q = block_m // group
         _prefill_kernel[(triton.cdiv(md.max_query_len, block_q), num_prefills, num_kv_heads)](
-            q, k_cache, v_cache, md.block_tables, md.seq_lens, md.query_start_loc, out, nd, *common,
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-            BLOCK_D=block_d, BLOCK_N=block_n, DOT_PRECISION=config["precision"], num_warps=warps, num_stages=stages,
+            q,
+            k_cache,
+            v_cache,
+            md.block_tables,
+            md.seq_lens,
+            md.query_start_loc,
+            out,
+            nd,
+            *common,
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            BLOCK_M=block_m,
+            BLOCK_Q=block_q,
+            BLOCK_D=block_d,
+            BLOCK_N=block_n,
+            DOT_PRECISION=config["precision"],
+            num_warps=warps,
+            num_stages=stages,
         )
     return out

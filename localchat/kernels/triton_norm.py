@@ -9,9 +9,17 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, weight_ptr, y_ptr, residual_ptr, residual_out_ptr,
-    stride_x, stride_r, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    weight_ptr,
+    y_ptr,
+    residual_ptr,
+    residual_out_ptr,
+    stride_x,
+    stride_r,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # One program per row; the whole row fits in registers (hidden sizes are at most a few thousand).
     row = tl.program_id(0).to(tl.int64)
@@ -53,8 +61,17 @@ def rms_norm_triton(
     if x2.shape[0]:
         block = triton.next_power_of_2(n_cols)
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, weight, y, r2, residual_out, x2.stride(0), r2.stride(0), n_cols, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            x2,
+            weight,
+            y,
+            r2,
+            residual_out,
+            x2.stride(0),
+            r2.stride(0),
+            n_cols,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
             num_warps=min(max(block // 512, 4), 16),  # about 16 values a thread for wide rows
         )
     y = y.view(x.shape)

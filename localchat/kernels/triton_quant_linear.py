@@ -41,12 +41,32 @@ def _dequant(q, s_ptrs, m_ptrs, mask, zero_point, HAS_MINS: tl.constexpr):
 
 @triton.jit
 def _quant_linear_kernel(
-    x_ptr, q_ptr, scales_ptr, mins_ptr, bias_ptr, out_ptr,
-    M, N, K, stride_xm, stride_qn, stride_sn, stride_om, stride_os,
-    zero_point, blocks_per_split,
-    U4: tl.constexpr, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    scales_ptr,
+    mins_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_om,
+    stride_os,
+    zero_point,
+    blocks_per_split,
+    U4: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_MINS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # Programs that run together share weight tiles (GROUP_M row tiles per column tile) for L2 reuse.
     pid, split = tl.program_id(0), tl.program_id(1)
@@ -96,7 +116,12 @@ def _quant_linear_kernel(
             acc = tl.dot(xs, tl.trans(w.to(xs.dtype)), acc, input_precision=DOT_PRECISION)
 
     out_mask = mask_m[:, None] & mask_n[None, :]
-    out_ptrs = out_ptr + split.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    out_ptrs = (
+        out_ptr
+        + split.to(tl.int64) * stride_os
+        + offs_m.to(tl.int64)[:, None] * stride_om
+        + offs_n[None, :]
+    )
     if PARTIAL:
         tl.store(out_ptrs, acc, mask=out_mask)
     else:
@@ -107,8 +132,16 @@ def _quant_linear_kernel(
 
 @triton.jit
 def _reduce_splits_kernel(
-    part_ptr, bias_ptr, out_ptr, N, stride_pm, stride_ps, stride_om,
-    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    stride_pm,
+    stride_ps,
+    stride_om,
+    SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # Sums the split-K partials in a fixed order (deterministic, unlike atomics), adds the bias, casts.
     row = tl.program_id(0).to(tl.int64)
@@ -144,7 +177,9 @@ def _tiles(m: int, on_gpu: bool, u4: bool, dtype: torch.dtype) -> tuple[int, int
     return 128, 128, block_k // 2 if u4 else block_k, 8, 3  # prefill: a compute-bound GEMM tile
 
 
-def _launch_config(m: int, n: int, k: int, u4: bool, dtype: torch.dtype, device: torch.device) -> dict:
+def _launch_config(
+    m: int, n: int, k: int, u4: bool, dtype: torch.dtype, device: torch.device
+) -> dict:
     """Tiles, dot precision and split-K for an [m, k] x [k, n] product.
 
     Depends only on the shapes, so a CUDA graph captured for a batch size stays valid. Splits K (at most 16
@@ -157,7 +192,9 @@ def _launch_config(m: int, n: int, k: int, u4: bool, dtype: torch.dtype, device:
         # Small M is memory-bound: several programs per SM keep loads in flight. A prefill tile is compute-bound,
         # and splitting K would only add float32 traffic once every SM has a tile.
         per_sm = 4 if m <= 64 else 1
-        target = per_sm * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        target = per_sm * _num_sms(
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
     else:
         precision, target = "ieee", 4
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
@@ -165,11 +202,21 @@ def _launch_config(m: int, n: int, k: int, u4: bool, dtype: torch.dtype, device:
     splits = max(1, min(16, k_blocks, target // tiles)) if tiles < target else 1
     blocks_per_split = triton.cdiv(k_blocks, splits)
     splits = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
-    return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "warps": warps, "stages": stages,
-            "precision": precision, "splits": splits, "blocks_per_split": blocks_per_split}
+    return {
+        "block_m": block_m,
+        "block_n": block_n,
+        "block_k": block_k,
+        "warps": warps,
+        "stages": stages,
+        "precision": precision,
+        "splits": splits,
+        "blocks_per_split": blocks_per_split,
+    }
 
 
-def triton_quant_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def triton_quant_linear(
+    x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., K] (float16, bfloat16 or float32) @ weight.dequantize().T (+ bias [N]) -> [..., N] in x.dtype.
 
     weight is a PackedWeight [N, K] on x's device; the product accumulates in float32. Any M (leading
@@ -196,20 +243,55 @@ def triton_quant_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tenso
     bias_arg = out if bias is None else bias.contiguous()  # unused when bias is None
     c = _launch_config(m, out_features, in_features, weight.layout == "u4", x.dtype, x.device)
     splits = c["splits"]
-    target = torch.empty((splits, m, out_features), dtype=torch.float32, device=x.device) if splits > 1 else out
+    target = (
+        torch.empty((splits, m, out_features), dtype=torch.float32, device=x.device)
+        if splits > 1
+        else out
+    )
     grid = (triton.cdiv(m, c["block_m"]) * triton.cdiv(out_features, c["block_n"]), splits)
     _quant_linear_kernel[grid](
-        x2, qweight, scales, mins, bias_arg, target,
-        m, out_features, in_features, x2.stride(0), qweight.stride(0), scales.stride(0),
-        target.stride(-2), target.stride(0) if splits > 1 else 0, weight.zero_point, c["blocks_per_split"],
-        U4=weight.layout == "u4", GROUP=weight.group_size, HAS_MINS=weight.mins is not None,
-        HAS_BIAS=bias is not None, PARTIAL=splits > 1, BLOCK_M=c["block_m"], BLOCK_N=c["block_n"],
-        BLOCK_K=c["block_k"], GROUP_M=8, DOT_PRECISION=c["precision"], num_warps=c["warps"], num_stages=c["stages"],
+        x2,
+        qweight,
+        scales,
+        mins,
+        bias_arg,
+        target,
+        m,
+        out_features,
+        in_features,
+        x2.stride(0),
+        qweight.stride(0),
+        scales.stride(0),
+        target.stride(-2),
+        target.stride(0) if splits > 1 else 0,
+        weight.zero_point,
+        c["blocks_per_split"],
+        U4=weight.layout == "u4",
+        GROUP=weight.group_size,
+        HAS_MINS=weight.mins is not None,
+        HAS_BIAS=bias is not None,
+        PARTIAL=splits > 1,
+        BLOCK_M=c["block_m"],
+        BLOCK_N=c["block_n"],
+        BLOCK_K=c["block_k"],
+        GROUP_M=8,
+        DOT_PRECISION=c["precision"],
+        num_warps=c["warps"],
+        num_stages=c["stages"],
     )
     if splits > 1:
         block = min(1024, triton.next_power_of_2(out_features))
         _reduce_splits_kernel[(m, triton.cdiv(out_features, block))](
-            target, bias_arg, out, out_features, target.stride(1), target.stride(0), out.stride(0),
-            SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+            target,
+            bias_arg,
+            out,
+            out_features,
+            target.stride(1),
+            target.stride(0),
+            out.stride(0),
+            SPLITS=splits,
+            HAS_BIAS=bias is not None,
+            BLOCK=block,
+            num_warps=4,
         )
     return out.view(*x.shape[:-1], out_features)

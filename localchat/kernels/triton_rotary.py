@@ -9,8 +9,18 @@ import triton.language as tl
 
 @triton.jit
 def _rotate_heads(
-    src_ptr, dst_ptr, token, stride_st, stride_sh, num_heads, cos, sin,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    token,
+    stride_st,
+    stride_sh,
+    num_heads,
+    cos,
+    sin,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
 ):
     # All heads of one token: [BLOCK_H, BLOCK_HALF] tiles of each half, rotated with the token's cos/sin.
@@ -32,22 +42,72 @@ def _rotate_heads(
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_ct, stride_st, num_q_heads, num_kv_heads,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_ct,
+    stride_st,
+    num_q_heads,
+    num_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
 ):
     # One program per token handles q and k, so cos/sin are loaded once for all heads.
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     # cos/sin are rounded to the activation dtype first, as the reference does, then math is in float32.
     act_ty = q_out_ptr.dtype.element_ty
-    cos = tl.load(cos_ptr + token * stride_ct + offs, mask=offs < HALF, other=0.0).to(act_ty).to(tl.float32)
-    sin = tl.load(sin_ptr + token * stride_st + offs, mask=offs < HALF, other=0.0).to(act_ty).to(tl.float32)
-    _rotate_heads(q_ptr, q_out_ptr, token, stride_qt, stride_qh, num_q_heads, cos, sin,
-                  HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS)
-    _rotate_heads(k_ptr, k_out_ptr, token, stride_kt, stride_kh, num_kv_heads, cos, sin,
-                  HEAD_DIM, HALF, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)
+    cos = (
+        tl.load(cos_ptr + token * stride_ct + offs, mask=offs < HALF, other=0.0)
+        .to(act_ty)
+        .to(tl.float32)
+    )
+    sin = (
+        tl.load(sin_ptr + token * stride_st + offs, mask=offs < HALF, other=0.0)
+        .to(act_ty)
+        .to(tl.float32)
+    )
+    _rotate_heads(
+        q_ptr,
+        q_out_ptr,
+        token,
+        stride_qt,
+        stride_qh,
+        num_q_heads,
+        cos,
+        sin,
+        HEAD_DIM,
+        HALF,
+        BLOCK_HQ,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
+    _rotate_heads(
+        k_ptr,
+        k_out_ptr,
+        token,
+        stride_kt,
+        stride_kh,
+        num_kv_heads,
+        cos,
+        sin,
+        HEAD_DIM,
+        HALF,
+        BLOCK_HK,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
 
 
 def rotary_embedding_triton(
@@ -70,11 +130,24 @@ def rotary_embedding_triton(
     if num_tokens:
         pass_dims = head_dim - 2 * half
         _rotary_kernel[(num_tokens,)](
-            q, k, q_out, k_out, cos, sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-            num_q_heads, num_kv_heads,
-            HEAD_DIM=head_dim, HALF=half,
-            BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
+            q,
+            k,
+            q_out,
+            k_out,
+            cos,
+            sin,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos.stride(0),
+            sin.stride(0),
+            num_q_heads,
+            num_kv_heads,
+            HEAD_DIM=head_dim,
+            HALF=half,
+            BLOCK_HQ=triton.next_power_of_2(num_q_heads),
+            BLOCK_HK=triton.next_power_of_2(num_kv_heads),
             BLOCK_HALF=triton.next_power_of_2(half),
             BLOCK_PASS=triton.next_power_of_2(pass_dims) if pass_dims else 0,
         )

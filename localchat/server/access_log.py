@@ -27,13 +27,17 @@ def access_log(app):
             await app(scope, receive, send_with_status)
         finally:
             client = scope.get("client")
-            line = (f'{client[0] if client else "-"} "{scope["method"]} {scope["path"]}" '
-                    f'{status or "disconnected"} {time.monotonic() - start:.3f}s')
+            line = (
+                f'{client[0] if client else "-"} "{scope["method"]} {scope["path"]}" '
+                f"{status or 'disconnected'} {time.monotonic() - start:.3f}s"
+            )
             generation = scope.get("localchat_generation")
             if generation is not None:
                 usage = generation.usage()
-                line += (f' prompt={usage["prompt_tokens"]} completion={usage["completion_tokens"]}'
-                         f' cached={usage["prompt_tokens_details"]["cached_tokens"]}')
+                line += (
+                    f" prompt={usage['prompt_tokens']} completion={usage['completion_tokens']}"
+                    f" cached={usage['prompt_tokens_details']['cached_tokens']}"
+                )
                 if generation.aborted:
                     line += " aborted"
             logger.info(line)

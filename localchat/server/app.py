@@ -22,9 +22,15 @@ def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Lit
         route_handlers=[create_chat_completion, create_completion, *ROUTES],
         state=State({"server": server}),
         exception_handlers={Exception: handle_exception},
-        cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"]) if cors_origins else None,
-        openapi_config=OpenAPIConfig(title="localchat", version=__version__, path="/docs",
-                                     description="OpenAI-compatible API of a localchat server."),
+        cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])
+        if cors_origins
+        else None,
+        openapi_config=OpenAPIConfig(
+            title="localchat",
+            version=__version__,
+            path="/docs",
+            description="OpenAI-compatible API of a localchat server.",
+        ),
         logging_config=None,
     )
 

@@ -28,28 +28,73 @@ def _opt(*names: str, help: str, **kwargs):
 
 @engine_options
 def serve(
-    model: Annotated[Optional[str], typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)")] = None,
-    host: Annotated[str, _opt("--host", help="Address to listen on (loopback unless told otherwise)")] = "127.0.0.1",
+    model: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)"
+        ),
+    ] = None,
+    host: Annotated[
+        str, _opt("--host", help="Address to listen on (loopback unless told otherwise)")
+    ] = "127.0.0.1",
     port: Annotated[int, _opt("--port", help="Port to listen on (0: any free port)")] = 8000,
-    served_model_name: Annotated[Optional[str], _opt("--served-model-name", help="Model name in the API (default: the model's)")] = None,
-    api_key: Annotated[Optional[str], _opt("--api-key", envvar="LOCALCHAT_API_KEY", show_default=False, help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize")] = None,
-    cors_origin: Annotated[Optional[list[str]], _opt("--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)")] = None,
-    max_waiting: Annotated[int, _opt("--max-waiting", help="Most requests waiting for the batch; beyond it, 503 with Retry-After")] = 1024,
-    grace_period: Annotated[float, _opt("--grace-period", help="Seconds running requests get to finish on SIGINT/SIGTERM")] = 30.0,
+    served_model_name: Annotated[
+        Optional[str],
+        _opt("--served-model-name", help="Model name in the API (default: the model's)"),
+    ] = None,
+    api_key: Annotated[
+        Optional[str],
+        _opt(
+            "--api-key",
+            envvar="LOCALCHAT_API_KEY",
+            show_default=False,
+            help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize",
+        ),
+    ] = None,
+    cors_origin: Annotated[
+        Optional[list[str]],
+        _opt("--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)"),
+    ] = None,
+    max_waiting: Annotated[
+        int,
+        _opt(
+            "--max-waiting",
+            help="Most requests waiting for the batch; beyond it, 503 with Retry-After",
+        ),
+    ] = 1024,
+    grace_period: Annotated[
+        float,
+        _opt("--grace-period", help="Seconds running requests get to finish on SIGINT/SIGTERM"),
+    ] = 30.0,
     log_level: Annotated[str, _opt("--log-level", help="debug, info, warning or error")] = "info",
     engine_config=None,
 ) -> None:
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded SmolLM2-135M-Instruct) over an
     OpenAI-compatible HTTP API: chat and completions, SSE streaming, tokenize, /metrics, docs at /docs."""
     if max_waiting < 1:
-        raise InvalidParameterError(f"--max-waiting must be >= 1, got {max_waiting}", param="max_waiting")
+        raise InvalidParameterError(
+            f"--max-waiting must be >= 1, got {max_waiting}", param="max_waiting"
+        )
     if grace_period < 0:
-        raise InvalidParameterError(f"--grace-period must be >= 0, got {grace_period}", param="grace_period")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        raise InvalidParameterError(
+            f"--grace-period must be >= 0, got {grace_period}", param="grace_period"
+        )
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     sock = _bind(host, port)
-    asyncio.run(_serve(sock, engine_config, served_model_name=served_model_name, api_key=api_key or None,
-                       cors_origins=cors_origin or None, max_waiting=max_waiting, grace_period=grace_period,
-                       log_level=log_level.lower()))
+    asyncio.run(
+        _serve(
+            sock,
+            engine_config,
+            served_model_name=served_model_name,
+            api_key=api_key or None,
+            cors_origins=cors_origin or None,
+            max_waiting=max_waiting,
+            grace_period=grace_period,
+            log_level=log_level.lower(),
+        )
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -60,13 +105,24 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise InvalidParameterError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", param="port") from None
+        raise InvalidParameterError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}", param="port"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
 
-async def _serve(sock: socket.socket, engine_config, *, served_model_name, api_key, cors_origins, max_waiting,
-                 grace_period, log_level) -> None:
+async def _serve(
+    sock: socket.socket,
+    engine_config,
+    *,
+    served_model_name,
+    api_key,
+    cors_origins,
+    max_waiting,
+    grace_period,
+    log_level,
+) -> None:
     import uvicorn
 
     from localchat.engine.async_engine import AsyncEngine
@@ -78,14 +134,25 @@ async def _serve(sock: socket.socket, engine_config, *, served_model_name, api_k
         await engine.start()
         info = engine.model_info
         server_state = ServerState(engine, served_model_name or info.name, api_key)
-        config = uvicorn.Config(build_asgi_app(server_state, cors_origins), log_config=None, access_log=False,
-                                log_level=log_level, timeout_graceful_shutdown=grace_period,
-                                lifespan="off")
+        config = uvicorn.Config(
+            build_asgi_app(server_state, cors_origins),
+            log_config=None,
+            access_log=False,
+            log_level=log_level,
+            timeout_graceful_shutdown=grace_period,
+            lifespan="off",
+        )
         server = uvicorn.Server(config)
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host
-        logger.info("serving %s (max_model_len %d) on http://%s:%d%s", server_state.model_name,
-                    info.max_model_len, url_host, port, " (API key required)" if api_key else "")
+        logger.info(
+            "serving %s (max_model_len %d) on http://%s:%d%s",
+            server_state.model_name,
+            info.max_model_len,
+            url_host,
+            port,
+            " (API key required)" if api_key else "",
+        )
         # uvicorn re-raises the signal that stopped it once it is done; a no-op handler makes that a clean exit
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)

@@ -23,13 +23,27 @@ from localchat.server.generation import ClientDisconnected
 logger = logging.getLogger("localchat.server")
 
 RETRY_AFTER_SECONDS = 1
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+}
 
 
-def error_body(message: str, status: int, error_type: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": error_type or _TYPES.get(status, "server_error"),
-                      "param": param, "code": status}}
+def error_body(
+    message: str, status: int, error_type: str | None = None, param: str | None = None
+) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": error_type or _TYPES.get(status, "server_error"),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
 def error_from_exception(exc: BaseException) -> tuple[dict, int]:

@@ -60,8 +60,15 @@ class Tracker:
 class Generation:
     """The engine requests behind one HTTP request (one per prompt), with their usage and metrics."""
 
-    def __init__(self, engine: AsyncEngine, metrics: ServerMetrics, request_id: str, params: SamplingParams):
-        self.engine, self.metrics, self.request_id, self.params = engine, metrics, request_id, params
+    def __init__(
+        self, engine: AsyncEngine, metrics: ServerMetrics, request_id: str, params: SamplingParams
+    ):
+        self.engine, self.metrics, self.request_id, self.params = (
+            engine,
+            metrics,
+            request_id,
+            params,
+        )
         self.streams: list[RequestStream] = []
         self.trackers: list[Tracker] = []
         self.prompt_tokens = 0
@@ -73,7 +80,9 @@ class Generation:
         """Queue every prompt; if one is refused, abort those already queued and raise its error."""
         try:
             for position, prompt in enumerate(prompts):
-                request_id = self.request_id if len(prompts) == 1 else f"{self.request_id}-{position}"
+                request_id = (
+                    self.request_id if len(prompts) == 1 else f"{self.request_id}-{position}"
+                )
                 stream = await self.engine.add_request(prompt, self.params, request_id)
                 self.streams.append(stream)
                 self.trackers.append(Tracker(self.metrics))
@@ -133,9 +142,12 @@ class Generation:
             self.aborted |= tracker.close()
 
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens)}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens)},
+        }
 
     async def collect(self) -> dict[int, RequestOutput]:
         """Run to the end; per prompt position, its whole output (the deltas folded by RequestOutput.merge).

@@ -27,7 +27,11 @@ class TokenStrings:
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else f"token_id:{token_id}"
+            text = (
+                self._tokenizer.decode([token_id])
+                if self._tokenizer is not None
+                else f"token_id:{token_id}"
+            )
             self._cache[token_id] = text
         return text
 
@@ -37,11 +41,21 @@ def chat_logprobs(entries: list[TokenLogprob], token_str: TokenStrings) -> list[
     content = []
     for entry in entries:
         text = token_str(entry.token_id)
-        content.append({
-            "token": text, "logprob": _finite(entry.logprob), "bytes": list(text.encode()),
-            "top_logprobs": [{"token": (alt := token_str(token_id)), "logprob": _finite(logprob),
-                              "bytes": list(alt.encode())} for token_id, logprob in entry.top],
-        })
+        content.append(
+            {
+                "token": text,
+                "logprob": _finite(entry.logprob),
+                "bytes": list(text.encode()),
+                "top_logprobs": [
+                    {
+                        "token": (alt := token_str(token_id)),
+                        "logprob": _finite(logprob),
+                        "bytes": list(alt.encode()),
+                    }
+                    for token_id, logprob in entry.top
+                ],
+            }
+        )
     return content
 
 
@@ -52,7 +66,9 @@ class CompletionLogprobs:
         self._token_str = token_str
         self._offset = start_offset
 
-    def build(self, entries: list[TokenLogprob], prompt: tuple[list[int], list] | None = None) -> dict:
+    def build(
+        self, entries: list[TokenLogprob], prompt: tuple[list[int], list] | None = None
+    ) -> dict:
         """The object for `entries`, after the echoed prompt's (token ids, logprobs) when given: its entries
         may be None (the first token's), which gives null logprob and top_logprobs."""
         tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
@@ -73,5 +89,9 @@ class CompletionLogprobs:
             for alt_id, logprob in entry.top:
                 top.setdefault(self._token_str(alt_id), _finite(logprob))
             top_logprobs.append(top)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-                "text_offset": text_offset}
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": text_offset,
+        }

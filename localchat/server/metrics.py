@@ -18,12 +18,74 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 FINISHED_REASONS = ("stop", "length", "abort")
 
 if TYPE_CHECKING:
@@ -47,7 +109,9 @@ class Histogram:
         for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts):
             running += count
             cumulative.append((bound, running))
-        return HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=cumulative, sum_value=self.sum
+        )
 
 
 class ServerMetrics:
@@ -56,12 +120,19 @@ class ServerMetrics:
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
         self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
-        self.ttft = Histogram("localchat_time_to_first_token_seconds", "Time to the first output token.",
-                              TTFT_BUCKETS)
-        self.itl = Histogram("localchat_inter_token_latency_seconds",
-                             "Time between consecutive output deltas of a request (one engine step).", ITL_BUCKETS)
-        self.e2e = Histogram("localchat_e2e_request_latency_seconds", "Time from arrival to the last token.",
-                             E2E_BUCKETS)
+        self.ttft = Histogram(
+            "localchat_time_to_first_token_seconds", "Time to the first output token.", TTFT_BUCKETS
+        )
+        self.itl = Histogram(
+            "localchat_inter_token_latency_seconds",
+            "Time between consecutive output deltas of a request (one engine step).",
+            ITL_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "localchat_e2e_request_latency_seconds",
+            "Time from arrival to the last token.",
+            E2E_BUCKETS,
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -72,21 +143,49 @@ class ServerMetrics:
     def collect(self):
         stats = self.engine.stats()
         if stats is not None:
-            yield _gauge("localchat_num_requests_running", "Requests in the running batch.", stats.num_running)
-            yield _gauge("localchat_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting)
-            yield _gauge("localchat_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).",
-                         stats.kv_cache_usage)
-            yield _counter("localchat_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                           stats.prefix_cache_queries)
-            yield _counter("localchat_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                           stats.prefix_cache_hits)
-            yield _counter("localchat_prompt_tokens", "Prompt tokens of accepted requests.",
-                           stats.prompt_tokens_total)
-            yield _counter("localchat_generation_tokens", "Generated tokens.", stats.generation_tokens_total)
-            yield _counter("localchat_num_preemptions", "Sequences preempted for lack of KV blocks.",
-                           stats.num_preemptions)
-        success = CounterMetricFamily("localchat_request_success", "Finished requests by finish reason.",
-                                      labels=["finished_reason"])
+            yield _gauge(
+                "localchat_num_requests_running",
+                "Requests in the running batch.",
+                stats.num_running,
+            )
+            yield _gauge(
+                "localchat_num_requests_waiting",
+                "Requests waiting to be scheduled.",
+                stats.num_waiting,
+            )
+            yield _gauge(
+                "localchat_kv_cache_usage_perc",
+                "Fraction of KV cache blocks in use (0 to 1).",
+                stats.kv_cache_usage,
+            )
+            yield _counter(
+                "localchat_prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                stats.prefix_cache_queries,
+            )
+            yield _counter(
+                "localchat_prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                stats.prefix_cache_hits,
+            )
+            yield _counter(
+                "localchat_prompt_tokens",
+                "Prompt tokens of accepted requests.",
+                stats.prompt_tokens_total,
+            )
+            yield _counter(
+                "localchat_generation_tokens", "Generated tokens.", stats.generation_tokens_total
+            )
+            yield _counter(
+                "localchat_num_preemptions",
+                "Sequences preempted for lack of KV blocks.",
+                stats.num_preemptions,
+            )
+        success = CounterMetricFamily(
+            "localchat_request_success",
+            "Finished requests by finish reason.",
+            labels=["finished_reason"],
+        )
         for reason, count in self.request_success.items():
             success.add_metric([reason], count)
         yield success

@@ -12,7 +12,9 @@ import msgspec
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
-JSON_BODY = Body(media_type=RequestEncodingType.JSON)  # handlers: `data: Annotated[Model, JSON_BODY]`
+JSON_BODY = Body(
+    media_type=RequestEncodingType.JSON
+)  # handlers: `data: Annotated[Model, JSON_BODY]`
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -109,4 +111,3 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
     tokens: list[TokenId]
     model: str | None = None
-

@@ -24,19 +24,31 @@ class ChatDialect:
     def _logprobs(self, entries) -> dict | None:
         return {"content": chat_logprobs(entries or [], self.token_str)} if self.logprobs else None
 
-    def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
-                      first: bool) -> dict | None:
+    def stream_choice(
+        self, index: int, position: int, delta: RequestOutput, out: CompletionOutput, first: bool
+    ) -> dict | None:
         text = self.echo + out.text if first else out.text
         if not (first or text or out.finish_reason or out.logprobs):
             return None
         message = {"role": self.role, "content": text} if first else {"content": text}
-        return {"index": index, "delta": message, "logprobs": self._logprobs(out.logprobs),
-                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        return {
+            "index": index,
+            "delta": message,
+            "logprobs": self._logprobs(out.logprobs),
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
 
-    def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
-        return {"index": index, "message": {"role": self.role, "content": self.echo + out.text},
-                "logprobs": self._logprobs(out.logprobs), "finish_reason": out.finish_reason,
-                "stop_reason": out.stop_reason}
+    def final_choice(
+        self, index: int, position: int, output: RequestOutput, out: CompletionOutput
+    ) -> dict:
+        return {
+            "index": index,
+            "message": {"role": self.role, "content": self.echo + out.text},
+            "logprobs": self._logprobs(out.logprobs),
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
 
 
 def _echo_text(data: ChatCompletionRequest, role: str) -> str:
@@ -49,20 +61,38 @@ def _echo_text(data: ChatCompletionRequest, role: str) -> str:
     return "\n".join(part.text or "" for part in last.content or [])
 
 
-@post("/v1/chat/completions", status_code=200, guards=[require_api_key], summary="Create a chat completion")
-async def create_chat_completion(request: Request, data: Annotated[ChatCompletionRequest, JSON_BODY]) -> Response:
+@post(
+    "/v1/chat/completions",
+    status_code=200,
+    guards=[require_api_key],
+    summary="Create a chat completion",
+)
+async def create_chat_completion(
+    request: Request, data: Annotated[ChatCompletionRequest, JSON_BODY]
+) -> Response:
     server = server_of(request)
     server.check_model(data.model)
     params = chat_sampling_params(data)
-    prompt = server.render_chat(data.messages, chat_template_kwargs=data.chat_template_kwargs,
-                                add_generation_prompt=data.add_generation_prompt,
-                                continue_final_message=data.continue_final_message, tools=data.tools)
+    prompt = server.render_chat(
+        data.messages,
+        chat_template_kwargs=data.chat_template_kwargs,
+        add_generation_prompt=data.add_generation_prompt,
+        continue_final_message=data.continue_final_message,
+        tools=data.tools,
+    )
     role = "assistant" if data.add_generation_prompt else data.messages[-1].role
     response_id = server.new_id("chatcmpl")
     generation = Generation(server.engine, server.metrics, response_id, params)
     await generation.start([prompt])
     request.scope["localchat_generation"] = generation  # for the access log line
     dialect = ChatDialect(server.token_str, data.logprobs, role, _echo_text(data, role))
-    return await respond(request, generation, dialect, response_id=response_id, model=server.model_name,
-                         object_name="chat.completion", stream=bool(data.stream),
-                         include_usage=bool(data.stream_options and data.stream_options.include_usage))
+    return await respond(
+        request,
+        generation,
+        dialect,
+        response_id=response_id,
+        model=server.model_name,
+        object_name="chat.completion",
+        stream=bool(data.stream),
+        include_usage=bool(data.stream_options and data.stream_options.include_usage),
+    )

@@ -43,7 +43,9 @@ class CompletionDialect:
         self._builders: dict[int, CompletionLogprobs] = {}
         self._prompt_logprobs: dict[int, list] = {}
 
-    def _logprobs(self, index: int, position: int, entries, output: RequestOutput, first: bool) -> dict | None:
+    def _logprobs(
+        self, index: int, position: int, entries, output: RequestOutput, first: bool
+    ) -> dict | None:
         """The choice's logprobs; its first piece starts with the echoed prompt's, when echo asked for them
         (the engine sends a prompt's logprobs once, in its first delta: kept for the prompt's other samples)."""
         if not self.logprobs:
@@ -58,23 +60,38 @@ class CompletionDialect:
             prompt = (output.prompt_token_ids, self._prompt_logprobs[position])
         return builder.build(entries or [], prompt)
 
-    def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
-                      first: bool) -> dict | None:
+    def stream_choice(
+        self, index: int, position: int, delta: RequestOutput, out: CompletionOutput, first: bool
+    ) -> dict | None:
         text = self.echoes[position] + out.text if first and self.echoes else out.text
         if not (first or text or out.finish_reason or out.logprobs):
             return None
-        return {"index": index, "text": text, "logprobs": self._logprobs(index, position, out.logprobs, delta, first),
-                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": self._logprobs(index, position, out.logprobs, delta, first),
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
 
-    def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
+    def final_choice(
+        self, index: int, position: int, output: RequestOutput, out: CompletionOutput
+    ) -> dict:
         echo = self.echoes[position] if self.echoes else ""
         logprobs = self._logprobs(index, position, out.logprobs, output, True)
-        return {"index": index, "text": echo + out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
-                "stop_reason": out.stop_reason}
+        return {
+            "index": index,
+            "text": echo + out.text,
+            "logprobs": logprobs,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
 
 
 @post("/v1/completions", status_code=200, guards=[require_api_key], summary="Create a completion")
-async def create_completion(request: Request, data: Annotated[CompletionRequest, JSON_BODY]) -> Response:
+async def create_completion(
+    request: Request, data: Annotated[CompletionRequest, JSON_BODY]
+) -> Response:
     server = server_of(request)
     server.check_model(data.model)
     params = completion_sampling_params(data)
@@ -85,9 +102,18 @@ async def create_completion(request: Request, data: Annotated[CompletionRequest,
     request.scope["localchat_generation"] = generation  # for the access log line
     echoes = []
     if data.echo:
-        echoes = [p if isinstance(p, str) else server.engine.detokenize(p, skip_special_tokens=False)
-                  for p in prompts]
+        echoes = [
+            p if isinstance(p, str) else server.engine.detokenize(p, skip_special_tokens=False)
+            for p in prompts
+        ]
     dialect = CompletionDialect(server.token_str, data.logprobs is not None, echoes, params.n)
-    return await respond(request, generation, dialect, response_id=response_id, model=server.model_name,
-                         object_name="text_completion", stream=bool(data.stream),
-                         include_usage=bool(data.stream_options and data.stream_options.include_usage))
+    return await respond(
+        request,
+        generation,
+        dialect,
+        response_id=response_id,
+        model=server.model_name,
+        object_name="text_completion",
+        stream=bool(data.stream),
+        include_usage=bool(data.stream_options and data.stream_options.include_usage),
+    )

@@ -17,10 +17,20 @@ from localchat.server.state import require_api_key, server_of
 async def list_models(request: Request) -> dict:
     server = server_of(request)
     info = server.engine.model_info
-    return {"object": "list", "data": [{
-        "id": server.model_name, "object": "model", "created": server.created, "owned_by": "localchat",
-        "root": info.name, "parent": None, "max_model_len": info.max_model_len,
-    }]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": server.model_name,
+                "object": "model",
+                "created": server.created,
+                "owned_by": "localchat",
+                "root": info.name,
+                "parent": None,
+                "max_model_len": info.max_model_len,
+            }
+        ],
+    }
 
 
 @get("/health", summary="200 when the engine serves, 503 when it has stopped")
@@ -28,7 +38,11 @@ async def health(request: Request) -> Response:
     engine = server_of(request).engine
     if engine.is_ready:
         return Response({"status": "ok"}, status_code=200)
-    reason = f"the engine stopped after an error: {engine.error}" if engine.is_dead else "the engine is not ready"
+    reason = (
+        f"the engine stopped after an error: {engine.error}"
+        if engine.is_dead
+        else "the engine is not ready"
+    )
     return Response({"status": "unavailable", "detail": reason}, status_code=503)
 
 
@@ -37,19 +51,31 @@ async def version() -> dict:
     return {"version": __version__}
 
 
-@post("/tokenize", status_code=200, guards=[require_api_key], summary="Token ids of a prompt or conversation")
+@post(
+    "/tokenize",
+    status_code=200,
+    guards=[require_api_key],
+    summary="Token ids of a prompt or conversation",
+)
 async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]) -> dict:
     server = server_of(request)
     server.check_model(data.model)
     if (data.prompt is None) == (data.messages is None):
         raise InvalidParameterError("give exactly one of prompt and messages", param="prompt")
     if data.messages is not None:
-        tokens = server.render_chat(data.messages, chat_template_kwargs=data.chat_template_kwargs,
-                                    add_generation_prompt=data.add_generation_prompt,
-                                    continue_final_message=data.continue_final_message)
+        tokens = server.render_chat(
+            data.messages,
+            chat_template_kwargs=data.chat_template_kwargs,
+            add_generation_prompt=data.add_generation_prompt,
+            continue_final_message=data.continue_final_message,
+        )
     else:
         tokens = server.engine.tokenize(data.prompt, add_special_tokens=data.add_special_tokens)
-    body = {"tokens": tokens, "count": len(tokens), "max_model_len": server.engine.model_info.max_model_len}
+    body = {
+        "tokens": tokens,
+        "count": len(tokens),
+        "max_model_len": server.engine.model_info.max_model_len,
+    }
     if data.return_token_strs:
         body["token_strs"] = [server.token_str(t) for t in tokens]
     return body
@@ -62,7 +88,9 @@ async def detokenize(request: Request, data: Annotated[DetokenizeRequest, JSON_B
     vocab_size = len(server.engine.tokenizer) if server.engine.tokenizer is not None else None
     bad = next((t for t in data.tokens if t >= vocab_size), None) if vocab_size else None
     if bad is not None:
-        raise InvalidParameterError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", param="tokens")
+        raise InvalidParameterError(
+            f"token id {bad} is outside the vocabulary [0, {vocab_size})", param="tokens"
+        )
     return {"prompt": server.engine.detokenize(data.tokens, skip_special_tokens=False)}
 
 

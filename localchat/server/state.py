@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from localchat.engine.async_engine import AsyncEngine
 
 # chat_template_kwargs may not override what the server itself passes to the template
-RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
-                                      "continue_final_message"})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"}
+)
 
 
 @dataclass
@@ -43,23 +44,31 @@ class ServerState:
     def check_model(self, name: str | None) -> None:
         """An omitted model means the served one; any other name is a 404."""
         if name is not None and name != self.model_name:
-            raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                                     param="model")
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+            )
 
-    def render_chat(self, messages: list, *, chat_template_kwargs: dict | None, **kwargs) -> list[int]:
+    def render_chat(
+        self, messages: list, *, chat_template_kwargs: dict | None, **kwargs
+    ) -> list[int]:
         if not messages:
             raise InvalidParameterError("messages must hold at least one message", param="messages")
         clash = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
         if clash:
-            raise InvalidParameterError(f"chat_template_kwargs may not set {', '.join(clash)}",
-                                        param="chat_template_kwargs")
+            raise InvalidParameterError(
+                f"chat_template_kwargs may not set {', '.join(clash)}", param="chat_template_kwargs"
+            )
         try:
-            return self.engine.render_chat([m.to_dict() for m in messages], chat_template_kwargs=chat_template_kwargs,
-                                           **kwargs)
+            return self.engine.render_chat(
+                [m.to_dict() for m in messages], chat_template_kwargs=chat_template_kwargs, **kwargs
+            )
         except LocalchatError:
             raise
         except Exception as exc:  # a template tripping over unexpected input is still bad input
-            raise InvalidParameterError(f"the chat template failed on these messages: {exc}", param="messages") from exc
+            raise InvalidParameterError(
+                f"the chat template failed on these messages: {exc}", param="messages"
+            ) from exc
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -77,5 +86,10 @@ def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         return
     header = connection.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())):
-        raise NotAuthorizedException("invalid or missing API key: send 'Authorization: Bearer <key>'")
+    if not (
+        scheme.lower() == "bearer"
+        and hmac.compare_digest(given.strip().encode(), expected.encode())
+    ):
+        raise NotAuthorizedException(
+            "invalid or missing API key: send 'Authorization: Bearer <key>'"
+        )

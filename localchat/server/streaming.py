@@ -29,19 +29,26 @@ _encode = msgspec.json.Encoder().encode
 class Dialect(Protocol):
     """How one endpoint (chat or completions) words its choices."""
 
-    def stream_choice(self, index: int, position: int, delta: RequestOutput, out: CompletionOutput,
-                      first: bool) -> dict | None:
+    def stream_choice(
+        self, index: int, position: int, delta: RequestOutput, out: CompletionOutput, first: bool
+    ) -> dict | None:
         """The choice object of one sample's piece `out` of a delta, or None when there is nothing to send."""
 
-    def final_choice(self, index: int, position: int, output: RequestOutput, out: CompletionOutput) -> dict:
+    def final_choice(
+        self, index: int, position: int, output: RequestOutput, out: CompletionOutput
+    ) -> dict:
         """The choice object of one sample `out` of a whole (non-streamed) output."""
 
 
 class ChunkEncoder:
     """Encodes chunks of one response: a fixed prefix and suffix around the per-delta choice."""
 
-    def __init__(self, response_id: str, object_name: str, created: int, model: str, include_usage: bool):
-        head = _encode({"id": response_id, "object": object_name, "created": created, "model": model})
+    def __init__(
+        self, response_id: str, object_name: str, created: int, model: str, include_usage: bool
+    ):
+        head = _encode(
+            {"id": response_id, "object": object_name, "created": created, "model": model}
+        )
         self._prefix = b"data: " + head[:-1] + b',"choices":['
         self._suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
 
@@ -57,8 +64,9 @@ def error_event(exc: BaseException) -> bytes:
     return b"data: " + _encode(body) + b"\n\n"
 
 
-async def sse_events(generation: Generation, dialect: Dialect, encoder: ChunkEncoder,
-                     include_usage: bool) -> AsyncIterator[bytes]:
+async def sse_events(
+    generation: Generation, dialect: Dialect, encoder: ChunkEncoder, include_usage: bool
+) -> AsyncIterator[bytes]:
     """The whole event stream of one response. An engine failure mid-stream becomes an error event, and
     the stream still ends with [DONE]; a client disconnect cancels this and aborts the engine requests."""
     n = generation.params.n
@@ -85,19 +93,45 @@ async def sse_events(generation: Generation, dialect: Dialect, encoder: ChunkEnc
     yield DONE_EVENT
 
 
-async def respond(request: Request, generation: Generation, dialect: Dialect, *, response_id: str, model: str,
-                  object_name: str, stream: bool, include_usage: bool) -> Response:
+async def respond(
+    request: Request,
+    generation: Generation,
+    dialect: Dialect,
+    *,
+    response_id: str,
+    model: str,
+    object_name: str,
+    stream: bool,
+    include_usage: bool,
+) -> Response:
     """The HTTP response of a started generation: an SSE stream of `{object_name}.chunk`-style chunks, or
     the whole `object_name` object once every choice has finished (aborted if the client leaves first)."""
     created = int(time.time())
     if stream:
-        chunk_object = "text_completion" if object_name == "text_completion" else f"{object_name}.chunk"
+        chunk_object = (
+            "text_completion" if object_name == "text_completion" else f"{object_name}.chunk"
+        )
         encoder = ChunkEncoder(response_id, chunk_object, created, model, include_usage)
-        return Stream(sse_events(generation, dialect, encoder, include_usage), media_type="text/event-stream",
-                      headers=SSE_HEADERS, background=BackgroundTask(generation.close))
+        return Stream(
+            sse_events(generation, dialect, encoder, include_usage),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+            background=BackgroundTask(generation.close),
+        )
     outputs = await until_disconnect(request.receive, generation.collect())
     n = generation.params.n
-    choices = [dialect.final_choice(position * n + out.index, position, output, out)
-               for position, output in sorted(outputs.items()) for out in output.outputs]
-    return Response({"id": response_id, "object": object_name, "created": created, "model": model,
-                     "choices": choices, "usage": generation.usage()})
+    choices = [
+        dialect.final_choice(position * n + out.index, position, output, out)
+        for position, output in sorted(outputs.items())
+        for out in output.outputs
+    ]
+    return Response(
+        {
+            "id": response_id,
+            "object": object_name,
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": generation.usage(),
+        }
+    )

@@ -17,12 +17,21 @@ class ChatApp(App):
     CSS_PATH = "chat.tcss"
     TITLE = "localchat"
 
-    def __init__(self, backend: ChatBackend, store: ConversationStore | None = None, *,
-                 conversation: Conversation | None = None, resume: bool = False, close_backend: bool = True):
+    def __init__(
+        self,
+        backend: ChatBackend,
+        store: ConversationStore | None = None,
+        *,
+        conversation: Conversation | None = None,
+        resume: bool = False,
+        close_backend: bool = True,
+    ):
         super().__init__()
         self.backend = backend
         self.close_backend = close_backend
-        self.chat = ChatScreen(backend, store or ConversationStore(None), conversation=conversation, resume=resume)
+        self.chat = ChatScreen(
+            backend, store or ConversationStore(None), conversation=conversation, resume=resume
+        )
 
     def get_default_screen(self) -> ChatScreen:
         return self.chat

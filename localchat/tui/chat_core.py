@@ -39,8 +39,14 @@ class ChatCore(Screen):
     """Chat with one model. The backend starts (loads) in the background when the screen mounts; messages
     typed meanwhile wait for it. Every message is stored as soon as it exists."""
 
-    def __init__(self, backend: ChatBackend, store: ConversationStore, *, conversation: Conversation | None = None,
-                 resume: bool = False):
+    def __init__(
+        self,
+        backend: ChatBackend,
+        store: ConversationStore,
+        *,
+        conversation: Conversation | None = None,
+        resume: bool = False,
+    ):
         super().__init__()
         self.backend = backend
         self.store = store
@@ -80,9 +86,13 @@ class ChatCore(Screen):
         try:
             await self.backend.start(panel.step)
         except Exception as exc:  # noqa: BLE001 - shown in the conversation; the app stays up
-            self.load_error = exc.message if isinstance(exc, LocalchatError) else f"{type(exc).__name__}: {exc}"
+            self.load_error = (
+                exc.message if isinstance(exc, LocalchatError) else f"{type(exc).__name__}: {exc}"
+            )
             self.state = ChatState.ERROR
-            await self.add_notice(f"Could not start {self.backend.model_name}: {self.load_error}", error=True)
+            await self.add_notice(
+                f"Could not start {self.backend.model_name}: {self.load_error}", error=True
+            )
         else:
             self.state = ChatState.IDLE
             await self.update_context_tokens()
@@ -99,15 +109,18 @@ class ChatCore(Screen):
     async def render_conversation(self) -> None:
         """Show the current conversation from scratch."""
         messages = self.session.conversation.messages
-        await self.messages_view.show(messages, WELCOME.format(model=self.backend.model_name,
-                                                               how=self.backend.description))
+        await self.messages_view.show(
+            messages, WELCOME.format(model=self.backend.model_name, how=self.backend.description)
+        )
         self.query_one(PromptBox).set_history([m.content for m in messages if m.role == "user"])
 
     async def add_notice(self, text: str, *, error: bool = False) -> None:
         await self.messages_view.add(Notice(text, error=error))
 
     async def refresh_chat_list(self) -> None:
-        await self.query_one(ChatList).show(self.store.list_conversations(), self.session.conversation.id)
+        await self.query_one(ChatList).show(
+            self.store.list_conversations(), self.session.conversation.id
+        )
 
     # --- status --------------------------------------------------------------------------------------
     async def update_context_tokens(self) -> None:
@@ -125,14 +138,24 @@ class ChatCore(Screen):
         if stats is not None and stats.context_tokens is not None:
             self.context_tokens = stats.context_tokens
         engine = self.backend.stats() if self.state is not ChatState.LOADING else None
-        limit, max_tokens = self.backend.max_model_len, self.session.conversation.settings.get("max_tokens") or 0
+        limit, max_tokens = (
+            self.backend.max_model_len,
+            self.session.conversation.settings.get("max_tokens") or 0,
+        )
         context = self.context_tokens
-        info = StatusInfo(model=self.backend.model_name, state=self.state, ttft=self.reply_stats.ttft,
-                          tokens_per_s=self.reply_stats.tokens_per_s, context_tokens=context, max_model_len=limit,
-                          context_warning=bool(limit and context is not None
-                                               and context + max_tokens > CONTEXT_WARNING * limit),
-                          kv_cache_usage=engine.kv_cache_usage if engine else None,
-                          prefix_cache_hits=engine.prefix_cache_hits if engine else None)
+        info = StatusInfo(
+            model=self.backend.model_name,
+            state=self.state,
+            ttft=self.reply_stats.ttft,
+            tokens_per_s=self.reply_stats.tokens_per_s,
+            context_tokens=context,
+            max_model_len=limit,
+            context_warning=bool(
+                limit and context is not None and context + max_tokens > CONTEXT_WARNING * limit
+            ),
+            kv_cache_usage=engine.kv_cache_usage if engine else None,
+            prefix_cache_hits=engine.prefix_cache_hits if engine else None,
+        )
         for bar in self.query(StatusBar):  # none while the app shuts down
             bar.info = info
 
@@ -165,19 +188,22 @@ class ChatCore(Screen):
         await self.update_context_tokens()
         self.refresh_status()
 
-
     # --- sending and replying ------------------------------------------------------------------------
     async def send(self, text: str) -> None:
         """Add a user message and start the reply to it."""
         new = self.session.conversation.id is None
         message = self.session.add_user(text)
-        await self.messages_view.add(UserMessage(message.content, len(self.session.conversation.messages) - 1))
+        await self.messages_view.add(
+            UserMessage(message.content, len(self.session.conversation.messages) - 1)
+        )
         if new:
             await self.refresh_chat_list()
         self.start_reply()
 
     def start_reply(self) -> None:
-        self.reply_worker = self.run_worker(self._reply(), group="reply", exclusive=True, exit_on_error=False)
+        self.reply_worker = self.run_worker(
+            self._reply(), group="reply", exclusive=True, exit_on_error=False
+        )
         self.set_state(ChatState.GENERATING if self.ready.is_set() else self.state)
 
     async def _reply(self) -> None:
@@ -189,7 +215,9 @@ class ChatCore(Screen):
             await self.ready.wait()
         if self.load_error is not None:
             await view.remove()
-            await self.add_notice(f"No reply: the model did not start ({self.load_error})", error=True)
+            await self.add_notice(
+                f"No reply: the model did not start ({self.load_error})", error=True
+            )
             return
         self.set_state(ChatState.GENERATING)
         try:
@@ -209,9 +237,13 @@ class ChatCore(Screen):
             await self.add_notice(f"Error: {exc.message}", error=True)
             return
         if plan.dropped:
-            await self.messages_view.add(Notice(
-                f"⚠ {plan.dropped} earlier message(s) no longer fit in the context ({self.backend.max_model_len} "
-                "tokens) and are left out of the prompt from now on."), before=view)
+            await self.messages_view.add(
+                Notice(
+                    f"⚠ {plan.dropped} earlier message(s) no longer fit in the context ({self.backend.max_model_len} "
+                    "tokens) and are left out of the prompt from now on."
+                ),
+                before=view,
+            )
         self.context_tokens = plan.prompt_tokens
         self._maybe_warn(plan.context_used)
         writer = ReplyWriter(self.session, self.backend, view, self.refresh_status)
@@ -225,10 +257,19 @@ class ChatCore(Screen):
 
     def _maybe_warn(self, context_used: float | None) -> None:
         conversation = self.session.conversation
-        if context_used is not None and context_used > CONTEXT_WARNING and self._warned_conversation is not conversation:
+        if (
+            context_used is not None
+            and context_used > CONTEXT_WARNING
+            and self._warned_conversation is not conversation
+        ):
             self._warned_conversation = conversation
-            self.notify(f"This chat fills {context_used:.0%} of the context; soon the oldest turns will be "
-                        "left out of the prompt.", title="Context nearly full", severity="warning", timeout=8)
+            self.notify(
+                f"This chat fills {context_used:.0%} of the context; soon the oldest turns will be "
+                "left out of the prompt.",
+                title="Context nearly full",
+                severity="warning",
+                timeout=8,
+            )
 
     async def stop_reply(self) -> None:
         """Stop the running reply (the engine request is aborted; the partial reply is kept)."""

@@ -30,8 +30,11 @@ _FOOTER = {"help", "new", "regen", "chats", "stop", "quit"}
 class ChatScreen(ChatCore):
     """The chat screen: ChatCore plus its keys, slash commands and palette entries."""
 
-    BINDINGS = [Binding(c.key, c.action, c.label, show=c.name in _FOOTER)  # noqa: RUF012 - Textual's API
-                for c in COMMANDS if c.key and c.name != "quit"]
+    BINDINGS = [
+        Binding(c.key, c.action, c.label, show=c.name in _FOOTER)  # noqa: RUF012 - Textual's API
+        for c in COMMANDS
+        if c.key and c.name != "quit"
+    ]
 
     async def on_prompt_box_submitted(self, event: PromptBox.Submitted) -> None:
         await self.submit(event.text)
@@ -67,8 +70,11 @@ class ChatScreen(ChatCore):
     def palette_commands(self) -> Iterator[SystemCommand]:
         for command in COMMANDS:
             if command.palette and command.name != "quit":
-                yield SystemCommand(command.label, f"{command.help}  —  /{command.name} {command.usage}".strip(),
-                                    getattr(self, f"action_{command.action}"))
+                yield SystemCommand(
+                    command.label,
+                    f"{command.help}  —  /{command.name} {command.usage}".strip(),
+                    getattr(self, f"action_{command.action}"),
+                )
 
     async def action_new_chat(self) -> None:
         await self.stop_reply()
@@ -96,7 +102,9 @@ class ChatScreen(ChatCore):
         try:
             position = users[int(args) - 1 if int(args) > 0 else int(args)] if args else users[-1]
         except (ValueError, IndexError):
-            raise InvalidParameterError(f"/edit takes a message number from 1 to {len(users)}") from None
+            raise InvalidParameterError(
+                f"/edit takes a message number from 1 to {len(users)}"
+            ) from None
         original = self.session.conversation.messages[position].content
 
         async def resend(text: str | None) -> None:
@@ -107,8 +115,14 @@ class ChatScreen(ChatCore):
             await self._after_switch()
             self.start_reply()
 
-        self.app.push_screen(InputScreen(f"Edit message {users.index(position) + 1} and resend (a new branch)",
-                                         original, multiline=True), resend)
+        self.app.push_screen(
+            InputScreen(
+                f"Edit message {users.index(position) + 1} and resend (a new branch)",
+                original,
+                multiline=True,
+            ),
+            resend,
+        )
 
     async def action_delete_chat(self, conversation_id: int | None = None) -> None:
         current = self.session.conversation
@@ -137,7 +151,11 @@ class ChatScreen(ChatCore):
         if args:
             await apply(args)
         else:
-            current = self.store.load(target).title if target is not None else self.session.conversation.title
+            current = (
+                self.store.load(target).title
+                if target is not None
+                else self.session.conversation.title
+            )
             self.app.push_screen(InputScreen("Rename the conversation", current), apply)
 
     async def on_chat_list_action(self, event: ChatList.Action) -> None:
@@ -153,11 +171,13 @@ class ChatScreen(ChatCore):
     def action_set(self, args: str = "") -> None:
         conversation = self.session.conversation
         if not args:
+
             def apply(settings: dict | None) -> None:
                 if settings is not None:
                     conversation.settings.update(settings)
                     self.session.save_settings()
                     self.notify("Settings saved.")
+
             self.app.push_screen(SettingsScreen(conversation.settings), apply)
             return
         name, value = parse_setting(args, conversation.settings)
@@ -174,22 +194,34 @@ class ChatScreen(ChatCore):
             self.session.save_settings()
             await self.update_context_tokens()
             self.refresh_status()
-            self.notify("System prompt " + ("removed." if not self.session.conversation.system_prompt else "set."))
+            self.notify(
+                "System prompt "
+                + ("removed." if not self.session.conversation.system_prompt else "set.")
+            )
 
         if args:
             await apply(args)
         else:
-            self.app.push_screen(InputScreen("System prompt", self.session.conversation.system_prompt or "",
-                                             multiline=True), apply)
+            self.app.push_screen(
+                InputScreen(
+                    "System prompt", self.session.conversation.system_prompt or "", multiline=True
+                ),
+                apply,
+            )
 
     def action_think(self, args: str = "") -> None:
         self.session.conversation.think = parse_think(args)
         self.session.save_settings()
-        self.notify(f"enable_thinking: {'default' if self.session.conversation.think is None else args.strip()}")
+        self.notify(
+            f"enable_thinking: {'default' if self.session.conversation.think is None else args.strip()}"
+        )
 
     def action_show_settings(self) -> None:
-        self.app.push_screen(TextScreen("Settings", settings_text(self.session.conversation, self.backend,
-                                                                  self.store.path)))
+        self.app.push_screen(
+            TextScreen(
+                "Settings", settings_text(self.session.conversation, self.backend, self.store.path)
+            )
+        )
 
     async def action_show_prompt(self) -> None:
         if not self.ready.is_set() or self.load_error:
@@ -197,7 +229,10 @@ class ChatScreen(ChatCore):
             return
         messages = self.session.conversation.messages
         if messages and messages[-1].role == "assistant":  # what the model saw for its last reply
-            title, request = "The exact prompt of the last reply", self.session.request(end=len(messages) - 1)
+            title, request = (
+                "The exact prompt of the last reply",
+                self.session.request(end=len(messages) - 1),
+            )
         else:
             title, request = "The exact prompt of the next reply", self.session.request()
         self.app.push_screen(TextScreen(title, await self.backend.render_prompt(request)))

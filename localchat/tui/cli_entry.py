@@ -14,16 +14,48 @@ from localchat.errors import EmptyPromptError
 
 @engine_options
 def chat(
-    model: Annotated[str | None, typer.Argument(help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url, the model to ask the server for")] = None,
-    url: Annotated[str | None, typer.Option("--url", help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) instead of the in-process engine")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", help="API key for --url")] = None,
-    served_model: Annotated[str | None, typer.Option("--model", help="With --url: the model name to ask for (default: the server's first)")] = None,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url, the model to ask the server for"
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) instead of the in-process engine",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", help="API key for --url")
+    ] = None,
+    served_model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="With --url: the model name to ask for (default: the server's first)"
+        ),
+    ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Reopen the last conversation")] = False,
-    no_history: Annotated[bool, typer.Option("--no-history", help="Keep nothing: conversations live in memory only")] = False,
-    system: Annotated[str | None, typer.Option("--system", help="System prompt of new conversations")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="Sampling temperature of new conversations (0 = greedy)")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", help="Longest reply of new conversations")] = None,
-    think: Annotated[bool | None, typer.Option("--think/--no-think", help="Thinking models: pass enable_thinking")] = None,
+    no_history: Annotated[
+        bool, typer.Option("--no-history", help="Keep nothing: conversations live in memory only")
+    ] = False,
+    system: Annotated[
+        str | None, typer.Option("--system", help="System prompt of new conversations")
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature", "-t", help="Sampling temperature of new conversations (0 = greedy)"
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", "-n", help="Longest reply of new conversations")
+    ] = None,
+    think: Annotated[
+        bool | None,
+        typer.Option("--think/--no-think", help="Thinking models: pass enable_thinking"),
+    ] = None,
     engine_config=None,
 ) -> None:
     """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer stdin."""
@@ -54,7 +86,9 @@ def chat(
             text = sys.stdin.read()
             if not text.strip():
                 raise EmptyPromptError("nothing to send: stdin was empty")
-            asyncio.run(run_pipe(backend, store, text.strip(), conversation=conversation, resume=resume))
+            asyncio.run(
+                run_pipe(backend, store, text.strip(), conversation=conversation, resume=resume)
+            )
             return
         from localchat.tui.app import ChatApp
 

@@ -28,28 +28,86 @@ COMMANDS: tuple[Command, ...] = (
     Command("help", "Help", "List the keys and commands", "help", key="f1", aliases=("?",)),
     Command("new", "New chat", "Start a new chat", "new_chat", key="ctrl+n"),
     Command("clear", "Clear", "Clear this chat's messages", "clear_chat", key="ctrl+l"),
-    Command("regen", "Regenerate", "Regenerate the last reply", "regenerate", key="ctrl+r",
-            aliases=("regenerate", "retry")),
-    Command("edit", "Edit & resend", "Edit a user message and resend it in a new branch (N counts from 1; "
-            "default: the last)", "edit", usage="[N]", key="ctrl+t"),
-    Command("system", "System prompt", "Set the system prompt (no text: edit it; 'none' removes it)", "system",
-            usage="[TEXT]", key="f4"),
-    Command("set", "Settings", "Set a sampling parameter (" + ", ".join(SETTING_NAMES) + "); no argument: "
-            "edit them all", "set", usage="[NAME VALUE]", key="f2", aliases=("settings",)),
-    Command("think", "Thinking", "Thinking models: pass enable_thinking on or off (default: the template's)",
-            "think", usage="on|off|default", palette=False),
-    Command("show", "Show settings", "Show the current settings", "show_settings", aliases=("info",)),
-    Command("prompt", "Prompt", "Show the exact rendered prompt of the last reply (or of the next one)",
-            "show_prompt", key="f3"),
+    Command(
+        "regen",
+        "Regenerate",
+        "Regenerate the last reply",
+        "regenerate",
+        key="ctrl+r",
+        aliases=("regenerate", "retry"),
+    ),
+    Command(
+        "edit",
+        "Edit & resend",
+        "Edit a user message and resend it in a new branch (N counts from 1; default: the last)",
+        "edit",
+        usage="[N]",
+        key="ctrl+t",
+    ),
+    Command(
+        "system",
+        "System prompt",
+        "Set the system prompt (no text: edit it; 'none' removes it)",
+        "system",
+        usage="[TEXT]",
+        key="f4",
+    ),
+    Command(
+        "set",
+        "Settings",
+        "Set a sampling parameter (" + ", ".join(SETTING_NAMES) + "); no argument: edit them all",
+        "set",
+        usage="[NAME VALUE]",
+        key="f2",
+        aliases=("settings",),
+    ),
+    Command(
+        "think",
+        "Thinking",
+        "Thinking models: pass enable_thinking on or off (default: the template's)",
+        "think",
+        usage="on|off|default",
+        palette=False,
+    ),
+    Command(
+        "show", "Show settings", "Show the current settings", "show_settings", aliases=("info",)
+    ),
+    Command(
+        "prompt",
+        "Prompt",
+        "Show the exact rendered prompt of the last reply (or of the next one)",
+        "show_prompt",
+        key="f3",
+    ),
     Command("copy", "Copy reply", "Copy the last reply to the clipboard", "copy_reply", key="f5"),
-    Command("save", "Export", "Export this chat to Markdown and JSON (PATH without extension; default: "
-            "./localchat-TITLE)", "save", usage="[PATH]", key="ctrl+s", aliases=("export",)),
-    Command("chats", "Chats", "Show or hide the list of conversations (Enter opens, R renames, Del deletes)",
-            "toggle_chats", key="ctrl+b", aliases=("history", "list")),
+    Command(
+        "save",
+        "Export",
+        "Export this chat to Markdown and JSON (PATH without extension; default: "
+        "./localchat-TITLE)",
+        "save",
+        usage="[PATH]",
+        key="ctrl+s",
+        aliases=("export",),
+    ),
+    Command(
+        "chats",
+        "Chats",
+        "Show or hide the list of conversations (Enter opens, R renames, Del deletes)",
+        "toggle_chats",
+        key="ctrl+b",
+        aliases=("history", "list"),
+    ),
     Command("rename", "Rename", "Rename this chat", "rename", usage="[TITLE]"),
     Command("delete", "Delete", "Delete this chat", "delete_chat", palette=False),
-    Command("stop", "Stop", "Stop the reply being written (the partial reply is kept)", "stop", key="escape",
-            palette=False),
+    Command(
+        "stop",
+        "Stop",
+        "Stop the reply being written (the partial reply is kept)",
+        "stop",
+        key="escape",
+        palette=False,
+    ),
     Command("quit", "Quit", "Quit", "quit", key="ctrl+q", aliases=("exit", "q")),
 )
 
@@ -83,7 +141,9 @@ def parse_setting(args: str, settings: dict) -> tuple[str, object]:
     name, _, raw = args.strip().partition(" ")
     name, raw = name.lower().replace("-", "_"), raw.strip()
     if name not in SETTING_NAMES:
-        raise InvalidParameterError(f"unknown setting {name!r}; one of {', '.join(SETTING_NAMES)}", param=name)
+        raise InvalidParameterError(
+            f"unknown setting {name!r}; one of {', '.join(SETTING_NAMES)}", param=name
+        )
     if not raw:
         raise InvalidParameterError(f"/set {name} needs a value", param=name)
     if raw.lower() in ("none", "default", "off") and name in ("seed", "max_tokens"):
@@ -100,15 +160,26 @@ def parse_setting(args: str, settings: dict) -> tuple[str, object]:
 
 def parse_think(args: str) -> bool | None:
     value = args.strip().lower()
-    choices = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "default": None}
+    choices = {
+        "on": True,
+        "true": True,
+        "1": True,
+        "off": False,
+        "false": False,
+        "0": False,
+        "default": None,
+    }
     if value not in choices:
         raise InvalidParameterError("/think takes on, off or default", param="think")
     return choices[value]
 
 
-PROMPT_KEYS = (("Enter", "Send"), ("Shift+Enter, Ctrl+J", "New line"),
-               ("Up / Down", "Earlier / later prompts (on the first / last line)"),
-               ("Ctrl+P", "Command palette"))
+PROMPT_KEYS = (
+    ("Enter", "Send"),
+    ("Shift+Enter, Ctrl+J", "New line"),
+    ("Up / Down", "Earlier / later prompts (on the first / last line)"),
+    ("Ctrl+P", "Command palette"),
+)
 
 
 def help_rows() -> list[tuple[str, str, str]]:

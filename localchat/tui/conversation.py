@@ -58,9 +58,17 @@ class Conversation:
         return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
 
     def to_json(self) -> str:
-        return json.dumps({"title": self.title, "system_prompt": self.system_prompt, "settings": self.settings,
-                           "think": self.think, "messages": [m.to_dict() for m in self.messages]},
-                          indent=2, ensure_ascii=False)
+        return json.dumps(
+            {
+                "title": self.title,
+                "system_prompt": self.system_prompt,
+                "settings": self.settings,
+                "think": self.think,
+                "messages": [m.to_dict() for m in self.messages],
+            },
+            indent=2,
+            ensure_ascii=False,
+        )
 
     def to_markdown(self) -> str:
         lines = [f"# {self.title}", ""]
@@ -69,7 +77,14 @@ class Conversation:
         for message in self.messages:
             lines += [f"## {'You' if message.role == 'user' else 'Assistant'}", ""]
             if message.thinking:
-                lines += ["<details><summary>Thinking</summary>", "", message.thinking.strip(), "", "</details>", ""]
+                lines += [
+                    "<details><summary>Thinking</summary>",
+                    "",
+                    message.thinking.strip(),
+                    "",
+                    "</details>",
+                    "",
+                ]
             lines += [message.content, ""]
             if message.stopped:
                 lines += ["*(stopped)*", ""]

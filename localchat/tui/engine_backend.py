@@ -27,7 +27,9 @@ class EngineBackend(ChatBackend):
         self._on_progress: Callable[[str], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.owns_engine = engine is None
-        self.engine = engine or AsyncEngine(config or EngineConfig(), on_load_progress=self._progress)
+        self.engine = engine or AsyncEngine(
+            config or EngineConfig(), on_load_progress=self._progress
+        )
         model = self.engine.config.model
         if model:
             self.model_name = Path(model.rstrip("/")).name
@@ -49,8 +51,11 @@ class EngineBackend(ChatBackend):
         self.max_model_len = self.engine.max_model_len
 
     def prompt_token_ids(self, request: ChatRequest) -> list[int]:
-        return self.engine.render_chat(request.messages, chat_template_kwargs=request.chat_template_kwargs,
-                                       add_generation_prompt=True)
+        return self.engine.render_chat(
+            request.messages,
+            chat_template_kwargs=request.chat_template_kwargs,
+            add_generation_prompt=True,
+        )
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int:
         return len(self.prompt_token_ids(request))
@@ -77,8 +82,16 @@ class EngineBackend(ChatBackend):
                 metrics = output.metrics
                 if metrics is not None and metrics.first_token_time is not None:
                     ttft = metrics.first_token_time - metrics.arrival_time
-                yield ReplyDelta(text, thinking, piece.finish_reason, timer.tokens, len(output.prompt_token_ids),
-                                 output.num_cached_tokens, ttft, timer.tokens_per_s)
+                yield ReplyDelta(
+                    text,
+                    thinking,
+                    piece.finish_reason,
+                    timer.tokens,
+                    len(output.prompt_token_ids),
+                    output.num_cached_tokens,
+                    ttft,
+                    timer.tokens_per_s,
+                )
         finally:
             await stream.aclose()
 
@@ -86,7 +99,9 @@ class EngineBackend(ChatBackend):
         stats = self.engine.stats()
         if stats is None:
             return None
-        return BackendStats(stats.kv_cache_usage, stats.prefix_cache_hits, stats.num_running, stats.num_waiting)
+        return BackendStats(
+            stats.kv_cache_usage, stats.prefix_cache_hits, stats.num_running, stats.num_waiting
+        )
 
     async def close(self) -> None:
         if self.owns_engine:

@@ -12,13 +12,15 @@ from localchat.tui.conversation import Conversation
 def settings_text(conversation: Conversation, backend: ChatBackend, store_path: Path | None) -> str:
     """The /show text: the model, the conversation, its system prompt and sampling settings."""
     think = "default" if conversation.think is None else ("on" if conversation.think else "off")
-    lines = [f"model:          {backend.model_name} ({backend.description})",
-             f"max_model_len:  {backend.max_model_len or '?'}",
-             f"conversation:   {conversation.title} (id {conversation.id or 'not stored yet'})",
-             f"store:          {store_path or 'in memory (--no-history)'}",
-             f"system prompt:  {conversation.system_prompt or '(none)'}",
-             f"think:          {think}",
-             ""] + [f"{name + ':':<16}{value}" for name, value in conversation.settings.items()]
+    lines = [
+        f"model:          {backend.model_name} ({backend.description})",
+        f"max_model_len:  {backend.max_model_len or '?'}",
+        f"conversation:   {conversation.title} (id {conversation.id or 'not stored yet'})",
+        f"store:          {store_path or 'in memory (--no-history)'}",
+        f"system prompt:  {conversation.system_prompt or '(none)'}",
+        f"think:          {think}",
+        "",
+    ] + [f"{name + ':':<16}{value}" for name, value in conversation.settings.items()]
     return "\n".join(lines)
 
 

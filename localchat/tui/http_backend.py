@@ -13,7 +13,11 @@ from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
 from localchat.tui.thinking import ThinkSplitter
 
-_NO_TOKENIZE = (404, 405, 501)  # servers without /tokenize (the OpenAI API itself, llama.cpp's server)
+_NO_TOKENIZE = (
+    404,
+    405,
+    501,
+)  # servers without /tokenize (the OpenAI API itself, llama.cpp's server)
 TIMEOUT = httpx.Timeout(30.0, read=None)  # a thinking model may be silent for minutes
 
 
@@ -47,13 +51,22 @@ class OpenAIBackend(ChatBackend):
     """Stream chat completions from a server. `model=None` takes the first model the server lists.
     Closing the stream closes the HTTP response, which aborts the request on the server."""
 
-    def __init__(self, url: str, api_key: str | None = None, model: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
-        self.client = AsyncClient(url, api_key=api_key, model=model, timeout=TIMEOUT, transport=transport)
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        model: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        self.client = AsyncClient(
+            url, api_key=api_key, model=model, timeout=TIMEOUT, transport=transport
+        )
         self.model_name = model or "?"
         self.description = self.client.base_url
         self._has_tokenize = True
-        self.last_body: dict | None = None  # the latest chat request, as sent (shown by tests and /prompt)
+        self.last_body: dict | None = (
+            None  # the latest chat request, as sent (shown by tests and /prompt)
+        )
 
     async def start(self, on_progress: Callable[[str], None] | None = None) -> None:
         base = self.client.base_url
@@ -78,10 +91,16 @@ class OpenAIBackend(ChatBackend):
         if not self._has_tokenize:
             return None
         try:
-            answer = await self.client.tokenize(messages=request.messages, model=self.model_name,
-                                                add_generation_prompt=True,
-                                                **({"chat_template_kwargs": request.chat_template_kwargs}
-                                                   if request.chat_template_kwargs else {}))
+            answer = await self.client.tokenize(
+                messages=request.messages,
+                model=self.model_name,
+                add_generation_prompt=True,
+                **(
+                    {"chat_template_kwargs": request.chat_template_kwargs}
+                    if request.chat_template_kwargs
+                    else {}
+                ),
+            )
         except APIError as exc:
             self._has_tokenize = exc.status not in _NO_TOKENIZE
             return None
@@ -99,12 +118,19 @@ class OpenAIBackend(ChatBackend):
             except (APIError, KeyError):
                 pass
         body = {"model": self.model_name, "messages": request.messages, **sampling_body(request)}
-        return ("The server renders the chat template; these messages and settings are sent:\n\n"
-                + json.dumps(body, indent=2, ensure_ascii=False))
+        return (
+            "The server renders the chat template; these messages and settings are sent:\n\n"
+            + json.dumps(body, indent=2, ensure_ascii=False)
+        )
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
         params = sampling_body(request)
-        self.last_body = {"model": self.model_name, "messages": request.messages, "stream": True, **params}
+        self.last_body = {
+            "model": self.model_name,
+            "messages": request.messages,
+            "stream": True,
+            **params,
+        }
         timer, splitter = ReplyTimer(), ThinkSplitter()
         deltas = self.client.chat(request.messages, stream=True, **params)
         try:
@@ -117,8 +143,14 @@ class OpenAIBackend(ChatBackend):
                     rest = splitter.flush()
                     thinking, text = thinking + rest[0], text + rest[1]
                 timer.add(1 if (delta.reasoning or delta.text) else 0)
-                yield ReplyDelta(text, delta.reasoning + thinking, delta.finish_reason, timer.tokens,
-                                 ttft=timer.ttft, tokens_per_s=timer.tokens_per_s)
+                yield ReplyDelta(
+                    text,
+                    delta.reasoning + thinking,
+                    delta.finish_reason,
+                    timer.tokens,
+                    ttft=timer.ttft,
+                    tokens_per_s=timer.tokens_per_s,
+                )
         except APIError as exc:
             raise ServerError.from_api(exc) from None
         finally:
@@ -127,9 +159,13 @@ class OpenAIBackend(ChatBackend):
     @staticmethod
     def _usage_delta(delta: Delta, timer: ReplyTimer) -> ReplyDelta:
         usage = delta.usage
-        return ReplyDelta(completion_tokens=usage.completion_tokens or timer.tokens,
-                          prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                          ttft=timer.ttft, tokens_per_s=timer.tokens_per_s)
+        return ReplyDelta(
+            completion_tokens=usage.completion_tokens or timer.tokens,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            ttft=timer.ttft,
+            tokens_per_s=timer.tokens_per_s,
+        )
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -85,8 +85,11 @@ class AssistantMessage(Vertical):
         self.markdown = Markdown(message.content if message else "")
         self.tail = StreamingText(classes="tail")
         self.tail.display = False
-        self.meta = Static(self._meta_text(message) if done else "waiting for the first token…",
-                           markup=False, classes="meta")
+        self.meta = Static(
+            self._meta_text(message) if done else "waiting for the first token…",
+            markup=False,
+            classes="meta",
+        )
         if message is not None and message.stopped:
             self.add_class("stopped")
 
@@ -111,7 +114,7 @@ class AssistantMessage(Vertical):
         """Append what `message` gained since the last call; False when there was nothing new."""
         if self._finished:
             return False
-        thinking, text = message.thinking[len(self.thinking):], message.content[self._shown_text:]
+        thinking, text = message.thinking[len(self.thinking) :], message.content[self._shown_text :]
         self._shown_text = len(message.content)
         await self.add(thinking, text)
         return bool(thinking or text)
@@ -156,8 +159,10 @@ class ConversationView(VerticalScroll):
     async def show(self, messages: list[ChatMessage], welcome: str) -> None:
         """Show a whole conversation (or the welcome text when it is empty), from scratch."""
         await self.remove_children()
-        widgets = [UserMessage(m.content, i) if m.role == "user" else AssistantMessage(m)
-                   for i, m in enumerate(messages)]
+        widgets = [
+            UserMessage(m.content, i) if m.role == "user" else AssistantMessage(m)
+            for i, m in enumerate(messages)
+        ]
         await self.mount_all(widgets or [Static(welcome, id="welcome", markup=False)])
         self.scroll_end(animate=False, immediate=True)
         self.anchor()

@@ -11,9 +11,16 @@ from localchat.tui.session import ChatSession
 from localchat.tui.store import ConversationStore
 
 
-async def run_pipe(backend: ChatBackend, store: ConversationStore, text: str, *,
-                   conversation: Conversation | None = None, resume: bool = False,
-                   out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+async def run_pipe(
+    backend: ChatBackend,
+    store: ConversationStore,
+    text: str,
+    *,
+    conversation: Conversation | None = None,
+    resume: bool = False,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> None:
     """Send `text` as the next user message and stream the answer (thinking goes to stderr). The turn is
     stored like a TUI turn, so `localchat chat --resume` continues it."""
     session = ChatSession(backend, store, conversation)
@@ -24,7 +31,9 @@ async def run_pipe(backend: ChatBackend, store: ConversationStore, text: str, *,
         session.add_user(text)
         plan = await session.plan_turn()
         if plan.dropped:
-            err.write(f"[{plan.dropped} earlier message(s) no longer fit in the context and were left out]\n")
+            err.write(
+                f"[{plan.dropped} earlier message(s) no longer fit in the context and were left out]\n"
+            )
         message, stats = ChatMessage("assistant", ""), ReplyStats()
         position = session.add_reply(message)
         try:

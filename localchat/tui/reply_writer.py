@@ -17,7 +17,9 @@ from localchat.tui.messages import AssistantMessage
 from localchat.tui.session import ChatSession
 
 logger = logging.getLogger("localchat.tui")
-SAVE_EVERY_S = 1.0  # how often a reply being streamed is written to the store (what survives a kill)
+SAVE_EVERY_S = (
+    1.0  # how often a reply being streamed is written to the store (what survives a kill)
+)
 # How often streamed text reaches the screen. The engine shares the machine's cores with the UI, so each
 # paint (and the frame Textual draws after it) is time the engine loses; once per token would cost it ~15%.
 PAINT_EVERY_S = 0.1
@@ -28,8 +30,13 @@ class ReplyWriter:
     the view is painted at most every PAINT_EVERY_S and the message stored every SAVE_EVERY_S. A stop
     (the task cancelled) or a failure keeps what was written, marked; an empty reply is removed."""
 
-    def __init__(self, session: ChatSession, backend: ChatBackend, view: AssistantMessage,
-                 on_paint: Callable[[ReplyStats], None]):
+    def __init__(
+        self,
+        session: ChatSession,
+        backend: ChatBackend,
+        view: AssistantMessage,
+        on_paint: Callable[[ReplyStats], None],
+    ):
         self.session, self.backend, self.view, self.on_paint = session, backend, view, on_paint
         self.message = ChatMessage("assistant", "")
         self.stats = ReplyStats()
@@ -43,7 +50,9 @@ class ReplyWriter:
         self._position = session.add_reply(message)
         painter: Timer = clock_owner.set_interval(PAINT_EVERY_S, self._paint)
         stream = self.backend.stream(request)
-        last_save = 0.0  # the first delta is stored at once: a kill right after it still leaves the reply
+        last_save = (
+            0.0  # the first delta is stored at once: a kill right after it still leaves the reply
+        )
         try:
             async for delta in stream:
                 message.content += delta.text

@@ -35,7 +35,9 @@ class HelpScreen(ModalScreen[None]):
             yield Static("localchat — keys and commands  (Esc closes)", classes="dialog-title")
             yield Static(_table(("Key", "In the prompt box"), PROMPT_KEYS))
             yield Static(_table(("Command", "Key", "Does"), help_rows()))
-            yield Static("Start a message with // to send a literal /.", classes="hint", markup=False)
+            yield Static(
+                "Start a message with // to send a literal /.", classes="hint", markup=False
+            )
 
 
 class TextScreen(ModalScreen[None]):
@@ -56,7 +58,10 @@ class TextScreen(ModalScreen[None]):
 class InputScreen(ModalScreen[str | None]):
     """Ask for a text: one line (Enter accepts) or several (Ctrl+S accepts). Esc cancels (None)."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Accept", priority=True)]
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "accept", "Accept", priority=True),
+    ]
 
     def __init__(self, title: str, text: str = "", *, multiline: bool = False):
         super().__init__()
@@ -65,7 +70,9 @@ class InputScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             hint = "Ctrl+S accepts" if self.multiline else "Enter accepts"
-            yield Static(f"{self.title_text}  ({hint}, Esc cancels)", classes="dialog-title", markup=False)
+            yield Static(
+                f"{self.title_text}  ({hint}, Esc cancels)", classes="dialog-title", markup=False
+            )
             if self.multiline:
                 yield TextArea(self.text, soft_wrap=True, id="input-text")
             else:
@@ -91,7 +98,10 @@ class InputScreen(ModalScreen[str | None]):
 class SettingsScreen(ModalScreen[dict | None]):
     """Edit the sampling parameters; each value is checked as /set checks it."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "accept", "Save", priority=True)]
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "accept", "Save", priority=True),
+    ]
 
     def __init__(self, settings: dict):
         super().__init__()
@@ -99,8 +109,10 @@ class SettingsScreen(ModalScreen[dict | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static("Sampling settings  (Enter or Ctrl+S saves, Esc cancels; empty seed/max_tokens: none)",
-                         classes="dialog-title")
+            yield Static(
+                "Sampling settings  (Enter or Ctrl+S saves, Esc cancels; empty seed/max_tokens: none)",
+                classes="dialog-title",
+            )
             for name in SETTING_NAMES:
                 value = self.settings.get(name)
                 with Horizontal(classes="setting"):

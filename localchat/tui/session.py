@@ -35,7 +35,12 @@ class ChatSession:
     part that is still sent begins.
     """
 
-    def __init__(self, backend: ChatBackend, store: ConversationStore, conversation: Conversation | None = None):
+    def __init__(
+        self,
+        backend: ChatBackend,
+        store: ConversationStore,
+        conversation: Conversation | None = None,
+    ):
         self.backend = backend
         self.store = store
         self.conversation = conversation or Conversation()
@@ -46,8 +51,11 @@ class ChatSession:
     def new_conversation(self) -> Conversation:
         """A fresh chat keeping the current system prompt and settings (stored once it has a message)."""
         old = self.conversation
-        return self._switch(Conversation(system_prompt=old.system_prompt, settings=dict(old.settings),
-                                         think=old.think))
+        return self._switch(
+            Conversation(
+                system_prompt=old.system_prompt, settings=dict(old.settings), think=old.think
+            )
+        )
 
     def open(self, conversation_id: int) -> Conversation | None:
         conversation = self.store.load(conversation_id)
@@ -95,8 +103,13 @@ class ChatSession:
         """Edit-and-resend: a new conversation with the history before `position` and `text` as the next
         user message; the original conversation stays as it was."""
         old = self.conversation
-        new = Conversation(title=f"{old.title} (edit)", messages=copy.deepcopy(old.messages[:position]),
-                           system_prompt=old.system_prompt, settings=dict(old.settings), think=old.think)
+        new = Conversation(
+            title=f"{old.title} (edit)",
+            messages=copy.deepcopy(old.messages[:position]),
+            system_prompt=old.system_prompt,
+            settings=dict(old.settings),
+            think=old.think,
+        )
         self._switch(new)
         self.store.save_conversation(new)
         for index in range(len(new.messages)):
@@ -117,8 +130,11 @@ class ChatSession:
         """The history messages[start:end] (start: where the part that still fits begins) as a request."""
         conversation = self.conversation
         start = self.context_start if start is None else start
-        return ChatRequest(conversation.template_messages(start, end), dict(conversation.settings),
-                           conversation.chat_template_kwargs())
+        return ChatRequest(
+            conversation.template_messages(start, end),
+            dict(conversation.settings),
+            conversation.chat_template_kwargs(),
+        )
 
     async def plan_turn(self) -> TurnPlan:
         """The request for a reply to the history, leaving out the oldest turns that no longer fit."""
@@ -139,7 +155,11 @@ class ChatSession:
                     request.sampling["max_tokens"] = min(max_tokens, limit - prompt_tokens)
                 break
             start = later[0]
-        dropped, self.context_start, self.prompt_tokens = start - self.context_start, start, prompt_tokens
+        dropped, self.context_start, self.prompt_tokens = (
+            start - self.context_start,
+            start,
+            prompt_tokens,
+        )
         used = None
         if prompt_tokens is not None and limit:
             used = min(1.0, (prompt_tokens + (max_tokens or 0)) / limit)
@@ -151,8 +171,11 @@ def reply_meta_text(meta: dict) -> str:
     parts = []
     prompt, cached = meta.get("prompt_tokens"), meta.get("cached_tokens")
     if prompt is not None:
-        parts.append(f"prompt {prompt} tok ({cached} cached, {prompt - cached} new)" if cached is not None
-                     else f"prompt {prompt} tok")
+        parts.append(
+            f"prompt {prompt} tok ({cached} cached, {prompt - cached} new)"
+            if cached is not None
+            else f"prompt {prompt} tok"
+        )
     if meta.get("completion_tokens"):
         parts.append(f"{meta['completion_tokens']} tok")
     if meta.get("tokens_per_s"):

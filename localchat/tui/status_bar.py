@@ -35,8 +35,12 @@ class StatusInfo:
     prefix_cache_hits: int | None = None
 
 
-_STATE_STYLES = {ChatState.LOADING: "yellow", ChatState.IDLE: "green", ChatState.GENERATING: "bold cyan",
-                 ChatState.ERROR: "bold red"}
+_STATE_STYLES = {
+    ChatState.LOADING: "yellow",
+    ChatState.IDLE: "green",
+    ChatState.GENERATING: "bold cyan",
+    ChatState.ERROR: "bold red",
+}
 
 
 class StatusBar(Widget):
@@ -47,15 +51,23 @@ class StatusBar(Widget):
 
     def render(self) -> Text:
         info = self.info
-        parts = [Text(info.model, style="bold"), Text(f"● {info.state.value}", style=_STATE_STYLES[info.state])]
+        parts = [
+            Text(info.model, style="bold"),
+            Text(f"● {info.state.value}", style=_STATE_STYLES[info.state]),
+        ]
         if info.ttft is not None:
             parts.append(Text(f"TTFT {info.ttft:.2f} s"))
         if info.tokens_per_s is not None:
             parts.append(Text(f"{info.tokens_per_s:.1f} tok/s"))
         if info.max_model_len:
             used = "?" if info.context_tokens is None else str(info.context_tokens)
-            parts.append(Text(f"ctx {used}/{info.max_model_len}" + (" ⚠ nearly full" if info.context_warning else ""),
-                              style="bold yellow" if info.context_warning else ""))
+            parts.append(
+                Text(
+                    f"ctx {used}/{info.max_model_len}"
+                    + (" ⚠ nearly full" if info.context_warning else ""),
+                    style="bold yellow" if info.context_warning else "",
+                )
+            )
         if info.kv_cache_usage is not None:
             parts.append(Text(f"KV {info.kv_cache_usage:.0%}"))
         if info.prefix_cache_hits is not None:

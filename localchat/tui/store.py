@@ -74,33 +74,53 @@ class ConversationStore:
             if conversation.id is None:
                 cursor = self.db.execute(
                     "INSERT INTO conversations (title, system_prompt, settings, think, created, updated)"
-                    " VALUES (?, ?, ?, ?, ?, ?)", (conversation.title, conversation.system_prompt, settings, think,
-                                                   now, now))
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (conversation.title, conversation.system_prompt, settings, think, now, now),
+                )
                 conversation.id = cursor.lastrowid
             else:
-                self.db.execute("UPDATE conversations SET title=?, system_prompt=?, settings=?, think=?, updated=?"
-                                " WHERE id=?", (conversation.title, conversation.system_prompt, settings, think,
-                                               now, conversation.id))
+                self.db.execute(
+                    "UPDATE conversations SET title=?, system_prompt=?, settings=?, think=?, updated=?"
+                    " WHERE id=?",
+                    (
+                        conversation.title,
+                        conversation.system_prompt,
+                        settings,
+                        think,
+                        now,
+                        conversation.id,
+                    ),
+                )
         return conversation.id
 
     def load(self, conversation_id: int) -> Conversation | None:
-        row = self.db.execute("SELECT id, title, system_prompt, settings, think FROM conversations WHERE id=?",
-                              (conversation_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT id, title, system_prompt, settings, think FROM conversations WHERE id=?",
+            (conversation_id,),
+        ).fetchone()
         if row is None:
             return None
-        messages = [ChatMessage(role, content, thinking, bool(stopped), json.loads(meta))
-                    for role, content, thinking, stopped, meta in self.db.execute(
-                        "SELECT role, content, thinking, stopped, meta FROM messages WHERE conversation_id=?"
-                        " ORDER BY position", (conversation_id,))]
+        messages = [
+            ChatMessage(role, content, thinking, bool(stopped), json.loads(meta))
+            for role, content, thinking, stopped, meta in self.db.execute(
+                "SELECT role, content, thinking, stopped, meta FROM messages WHERE conversation_id=?"
+                " ORDER BY position",
+                (conversation_id,),
+            )
+        ]
         think = None if row[4] is None else bool(row[4])
         return Conversation(row[0], row[1], messages, row[2], json.loads(row[3]), think)
 
     def list_conversations(self) -> list[tuple[int, str]]:
         """(id, title) of every conversation, most recently updated first."""
-        return self.db.execute("SELECT id, title FROM conversations ORDER BY updated DESC, id DESC").fetchall()
+        return self.db.execute(
+            "SELECT id, title FROM conversations ORDER BY updated DESC, id DESC"
+        ).fetchall()
 
     def last_id(self) -> int | None:
-        row = self.db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        row = self.db.execute(
+            "SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1"
+        ).fetchone()
         return row[0] if row else None
 
     def rename(self, conversation_id: int, title: str) -> None:
@@ -120,13 +140,26 @@ class ConversationStore:
         with self.db:
             self.db.execute(
                 "INSERT OR REPLACE INTO messages (conversation_id, position, role, content, thinking, stopped, meta)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)", (conversation.id, position, message.role, message.content,
-                                                  message.thinking, int(message.stopped), json.dumps(message.meta)))
-            self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (time.time(), conversation.id))
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation.id,
+                    position,
+                    message.role,
+                    message.content,
+                    message.thinking,
+                    int(message.stopped),
+                    json.dumps(message.meta),
+                ),
+            )
+            self.db.execute(
+                "UPDATE conversations SET updated=? WHERE id=?", (time.time(), conversation.id)
+            )
 
     def truncate(self, conversation: Conversation, length: int) -> None:
         """Forget the messages from `length` on (the conversation object is trimmed by the caller)."""
         if conversation.id is not None:
             with self.db:
-                self.db.execute("DELETE FROM messages WHERE conversation_id=? AND position>=?",
-                                (conversation.id, length))
+                self.db.execute(
+                    "DELETE FROM messages WHERE conversation_id=? AND position>=?",
+                    (conversation.id, length),
+                )

@@ -26,7 +26,7 @@ class ThinkSplitter:
             stripped = buffer.lstrip()
             if stripped.startswith(OPEN):
                 self.state = "thinking"
-                buffer = stripped[len(OPEN):]
+                buffer = stripped[len(OPEN) :]
             elif OPEN.startswith(stripped):  # maybe the start of the tag: wait for more
                 self._held = buffer
                 return "", ""
@@ -36,9 +36,9 @@ class ThinkSplitter:
             end = buffer.find(CLOSE)
             if end < 0:
                 keep = _partial_suffix(buffer, CLOSE)
-                thinking, self._held = buffer[: len(buffer) - keep], buffer[len(buffer) - keep:]
+                thinking, self._held = buffer[: len(buffer) - keep], buffer[len(buffer) - keep :]
                 return thinking, ""
-            thinking, buffer = buffer[:end], buffer[end + len(CLOSE):]
+            thinking, buffer = buffer[:end], buffer[end + len(CLOSE) :]
             self.state, self._strip_answer_start = "answer", True
         if self._strip_answer_start:
             buffer = buffer.lstrip()

@@ -62,7 +62,11 @@ class PromptBox(TextArea):
         super().action_cursor_up(select)
 
     def action_cursor_down(self, select: bool = False) -> None:
-        if not select and self._recall is not None and self.cursor_location[0] == self.document.line_count - 1:
+        if (
+            not select
+            and self._recall is not None
+            and self.cursor_location[0] == self.document.line_count - 1
+        ):
             self._recall += 1
             if self._recall >= len(self.prompts):
                 self._recall = None
@@ -103,7 +107,10 @@ class LoadingPanel(Vertical):
 class ChatList(ListView):
     """The side list of stored conversations: Enter opens one, R renames it, Delete deletes it."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("r", "rename", "Rename"), Binding("delete,d", "delete", "Delete")]
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("r", "rename", "Rename"),
+        Binding("delete,d", "delete", "Delete"),
+    ]
 
     class Action(Message):
         def __init__(self, action: str, conversation_id: int):
@@ -113,7 +120,9 @@ class ChatList(ListView):
 
     async def show(self, conversations: list[tuple[int, str]], current: int | None) -> None:
         await self.clear()
-        items = [ListItem(Label(title, markup=False), id=f"chat-{cid}") for cid, title in conversations]
+        items = [
+            ListItem(Label(title, markup=False), id=f"chat-{cid}") for cid, title in conversations
+        ]
         await self.extend(items)
         ids = [cid for cid, _ in conversations]
         if current in ids:

@@ -35,7 +35,9 @@ def check_figures(fig: dict, *, requests: int) -> None:
     assert fig["output_tokens"] == fig["requested_output_tokens"] > 0
     assert fig["prompt_tokens"] > 0 and fig["duration_s"] > 0
     assert fig["output_throughput"] == pytest.approx(fig["output_tokens"] / fig["duration_s"])
-    assert fig["total_throughput"] == pytest.approx((fig["prompt_tokens"] + fig["output_tokens"]) / fig["duration_s"])
+    assert fig["total_throughput"] == pytest.approx(
+        (fig["prompt_tokens"] + fig["output_tokens"]) / fig["duration_s"]
+    )
     for key in ("ttft_ms", "tpot_ms"):
         stats = fig[key]
         assert 0 < stats["p50"] <= stats["p99"] and stats["mean"] > 0, (key, stats)
@@ -63,7 +65,14 @@ def _has_llama_cpp() -> bool:
 def bench_server(default_gguf, tmp_path_factory):
     """`localchat serve` on a free port with an API key; stopped with SIGTERM at the end."""
     log_path = tmp_path_factory.mktemp("bench-serve") / "serve.log"
-    with serve_process(log_path, "--max-model-len", "512", "--kv-cache-memory", "128MiB", "--grace-period", "5",
-                       api_key=API_KEY) as server:
+    with serve_process(
+        log_path,
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory",
+        "128MiB",
+        "--grace-period",
+        "5",
+        api_key=API_KEY,
+    ) as server:
         yield server.base_url
-

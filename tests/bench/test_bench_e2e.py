@@ -23,7 +23,10 @@ def test_offline_run_with_peers(offline_json):
         check_figures(fig, requests=4)
     ours, hf = results["localchat"], results["hf"]
     # the same requests: same token counts on both sides
-    assert (ours["prompt_tokens"], ours["output_tokens"]) == (hf["prompt_tokens"], hf["output_tokens"])
+    assert (ours["prompt_tokens"], ours["output_tokens"]) == (
+        hf["prompt_tokens"],
+        hf["output_tokens"],
+    )
     assert 0 < ours["peak_kv_cache_usage"] <= 1 and ours["num_preemptions"] == 0
     assert payload["ratios"]["localchat/hf"] > 0
     assert "Output tok/s" in output and "localchat vs hf" in output
@@ -31,8 +34,20 @@ def test_offline_run_with_peers(offline_json):
 
 def test_chat_workload_reuses_the_prefix(default_gguf, tmp_path):
     path = tmp_path / "chat.json"
-    run_bench("--workload", "c3", "--num-requests", "3", "--input-len", "24", "--output-len", "4",
-              "--compare", "hf", "--json", str(path))
+    run_bench(
+        "--workload",
+        "c3",
+        "--num-requests",
+        "3",
+        "--input-len",
+        "24",
+        "--output-len",
+        "4",
+        "--compare",
+        "hf",
+        "--json",
+        str(path),
+    )
     payload = json.loads(path.read_text())
     ours, hf = payload["results"]["localchat"], payload["results"]["hf"]
     for fig in (ours, hf):
@@ -54,8 +69,19 @@ def test_decode_workload_reports_decode_rate(default_gguf, tmp_path):
 def test_online_run_against_a_real_server(bench_server, offline_json, tmp_path):
     offline_path, offline_payload, _ = offline_json
     path = tmp_path / "online.json"
-    output = run_bench("--url", bench_server, "--api-key", API_KEY, *TINY_MIX, "--concurrency", "2",
-                       "--baseline", str(offline_path), "--json", str(path))
+    output = run_bench(
+        "--url",
+        bench_server,
+        "--api-key",
+        API_KEY,
+        *TINY_MIX,
+        "--concurrency",
+        "2",
+        "--baseline",
+        str(offline_path),
+        "--json",
+        str(path),
+    )
     payload = json.loads(path.read_text())
     assert payload["mode"] == "online" and payload["workload"]["concurrency"] == 2
     server = payload["results"]["server"]
@@ -63,15 +89,32 @@ def test_online_run_against_a_real_server(bench_server, offline_json, tmp_path):
     assert server["itl_ms"]["mean"] > 0
     # the same requests as offline (same seed and tokenizer)
     offline = offline_payload["results"]["localchat"]
-    assert (server["prompt_tokens"], server["output_tokens"]) == (offline["prompt_tokens"], offline["output_tokens"])
+    assert (server["prompt_tokens"], server["output_tokens"]) == (
+        offline["prompt_tokens"],
+        offline["output_tokens"],
+    )
     assert payload["ratios"]["server/offline"] > 0
     assert "server vs offline" in output
 
 
 def test_online_poisson_rate_and_failures_counted(bench_server, tmp_path):
     path = tmp_path / "rate.json"
-    run_bench("--url", bench_server, "--api-key", API_KEY, "--num-requests", "3", "--input-len", "8",
-              "--output-len", "3", "--request-rate", "50", "--json", str(path))
+    run_bench(
+        "--url",
+        bench_server,
+        "--api-key",
+        API_KEY,
+        "--num-requests",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "3",
+        "--request-rate",
+        "50",
+        "--json",
+        str(path),
+    )
     check_figures(json.loads(path.read_text())["results"]["server"], requests=3)
 
 
@@ -80,7 +123,22 @@ def test_online_wrong_key_is_a_clear_error(bench_server):
 
     from localchat.cli import app
 
-    result = CliRunner().invoke(app, ["bench", "--no-progress", "--url", bench_server, "--api-key", "wrong",
-                                      "-n", "1", "--input-len", "4", "--output-len", "2"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--no-progress",
+            "--url",
+            bench_server,
+            "--api-key",
+            "wrong",
+            "-n",
+            "1",
+            "--input-len",
+            "4",
+            "--output-len",
+            "2",
+        ],
+    )
     assert result.exit_code == 2
     assert "error:" in result.output

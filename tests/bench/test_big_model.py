@@ -33,14 +33,28 @@ def tiny_file(tmp_path_factory, default_gguf):
 
 def test_c4_is_the_design_workload():
     c4 = WORKLOADS["c4"]
-    assert (c4.kind, c4.num_requests, c4.input_len, c4.output_len) == ("decode", 1, (128, 128), (64, 64))
+    assert (c4.kind, c4.num_requests, c4.input_len, c4.output_len) == (
+        "decode",
+        1,
+        (128, 128),
+        (64, 64),
+    )
     assert c4.random_gguf == ("llama-8b", "q4_k_m") and c4.isolated
 
 
 def test_c4_end_to_end(tiny_file, tmp_path):
     path = tmp_path / "c4.json"
-    output = run_bench("--workload", "c4", str(tiny_file), "--input-len", "24", "--output-len", "20",
-                       "--json", str(path))
+    output = run_bench(
+        "--workload",
+        "c4",
+        str(tiny_file),
+        "--input-len",
+        "24",
+        "--output-len",
+        "20",
+        "--json",
+        str(path),
+    )
     payload = json.loads(path.read_text())
     systems = ["localchat", "llama.cpp"] if _has_llama_cpp() else ["localchat"]
     assert list(payload["results"]) == systems
@@ -50,7 +64,9 @@ def test_c4_end_to_end(tiny_file, tmp_path):
         assert 0 < fig["rss_before_load_mib"] < fig["peak_rss_mib"]
         if sys.platform == "linux":  # the split is taken while the model is still loaded
             # VmHWM is updated lazily by the kernel: it may trail the current RSS by a few pages
-            assert 0 < fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] <= fig["peak_rss_mib"] * 1.05
+            assert (
+                0 < fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] <= fig["peak_rss_mib"] * 1.05
+            )
             assert fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] > fig["rss_before_load_mib"]
     assert "peak RSS" in output and str(tiny_file) in output
     if len(systems) == 2:
@@ -61,15 +77,27 @@ def test_c4_end_to_end(tiny_file, tmp_path):
 
 
 def test_c4_refuses_the_hf_peer_and_a_non_gguf(tiny_file, tmp_path):
-    result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c4", str(tiny_file), "--compare", "hf"])
-    assert result.exit_code != 0 and "llama.cpp only" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(
+        app, ["bench", "--no-progress", "-w", "c4", str(tiny_file), "--compare", "hf"]
+    )
+    assert (
+        result.exit_code != 0
+        and "llama.cpp only" in result.output
+        and "Traceback" not in result.output
+    )
     result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c4", str(tmp_path)])
     assert result.exit_code != 0 and "not one" in result.output
 
 
 def _spec(path, system="localchat") -> IsolatedSpec:
-    return IsolatedSpec(system, str(path), [BenchRequest([100, 101, 102], 3)], 1, 32,
-                        EngineConfig(max_model_len=64, kv_cache_memory="16MiB") if system == "localchat" else None)
+    return IsolatedSpec(
+        system,
+        str(path),
+        [BenchRequest([100, 101, 102], 3)],
+        1,
+        32,
+        EngineConfig(max_model_len=64, kv_cache_memory="16MiB") if system == "localchat" else None,
+    )
 
 
 def test_a_failing_child_is_a_failed_result(tmp_path):
@@ -81,15 +109,18 @@ def test_a_failing_child_is_a_failed_result(tmp_path):
 
 
 def test_the_memory_guard_stops_the_child(tiny_file, monkeypatch):
-    monkeypatch.setattr(isolated, "memory_floor", lambda: 1 << 60)  # "no memory left" from the first poll
+    monkeypatch.setattr(
+        isolated, "memory_floor", lambda: 1 << 60
+    )  # "no memory left" from the first poll
     result = isolated.run_isolated(_spec(tiny_file), "localchat")
     assert "available memory fell below" in result.records[0].error
 
 
 def test_the_random_file_is_made_once(tmp_path, default_gguf):
     workload = replace(WORKLOADS["c4"], random_gguf=("smollm2-135m", "q8_0"))
-    assert random_file_path(workload) == Path(os.environ["LOCALCHAT_CACHE_DIR"], "bench",
-                                              "random-smollm2-135m-q8_0-v1.gguf")
+    assert random_file_path(workload) == Path(
+        os.environ["LOCALCHAT_CACHE_DIR"], "bench", "random-smollm2-135m-q8_0-v1.gguf"
+    )
     target = tmp_path / "made.gguf"
     path = bench_file(None, str(target), workload, show_progress=False)
     assert path == target and path.stat().st_size > 100 << 20

@@ -14,8 +14,14 @@ from localchat.cli import app
 
 def _fake_outcome(kind="throughput"):
     outcome = runner.BenchOutcome("fake-model")
-    ours = outcome.add("localchat", RunResult("localchat", "ours", [RequestRecord(5, 2, 0.0, [0.1, 0.2])], 1.0), kind)
-    peer = outcome.add("hf", RunResult("hf", "peer", [RequestRecord(5, 2, 0.0, [0.2, 0.4])], 2.0), kind)
+    ours = outcome.add(
+        "localchat",
+        RunResult("localchat", "ours", [RequestRecord(5, 2, 0.0, [0.1, 0.2])], 1.0),
+        kind,
+    )
+    peer = outcome.add(
+        "hf", RunResult("hf", "peer", [RequestRecord(5, 2, 0.0, [0.2, 0.4])], 2.0), kind
+    )
     outcome.ratios["localchat/hf"] = ours["output_throughput"] / peer["output_throughput"]
     return outcome
 
@@ -29,36 +35,73 @@ def test_offline_flags_and_json(monkeypatch, tmp_path):
 
     monkeypatch.setattr(runner, "run_offline", fake_run_offline)
     path = tmp_path / "out.json"
-    result = CliRunner().invoke(app, ["bench", "--no-progress", "-n", "5", "--input-len", "10:20", "--compare", "hf",
-                                      "--seed", "7", "--max-num-seqs", "4", "--json", str(path)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--no-progress",
+            "-n",
+            "5",
+            "--input-len",
+            "10:20",
+            "--compare",
+            "hf",
+            "--seed",
+            "7",
+            "--max-num-seqs",
+            "4",
+            "--json",
+            str(path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert seen["workload"].num_requests == 5 and seen["workload"].input_len == (10, 20)
     assert seen["peers"] == ["hf"] and seen["config"].max_num_seqs == 4 and seen["config"].seed == 7
     payload = json.loads(path.read_text())
-    assert payload["command"] == ("localchat bench --num-requests 5 --input-len 10:20 --compare hf "
-                                  "--json " + str(path) + " --no-progress --max-num-seqs 4 --seed 7")
-    assert payload["workload"]["seed"] == 7 and payload["ratios"]["localchat/hf"] == pytest.approx(2.0)
+    assert payload["command"] == (
+        "localchat bench --num-requests 5 --input-len 10:20 --compare hf "
+        "--json " + str(path) + " --no-progress --max-num-seqs 4 --seed 7"
+    )
+    assert payload["workload"]["seed"] == 7 and payload["ratios"]["localchat/hf"] == pytest.approx(
+        2.0
+    )
     assert "2.00x" in result.output
 
 
 def test_online_masks_the_api_key(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "run_online_bench", lambda *a, **k: _fake_outcome())
     path = tmp_path / "out.json"
-    result = CliRunner().invoke(app, ["bench", "--no-progress", "--url", "http://x:1", "--api-key", "s3cret",
-                                      "--concurrency", "8", "--json", str(path)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--no-progress",
+            "--url",
+            "http://x:1",
+            "--api-key",
+            "s3cret",
+            "--concurrency",
+            "8",
+            "--json",
+            str(path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(path.read_text())
     assert "s3cret" not in path.read_text() and "--api-key '***'" in payload["command"]
     assert payload["mode"] == "online" and payload["workload"]["concurrency"] == 8
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--compare", "vllm"], "--compare takes hf or llama-cpp"),
-    (["--url", "http://x:1", "--compare", "hf"], "--baseline"),
-    (["--workload", "c9"], "--workload must be one of"),
-    (["--input-len", "9:3"], "--input-len must be MIN:MAX"),
-    (["--hf-batch-size", "0"], "--hf-batch-size must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--compare", "vllm"], "--compare takes hf or llama-cpp"),
+        (["--url", "http://x:1", "--compare", "hf"], "--baseline"),
+        (["--workload", "c9"], "--workload must be one of"),
+        (["--input-len", "9:3"], "--input-len must be MIN:MAX"),
+        (["--hf-batch-size", "0"], "--hf-batch-size must be >= 1"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(args, message):
     result = CliRunner().invoke(app, ["bench", "--no-progress", *args])
     assert result.exit_code == 2

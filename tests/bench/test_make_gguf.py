@@ -27,13 +27,33 @@ from localchat.errors import InvalidParameterError
 
 ROOT = Path(__file__).resolve().parents[2]
 # hidden 256: every row is a whole number of K-quant super-blocks, so no type falls back
-TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
-               "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "max_position_embeddings": 1024,
-               "tie_word_embeddings": False}
-EXPECTED_TYPE = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K",
-                 "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1",
-                 "f16": "F16", "bf16": "BF16", "f32": "F32"}
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 50000.0,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
+EXPECTED_TYPE = {
+    "q4_k_m": "Q4_K",
+    "q5_k_m": "Q5_K",
+    "q4_k": "Q4_K",
+    "q5_k": "Q5_K",
+    "q6_k": "Q6_K",
+    "q8_0": "Q8_0",
+    "q4_0": "Q4_0",
+    "q4_1": "Q4_1",
+    "q5_0": "Q5_0",
+    "q5_1": "Q5_1",
+    "f16": "F16",
+    "bf16": "BF16",
+    "f32": "F32",
+}
 
 pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
@@ -55,8 +75,9 @@ def _expected_type(name: str, quant: str) -> str:
     Q6_K for attn_v and ffn_down; the output is Q6_K; 1-D tensors are F32."""
     if not name.endswith(".weight") or "norm" in name:
         return "F32"
-    if quant in ("q4_k_m", "q5_k_m") and (name == "output.weight" or name in ("blk.1.attn_v.weight",
-                                                                              "blk.1.ffn_down.weight")):
+    if quant in ("q4_k_m", "q5_k_m") and (
+        name == "output.weight" or name in ("blk.1.attn_v.weight", "blk.1.ffn_down.weight")
+    ):
         return "Q6_K"
     return EXPECTED_TYPE[quant]
 
@@ -64,12 +85,19 @@ def _expected_type(name: str, quant: str) -> str:
 @pytest.mark.parametrize("quant", list(QUANTS))
 def test_every_quantization_round_trips(quant, tiny_config, tokenizer_fields, tmp_path):
     fields, vocab = tokenizer_fields
-    path = write_random_gguf(tmp_path / f"tiny-{quant}.gguf", resolve_shape(str(tiny_config)), quant, seed=1)
+    path = write_random_gguf(
+        tmp_path / f"tiny-{quant}.gguf", resolve_shape(str(tiny_config)), quant, seed=1
+    )
     reader = GGUFReader(str(path))
     meta = {key: field.contents() for key, field in reader.fields.items()}
-    assert meta["general.architecture"] == "llama" and meta["general.file_type"] == int(QUANTS[quant][1])
-    assert (meta["llama.block_count"], meta["llama.embedding_length"], meta["llama.feed_forward_length"]) == (
-        2, 256, 512)
+    assert meta["general.architecture"] == "llama" and meta["general.file_type"] == int(
+        QUANTS[quant][1]
+    )
+    assert (
+        meta["llama.block_count"],
+        meta["llama.embedding_length"],
+        meta["llama.feed_forward_length"],
+    ) == (2, 256, 512)
     assert (meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]) == (4, 2)
     assert meta["llama.context_length"] == 1024 and meta["llama.rope.freq_base"] == 50000.0
     assert meta["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
@@ -78,10 +106,15 @@ def test_every_quantization_round_trips(quant, tiny_config, tokenizer_fields, tm
         assert meta[key] == value, key
     assert len(meta["tokenizer.ggml.tokens"]) == vocab
     tensors = {t.name: t for t in reader.tensors}
-    expected_shapes = {"token_embd.weight": [256, vocab], "output.weight": [256, vocab],
-                       "blk.0.attn_q.weight": [256, 256], "blk.0.attn_k.weight": [256, 128],
-                       "blk.1.ffn_down.weight": [512, 256], "blk.1.ffn_up.weight": [256, 512],
-                       "output_norm.weight": [256]}
+    expected_shapes = {
+        "token_embd.weight": [256, vocab],
+        "output.weight": [256, vocab],
+        "blk.0.attn_q.weight": [256, 256],
+        "blk.0.attn_k.weight": [256, 128],
+        "blk.1.ffn_down.weight": [512, 256],
+        "blk.1.ffn_up.weight": [256, 512],
+        "output_norm.weight": [256],
+    }
     for name, shape in expected_shapes.items():  # GGUF shapes: the numpy shape reversed
         assert list(tensors[name].shape) == shape, name
     assert len(tensors) == 1 + 2 * 9 + 2
@@ -92,7 +125,11 @@ def test_every_quantization_round_trips(quant, tiny_config, tokenizer_fields, tm
         if "norm" in name:
             assert (values == 1.0).all(), name
         else:
-            assert 0.014 < values.std() < 0.03 and abs(values.mean()) < 0.004, (name, values.std(), values.mean())
+            assert 0.014 < values.std() < 0.03 and abs(values.mean()) < 0.004, (
+                name,
+                values.std(),
+                values.mean(),
+            )
 
 
 def test_the_8b_q4_k_m_mix_matches_llama_cpp():
@@ -120,7 +157,9 @@ def test_k_quants_fall_back_like_llama_cpp_on_odd_rows():
 
 
 def test_qwen_shapes_carry_their_extra_tensors(tmp_path):
-    qwen2 = ModelShape("q2", "qwen2", 896, 2, 14, 2, 4864, tie_word_embeddings=True, vocab_size=49152)
+    qwen2 = ModelShape(
+        "q2", "qwen2", 896, 2, 14, 2, 4864, tie_word_embeddings=True, vocab_size=49152
+    )
     names = {spec.name: qtype.name for spec, qtype in plan(qwen2, "q8_0")}
     assert names["blk.0.attn_q.bias"] == names["blk.0.attn_v.bias"] == "F32"
     config = {**TINY_CONFIG, "architectures": ["Qwen3ForCausalLM"], "head_dim": 128}
@@ -128,7 +167,10 @@ def test_qwen_shapes_carry_their_extra_tensors(tmp_path):
     qwen3 = replace(resolve_shape(str(tmp_path)), vocab_size=49152)
     assert (qwen3.arch, qwen3.dim_per_head, qwen3.explicit_head_dim) == ("qwen3", 128, True)
     specs = {spec.name: spec.shape for spec, _ in plan(qwen3, "q8_0")}
-    assert specs["blk.0.attn_q_norm.weight"] == (128,) and specs["blk.0.attn_q.weight"] == (512, 256)
+    assert specs["blk.0.attn_q_norm.weight"] == (128,) and specs["blk.0.attn_q.weight"] == (
+        512,
+        256,
+    )
     with pytest.raises(InvalidParameterError):
         resolve_shape("no-such-preset")
     with pytest.raises(InvalidParameterError):
@@ -139,23 +181,53 @@ def test_qwen_shapes_carry_their_extra_tensors(tmp_path):
 def test_the_file_loads_and_generates_in_localchat(arch, quant, tmp_path, default_gguf):
     from localchat import LLM, SamplingParams
 
-    head_dim = 128 if arch == "qwen3" else None  # qwen3: head_dim != hidden / heads, as in Qwen3 itself
-    shape = ModelShape(f"tiny-{arch}", arch, 256, 2, 4, 2, 512, head_dim=head_dim,
-                       explicit_head_dim=head_dim is not None)
+    head_dim = (
+        128 if arch == "qwen3" else None
+    )  # qwen3: head_dim != hidden / heads, as in Qwen3 itself
+    shape = ModelShape(
+        f"tiny-{arch}",
+        arch,
+        256,
+        2,
+        4,
+        2,
+        512,
+        head_dim=head_dim,
+        explicit_head_dim=head_dim is not None,
+    )
     path = write_random_gguf(tmp_path / f"{arch}.gguf", shape, quant)
     if head_dim:
         assert GGUFReader(str(path)).fields["qwen3.attention.key_length"].contents() == 128
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="64MiB")
-    output = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+    output = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[
+        0
+    ]
     assert len(output.outputs[0].token_ids) == 4
 
 
 def test_the_script(tiny_config, tmp_path, default_gguf):
     out = tmp_path / "cli.gguf"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/make_gguf.py"), str(tiny_config), str(out),
-                           "--quant", "q4_0"], capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/make_gguf.py"),
+            str(tiny_config),
+            str(out),
+            "--quant",
+            "q4_0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert {t.tensor_type.name for t in GGUFReader(str(out)).tensors} == {"Q4_0", "F32"}
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/make_gguf.py"), "llama-9z", str(out)],
-                         capture_output=True, text=True, timeout=300, check=False)
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/make_gguf.py"), "llama-9z", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr

@@ -27,13 +27,27 @@ def test_table_shows_every_system_and_the_ratio():
     results = {"localchat": _fig("ours [fast]", 1.0), "hf": _fig("theirs", 2.0)}
     print_report(console, "title", results, {"localchat/hf": 2.0}, "throughput", ["a note"])
     text = console.export_text()
-    for expected in ("localchat", "hf", "Output tok/s", "TTFT p99 (ms)", "ours [fast]", "2.00x", "a note"):
+    for expected in (
+        "localchat",
+        "hf",
+        "Output tok/s",
+        "TTFT p99 (ms)",
+        "ours [fast]",
+        "2.00x",
+        "a note",
+    ):
         assert expected in text
 
 
 def test_json_payload_round_trips(tmp_path):
-    payload = build_payload(mode="offline", workload={"name": "c2"}, model="m",
-                            results={"localchat": _fig("ours", 1.0)}, ratios={}, notes=[])
+    payload = build_payload(
+        mode="offline",
+        workload={"name": "c2"},
+        model="m",
+        results={"localchat": _fig("ours", 1.0)},
+        ratios={},
+        notes=[],
+    )
     path = tmp_path / "out.json"
     write_json(str(path), payload)
     loaded = json.loads(path.read_text())
@@ -45,8 +59,14 @@ def test_json_payload_round_trips(tmp_path):
 
 
 def _online(concurrency, duration):
-    payload = build_payload(mode="online", workload={"name": "c2", "concurrency": concurrency}, model="m",
-                            results={"server": _fig("server", duration)}, ratios={}, notes=[])
+    payload = build_payload(
+        mode="online",
+        workload={"name": "c2", "concurrency": concurrency},
+        model="m",
+        results={"server": _fig("server", duration)},
+        ratios={},
+        notes=[],
+    )
     return payload
 
 
@@ -54,8 +74,14 @@ def test_plot_of_one_run_and_of_runs_against_concurrency(tmp_path):
     pytest.importorskip("matplotlib")
     from localchat.bench.plot import plot_runs
 
-    one = build_payload(mode="offline", workload={"name": "c2"}, model="m", ratios={}, notes=[],
-                        results={"localchat": _fig("ours", 1.0), "hf": _fig("theirs", 2.0)})
+    one = build_payload(
+        mode="offline",
+        workload={"name": "c2"},
+        model="m",
+        ratios={},
+        notes=[],
+        results={"localchat": _fig("ours", 1.0), "hf": _fig("theirs", 2.0)},
+    )
     png = tmp_path / "systems.png"
     plot_runs([one], str(png))
     assert png.read_bytes().startswith(b"\x89PNG")
@@ -73,7 +99,9 @@ def test_plot_without_matplotlib_or_with_a_bad_file_is_a_clear_error(tmp_path, m
 
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
-    result = CliRunner().invoke(app, ["bench", "--plot", str(tmp_path / "p.png"), "--plot-with", str(bad)])
+    result = CliRunner().invoke(
+        app, ["bench", "--plot", str(tmp_path / "p.png"), "--plot-with", str(bad)]
+    )
     assert result.exit_code == 2 and "not a `localchat bench --json` file" in result.output
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(PlotUnavailableError, match="pip install matplotlib"):

@@ -29,9 +29,18 @@ def test_named_workloads_match_design():
     c2, g1 = WORKLOADS["c2"], WORKLOADS["g1"]
     assert (c2.num_requests, c2.input_len, c2.output_len) == (32, (32, 256), (32, 128))
     assert (g1.num_requests, g1.input_len, g1.output_len, g1.load_format, g1.dtype) == (
-        256, (100, 1024), (100, 1024), "dummy", "bfloat16")
+        256,
+        (100, 1024),
+        (100, 1024),
+        "dummy",
+        "bfloat16",
+    )
     assert WORKLOADS["c1"].kind == WORKLOADS["g2"].kind == "decode"
-    assert (WORKLOADS["c3"].kind, WORKLOADS["c3"].num_requests, WORKLOADS["c3"].output_len) == ("chat", 8, (64, 64))
+    assert (WORKLOADS["c3"].kind, WORKLOADS["c3"].num_requests, WORKLOADS["c3"].output_len) == (
+        "chat",
+        8,
+        (64, 64),
+    )
 
 
 def test_overrides_and_ranges():
@@ -63,7 +72,9 @@ def test_random_requests_are_seeded_and_in_range():
 def test_allowed_token_ids_skip_specials():
     class Tok:
         all_special_ids = (0, 2)
-        added_tokens_decoder = MappingProxyType({5: SimpleNamespace(special=True), 6: SimpleNamespace(special=False)})
+        added_tokens_decoder = MappingProxyType(
+            {5: SimpleNamespace(special=True), 6: SimpleNamespace(special=False)}
+        )
 
         def __len__(self):
             return 8
@@ -73,12 +84,17 @@ def test_allowed_token_ids_skip_specials():
 
 
 def _record(start, times, requested=None):
-    return RequestRecord(prompt_len=10, requested_output_len=requested or len(times), start=start, token_times=times)
+    return RequestRecord(
+        prompt_len=10, requested_output_len=requested or len(times), start=start, token_times=times
+    )
 
 
 def test_figures_are_self_consistent():
-    records = [_record(0.0, [1.0, 1.5, 2.0]), _record(0.0, [2.0, 3.0]),
-               RequestRecord(5, 4, error="HTTP 500: boom")]
+    records = [
+        _record(0.0, [1.0, 1.5, 2.0]),
+        _record(0.0, [2.0, 3.0]),
+        RequestRecord(5, 4, error="HTTP 500: boom"),
+    ]
     fig = figures(RunResult("x", "x", records, duration=4.0), "throughput")
     assert (fig["requests"], fig["completed"], fig["failures"]) == (3, 2, 1)
     assert (fig["prompt_tokens"], fig["output_tokens"]) == (20, 5)

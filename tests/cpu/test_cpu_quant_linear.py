@@ -42,15 +42,27 @@ def symmetric_u8(rows: int, cols: int, group: int, zero_point: int, seed: int = 
 
 def weights(rows: int, cols: int):
     dense = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.02
-    return {"u4-asym": quantize_weight(dense, 4), "u8-asym": quantize_weight(dense, 8),
-            "u4-sym": PackedWeight("u4", quantize_weight(dense, 4).qweight, quantize_weight(dense, 4).scales, None,
-                                   32, zero_point=8),
-            "u8-g16-sym": symmetric_u8(rows, cols, 16, 32), "u8-g32-sym": symmetric_u8(rows, cols, 32, 128)}
+    return {
+        "u4-asym": quantize_weight(dense, 4),
+        "u8-asym": quantize_weight(dense, 8),
+        "u4-sym": PackedWeight(
+            "u4",
+            quantize_weight(dense, 4).qweight,
+            quantize_weight(dense, 4).scales,
+            None,
+            32,
+            zero_point=8,
+        ),
+        "u8-g16-sym": symmetric_u8(rows, cols, 16, 32),
+        "u8-g32-sym": symmetric_u8(rows, cols, 32, 128),
+    }
 
 
 def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True):
     bits = 4 if w.layout == "u4" else 8
-    return ext.quant_linear(x, w.qweight, w.scales, w.mins, bias, bits, w.group_size, w.zero_point, precise, False, vnni)
+    return ext.quant_linear(
+        x, w.qweight, w.scales, w.mins, bias, bits, w.group_size, w.zero_point, precise, False, vnni
+    )
 
 
 @pytest.mark.parametrize("shape", [(37, 96), (40, 576), (16, 160), (5, 32)])
@@ -66,7 +78,9 @@ def test_kernel_matches_references(ext, shape, rows):
         one_level = int8_activation_reference(x, w, bias)
         for vnni in (True, False):
             got = run(ext, x, w, bias, precise=False, vnni=vnni)
-            torch.testing.assert_close(got, one_level, rtol=0, atol=2e-5 * scale, msg=f"{name} int8 vnni={vnni}")
+            torch.testing.assert_close(
+                got, one_level, rtol=0, atol=2e-5 * scale, msg=f"{name} int8 vnni={vnni}"
+            )
             precise = run(ext, x, w, bias, precise=True, vnni=vnni)
             # two int8 levels: each activation within 1/512 of a step of 1/127 of its block's amax
             bound = rounding_bound(x, w, 1 / 512) * 1.01 + 1e-6 * scale
@@ -80,14 +94,23 @@ def test_vnni_and_portable_paths_are_exact_on_representable_values(ext):
     both paths must then give the float64 result exactly (a lane or group mix-up cannot hide)."""
     generator = torch.Generator().manual_seed(3)
     w = symmetric_u8(64, 256, 16, 32)
-    w = PackedWeight("u8", w.qweight, torch.exp2(-torch.randint(4, 9, w.scales.shape, generator=generator)).half(),
-                     None, 16, zero_point=32)
+    w = PackedWeight(
+        "u8",
+        w.qweight,
+        torch.exp2(-torch.randint(4, 9, w.scales.shape, generator=generator)).half(),
+        None,
+        16,
+        zero_point=32,
+    )
     x = torch.randint(-127, 128, (5, 256), generator=generator).float()
     x[:, ::32] = 127.0
     expected = (x.double() @ w.dequantize().double().T).float()
     for precise in (False, True):
         for vnni in (True, False):
-            assert torch.equal(run(ext, x, w, precise=precise, vnni=vnni), expected), (precise, vnni)
+            assert torch.equal(run(ext, x, w, precise=precise, vnni=vnni), expected), (
+                precise,
+                vnni,
+            )
 
 
 def test_dispatch_fuses_and_splits(ext):
@@ -98,13 +121,24 @@ def test_dispatch_fuses_and_splits(ext):
     same = fuse([q4, quantize_weight(dense[32:], 4)])
     assert isinstance(same, PackedWeight) and same.shape == (48, 128)
     x = torch.randn(2, 3, 128)
-    expected = torch.cat([quant_linear_reference(x.reshape(6, 128), q4), quant_linear_reference(x.reshape(6, 128), q8)],
-                         dim=-1).reshape(2, 3, 48)
-    torch.testing.assert_close(quant_linear(x, mixed), expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+    expected = torch.cat(
+        [
+            quant_linear_reference(x.reshape(6, 128), q4),
+            quant_linear_reference(x.reshape(6, 128), q8),
+        ],
+        dim=-1,
+    ).reshape(2, 3, 48)
+    torch.testing.assert_close(
+        quant_linear(x, mixed), expected, rtol=0, atol=1e-4 * expected.abs().max().item()
+    )
     symmetric = PackedWeight("u4", q4.qweight, q4.scales, None, 32, zero_point=8)
-    fused = fuse([symmetric, q4])  # a symmetric part next to an asymmetric one: its mins are made explicit
+    fused = fuse(
+        [symmetric, q4]
+    )  # a symmetric part next to an asymmetric one: its mins are made explicit
     assert isinstance(fused, PackedWeight) and fused.mins is not None
-    torch.testing.assert_close(fused.dequantize(), torch.cat([symmetric.dequantize(), q4.dequantize()]))
+    torch.testing.assert_close(
+        fused.dequantize(), torch.cat([symmetric.dequantize(), q4.dequantize()])
+    )
 
 
 def test_large_batches_take_the_dequantized_gemm(ext):
@@ -115,8 +149,16 @@ def test_large_batches_take_the_dequantized_gemm(ext):
         dense = ext.dequantize(w.qweight, w.scales, w.mins, bits, w.group_size, w.zero_point)
         torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
         gate_up = torch.randn(DENSE_MIN_ROWS + 3, 320)
-        expected = quant_linear_reference(torch.nn.functional.silu(gate_up[:, :160]) * gate_up[:, 160:], w)
-        torch.testing.assert_close(quant_linear(gate_up, w, silu_and_mul=True), expected, rtol=1e-5, atol=1e-5)
+        expected = quant_linear_reference(
+            torch.nn.functional.silu(gate_up[:, :160]) * gate_up[:, 160:], w
+        )
+        torch.testing.assert_close(
+            quant_linear(gate_up, w, silu_and_mul=True), expected, rtol=1e-5, atol=1e-5
+        )
         small = gate_up[:2]  # and the integer kernel below the threshold, on the same fused input
-        torch.testing.assert_close(quant_linear(small, w, silu_and_mul=True), expected[:2], rtol=0,
-                                   atol=1e-3 * expected.abs().max().item())
+        torch.testing.assert_close(
+            quant_linear(small, w, silu_and_mul=True),
+            expected[:2],
+            rtol=0,
+            atol=1e-3 * expected.abs().max().item(),
+        )

@@ -12,8 +12,16 @@ from gguf.quants import dequantize
 from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack
 
 # byte offsets of each type's float16 fields inside a block (random bytes there could be inf/nan)
-_F16_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q4_K: (0, 2),
-               T.Q5_K: (0, 2), T.Q6_K: (208,)}
+_F16_FIELDS = {
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q8_0: (0,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+}
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -23,7 +31,7 @@ def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
     for offset in _F16_FIELDS[qtype]:
         values = rng.uniform(-2e-3, 2e-3, size=blocks.shape[0]).astype(np.float16)
-        blocks[:, offset:offset + 2] = values.view(np.uint8).reshape(-1, 2)
+        blocks[:, offset : offset + 2] = values.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
 
@@ -38,11 +46,16 @@ def test_repack_matches_gguf_dequantize(qtype):
     exact = qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
     # K-quants round (super-block scale x sub-block scale) to float16: 2^-11 relative per group
     tolerance = 1e-7 if exact else 2e-3
-    assert torch.allclose(got, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+    assert torch.allclose(
+        got, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()
+    )
     # the codes cover their whole range, so a wrong bit position cannot hide
     codes = packed.codes()
-    assert codes.max().item() == (15 if packed.layout == "u4" else {T.Q5_0: 31, T.Q5_1: 31, T.Q5_K: 31,
-                                                                     T.Q6_K: 63, T.Q8_0: 255}[qtype])
+    assert codes.max().item() == (
+        15
+        if packed.layout == "u4"
+        else {T.Q5_0: 31, T.Q5_1: 31, T.Q5_K: 31, T.Q6_K: 63, T.Q8_0: 255}[qtype]
+    )
 
 
 def test_repack_rejects_unsupported_type():
@@ -58,7 +71,7 @@ def test_a_damaged_file_is_named_not_a_traceback(default_gguf, tmp_path, damage)
     path = tmp_path / "model.gguf"
     if damage == "cut-in-half":
         data = default_gguf.read_bytes()
-        path.write_bytes(data[:len(data) // 2])
+        path.write_bytes(data[: len(data) // 2])
     else:
         path.write_text("hello, I am not a GGUF file\n")
     with pytest.raises(InvalidModelFileError, match="model.gguf is not a readable GGUF file"):

@@ -19,16 +19,29 @@ pytestmark = pytest.mark.slow
 def test_default_model_runs_quantized_and_follows_the_float32_path(llm, float_llm):
     model = llm.engine.runner.model
     layer = model.layers[0]
-    assert isinstance(layer.self_attn.qkv_weight, PackedWeight) and layer.self_attn.qkv_weight.source_type == "Q4_1"
-    assert isinstance(layer.mlp.down_weight, PackedWeight) and isinstance(model.embed_tokens, PackedWeight)
-    assert model.embed_tokens.source_type == "Q8_0" and model.packed_head is None  # the tied head stays Q8_0
-    assert not any(p.dim() == 2 and p.shape[0] > 512 for p in model.parameters())  # no dense projection left
-    text = "Paged attention keeps the KV cache in fixed-size blocks, so memory is never fragmented. " * 12
+    assert (
+        isinstance(layer.self_attn.qkv_weight, PackedWeight)
+        and layer.self_attn.qkv_weight.source_type == "Q4_1"
+    )
+    assert isinstance(layer.mlp.down_weight, PackedWeight) and isinstance(
+        model.embed_tokens, PackedWeight
+    )
+    assert (
+        model.embed_tokens.source_type == "Q8_0" and model.packed_head is None
+    )  # the tied head stays Q8_0
+    assert not any(
+        p.dim() == 2 and p.shape[0] > 512 for p in model.parameters()
+    )  # no dense projection left
+    text = (
+        "Paged attention keeps the KV cache in fixed-size blocks, so memory is never fragmented. "
+        * 12
+    )
     ids = llm.engine.tokenize(text)[:256]
     quantized, reference = llm.engine.prompt_logits(ids), float_llm.engine.prompt_logits(ids)
     agreement = (quantized.argmax(-1) == reference.argmax(-1)).float().mean().item()
-    kl = torch.nn.functional.kl_div(quantized.log_softmax(-1), reference.log_softmax(-1), log_target=True,
-                                    reduction="none").sum(-1)
+    kl = torch.nn.functional.kl_div(
+        quantized.log_softmax(-1), reference.log_softmax(-1), log_target=True, reduction="none"
+    ).sum(-1)
     assert agreement >= 0.99 and kl.max().item() < 1e-3, (agreement, kl.max().item())
     # and the decode fast path (one token per step) continues the prompt as the float32 path does
     params = SamplingParams(temperature=0, max_tokens=24)
@@ -43,14 +56,18 @@ def tiny_dense(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     (path / "config.json").write_text(json.dumps(tiny_config("llama-3.2-1b", rope_scaling=None)))
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32).save_pretrained(path)
+    AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(path), dtype=torch.float32
+    ).save_pretrained(path)
     return path
 
 
 @pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.01), ("int4", 0.15)])
 def test_dense_checkpoints_quantize_weight_only(tiny_dense, quantization, tolerance):
     dense = LLM(str(tiny_dense), max_model_len=256, kv_cache_memory="16MiB")
-    quantized = LLM(str(tiny_dense), max_model_len=256, kv_cache_memory="16MiB", quantization=quantization)
+    quantized = LLM(
+        str(tiny_dense), max_model_len=256, kv_cache_memory="16MiB", quantization=quantization
+    )
     weight = quantized.engine.runner.model.layers[1].mlp.gate_up_weight
     assert isinstance(weight, PackedWeight) and weight.source_type == quantization
     ids = list(range(3, 60))
@@ -60,10 +77,17 @@ def test_dense_checkpoints_quantize_weight_only(tiny_dense, quantization, tolera
 
 
 def test_dummy_weights_quantize_and_generate():
-    llm = LLM("tests/data/models/qwen2.5-0.5b", load_format="dummy", quantization="int4", max_model_len=128,
-              kv_cache_memory="64MiB")
+    llm = LLM(
+        "tests/data/models/qwen2.5-0.5b",
+        load_format="dummy",
+        quantization="int4",
+        max_model_len=128,
+        kv_cache_memory="64MiB",
+    )
     assert isinstance(llm.engine.runner.model.layers[0].self_attn.qkv_weight, PackedWeight)
-    out = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    out = llm.generate(
+        [[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 4
 
 

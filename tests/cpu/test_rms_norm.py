@@ -14,11 +14,16 @@ def test_add_rms_norm_matches_reference(rows):
     if cpu_kernels() is None:
         pytest.skip("the C++ CPU kernels cannot be built here")
     generator = torch.Generator().manual_seed(rows)
-    x, residual = torch.randn(rows, 576, generator=generator), torch.randn(rows, 576, generator=generator) * 3
+    x, residual = (
+        torch.randn(rows, 576, generator=generator),
+        torch.randn(rows, 576, generator=generator) * 3,
+    )
     weight = torch.rand(576, generator=generator) + 0.5
     expected, expected_sum = rms_norm_ref(x, weight, 1e-5, residual.clone())
     got, got_sum = rms_norm(x, weight, 1e-5, residual)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_sum, expected_sum, rtol=0, atol=0)
     assert got_sum.data_ptr() == residual.data_ptr()  # updated in place: no new residual per layer
-    torch.testing.assert_close(rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), rtol=1e-5, atol=1e-5
+    )

@@ -24,8 +24,9 @@ def hf_model(default_gguf):
     """transformers' own GGUF loading (its dequantization and Q/K un-permutation), float32."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(default_gguf.parent), gguf_file=default_gguf.name, dtype=torch.float32
+    )
     return model.eval()
 
 
@@ -44,9 +45,14 @@ def hf_greedy(hf_model, parity_prompts):
     with torch.no_grad():
         for ids in parity_prompts:
             tensor = torch.tensor([ids])
-            out = hf_model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
-                                    max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS)
-            outputs.append(out[0, len(ids):].tolist())
+            out = hf_model.generate(
+                tensor,
+                attention_mask=torch.ones_like(tensor),
+                do_sample=False,
+                max_new_tokens=NUM_NEW_TOKENS,
+                min_new_tokens=NUM_NEW_TOKENS,
+            )
+            outputs.append(out[0, len(ids) :].tolist())
     return outputs
 
 

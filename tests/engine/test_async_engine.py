@@ -48,16 +48,25 @@ async def test_streamed_deltas_add_up_to_the_offline_result(engine, llm):
     params = SamplingParams(temperature=0, max_tokens=32)
     text, token_ids, finish = await collect(engine, prompt, params)
     offline = llm.generate([prompt], params)[0]
-    assert (text, token_ids) == (offline.text, offline.token_ids) and finish == offline.outputs[0].finish_reason
+    assert (text, token_ids) == (offline.text, offline.token_ids) and finish == offline.outputs[
+        0
+    ].finish_reason
 
 
 async def test_many_concurrent_consumers_get_what_each_prompt_gets_alone(engine, llm):
-    prompts = [engine.render_chat([{"role": "user", "content": f"Count from {i} to {i + 5}."}]) for i in range(12)]
+    prompts = [
+        engine.render_chat([{"role": "user", "content": f"Count from {i} to {i + 5}."}])
+        for i in range(12)
+    ]
     params = SamplingParams(temperature=0, max_tokens=16)
     results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
     for prompt, (text, token_ids, finish) in zip(prompts, results):
         alone = llm.generate([prompt], params)[0]
-        assert (text, token_ids, finish) == (alone.text, alone.token_ids, alone.outputs[0].finish_reason)
+        assert (text, token_ids, finish) == (
+            alone.text,
+            alone.token_ids,
+            alone.outputs[0].finish_reason,
+        )
     await wait_idle(engine)
 
 
@@ -83,7 +92,9 @@ async def test_leaving_early_or_cancelling_aborts_and_frees_blocks(engine):
 
 
 async def test_explicit_abort_ends_the_stream_with_abort(engine):
-    stream = await engine.add_request("Tell me everything.", SamplingParams(max_tokens=2000, ignore_eos=True))
+    stream = await engine.add_request(
+        "Tell me everything.", SamplingParams(max_tokens=2000, ignore_eos=True)
+    )
     reasons = []
     async for delta in stream:
         if not reasons:
@@ -98,7 +109,9 @@ async def test_bad_requests_raise_before_any_output(engine):
         await engine.add_request("", SamplingParams())
     with pytest.raises(PromptTooLongError, match="8192"):
         await engine.add_request([1] * 9000, SamplingParams())
-    text, _, _ = await collect(engine, "Still serving?", SamplingParams(temperature=0, max_tokens=4))
+    text, _, _ = await collect(
+        engine, "Still serving?", SamplingParams(temperature=0, max_tokens=4)
+    )
     assert text
 
 
@@ -119,9 +132,15 @@ async def test_waiting_queue_bound(default_gguf):
 
 async def test_model_info_and_the_event_loops_own_tokenizer(engine, llm):
     info = engine.model_info
-    assert info.name == "SmolLM2-135M-Instruct" and info.source_kind == "gguf" and info.gguf_path.suffix == ".gguf"
+    assert (
+        info.name == "SmolLM2-135M-Instruct"
+        and info.source_kind == "gguf"
+        and info.gguf_path.suffix == ".gguf"
+    )
     assert info.vocab_size == llm.engine.runner.spec.vocab_size and info.max_model_len == 8192
-    assert info.eos_token_ids == tuple(sorted(llm.engine.eos_token_ids)) and info.load_format == "auto"
+    assert (
+        info.eos_token_ids == tuple(sorted(llm.engine.eos_token_ids)) and info.load_format == "auto"
+    )
     # the event loop never shares the engine thread's Rust tokenizer (concurrent use can fail "Already borrowed")
     assert engine.tokenizer is not engine.engine.tokenizer
     assert engine.tokenizer._tokenizer is not engine.engine.tokenizer._tokenizer

@@ -43,7 +43,7 @@ def first_blocks_of(bm, tokens):
     tokens = list(tokens)
     found, parent = [], None
     for i in range(len(tokens) // BS):
-        key = (None, parent, tuple(tokens[i * BS:(i + 1) * BS]))
+        key = (None, parent, tuple(tokens[i * BS : (i + 1) * BS]))
         found.append(bm.hash_to_block[hash(key)])
         parent = hash(key)
     return found
@@ -70,14 +70,22 @@ def test_freed_cached_blocks_are_evicted_last_tail_first_and_lose_their_hash_whe
     admit(bm, a)
     assert a.block_table == [0, 1, 2]
     bm.free(a)
-    (b,) = make_seq(range(100, 103), "b")  # one block: a's unhashed one goes first, before a fresh one
+    (b,) = make_seq(
+        range(100, 103), "b"
+    )  # one block: a's unhashed one goes first, before a fresh one
     admit(bm, b)
     assert b.block_table == [2] and len(bm.hash_to_block) == 2
-    (c,) = make_seq(range(200, 207), "c")  # two blocks: the fresh ones (3, 4) before any cached block
+    (c,) = make_seq(
+        range(200, 207), "c"
+    )  # two blocks: the fresh ones (3, 4) before any cached block
     admit(bm, c)
     assert c.block_table == [3, 4] and set(bm.hash_to_block.values()) == {0, 1, 3}
-    bm.free(c)  # free list now: c's unhashed 4, then cached blocks least recently freed first: 1, 0, 3
-    (e,) = make_seq(range(300, 307), "e")  # two blocks: 4, then a's tail block 1 (its head 0 outlives it)
+    bm.free(
+        c
+    )  # free list now: c's unhashed 4, then cached blocks least recently freed first: 1, 0, 3
+    (e,) = make_seq(
+        range(300, 307), "e"
+    )  # two blocks: 4, then a's tail block 1 (its head 0 outlives it)
     admit(bm, e)
     assert e.block_table == [4, 1]
     assert set(bm.hash_to_block.values()) == {0, 3, 4}  # block 1 lost a's hash when it was reused
@@ -116,7 +124,10 @@ def test_prefix_query_counters_count_prompt_tokens_and_hits_once_per_sequence():
     (b,) = make_seq(list(range(10)) + [50, 51], "b")
     scheduler.add(b)
     scheduler.schedule()
-    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (22, 8)  # b's 12 tokens, 8 of them cached
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (
+        22,
+        8,
+    )  # b's 12 tokens, 8 of them cached
     assert b.num_cached_tokens == 8
     scheduler.schedule()  # b runs on: nothing is counted twice
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (22, 8)

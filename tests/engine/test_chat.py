@@ -10,9 +10,15 @@ from localchat.errors import InvalidParameterError
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Why is the sky blue?"}],
-    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a joke about ünïcödé 😀."}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke about ünïcödé 😀."},
+    ],
 ]
 
 
@@ -20,7 +26,9 @@ CONVERSATIONS = [
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_rendering_equals_apply_chat_template(llm, messages, add_generation_prompt):
     tokenizer = llm.tokenizer
-    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    expected = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     template = llm.engine.runtime.chat_template
     assert template.render(messages, add_generation_prompt=add_generation_prompt) == expected
     ids = llm.render_chat(messages, add_generation_prompt=add_generation_prompt)
@@ -29,10 +37,14 @@ def test_rendering_equals_apply_chat_template(llm, messages, add_generation_prom
 
 def test_override_template_file_and_kwargs(llm, tmp_path):
     path = tmp_path / "t.jinja"
-    path.write_text("{% for m in messages %}[{{ m['role'] }}|{{ m['content'] | tojson }}]{% endfor %}"
-                    "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{{ eos_token }}")
+    path.write_text(
+        "{% for m in messages %}[{{ m['role'] }}|{{ m['content'] | tojson }}]{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{{ eos_token }}"
+    )
     template = ChatTemplate.for_tokenizer(llm.tokenizer, str(path))
-    text = template.render([{"role": "user", "content": [{"type": "text", "text": "é"}]}], enable_thinking=False)
+    text = template.render(
+        [{"role": "user", "content": [{"type": "text", "text": "é"}]}], enable_thinking=False
+    )
     assert text == '[user|"é"]<nothink><|im_end|>'
 
 
@@ -57,11 +69,15 @@ def test_second_turn_reuses_the_first_turns_blocks(llm):
     turn1 = [{"role": "user", "content": "Describe a cat in three sentences."}]
     first = llm.chat(turn1, params)[0]
     history_ids = first.prompt_token_ids + first.token_ids
-    turn2 = turn1 + [{"role": "assistant", "content": first.text},
-                     {"role": "user", "content": "Now describe a dog the same way."}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "Now describe a dog the same way."},
+    ]
     second = llm.chat(turn2, params)[0]
     prompt2 = second.prompt_token_ids
-    common = next((i for i, (a, b) in enumerate(zip(history_ids, prompt2)) if a != b), len(history_ids))
+    common = next(
+        (i for i, (a, b) in enumerate(zip(history_ids, prompt2)) if a != b), len(history_ids)
+    )
     assert common >= len(first.prompt_token_ids)  # turn 2 starts with all of turn 1's prompt
     block = llm.engine.config.block_size
     assert second.num_cached_tokens == min(common, len(prompt2) - 1) // block * block

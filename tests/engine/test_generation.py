@@ -30,8 +30,14 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(llm):
     params = SamplingParams(temperature=1.0, seed=1234, max_tokens=24)
     alone = llm.generate([prompt], params)[0].token_ids
     companions = [chat_ids(llm, "Count to ten."), prompt, chat_ids(llm, "Name a fruit.")]
-    crowd = llm.generate(companions, [SamplingParams(temperature=1.0, max_tokens=30), params,
-                                      SamplingParams(temperature=0.8, seed=5, max_tokens=10)])
+    crowd = llm.generate(
+        companions,
+        [
+            SamplingParams(temperature=1.0, max_tokens=30),
+            params,
+            SamplingParams(temperature=0.8, seed=5, max_tokens=10),
+        ],
+    )
     assert crowd[1].token_ids == alone
     other_seed = llm.generate([prompt], SamplingParams(temperature=1.0, seed=99, max_tokens=24))[0]
     assert other_seed.token_ids != alone
@@ -57,7 +63,9 @@ def test_penalties_change_a_repetitive_greedy_output(llm):
     plain = gen(llm, prompt, temperature=0, max_tokens=24, ignore_eos=True).token_ids
     # (presence_penalty's exact effect is checked in test_sampler.py; on digits it is too weak to show here)
     for penalty in ({"repetition_penalty": 1.8}, {"frequency_penalty": 1.5}):
-        penalized = gen(llm, prompt, temperature=0, max_tokens=24, ignore_eos=True, **penalty).token_ids
+        penalized = gen(
+            llm, prompt, temperature=0, max_tokens=24, ignore_eos=True, **penalty
+        ).token_ids
         assert penalized != plain, penalty
         assert len(set(penalized)) > len(set(plain)), penalty
 
@@ -71,8 +79,14 @@ def test_max_tokens_min_tokens_and_ignore_eos(llm):
     assert len(capped.token_ids) == 3 and capped.outputs[0].finish_reason == "length"
     at_least = gen(llm, prompt, temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5)
     assert len(at_least.token_ids) >= len(short.token_ids) + 5
-    through = gen(llm, prompt, temperature=0, max_tokens=len(short.token_ids) + 8, ignore_eos=True,
-                  skip_special_tokens=False)
+    through = gen(
+        llm,
+        prompt,
+        temperature=0,
+        max_tokens=len(short.token_ids) + 8,
+        ignore_eos=True,
+        skip_special_tokens=False,
+    )
     assert len(through.token_ids) == len(short.token_ids) + 8
     assert through.token_ids[len(short.token_ids) - 1] in llm.engine.eos_token_ids
     assert "<|im_end|>" in through.text
@@ -83,14 +97,19 @@ def test_stop_strings_and_stop_token_ids(llm):
     full = gen(llm, prompt, temperature=0, max_tokens=20)
     assert " 7," in full.text
     stopped = gen(llm, prompt, temperature=0, max_tokens=20, stop=[" 7"])
-    assert stopped.text == full.text[:full.text.index(" 7")]
+    assert stopped.text == full.text[: full.text.index(" 7")]
     assert stopped.outputs[0].finish_reason == "stop" and stopped.outputs[0].stop_reason == " 7"
-    kept = gen(llm, prompt, temperature=0, max_tokens=20, stop=[" 7"], include_stop_str_in_output=True)
-    assert kept.text == full.text[:full.text.index(" 7") + 2]
+    kept = gen(
+        llm, prompt, temperature=0, max_tokens=20, stop=[" 7"], include_stop_str_in_output=True
+    )
+    assert kept.text == full.text[: full.text.index(" 7") + 2]
     stop_id = full.token_ids[1]
     first = full.token_ids.index(stop_id)
     by_token = gen(llm, prompt, temperature=0, max_tokens=20, stop_token_ids=[stop_id])
-    assert by_token.token_ids == full.token_ids[:first + 1] and by_token.outputs[0].stop_reason == stop_id
+    assert (
+        by_token.token_ids == full.token_ids[: first + 1]
+        and by_token.outputs[0].stop_reason == stop_id
+    )
 
 
 def test_logprobs_with_alternatives(llm):
@@ -158,7 +177,9 @@ def test_prompt_logprobs_cover_every_prompt_token_across_chunks_and_cached_prefi
     assert len(ids) > llm.engine.scheduler.max_num_batched_tokens
     gen(llm, ids, temperature=0, max_tokens=1)  # the prompt's blocks are now in the prefix cache
     out = gen(llm, ids, temperature=0, max_tokens=2, prompt_logprobs=3)
-    assert out.num_cached_tokens == 0  # every position's logits were computed, none taken from the cache
+    assert (
+        out.num_cached_tokens == 0
+    )  # every position's logits were computed, none taken from the cache
     reference = llm.engine.prompt_logits(ids).log_softmax(dim=-1)
     entries = out.prompt_logprobs
     assert len(entries) == len(ids) and entries[0] is None

@@ -25,7 +25,11 @@ def test_gguf_and_safetensors_checkpoints_give_the_same_logits(float_llm, hf_mod
     into the same logits as our GGUF path (which un-permutes Q/K itself)."""
     from safetensors.torch import save_file
 
-    state = {name: t.contiguous() for name, t in hf_model.state_dict().items() if name != "lm_head.weight"}
+    state = {
+        name: t.contiguous()
+        for name, t in hf_model.state_dict().items()
+        if name != "lm_head.weight"
+    }
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     config = hf_model.config.to_dict()
     config.pop("quantization_config", None)
@@ -45,8 +49,16 @@ def test_gguf_and_safetensors_checkpoints_give_the_same_logits(float_llm, hf_mod
 
 def tiny_config(name: str, **overrides) -> dict:
     config = json.loads((SHARED_MODELS / name / "config.json").read_text())
-    config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, torch_dtype="float32")
+    config.update(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=2048,
+        torch_dtype="float32",
+    )
     if "head_dim" in config:
         config["head_dim"] = 32 if name.startswith("qwen3") else 16
     config.update(overrides)
@@ -56,8 +68,15 @@ def tiny_config(name: str, **overrides) -> dict:
 ARCHITECTURES = {
     "llama3-rope-scaling": ("llama-3.2-1b", {}),
     "llama-untied": ("llama-3.2-1b", {"tie_word_embeddings": False, "rope_scaling": None}),
-    "mistral": ("llama-3.2-1b", {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                                 "rope_scaling": None, "sliding_window": None}),
+    "mistral": (
+        "llama-3.2-1b",
+        {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "rope_scaling": None,
+            "sliding_window": None,
+        },
+    ),
     "qwen2-qkv-bias": ("qwen2.5-0.5b", {}),
     "qwen3-qk-norm": ("qwen3-0.6b", {}),
 }
@@ -71,11 +90,17 @@ def test_forward_matches_transformers(variant, tmp_path):
     config_dict = tiny_config(base, **overrides)
     (tmp_path / "config.json").write_text(json.dumps(config_dict))
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(tmp_path), dtype=torch.float32
+    ).eval()
     if config_dict.get("attention_bias") or base.startswith("qwen2"):
         with torch.no_grad():  # random biases, so a dropped bias would show
             for layer in hf.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0, 0.5)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     llm = LLM(str(tmp_path), max_model_len=1024, kv_cache_memory="16MiB")
@@ -85,24 +110,36 @@ def test_forward_matches_transformers(variant, tmp_path):
         reference = hf(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(llm.engine.prompt_logits(prompt), reference, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
-        expected = hf.generate(torch.tensor([prompt[:40]]), max_new_tokens=12, min_new_tokens=12,
-                               do_sample=False)[0, 40:].tolist()
-    out = llm.generate([prompt[:40]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+        expected = hf.generate(
+            torch.tensor([prompt[:40]]), max_new_tokens=12, min_new_tokens=12, do_sample=False
+        )[0, 40:].tolist()
+    out = llm.generate(
+        [prompt[:40]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    )[0]
     assert out.token_ids == expected and out.text == ""
 
 
 @pytest.mark.slow
 def test_dummy_weights_for_a_shared_config():
-    llm = LLM(str(SHARED_MODELS / "qwen3-0.6b"), load_format="dummy", dtype="bfloat16", max_model_len=256,
-              kv_cache_memory="64MiB")
-    out = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    llm = LLM(
+        str(SHARED_MODELS / "qwen3-0.6b"),
+        load_format="dummy",
+        dtype="bfloat16",
+        max_model_len=256,
+        kv_cache_memory="64MiB",
+    )
+    out = llm.generate(
+        [[1, 2, 3, 4, 5]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 4 and all(0 <= t < 151936 for t in out.token_ids)
     with pytest.raises(Exception, match="tokenizer"):
         llm.generate(["text needs a tokenizer"])
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    )
     with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
         LLM(str(tmp_path), load_format="dummy")
 
@@ -113,16 +150,30 @@ def test_kv_cache_too_small_for_one_sequence_says_so(tmp_path):
         LLM(str(tmp_path), load_format="dummy", kv_cache_memory="64KiB")
 
 
-@pytest.mark.parametrize("text,expected", [("512MiB", 512 * 2**20), ("4GiB", 4 * 2**30), ("1.5GB", 1_500_000_000),
-                                           (1024, 1024), ("2048", 2048)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("512MiB", 512 * 2**20),
+        ("4GiB", 4 * 2**30),
+        ("1.5GB", 1_500_000_000),
+        (1024, 1024),
+        ("2048", 2048),
+    ],
+)
 def test_memory_sizes(text, expected):
     assert parse_memory_size(text) == expected
 
 
-@pytest.mark.parametrize("kwargs,field", [({"kv_cache_memory": "lots"}, "kv_cache_memory"),
-                                          ({"dtype": "float8"}, "dtype"), ({"block_size": 7}, "block_size"),
-                                          ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
-                                          ({"max_num_seqs": 0}, "max_num_seqs")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"kv_cache_memory": "lots"}, "kv_cache_memory"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"block_size": 7}, "block_size"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+    ],
+)
 def test_bad_engine_config_names_the_field(kwargs, field):
     with pytest.raises(InvalidParameterError, match=field):
         EngineConfig(**kwargs)

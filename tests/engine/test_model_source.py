@@ -15,7 +15,11 @@ from localchat.errors import ModelDownloadError, ModelNotFoundError
 
 def test_default_model_is_the_embedded_gguf(default_gguf):
     source = resolve_model(None)
-    assert source.kind == "gguf" and source.path == default_gguf and source.name == "SmolLM2-135M-Instruct"
+    assert (
+        source.kind == "gguf"
+        and source.path == default_gguf
+        and source.name == "SmolLM2-135M-Instruct"
+    )
 
 
 def test_missing_default_is_pulled_with_pip_and_a_failure_is_explained(monkeypatch, capsys):

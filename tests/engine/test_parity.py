@@ -23,7 +23,9 @@ def generate_ids(llm, prompts):
 
 def assert_same(actual, expected):
     for index, (a, e) in enumerate(zip(actual, expected)):
-        assert a == e, f"prompt {index} diverges at token {next(i for i, (x, y) in enumerate(zip(a, e)) if x != y)}"
+        assert a == e, (
+            f"prompt {index} diverges at token {next(i for i, (x, y) in enumerate(zip(a, e)) if x != y)}"
+        )
     assert len(actual) == len(expected)
 
 
@@ -55,8 +57,11 @@ def test_chunked_prefill_keeps_outputs(parity_prompts, hf_greedy):
 
     def spy():
         batch = original()
-        chunked.extend(n for seq, n in zip(batch.seqs, batch.num_new_tokens)
-                       if 1 < n and seq.num_computed_tokens + n < seq.num_prompt_tokens)
+        chunked.extend(
+            n
+            for seq, n in zip(batch.seqs, batch.num_new_tokens)
+            if 1 < n and seq.num_computed_tokens + n < seq.num_prompt_tokens
+        )
         assert batch.num_tokens <= 16
         return batch
 
@@ -86,6 +91,8 @@ def test_request_added_mid_decode_keeps_outputs(llm, parity_prompts, hf_greedy):
     while engine.has_unfinished():
         for out in engine.step():
             results.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
-    ordered = [results[f"early-{i}"] for i in range(4)] + [results[f"late-{i}"] for i in range(4, len(parity_prompts))]
+    ordered = [results[f"early-{i}"] for i in range(4)] + [
+        results[f"late-{i}"] for i in range(4, len(parity_prompts))
+    ]
     assert_same(ordered, hf_greedy)
     assert_all_blocks_free(llm)

@@ -47,8 +47,8 @@ def test_repetition_penalty_multiplies_negative_logits():
 def test_frequency_penalty_scales_with_the_count_of_output_tokens():
     logits = [[0.0, 3.0, 2.2, 0.0, 0.0, 0.0]]
     once = SamplingParams(temperature=0, frequency_penalty=0.5)
-    assert sample(logits, [seq_with(once, output=(1,))]).token_ids == [1]       # 3.0 - 0.5 > 2.2
-    assert sample(logits, [seq_with(once, output=(1, 1))]).token_ids == [2]     # 3.0 - 1.0 < 2.2
+    assert sample(logits, [seq_with(once, output=(1,))]).token_ids == [1]  # 3.0 - 0.5 > 2.2
+    assert sample(logits, [seq_with(once, output=(1, 1))]).token_ids == [2]  # 3.0 - 1.0 < 2.2
 
 
 def test_presence_penalty_is_flat_and_ignores_the_prompt():
@@ -68,10 +68,12 @@ def test_min_tokens_bans_eos_and_stop_tokens_until_reached():
 
 def test_filters_leave_only_the_top_token():
     logits = [[0.0, 2.0, 1.9, 1.8, 0.0, 0.0]] * 4
-    seqs = [seq_with(SamplingParams(temperature=1.0, top_k=1, seed=1)),
-            seq_with(SamplingParams(temperature=1.0, top_p=0.01, seed=2)),
-            seq_with(SamplingParams(temperature=1.0, min_p=1.0, seed=3)),
-            seq_with(SamplingParams(temperature=1.0, top_k=2, top_p=0.5, seed=4))]
+    seqs = [
+        seq_with(SamplingParams(temperature=1.0, top_k=1, seed=1)),
+        seq_with(SamplingParams(temperature=1.0, top_p=0.01, seed=2)),
+        seq_with(SamplingParams(temperature=1.0, min_p=1.0, seed=3)),
+        seq_with(SamplingParams(temperature=1.0, top_k=2, top_p=0.5, seed=4)),
+    ]
     for _ in range(20):
         assert sample(logits, seqs).token_ids == [1, 1, 1, 1]
 
@@ -96,8 +98,14 @@ def test_seeded_rows_do_not_depend_on_their_companions():
     picks = []
     for seed in range(20):
         alone = sample(flat[:1], [seq_with(SamplingParams(seed=seed))]).token_ids[0]
-        crowd = sample(flat, [seq_with(SamplingParams()), seq_with(SamplingParams(seed=seed)),
-                              seq_with(SamplingParams(seed=seed + 100))]).token_ids
+        crowd = sample(
+            flat,
+            [
+                seq_with(SamplingParams()),
+                seq_with(SamplingParams(seed=seed)),
+                seq_with(SamplingParams(seed=seed + 100)),
+            ],
+        ).token_ids
         picks.append((alone, crowd[1]))
     assert all(alone == in_crowd for alone, in_crowd in picks)
     assert len({alone for alone, _ in picks}) > 1  # and the seed matters
@@ -105,8 +113,10 @@ def test_seeded_rows_do_not_depend_on_their_companions():
 
 def test_unseeded_rows_draw_independently():
     flat = [[0.0] * VOCAB] * 2
-    pairs = [tuple(sample(flat, [seq_with(SamplingParams()), seq_with(SamplingParams())]).token_ids)
-             for _ in range(120)]
+    pairs = [
+        tuple(sample(flat, [seq_with(SamplingParams()), seq_with(SamplingParams())]).token_ids)
+        for _ in range(120)
+    ]
     # independent rows agree 1 time in VOCAB (about 20 of 120); rows sharing a draw would always agree
     assert sum(a == b for a, b in pairs) < 45
     assert len(set(pairs)) > 15
@@ -126,7 +136,10 @@ def test_logprobs_report_the_chosen_token_and_sorted_alternatives():
 
 # --- the fast paths against the full-sort definition -------------------------------------------------------
 
-def expected_probs(row: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> torch.Tensor:
+
+def expected_probs(
+    row: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
+) -> torch.Tensor:
     """The definition, by sorting the whole row: top-k, then top-p on what is left, then min-p."""
     scaled = row / temperature
     sorted_logits, order = scaled.sort(descending=True)
@@ -152,9 +165,15 @@ def kept_sets(logits: torch.Tensor, params: list[SamplingParams]):
 def test_top_p_candidates_keep_the_full_sort_set_when_enough_and_when_not(monkeypatch):
     monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", (16, 64))
     vocab = 1000
-    peaked = torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 6   # top-p set of a few tokens
-    medium = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 2.2  # needs the 64 candidates
-    flat = torch.randn(vocab, generator=torch.Generator().manual_seed(2)) * 0.1   # needs the full sort
+    peaked = (
+        torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 6
+    )  # top-p set of a few tokens
+    medium = (
+        torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 2.2
+    )  # needs the 64 candidates
+    flat = (
+        torch.randn(vocab, generator=torch.Generator().manual_seed(2)) * 0.1
+    )  # needs the full sort
     cases = [(peaked, 16), (medium, 64), (flat, vocab)]
     for row, width in cases:
         expected = set(expected_probs(row, 0.7, top_p=0.9).nonzero().squeeze(1).tolist())
@@ -165,17 +184,25 @@ def test_top_p_candidates_keep_the_full_sort_set_when_enough_and_when_not(monkey
     logits = torch.stack([row for row, _ in cases])
     kept, used = kept_sets(logits, [SamplingParams(temperature=0.7, top_p=0.9)] * 3)
     assert used == vocab
-    assert kept == [set(expected_probs(row, 0.7, top_p=0.9).nonzero().squeeze(1).tolist()) for row, _ in cases]
+    assert kept == [
+        set(expected_probs(row, 0.7, top_p=0.9).nonzero().squeeze(1).tolist()) for row, _ in cases
+    ]
 
 
 def test_top_k_and_top_p_together_match_the_full_sort():
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 5000, generator=gen) * 3
-    params = [SamplingParams(temperature=0.8, top_k=40), SamplingParams(temperature=1.2, top_k=300, top_p=0.5),
-              SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=0.0)]
+    params = [
+        SamplingParams(temperature=0.8, top_k=40),
+        SamplingParams(temperature=1.2, top_k=300, top_p=0.5),
+        SamplingParams(temperature=0.7, top_p=0.95),
+        SamplingParams(temperature=0.0),
+    ]
     kept, _ = kept_sets(logits, params)
     for row, p, got in zip(logits, params[:3], kept):
-        assert got == set(expected_probs(row, p.temperature, p.top_k, p.top_p).nonzero().squeeze(1).tolist())
+        assert got == set(
+            expected_probs(row, p.temperature, p.top_k, p.top_p).nonzero().squeeze(1).tolist()
+        )
     assert kept[3] == {int(logits[3].argmax())}
 
 
@@ -186,8 +213,13 @@ def draw_frequencies(row: list[float], params: SamplingParams, draws: int = 4000
     return torch.bincount(torch.tensor(tokens), minlength=VOCAB).float() / draws
 
 
-SETTINGS = [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.8}, {"temperature": 1.3, "top_k": 3},
-            {"temperature": 1.0, "min_p": 0.2}, {"temperature": 0.9, "top_k": 4, "top_p": 0.9, "min_p": 0.1}]
+SETTINGS = [
+    {"temperature": 0.7},
+    {"temperature": 0.7, "top_p": 0.8},
+    {"temperature": 1.3, "top_k": 3},
+    {"temperature": 1.0, "min_p": 0.2},
+    {"temperature": 0.9, "top_k": 4, "top_p": 0.9, "min_p": 0.1},
+]
 
 
 def test_sampled_frequencies_follow_the_definition():
@@ -202,7 +234,9 @@ def test_sampled_frequencies_follow_the_definition():
 def test_a_mixed_batch_gives_each_row_its_own_distribution():
     row = [1.0, 2.0, 1.5, 0.2, -1.0, 0.7]
     settings = SETTINGS + [{"temperature": 0.0}]
-    seqs = [seq_with(SamplingParams(**settings[i % len(settings)])) for i in range(600 * len(settings))]
+    seqs = [
+        seq_with(SamplingParams(**settings[i % len(settings)])) for i in range(600 * len(settings))
+    ]
     tokens = torch.tensor(sample([row] * len(seqs), seqs).token_ids).view(-1, len(settings))
     for column, setting in enumerate(settings):
         got = torch.bincount(tokens[:, column], minlength=VOCAB).float() / tokens.shape[0]
@@ -233,8 +267,11 @@ def test_seeded_sequences_of_draws_do_not_depend_on_the_batch_or_its_filters():
 
 def test_greedy_takes_the_first_of_tied_maxima_in_any_batch():
     logits = [[0.0, 3.0, 1.0, 3.0, 0.0, 0.0]] * 3
-    seqs = [seq_with(SamplingParams(temperature=0)), seq_with(SamplingParams(temperature=1.0, top_p=0.5, seed=1)),
-            seq_with(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=(1,))]
+    seqs = [
+        seq_with(SamplingParams(temperature=0)),
+        seq_with(SamplingParams(temperature=1.0, top_p=0.5, seed=1)),
+        seq_with(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=(1,)),
+    ]
     assert sample(logits[:1], seqs[:1]).token_ids == [1]
     out = sample(logits, seqs).token_ids
     assert out[0] == 1 and out[2] == 3
@@ -248,34 +285,44 @@ def test_top_k_above_the_vocabulary_filters_nothing():
 
 # --- penalties against the dense definition ---------------------------------------------------------------
 
+
 def dense_penalties(logits: torch.Tensor, seqs) -> torch.Tensor:
     """The definition with dense [rows, vocab] masks, as the sampler computed it before."""
     rows, vocab = logits.shape
     prompt_mask = torch.zeros(rows, vocab, dtype=torch.bool)
     counts = torch.zeros(rows, vocab)
     for row, seq in enumerate(seqs):
-        prompt_mask[row, torch.tensor(seq.token_ids[:seq.num_prompt_tokens])] = True
+        prompt_mask[row, torch.tensor(seq.token_ids[: seq.num_prompt_tokens])] = True
         for token in seq.output_token_ids:
             counts[row, token] += 1
     rep = torch.tensor([s.params.repetition_penalty for s in seqs]).unsqueeze(1)
     seen = prompt_mask | (counts > 0)
     logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
     logits = logits - torch.tensor([s.params.frequency_penalty for s in seqs]).unsqueeze(1) * counts
-    return logits - torch.tensor([s.params.presence_penalty for s in seqs]).unsqueeze(1) * (counts > 0).float()
+    return (
+        logits
+        - torch.tensor([s.params.presence_penalty for s in seqs]).unsqueeze(1)
+        * (counts > 0).float()
+    )
 
 
-MIXED_PENALTIES = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=-0.5),
-                   SamplingParams(),
-                   SamplingParams(repetition_penalty=0.8),
-                   SamplingParams(frequency_penalty=-1.0, presence_penalty=2.0)]
-SHARED_PENALTIES = [SamplingParams(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.7)] * 2 + [
-    SamplingParams()]
+MIXED_PENALTIES = [
+    SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=-0.5),
+    SamplingParams(),
+    SamplingParams(repetition_penalty=0.8),
+    SamplingParams(frequency_penalty=-1.0, presence_penalty=2.0),
+]
+SHARED_PENALTIES = [
+    SamplingParams(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.7)
+] * 2 + [SamplingParams()]
 
 
 @pytest.mark.parametrize("params", [MIXED_PENALTIES, SHARED_PENALTIES], ids=["per-row", "shared"])
 def test_sparse_penalties_equal_the_dense_definition_as_sequences_grow(params):
     vocab, gen = 300, torch.Generator().manual_seed(11)
-    seqs = [seq_with(p, prompt=torch.randint(0, vocab, (50,), generator=gen).tolist()) for p in params]
+    seqs = [
+        seq_with(p, prompt=torch.randint(0, vocab, (50,), generator=gen).tolist()) for p in params
+    ]
     for step in range(40):
         logits = torch.randn(len(seqs), vocab, generator=gen) * 3
         penalties = Penalties.from_seqs(seqs, vocab)
@@ -288,9 +335,17 @@ def test_sparse_penalties_equal_the_dense_definition_as_sequences_grow(params):
 
 def test_grouped_topk_equals_torch_topk_even_with_ties():
     gen = torch.Generator().manual_seed(4)
-    for rows, vocab, k in [(1, 49152, 32), (3, 49152, 256), (2, 4096, 40), (2, 1000, 8), (1, 8192, 64)]:
-        for logits in (torch.randn(rows, vocab, generator=gen),
-                       torch.randint(0, 50, (rows, vocab), generator=gen).float()):  # many ties
+    for rows, vocab, k in [
+        (1, 49152, 32),
+        (3, 49152, 256),
+        (2, 4096, 40),
+        (2, 1000, 8),
+        (1, 8192, 64),
+    ]:
+        for logits in (
+            torch.randn(rows, vocab, generator=gen),
+            torch.randint(0, 50, (rows, vocab), generator=gen).float(),
+        ):  # many ties
             values, ids = fast_topk(logits, k)
             assert torch.equal(values, logits.topk(k, dim=-1).values)
             assert torch.equal(logits.gather(1, ids), values)

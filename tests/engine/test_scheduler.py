@@ -49,7 +49,11 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later():
     assert old.num_tokens == 9 and new.num_tokens == 9
     batch = scheduler.schedule()  # old's 9th token needs a third block: new is preempted
     assert batch.num_preempted == 1 and batch.seqs == [old]
-    assert new.status is SequenceStatus.WAITING and new.block_table == [] and new.num_computed_tokens == 0
+    assert (
+        new.status is SequenceStatus.WAITING
+        and new.block_table == []
+        and new.num_computed_tokens == 0
+    )
     assert scheduler.waiting[0] is new
     run_step(scheduler, batch)
     scheduler.finish(old)

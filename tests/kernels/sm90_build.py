@@ -7,7 +7,9 @@ it needs only Triton's bundled ptxas. Exits non-zero on the first kernel that fa
 
 import os
 
-assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the interpreter replaces @triton.jit functions"
+assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), (
+    "the interpreter replaces @triton.jit functions"
+)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -46,32 +48,82 @@ def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
 def build_attention(dtype: torch.dtype, head_dim: int, group: int) -> None:
     t = TYPES[dtype]
     pointers = {name: f"*{t}" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
-    pointers |= {name: "*i32" for name in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")}
+    pointers |= {
+        name: "*i32" for name in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
+    }
     pointers |= {name: "*fp32" for name in ("part_acc_ptr", "part_m_ptr", "part_l_ptr")}
     config = triton_attention._launch_config(dtype, head_dim, on_gpu=True)
     block_n, warps = config["decode"]
     common = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n)
-    build(triton_attention._decode_kernel, pointers, dict(
-        common, NUM_Q_HEADS=8 * group, GROUP=group, NUM_SPLITS=8, BLOCK_SIZE=16, BLOCK_G=16,
-        DOT_PRECISION=config["precision"]), num_warps=warps)
-    build(triton_attention._decode_reduce_kernel, pointers,
-          dict(common, NUM_Q_HEADS=8 * group, NUM_SPLITS=8, BLOCK_S=8))
+    build(
+        triton_attention._decode_kernel,
+        pointers,
+        dict(
+            common,
+            NUM_Q_HEADS=8 * group,
+            GROUP=group,
+            NUM_SPLITS=8,
+            BLOCK_SIZE=16,
+            BLOCK_G=16,
+            DOT_PRECISION=config["precision"],
+        ),
+        num_warps=warps,
+    )
+    build(
+        triton_attention._decode_reduce_kernel,
+        pointers,
+        dict(common, NUM_Q_HEADS=8 * group, NUM_SPLITS=8, BLOCK_S=8),
+    )
     block_m, block_n, warps, stages = config["prefill"]
-    build(triton_attention._prefill_kernel, pointers, dict(
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_D=head_dim,
-        BLOCK_N=block_n, DOT_PRECISION=config["precision"]), num_warps=warps, num_stages=stages)
+    build(
+        triton_attention._prefill_kernel,
+        pointers,
+        dict(
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=16,
+            BLOCK_M=block_m,
+            BLOCK_Q=block_m // group,
+            BLOCK_D=head_dim,
+            BLOCK_N=block_n,
+            DOT_PRECISION=config["precision"],
+        ),
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def build_pointwise(dtype: torch.dtype) -> None:
     t = f"*{TYPES[dtype]}"
-    build(triton_kv_cache._store_kv_cache_kernel,
-          {"key_ptr": t, "value_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "slot_mapping_ptr": "*i64"},
-          dict(HEAD_DIM=64, NUM_KV_HEADS=3, BLOCK_SIZE=16, BLOCK=256))
+    build(
+        triton_kv_cache._store_kv_cache_kernel,
+        {
+            "key_ptr": t,
+            "value_ptr": t,
+            "k_cache_ptr": t,
+            "v_cache_ptr": t,
+            "slot_mapping_ptr": "*i64",
+        },
+        dict(HEAD_DIM=64, NUM_KV_HEADS=3, BLOCK_SIZE=16, BLOCK=256),
+    )
     build(triton_activation._silu_and_mul_kernel, {"x_ptr": t, "y_ptr": t}, dict(BLOCK=1024))
-    build(triton_norm._rms_norm_kernel, dict.fromkeys(("x_ptr", "weight_ptr", "y_ptr", "residual_ptr",
-          "residual_out_ptr"), t), dict(HAS_RESIDUAL=True, BLOCK=1024))
-    build(triton_rotary._rotary_kernel, {"q_ptr": t, "k_ptr": t, "q_out_ptr": t, "k_out_ptr": t, "cos_ptr": "*fp32",
-          "sin_ptr": "*fp32"}, dict(HEAD_DIM=128, HALF=32, BLOCK_HQ=16, BLOCK_HK=4, BLOCK_HALF=32, BLOCK_PASS=64))
+    build(
+        triton_norm._rms_norm_kernel,
+        dict.fromkeys(("x_ptr", "weight_ptr", "y_ptr", "residual_ptr", "residual_out_ptr"), t),
+        dict(HAS_RESIDUAL=True, BLOCK=1024),
+    )
+    build(
+        triton_rotary._rotary_kernel,
+        {
+            "q_ptr": t,
+            "k_ptr": t,
+            "q_out_ptr": t,
+            "k_out_ptr": t,
+            "cos_ptr": "*fp32",
+            "sin_ptr": "*fp32",
+        },
+        dict(HEAD_DIM=128, HALF=32, BLOCK_HQ=16, BLOCK_HK=4, BLOCK_HALF=32, BLOCK_PASS=64),
+    )
 
 
 if __name__ == "__main__":

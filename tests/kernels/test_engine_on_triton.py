@@ -12,7 +12,9 @@ from localchat import LLM, SamplingParams
 from localchat.kernels import dispatch
 from tests.kernels.conftest import DEVICE
 
-pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter run; on a GPU the kernels run natively")
+pytestmark = pytest.mark.skipif(
+    DEVICE != "cpu", reason="the interpreter run; on a GPU the kernels run natively"
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +31,27 @@ def tiny_model(tmp_path_factory):
 
 
 def run(model: str, prompts: list[list[int]]):
-    llm = LLM(model, max_model_len=256, kv_cache_memory="4MiB", max_num_batched_tokens=24, block_size=8)
+    llm = LLM(
+        model, max_model_len=256, kv_cache_memory="4MiB", max_num_batched_tokens=24, block_size=8
+    )
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-    assert llm.engine.block_manager.prefix_cache_hits >= 16  # the second prompt reused the first's blocks
-    return [o.token_ids for o in outputs], llm.engine.prompt_logits(prompts[0] + outputs[0].token_ids)
+    assert (
+        llm.engine.block_manager.prefix_cache_hits >= 16
+    )  # the second prompt reused the first's blocks
+    return [o.token_ids for o in outputs], llm.engine.prompt_logits(
+        prompts[0] + outputs[0].token_ids
+    )
 
 
 def test_triton_kernels_in_the_engine_match_the_references(tiny_model, monkeypatch):
     generator = torch.Generator().manual_seed(2)
     shared = torch.randint(0, 512, (17,), generator=generator).tolist()
-    prompts = [shared + [5, 6], shared + [7], torch.randint(0, 512, (40,), generator=generator).tolist(), [3]]
+    prompts = [
+        shared + [5, 6],
+        shared + [7],
+        torch.randint(0, 512, (40,), generator=generator).tolist(),
+        [3],
+    ]
     expected_tokens, expected_logits = run(tiny_model, prompts)
     monkeypatch.setenv("LOCALCHAT_TRITON_ON_CPU", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -38,10 +38,16 @@ from tests.kernels.conftest import (
 
 ON_GPU = DEVICE != "cpu"
 # On a GPU float32 matmuls in the attention kernels run as 3xTF32: close to, not exactly, float32.
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
-       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-ATTN_TOL = {torch.float32: dict(atol=1e-4 if ON_GPU else 1e-5, rtol=1e-4), torch.float16: dict(atol=1e-2, rtol=1e-2),
-            torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+ATTN_TOL = {
+    torch.float32: dict(atol=1e-4 if ON_GPU else 1e-5, rtol=1e-4),
+    torch.float16: dict(atol=1e-2, rtol=1e-2),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
 # The interpreter's bfloat16 arithmetic is broken (Triton issues #4972, #11584): bfloat16 only on a GPU.
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks the CPU dispatch and the interpreter")
@@ -64,7 +70,9 @@ def test_store_kv_cache(dtype, num_kv_heads, head_dim):
     key, value = fused[:, num_kv_heads : 2 * num_kv_heads], fused[:, 2 * num_kv_heads :]
     slots = torch.randperm(num_blocks * block_size)[:tokens]
     slots[[2, 5]] = -1  # padding tokens
-    caches = [torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype) for _ in range(2)]
+    caches = [
+        torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype) for _ in range(2)
+    ]
     expected = [c.clone() for c in caches]
     store_kv_cache_ref(key, value, *expected, slots)
     store_kv_cache_triton(key, value, *caches, slots)
@@ -147,7 +155,9 @@ def make_batch(seqs, num_kv_heads, head_dim, dtype, block_size=16, spare_blocks=
     for i, ((seq_len, q_len), n) in enumerate(zip(seqs, blocks_per_seq)):
         blocks, order = order[:n], order[n:]
         block_tables[i, :n] = torch.tensor(blocks, dtype=torch.int32)
-        slots = [blocks[pos // block_size] * block_size + pos % block_size for pos in range(seq_len)]
+        slots = [
+            blocks[pos // block_size] * block_size + pos % block_size for pos in range(seq_len)
+        ]
         readable[slots] = True
         slot_mapping += slots[seq_len - q_len :]
         query_start_loc.append(query_start_loc[-1] + q_len)
@@ -171,8 +181,12 @@ def make_batch(seqs, num_kv_heads, head_dim, dtype, block_size=16, spare_blocks=
     return k_cache, v_cache, md, poisoned
 
 
-def check_attention(seqs, num_q_heads, num_kv_heads, head_dim, dtype, num_splits=None, layers=1, block_size=16):
-    k_cache, v_cache, md, (k_poisoned, v_poisoned) = make_batch(seqs, num_kv_heads, head_dim, dtype, block_size)
+def check_attention(
+    seqs, num_q_heads, num_kv_heads, head_dim, dtype, num_splits=None, layers=1, block_size=16
+):
+    k_cache, v_cache, md, (k_poisoned, v_poisoned) = make_batch(
+        seqs, num_kv_heads, head_dim, dtype, block_size
+    )
     scale = head_dim**-0.5
     for _ in range(layers):  # later layers reuse the step's scratch (split-K buffers)
         q = torch.randn(md.query_start_loc_cpu[-1], num_q_heads, head_dim, dtype=dtype)
@@ -205,7 +219,9 @@ def test_decode_non_power_of_two_heads():
 def test_prefill(num_q_heads, num_kv_heads):
     # Whole prompts: query length == sequence length (a prefill of 1 token goes through the prefill kernel).
     seqs = [(n, n) for n in [15, 16, 17, 33]] + [(1, 1)]
-    seqs = seqs[-1:] + seqs[:-1]  # a 1-token prompt is a decode by the batch's definition: put it first
+    seqs = (
+        seqs[-1:] + seqs[:-1]
+    )  # a 1-token prompt is a decode by the batch's definition: put it first
     check_attention(seqs, num_q_heads, num_kv_heads, 64, torch.float32)
 
 
@@ -230,7 +246,9 @@ def test_mixed_batch(dtype):
 
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_other_block_sizes(block_size):
-    check_attention([(9, 1), (33, 1), (40, 9), (17, 17)], 4, 2, 64, torch.float32, block_size=block_size)
+    check_attention(
+        [(9, 1), (33, 1), (40, 9), (17, 17)], 4, 2, 64, torch.float32, block_size=block_size
+    )
 
 
 def test_head_dim_not_power_of_two():
@@ -244,9 +262,16 @@ def test_head_dim_not_power_of_two():
 def test_kernels_build_for_sm90():
     # The interpreter never compiles; build for an H100/H200 target in a fresh process without it.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, str(Path(__file__).with_name("sm90_build.py"))],
-                            env=env, capture_output=True, text=True, timeout=300)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).parents[2]), env.get("PYTHONPATH")])
+    )
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("sm90_build.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
 
 
@@ -263,12 +288,17 @@ def fresh_dispatch():
 
 def _forbid_triton(monkeypatch):
     """Make every Triton entry point raise, so a dispatcher that picks one fails the test."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("a CPU tensor was dispatched to a Triton kernel")
 
-    for module, name in [(triton_activation, "silu_and_mul_triton"), (triton_attention, "paged_attention_triton"),
-                         (triton_kv_cache, "store_kv_cache_triton"), (triton_norm, "rms_norm_triton"),
-                         (triton_rotary, "rotary_embedding_triton")]:
+    for module, name in [
+        (triton_activation, "silu_and_mul_triton"),
+        (triton_attention, "paged_attention_triton"),
+        (triton_kv_cache, "store_kv_cache_triton"),
+        (triton_norm, "rms_norm_triton"),
+        (triton_rotary, "rotary_embedding_triton"),
+    ]:
         monkeypatch.setattr(module, name, forbidden)
 
 

@@ -22,7 +22,9 @@ from tests.kernels.conftest import (
 
 ON_GPU = DEVICE != "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
-cpu_only = pytest.mark.skipif(ON_GPU, reason="checks the interpreter's launch config and the sm_90 build")
+cpu_only = pytest.mark.skipif(
+    ON_GPU, reason="checks the interpreter's launch config and the sm_90 build"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +115,9 @@ def test_leading_dims_strides_and_empty():
     x = torch.randn(2, 3, 128)[..., ::2]  # non-contiguous last dim
     out = triton_quant_linear(x, weight)
     assert out.shape == (2, 3, 40)
-    torch.testing.assert_close(out.reshape(6, 40), reference(x.reshape(6, 64), weight, None), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        out.reshape(6, 40), reference(x.reshape(6, 64), weight, None), atol=1e-4, rtol=1e-4
+    )
     assert triton_quant_linear(torch.randn(0, 64), weight).shape == (0, 40)
 
 
@@ -149,7 +153,9 @@ def test_gpu_launch_configs(monkeypatch, u4, dtype):
             k_blocks = -(-k // c["block_k"])
             assert c["block_k"] % 32 == 0 and (c["splits"] - 1) * c["blocks_per_split"] < k_blocks
             assert c["splits"] * c["blocks_per_split"] >= k_blocks
-            if m >= 512 and n >= 4096:  # a tile for every SM already (a narrow N still splits its long K)
+            if (
+                m >= 512 and n >= 4096
+            ):  # a tile for every SM already (a narrow N still splits its long K)
                 assert c["splits"] == 1
     assert tql._launch_config(1, 4096, 4096, u4, dtype, cuda)["splits"] > 1
 
@@ -207,6 +213,13 @@ def test_kernel_builds_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).parents[2]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-c", SM90_BUILD], cwd=root, env=env, capture_output=True, text=True,
-                            timeout=600, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", SM90_BUILD],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-4000:]

@@ -24,14 +24,26 @@ def server(default_gguf, tmp_path_factory):
     """The server process. At the end it gets SIGTERM while a stream runs: the stream must still finish
     (data: [DONE]) and the process exit with status 0."""
     log_path = tmp_path_factory.mktemp("server") / "serve.log"
-    args = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting",
-            str(MAX_WAITING), "--kv-cache-memory", "256MiB", "--grace-period", "20",
-            "--threads", "1"]  # one core for the server, one for the tests
+    args = [
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-waiting",
+        str(MAX_WAITING),
+        "--kv-cache-memory",
+        "256MiB",
+        "--grace-period",
+        "20",
+        "--threads",
+        "1",
+    ]  # one core for the server, one for the tests
     with serve_process(log_path, *args, api_key=API_KEY, timeout=180) as server:
         yield server
         stream_lines = _terminate_during_stream(server.process, server.base_url)
-    assert server.process.returncode == 0, \
+    assert server.process.returncode == 0, (
         f"serve exited with {server.process.returncode} after SIGTERM:\n{server.log()}"
+    )
     assert stream_lines[-1] == "data: [DONE]", stream_lines
 
 
@@ -41,8 +53,13 @@ def _terminate_during_stream(process: subprocess.Popen, base_url: str) -> list[s
     body = {"prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True, "stream": True}
 
     def consume():
-        with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60,
-                          headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+        with httpx.stream(
+            "POST",
+            f"{base_url}/v1/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {API_KEY}"},
+        ) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     lines.append(line)
@@ -64,7 +81,9 @@ def base_url(server) -> str:
 
 @pytest.fixture(scope="session")
 def http(base_url):
-    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as client:
+    with httpx.Client(
+        base_url=base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120
+    ) as client:
         yield client
 
 
@@ -90,7 +109,10 @@ def _wait_until_idle(base_url: str, timeout: float = 10.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         metrics = _read_metrics(base_url)
-        if metrics["localchat_num_requests_running"] == 0 and metrics["localchat_num_requests_waiting"] == 0:
+        if (
+            metrics["localchat_num_requests_running"] == 0
+            and metrics["localchat_num_requests_waiting"] == 0
+        ):
             return metrics
         assert time.monotonic() < deadline, f"requests still running after {timeout}s: {metrics}"
         time.sleep(0.05)

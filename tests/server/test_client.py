@@ -22,10 +22,15 @@ def test_client(base_url):
         deltas = list(client.chat(MESSAGES, stream=True, max_tokens=6, temperature=0))
         assert all(isinstance(d, Delta) for d in deltas)
         assert "".join(d.text for d in deltas) == reply.text
-        assert deltas[-1].usage is not None and deltas[-1].usage.completion_tokens == reply.usage.completion_tokens
+        assert (
+            deltas[-1].usage is not None
+            and deltas[-1].usage.completion_tokens == reply.usage.completion_tokens
+        )
         assert [d.finish_reason for d in deltas if d.finish_reason] == [reply.finish_reason]
         completion = client.complete("The sky is", max_tokens=3, temperature=0)
-        streamed = "".join(d.text for d in client.complete("The sky is", stream=True, max_tokens=3, temperature=0))
+        streamed = "".join(
+            d.text for d in client.complete("The sky is", stream=True, max_tokens=3, temperature=0)
+        )
         assert completion.text == streamed
         tokens = client.tokenize("Hello world")
         assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == MAX_MODEL_LEN
@@ -49,7 +54,9 @@ async def test_async_client(base_url):
         assert await client.health() is True
         assert len(await client.models()) == 1
         reply = await client.chat(MESSAGES, max_tokens=5, temperature=0)
-        texts = [d.text async for d in client.chat(MESSAGES, stream=True, max_tokens=5, temperature=0)]
+        texts = [
+            d.text async for d in client.chat(MESSAGES, stream=True, max_tokens=5, temperature=0)
+        ]
         assert "".join(texts) == reply.text
         completion = await client.complete("Hello", max_tokens=3, n=2, seed=3, temperature=0.7)
         assert len(completion.texts) == 2

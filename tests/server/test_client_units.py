@@ -18,16 +18,19 @@ from localchat.client import (
 )
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("localhost:8000", "http://localhost:8000/v1"),
-    ("http://h:1", "http://h:1/v1"),
-    ("http://h:1/", "http://h:1/v1"),
-    ("http://h:1/v1/", "http://h:1/v1"),
-    (" https://h/v1 ", "https://h/v1"),
-    ("http://h:1/v1/chat/completions", "http://h:1/v1"),
-    ("h:8000/v1/completions", "http://h:8000/v1"),
-    ("http://h/openai/v1/chat/completions/", "http://h/openai/v1"),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("localhost:8000", "http://localhost:8000/v1"),
+        ("http://h:1", "http://h:1/v1"),
+        ("http://h:1/", "http://h:1/v1"),
+        ("http://h:1/v1/", "http://h:1/v1"),
+        (" https://h/v1 ", "https://h/v1"),
+        ("http://h:1/v1/chat/completions", "http://h:1/v1"),
+        ("h:8000/v1/completions", "http://h:8000/v1"),
+        ("http://h/openai/v1/chat/completions/", "http://h/openai/v1"),
+    ],
+)
 def test_api_base(url, expected):
     assert api_base(url) == expected
 
@@ -52,11 +55,19 @@ def test_paths_headers_and_errors_share_one_root():
             return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 64}]})
         if request.url.path == "/api/tokenize":
             return httpx.Response(404, text="no such route")
-        return httpx.Response(400, json={"error": {"message": "bad top_p", "type": "invalid_request_error",
-                                                   "param": "top_p"}})
+        return httpx.Response(
+            400,
+            json={
+                "error": {"message": "bad top_p", "type": "invalid_request_error", "param": "top_p"}
+            },
+        )
 
-    with Client("http://h/api/v1/chat/completions", api_key="k", transport=httpx.MockTransport(handler)) as client:
-        assert client.model_cards() == [{"id": "m", "max_model_len": 64}] and client.models() == ["m"]
+    with Client(
+        "http://h/api/v1/chat/completions", api_key="k", transport=httpx.MockTransport(handler)
+    ) as client:
+        assert client.model_cards() == [{"id": "m", "max_model_len": 64}] and client.models() == [
+            "m"
+        ]
         with pytest.raises(APIError) as error:
             client.tokenize("x")
         assert (error.value.status, error.value.message) == (404, "no such route")
@@ -64,26 +75,54 @@ def test_paths_headers_and_errors_share_one_root():
             client.chat([], top_p=7)
         assert (error.value.status, error.value.param) == (400, "top_p")
         assert error.value.describe() == "the server answered 400: bad top_p"
-    assert [path for path, _ in seen] == ["/api/v1/models", "/api/v1/models", "/api/tokenize",
-                                          "/api/v1/chat/completions"]
+    assert [path for path, _ in seen] == [
+        "/api/v1/models",
+        "/api/v1/models",
+        "/api/tokenize",
+        "/api/v1/chat/completions",
+    ]
     assert {auth for _, auth in seen} == {"Bearer k"}
 
 
 async def test_async_stream_reasoning_usage_and_error_chunks():
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        assert body["stream"] and body["stream_options"] == {"include_usage": True} and body["model"] == "m"
+        assert (
+            body["stream"]
+            and body["stream_options"] == {"include_usage": True}
+            and body["model"] == "m"
+        )
         if body["messages"][0]["content"] == "fail":
-            return httpx.Response(200, content=_sse({"error": {"message": "engine died", "code": 503}}))
-        return httpx.Response(200, content=_sse(
-            {"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]},
-            {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
-                                      "prompt_tokens_details": {"cached_tokens": 4}}}))
+            return httpx.Response(
+                200, content=_sse({"error": {"message": "engine died", "code": 503}})
+            )
+        return httpx.Response(
+            200,
+            content=_sse(
+                {
+                    "choices": [
+                        {"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": None}
+                    ]
+                },
+                {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]},
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 5,
+                        "completion_tokens": 2,
+                        "total_tokens": 7,
+                        "prompt_tokens_details": {"cached_tokens": 4},
+                    },
+                },
+            ),
+        )
 
     async with AsyncClient("http://h", model="m", transport=httpx.MockTransport(handler)) as client:
         deltas = [d async for d in client.chat([{"role": "user", "content": "q"}], stream=True)]
-        assert [(d.reasoning, d.text, d.finish_reason) for d in deltas[:2]] == [("hmm", "", None), ("", "Hi", "stop")]
+        assert [(d.reasoning, d.text, d.finish_reason) for d in deltas[:2]] == [
+            ("hmm", "", None),
+            ("", "Hi", "stop"),
+        ]
         assert deltas[2].usage.cached_tokens == 4 and deltas[2].usage.completion_tokens == 2
         with pytest.raises(APIError) as error:
             [d async for d in client.chat([{"role": "user", "content": "fail"}], stream=True)]

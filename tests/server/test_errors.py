@@ -19,7 +19,13 @@ CASES = [
     ("missing-messages", CHAT, {"model": None}, 400, "messages"),
     ("malformed-temperature", CHAT, {"messages": USER, "temperature": "hot"}, 400, "temperature"),
     ("malformed-content", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, None),
-    ("image-part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
+    (
+        "image-part",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages",
+    ),
     ("unknown-role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ("empty-messages", CHAT, {"messages": []}, 400, "messages"),
     ("temperature-low", CHAT, {"messages": USER, "temperature": -0.5}, 400, "temperature"),
@@ -28,17 +34,44 @@ CASES = [
     ("top-p-high", CHAT, {"messages": USER, "top_p": 1.5}, 400, "top_p"),
     ("n-zero", CHAT, {"messages": USER, "n": 0}, 400, "n"),
     ("max-tokens-zero", CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
-    ("max-completion-tokens-negative", CHAT, {"messages": USER, "max_completion_tokens": -3}, 400,
-     "max_completion_tokens"),
-    ("top-logprobs-21", CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-    ("top-logprobs-without-logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
+    (
+        "max-completion-tokens-negative",
+        CHAT,
+        {"messages": USER, "max_completion_tokens": -3},
+        400,
+        "max_completion_tokens",
+    ),
+    (
+        "top-logprobs-21",
+        CHAT,
+        {"messages": USER, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "top-logprobs-without-logprobs",
+        CHAT,
+        {"messages": USER, "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
     ("seed-over-int64", CHAT, {"messages": USER, "seed": 2**63}, 400, "seed"),
     ("seed-under-int64", CHAT, {"messages": USER, "seed": -(2**63) - 1}, 400, "seed"),
-    ("stream-options-without-stream", CHAT, {"messages": USER, "stream_options": {"include_usage": True}}, 400,
-     "stream_options"),
+    (
+        "stream-options-without-stream",
+        CHAT,
+        {"messages": USER, "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
     ("presence-penalty", CHAT, {"messages": USER, "presence_penalty": 3}, 400, "presence_penalty"),
-    ("template-kwargs-clash", CHAT, {"messages": USER, "chat_template_kwargs": {"messages": []}}, 400,
-     "chat_template_kwargs"),
+    (
+        "template-kwargs-clash",
+        CHAT,
+        {"messages": USER, "chat_template_kwargs": {"messages": []}},
+        400,
+        "chat_template_kwargs",
+    ),
     ("unknown-model", CHAT, {"messages": USER, "model": "gpt-9"}, 404, "model"),
     ("completion-bad-prompt", COMPLETIONS, {"prompt": [["a"], 1]}, 400, "prompt"),
     ("completion-missing-prompt", COMPLETIONS, {"max_tokens": 3}, 400, "prompt"),
@@ -62,7 +95,9 @@ def _check_error(response: httpx.Response, status: int, param: str | None = None
     return error
 
 
-@pytest.mark.parametrize("path,body,status,param", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "path,body,status,param", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_input(http, path, body, status, param):
     if isinstance(body, bytes):
         response = http.post(path, content=body, headers={"Content-Type": "application/json"})
@@ -84,8 +119,16 @@ def test_prompt_longer_than_context(http, path):
     assert "100" in message and str(MAX_MODEL_LEN) in message
 
 
-@pytest.mark.parametrize("path,method", [(CHAT, "POST"), (COMPLETIONS, "POST"), ("/v1/models", "GET"),
-                                         ("/tokenize", "POST"), ("/detokenize", "POST")])
+@pytest.mark.parametrize(
+    "path,method",
+    [
+        (CHAT, "POST"),
+        (COMPLETIONS, "POST"),
+        ("/v1/models", "GET"),
+        ("/tokenize", "POST"),
+        ("/detokenize", "POST"),
+    ],
+)
 def test_api_key_required(base_url, path, method):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key-123"}):
         response = httpx.request(method, f"{base_url}{path}", json={"prompt": "x"}, headers=headers)
@@ -99,7 +142,9 @@ def test_open_endpoints(base_url, path):
 
 def test_server_still_serves_after_bad_input(http):
     for case in CASES[:5]:
-        http.post(case[1], json=case[2]) if not isinstance(case[2], bytes) else http.post(case[1], content=case[2])
+        http.post(case[1], json=case[2]) if not isinstance(case[2], bytes) else http.post(
+            case[1], content=case[2]
+        )
     response = http.post(CHAT, json={"messages": USER, "max_tokens": 3, "temperature": 0})
     assert response.status_code == 200
     body = response.json()

@@ -28,8 +28,13 @@ def _events(response: httpx.Response) -> list:
 
 
 def test_sse_wire_format(http):
-    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -39,17 +44,29 @@ def test_sse_wire_format(http):
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["object"] == "chat.completion.chunk" and c["usage"] is None for c in chunks)
     assert len({c["id"] for c in chunks + [usage_chunk]}) == 1
-    assert [c["choices"][0]["finish_reason"] is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert [c["choices"][0]["finish_reason"] is not None for c in chunks] == [False] * (
+        len(chunks) - 1
+    ) + [True]
     assert usage_chunk["choices"] == [] and set(usage_chunk["usage"]) == {
-        "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+    }
     # without include_usage: no usage key at all, still [DONE]
-    with http.stream("POST", "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream": True}) as response:
+    with http.stream(
+        "POST", "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream": True}
+    ) as response:
         events = _events(response)
     assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
 
 
 def _chat_body(position: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"Count to {position}."}], "max_tokens": 6, "temperature": 0}
+    return {
+        "messages": [{"role": "user", "content": f"Count to {position}."}],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
 
 
 async def _stream_one(client: httpx.AsyncClient, position: int) -> tuple[str, str | None]:
@@ -128,7 +145,9 @@ async def test_waiting_queue_bound_gives_503(base_url, metrics, wait_idle):
                 pass
 
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=AUTH, timeout=60, limits=limits
+    ) as client:
         holders = [asyncio.create_task(hold(client)) for _ in range(MAX_NUM_SEQS + MAX_WAITING + 2)]
         try:
             deadline = time.monotonic() + 30

@@ -21,7 +21,9 @@ HAMMER_TEXT = "Tokenizers are shared state; é, ü and 日本語 take several by
 
 async def _stream_text(client: httpx.AsyncClient, prompt: str) -> str:
     text = ""
-    async with client.stream("POST", "/v1/completions", json={"prompt": prompt, "stream": True, **PARAMS}) as response:
+    async with client.stream(
+        "POST", "/v1/completions", json={"prompt": prompt, "stream": True, **PARAMS}
+    ) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -34,7 +36,9 @@ async def _hammer(client: httpx.AsyncClient, expected: list[int], done: asyncio.
     rounds = 0
     messages = [{"role": "user", "content": HAMMER_TEXT}]
     while not done.is_set():
-        tokens = (await client.post("/tokenize", json={"prompt": HAMMER_TEXT, "return_token_strs": True})).json()
+        tokens = (
+            await client.post("/tokenize", json={"prompt": HAMMER_TEXT, "return_token_strs": True})
+        ).json()
         assert tokens["tokens"] == expected and len(tokens["token_strs"]) == len(expected)
         chat = await client.post("/tokenize", json={"messages": messages})
         assert chat.status_code == 200 and chat.json()["count"] > len(expected)
@@ -46,11 +50,16 @@ async def _hammer(client: httpx.AsyncClient, expected: list[int], done: asyncio.
 
 async def test_tokenize_hammered_while_16_streams_decode(http, base_url, wait_idle):
     # 16 streams: each of the 8 prompts twice, each checked against that prompt run alone
-    solo = [http.post("/v1/completions", json={"prompt": p, **PARAMS}).json()["choices"][0]["text"] for p in PROMPTS]
+    solo = [
+        http.post("/v1/completions", json={"prompt": p, **PARAMS}).json()["choices"][0]["text"]
+        for p in PROMPTS
+    ]
     expected = http.post("/tokenize", json={"prompt": HAMMER_TEXT}).json()["tokens"]
     done = asyncio.Event()
     limits = httpx.Limits(max_connections=32)
-    async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=120, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=AUTH, timeout=120, limits=limits
+    ) as client:
         hammers = [asyncio.create_task(_hammer(client, expected, done)) for _ in range(2)]
         try:
             streamed = await asyncio.gather(*(_stream_text(client, p) for p in PROMPTS * 2))

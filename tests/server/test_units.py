@@ -44,9 +44,18 @@ class FakeEngine:
     """Enough of AsyncEngine for the app: every request says "Hi" then fails if `fail` is set."""
 
     tokenizer, is_ready, is_dead, error = None, True, False, None
-    model_info = ModelInfo(name="fake", source_kind="hf_dir", source_path=Path("fake"), config_dir=Path("fake"),
-                           load_format="dummy", vocab_size=64, max_model_len=64, dtype=torch.float32, device="cpu",
-                           eos_token_ids=(0,))
+    model_info = ModelInfo(
+        name="fake",
+        source_kind="hf_dir",
+        source_path=Path("fake"),
+        config_dir=Path("fake"),
+        load_format="dummy",
+        vocab_size=64,
+        max_model_len=64,
+        dtype=torch.float32,
+        device="cpu",
+        eos_token_ids=(0,),
+    )
 
     def __init__(self, fail: bool):
         self.fail = fail
@@ -55,8 +64,13 @@ class FakeEngine:
     async def add_request(self, prompt, params, request_id):
         delta = RequestOutput(request_id, None, [1, 2, 3], [CompletionOutput(0, "Hi", [7])])
         error = EngineDeadError("the engine stopped after an error: boom") if self.fail else None
-        finished = RequestOutput(request_id, None, [1, 2, 3], [CompletionOutput(0, "!", [8], None, "stop")],
-                                 finished=True)
+        finished = RequestOutput(
+            request_id,
+            None,
+            [1, 2, 3],
+            [CompletionOutput(0, "!", [8], None, "stop")],
+            finished=True,
+        )
         stream = FakeStream(request_id, [delta] if self.fail else [delta, finished], error)
         self.streams.append(stream)
         return stream
@@ -76,11 +90,16 @@ def _client(fail: bool) -> tuple[AsyncTestClient, FakeEngine]:
 async def test_engine_error_mid_stream_sends_error_chunk_then_done():
     client, engine = _client(fail=True)
     async with client:
-        response = await client.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "x"}], "stream": True})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], "stream": True},
+        )
     events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
     assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": "Hi"}
-    assert json.loads(events[1])["error"]["code"] == 503 and "boom" in json.loads(events[1])["error"]["message"]
+    assert (
+        json.loads(events[1])["error"]["code"] == 503
+        and "boom" in json.loads(events[1])["error"]["message"]
+    )
     assert events[2] == "[DONE]" and len(events) == 3
     assert engine.streams[0].closed
 
@@ -95,10 +114,16 @@ async def test_engine_error_without_stream_is_503():
 async def test_whole_answer_from_deltas():
     client, _ = _client(fail=False)
     async with client:
-        body = (await client.post("/v1/completions", json={"prompt": ["a", "b"], "echo": True})).json()
+        body = (
+            await client.post("/v1/completions", json={"prompt": ["a", "b"], "echo": True})
+        ).json()
     assert [c["text"] for c in body["choices"]] == ["aHi!", "bHi!"]
-    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert body["usage"] == {
+        "prompt_tokens": 6,
+        "completion_tokens": 4,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_parse_prompts():
@@ -123,10 +148,14 @@ def test_histogram_buckets_are_cumulative():
 def test_client_parses_sse_lines():
     assert _deltas("data: [DONE]") is None
     assert _deltas(": keep-alive") == []
-    [delta] = _deltas('data: {"choices": [{"index": 1, "delta": {"content": "a"}, "finish_reason": "stop"}]}')
+    [delta] = _deltas(
+        'data: {"choices": [{"index": 1, "delta": {"content": "a"}, "finish_reason": "stop"}]}'
+    )
     assert (delta.text, delta.index, delta.finish_reason) == ("a", 1, "stop")
-    [usage] = _deltas('data: {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, '
-                      '"total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}}')
+    [usage] = _deltas(
+        'data: {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, '
+        '"total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}}'
+    )
     assert usage.usage.cached_tokens == 1 and usage.text == ""
     with pytest.raises(APIError) as error:
         _deltas('data: {"error": {"message": "boom", "type": "service_unavailable", "code": 503}}')
@@ -136,8 +165,13 @@ def test_client_parses_sse_lines():
 async def test_cors_origin():
     app = build_app(ServerState(FakeEngine(fail=False), "fake"), cors_origins=["https://app.test"])
     async with AsyncTestClient(app=app) as client:
-        response = await client.options("/v1/models", headers={
-            "Origin": "https://app.test", "Access-Control-Request-Method": "GET",
-            "Access-Control-Request-Headers": "authorization"})
+        response = await client.options(
+            "/v1/models",
+            headers={
+                "Origin": "https://app.test",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "authorization",
+            },
+        )
     assert response.status_code in (200, 204)
     assert response.headers["access-control-allow-origin"] == "https://app.test"

@@ -61,5 +61,10 @@ async def send(pilot, text: str) -> None:
 async def reply_done(pilot, timeout: float = 120.0) -> None:
     """Wait until the model is loaded and no reply is being written."""
     app = pilot.app
-    await wait_until(pilot, lambda: app.chat.ready.is_set() and not app.chat.generating, timeout, "the reply to finish")
+    await wait_until(
+        pilot,
+        lambda: app.chat.ready.is_set() and not app.chat.generating,
+        timeout,
+        "the reply to finish",
+    )
     await asyncio.sleep(0)

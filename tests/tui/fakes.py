@@ -26,8 +26,16 @@ class FakeBackend(ChatBackend):
     `stall_after=N` stops it after N pieces until it is closed, so a test can stop a reply midway. Every
     request is kept in `requests`."""
 
-    def __init__(self, replies: list[str] | None = None, *, max_model_len: int = 4096, delay: float = 0.0,
-                 hold: asyncio.Event | None = None, fail: str | None = None, stall_after: int | None = None):
+    def __init__(
+        self,
+        replies: list[str] | None = None,
+        *,
+        max_model_len: int = 4096,
+        delay: float = 0.0,
+        hold: asyncio.Event | None = None,
+        fail: str | None = None,
+        stall_after: int | None = None,
+    ):
         self.model_name = "fake-model"
         self.description = "fake backend"
         self.max_model_len = max_model_len
@@ -51,7 +59,9 @@ class FakeBackend(ChatBackend):
         self.requests.append(request)
         if self.fail:
             raise RuntimeError(self.fail)
-        reply = self.replies.pop(0) if self.replies else "You said: " + request.messages[-1]["content"]
+        reply = (
+            self.replies.pop(0) if self.replies else "You said: " + request.messages[-1]["content"]
+        )
         prompt_tokens = await self.count_prompt_tokens(request)
         splitter = ThinkSplitter()
         pieces = [w + " " for w in reply.split(" ")]
@@ -69,8 +79,16 @@ class FakeBackend(ChatBackend):
                 if last:
                     rest = splitter.flush()
                     thinking, text = thinking + rest[0], text + rest[1]
-                yield ReplyDelta(text, thinking, "stop" if last else None, i + 1, prompt_tokens,
-                                 (prompt_tokens // 16) * 16, 0.05, 42.0)
+                yield ReplyDelta(
+                    text,
+                    thinking,
+                    "stop" if last else None,
+                    i + 1,
+                    prompt_tokens,
+                    (prompt_tokens // 16) * 16,
+                    0.05,
+                    42.0,
+                )
         finally:
             self.running -= 1
 

@@ -30,8 +30,11 @@ class RecordingBackend(EngineBackend):
 
 
 def make_app(engine, store=None, **settings) -> ChatApp:
-    return ChatApp(RecordingBackend(engine), store or ConversationStore(None),
-                   conversation=greedy_conversation(**settings))
+    return ChatApp(
+        RecordingBackend(engine),
+        store or ConversationStore(None),
+        conversation=greedy_conversation(**settings),
+    )
 
 
 async def test_a_streamed_reply_then_a_second_turn_served_from_the_prefix_cache(chat_engine):
@@ -49,7 +52,10 @@ async def test_a_streamed_reply_then_a_second_turn_served_from_the_prefix_cache(
         await reply_done(pilot)
         second = app.chat.session.conversation.messages[-1]
         request = app.backend.requests[-1]
-        assert [m["content"] for m in request.messages][:2] == ["Hello! What is your name?", first.content]
+        assert [m["content"] for m in request.messages][:2] == [
+            "Hello! What is your name?",
+            first.content,
+        ]
         assert second.meta["prompt_tokens"] > turn1_prompt + first.meta["completion_tokens"]
         assert second.meta["cached_tokens"] >= (turn1_prompt // 16) * 16 > 0
         meta_line = str(app.query(AssistantMessage).last().meta.render())
@@ -61,14 +67,25 @@ async def test_escape_aborts_the_engine_request_and_keeps_the_partial_reply(chat
     app = make_app(chat_engine, max_tokens=200)
     async with app.run_test(size=(100, 30)) as pilot:
         await send(pilot, "Write a long story about a dragon.")
-        await wait_until(pilot, lambda: len(app.chat.session.conversation.messages) == 2
-                         and app.chat.session.conversation.messages[1].content, what="the first words")
+        await wait_until(
+            pilot,
+            lambda: (
+                len(app.chat.session.conversation.messages) == 2
+                and app.chat.session.conversation.messages[1].content
+            ),
+            what="the first words",
+        )
         await pilot.press("escape")
         await reply_done(pilot)
         reply = app.chat.session.conversation.messages[-1]
         assert reply.stopped and reply.content and reply.meta["completion_tokens"] < 200
         assert app.query_one(AssistantMessage).has_class("stopped")
-        await wait_until(pilot, lambda: chat_engine.stats().num_running == 0, 10, "the engine to drop the request")
+        await wait_until(
+            pilot,
+            lambda: chat_engine.stats().num_running == 0,
+            10,
+            "the engine to drop the request",
+        )
         assert chat_engine.stats().num_waiting == 0
 
 
@@ -82,7 +99,9 @@ async def test_regenerate_and_edit_resend(chat_engine):
         await pilot.press("ctrl+r")
         await reply_done(pilot)
         messages = app.chat.session.conversation.messages
-        assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content == first  # greedy
+        assert [m.role for m in messages] == ["user", "assistant"] and messages[
+            1
+        ].content == first  # greedy
         assert len(app.query(AssistantMessage)) == 1
         # a regenerated reply re-uses the whole cached prompt
         assert messages[1].meta["cached_tokens"] >= (messages[1].meta["prompt_tokens"] // 16) * 16
@@ -110,14 +129,26 @@ async def test_slash_commands_set_the_sampling_params_the_engine_receives(chat_e
     monkeypatch.setattr(chat_engine, "add_request", spy)
     app = make_app(chat_engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        for command in ("/set temperature 0.5", "/set top_p 0.8", "/set top_k 20", "/set max_tokens 4",
-                        "/set seed 1234", "/set repetition_penalty 1.1"):
+        for command in (
+            "/set temperature 0.5",
+            "/set top_p 0.8",
+            "/set top_k 20",
+            "/set max_tokens 4",
+            "/set seed 1234",
+            "/set repetition_penalty 1.1",
+        ):
             await send(pilot, command)
         await send(pilot, "Hi there")
         await reply_done(pilot)
     params = received[-1]
-    assert (params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed,
-            params.repetition_penalty) == (0.5, 0.8, 20, 4, 1234, 1.1)
+    assert (
+        params.temperature,
+        params.top_p,
+        params.top_k,
+        params.max_tokens,
+        params.seed,
+        params.repetition_penalty,
+    ) == (0.5, 0.8, 20, 4, 1234, 1.1)
     assert app.chat.session.conversation.messages[-1].meta["completion_tokens"] <= 4
 
 

@@ -32,7 +32,10 @@ async def test_enter_sends_and_the_reply_streams_in():
         backend.hold.set()
         await reply_done(pilot)
         messages = app.chat.session.conversation.messages
-        assert [(m.role, m.content) for m in messages] == [("user", "hello"), ("assistant", "one two three four")]
+        assert [(m.role, m.content) for m in messages] == [
+            ("user", "hello"),
+            ("assistant", "one two three four"),
+        ]
         assert app.query_one(AssistantMessage).markdown.source == "one two three four"
         assert app.query_one(PromptBox).text == ""
         assert "idle" in str(app.query_one(StatusBar).render())
@@ -62,11 +65,19 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text():
     app = make_app(backend)
     async with app.run_test() as pilot:
         await send(pilot, "go")
-        await wait_until(pilot, lambda: "beta" in app.chat.session.conversation.messages[-1].content, what="two words")
+        await wait_until(
+            pilot,
+            lambda: "beta" in app.chat.session.conversation.messages[-1].content,
+            what="two words",
+        )
         await pilot.press("escape")
         await reply_done(pilot)
         reply = app.chat.session.conversation.messages[-1]
-        assert reply.stopped and reply.content.startswith("alpha beta") and reply.content != "alpha beta gamma delta"
+        assert (
+            reply.stopped
+            and reply.content.startswith("alpha beta")
+            and reply.content != "alpha beta gamma delta"
+        )
         assert backend.running == 0
         view = app.query_one(AssistantMessage)
         assert view.has_class("stopped") and "stopped" in str(view.meta.render())
@@ -76,16 +87,30 @@ async def test_slash_commands_change_settings_system_prompt_and_thinking():
     backend = FakeBackend()
     app = make_app(backend)
     async with app.run_test() as pilot:
-        for command in ("/set temperature 0.3", "/set top_p 0.5", "/set top_k 7", "/set max_tokens 9",
-                        "/set seed 11", "/set repetition_penalty 1.2", "/system Be brief.", "/think off"):
+        for command in (
+            "/set temperature 0.3",
+            "/set top_p 0.5",
+            "/set top_k 7",
+            "/set max_tokens 9",
+            "/set seed 11",
+            "/set repetition_penalty 1.2",
+            "/system Be brief.",
+            "/think off",
+        ):
             await send(pilot, command)
         await send(pilot, "/set temperature hot")  # refused with a message, nothing changes
         await send(pilot, "/nonsense")
         await send(pilot, "hi")
         await reply_done(pilot)
         request = backend.requests[-1]
-        assert request.sampling == {"temperature": 0.3, "top_p": 0.5, "top_k": 7, "max_tokens": 9, "seed": 11,
-                                    "repetition_penalty": 1.2}
+        assert request.sampling == {
+            "temperature": 0.3,
+            "top_p": 0.5,
+            "top_k": 7,
+            "max_tokens": 9,
+            "seed": 11,
+            "repetition_penalty": 1.2,
+        }
         assert request.messages[0] == {"role": "system", "content": "Be brief."}
         assert request.chat_template_kwargs == {"enable_thinking": False}
         await send(pilot, "//literal slash")
@@ -134,15 +159,28 @@ async def test_regenerate_and_edit_resend_branch():
         branch = app.chat.session.conversation
         assert branch.id != original.id
         assert [m.content for m in branch.messages] == ["better question", "edited answer"]
-        assert [m.content for m in store.load(original.id).messages] == ["question", "second answer"]
+        assert [m.content for m in store.load(original.id).messages] == [
+            "question",
+            "second answer",
+        ]
         assert len(store.list_conversations()) == 2
 
 
 async def test_old_turns_are_dropped_with_a_notice_when_the_context_is_full():
     backend = FakeBackend(["x " * 20] * 4, max_model_len=120)
-    app = make_app(backend, conversation=Conversation(settings={"temperature": 0, "top_p": 1.0, "top_k": 0,
-                                                                "max_tokens": 30, "seed": None,
-                                                                "repetition_penalty": 1.0}))
+    app = make_app(
+        backend,
+        conversation=Conversation(
+            settings={
+                "temperature": 0,
+                "top_p": 1.0,
+                "top_k": 0,
+                "max_tokens": 30,
+                "seed": None,
+                "repetition_penalty": 1.0,
+            }
+        ),
+    )
     async with app.run_test() as pilot:
         for i in range(4):
             await send(pilot, f"message number {i} " + "words " * 20)
@@ -150,7 +188,9 @@ async def test_old_turns_are_dropped_with_a_notice_when_the_context_is_full():
         notices = [str(n.render()) for n in app.query(Notice)]
         assert any("no longer fit" in n for n in notices)
         sent = backend.requests[-1].messages
-        assert sent[0]["content"].startswith("message number") and not sent[0]["content"].startswith("message number 0")
+        assert sent[0]["content"].startswith("message number") and not sent[0][
+            "content"
+        ].startswith("message number 0")
         assert sent[-1]["content"].startswith("message number 3")
         assert len(app.query(UserMessage)) == 4  # nothing disappears from the view
 
@@ -249,7 +289,9 @@ async def test_quitting_mid_reply_keeps_the_partial_reply(data_dir):
     app = make_app(backend, store)
     async with app.run_test() as pilot:
         await send(pilot, "tell me")
-        await wait_until(pilot, lambda: app.chat.session.conversation.messages[-1].content, what="a word")
+        await wait_until(
+            pilot, lambda: app.chat.session.conversation.messages[-1].content, what="a word"
+        )
         await pilot.press("ctrl+q")
     conversation = store.load(store.last_id())
     assert [m.role for m in conversation.messages] == ["user", "assistant"]
@@ -281,7 +323,9 @@ async def test_the_view_follows_the_reply_until_the_user_scrolls_up():
         backend.hold = hold
         await send(pilot, "second")
         hold.set()
-        await wait_until(pilot, lambda: len(app.chat.session.conversation.messages[-1].content) > 60, what="text")
+        await wait_until(
+            pilot, lambda: len(app.chat.session.conversation.messages[-1].content) > 60, what="text"
+        )
         hold.clear()
         await pilot.pause(0.3)
         assert view.scroll_y == view.max_scroll_y  # pinned while streaming
@@ -305,7 +349,9 @@ async def test_loading_shows_progress_and_messages_typed_meanwhile_wait_for_the_
     async with app.run_test() as pilot:
         await pilot.pause(0.3)
         panel = app.query_one("#loading")
-        assert "reading weights" in str(panel.label.render()) and app.chat.state is ChatState.LOADING
+        assert (
+            "reading weights" in str(panel.label.render()) and app.chat.state is ChatState.LOADING
+        )
         await send(pilot, "early message")
         assert "waiting for the model" in str(app.query_one(AssistantMessage).meta.render())
         loaded.set()

@@ -43,8 +43,14 @@ class Tmux:
         self.socket, self.env = f"localchat-test-{uuid.uuid4().hex[:8]}", env
 
     def tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True,
-                              env=self.env, timeout=30).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=self.env,
+            timeout=30,
+        ).stdout
 
     def start(self, *chat_args: str) -> None:
         command = "exec " + shlex.join([sys.executable, "-m", "localchat", "chat", *chat_args])
@@ -60,8 +66,13 @@ class Tmux:
             return ""
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, env=self.env, timeout=30,
-                       check=False)
+        subprocess.run(
+            ["tmux", "-L", self.socket, "kill-server"],
+            capture_output=True,
+            env=self.env,
+            timeout=30,
+            check=False,
+        )
 
 
 def _rows(db_path) -> list[tuple[str, str]]:
@@ -72,7 +83,9 @@ def _rows(db_path) -> list[tuple[str, str]]:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the chat in a terminal")
-def test_killed_mid_reply_and_resumed_shows_the_message_and_the_partial_reply(data_dir, default_gguf):
+def test_killed_mid_reply_and_resumed_shows_the_message_and_the_partial_reply(
+    data_dir, default_gguf
+):
     env = {**os.environ, "LOCALCHAT_DATA_DIR": str(data_dir), "TERM": "xterm-256color"}
     db_path = data_dir / "conversations.sqlite3"
     tmux = Tmux(env)
@@ -82,8 +95,11 @@ def test_killed_mid_reply_and_resumed_shows_the_message_and_the_partial_reply(da
         tmux.tmux("send-keys", "-t", "chat", "-l", PROMPT)
         tmux.tmux("send-keys", "-t", "chat", "Enter")
         # the reply is stored as it streams: kill the process once part of it is on disk and it is still writing
-        rows = _until(lambda: (r := _rows(db_path)) and len(r) == 2 and r[1][1].strip() and r, 300,
-                      "a partial reply in the store")
+        rows = _until(
+            lambda: (r := _rows(db_path)) and len(r) == 2 and r[1][1].strip() and r,
+            300,
+            "a partial reply in the store",
+        )
         assert "generating" in tmux.screen()
         os.kill(tmux.pid(), signal.SIGKILL)
         _until(lambda: not tmux.screen(), 30, "the killed chat's window to close")
@@ -94,20 +110,32 @@ def test_killed_mid_reply_and_resumed_shows_the_message_and_the_partial_reply(da
 
         tmux.start("--resume")
         first_words = " ".join(partial.split()[:3])
-        screen = _until(lambda: (s := tmux.screen()) and PROMPT in s and first_words in s and s, 120,
-                        f"the resumed chat to show the prompt and {first_words!r}")
+        screen = _until(
+            lambda: (s := tmux.screen()) and PROMPT in s and first_words in s and s,
+            120,
+            f"the resumed chat to show the prompt and {first_words!r}",
+        )
         assert "Chat with" not in screen  # the conversation, not the welcome text
         tmux.tmux("send-keys", "-t", "chat", "C-q")
         _until(lambda: not tmux.screen(), 30, "the chat to quit")
     finally:
         tmux.close()
-    assert _rows(db_path)[:2] == [("user", PROMPT), ("assistant", partial)]  # resuming changed nothing
+    assert _rows(db_path)[:2] == [
+        ("user", PROMPT),
+        ("assistant", partial),
+    ]  # resuming changed nothing
 
 
 def test_no_history_writes_no_database(data_dir, default_gguf):
-    result = subprocess.run([sys.executable, "-m", "localchat", "chat", "--no-history", "-t", "0", "-n", "4"],
-                            input="Hi!", capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "LOCALCHAT_DATA_DIR": str(data_dir)}, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "localchat", "chat", "--no-history", "-t", "0", "-n", "4"],
+        input="Hi!",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LOCALCHAT_DATA_DIR": str(data_dir)},
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert not data_dir.exists() or not any(data_dir.iterdir())
@@ -119,7 +147,9 @@ async def test_old_turns_are_left_out_by_the_real_tokenizer(chat_engine):
     backend = EngineBackend(engine=chat_engine)
     await backend.start()
     session = ChatSession(backend, ConversationStore(None), greedy_conversation(max_tokens=1500))
-    paragraph = "The lighthouse keeper counted the waves and wrote each number in a small blue book. " * 8
+    paragraph = (
+        "The lighthouse keeper counted the waves and wrote each number in a small blue book. " * 8
+    )
     for turn in range(4):
         session.add_user(f"Turn {turn}: {paragraph}")
         session.add_reply(ChatMessage("assistant", f"Reply {turn}: {paragraph}"))
@@ -130,10 +160,16 @@ async def test_old_turns_are_left_out_by_the_real_tokenizer(chat_engine):
     plan = await session.plan_turn()
     assert plan.dropped > 0 and session.context_start == plan.dropped
     assert plan.request.messages[0]["role"] == "user"  # cut at a turn's start
-    assert plan.prompt_tokens == len(chat_engine.render_chat(plan.request.messages, add_generation_prompt=True))
+    assert plan.prompt_tokens == len(
+        chat_engine.render_chat(plan.request.messages, add_generation_prompt=True)
+    )
     assert plan.prompt_tokens + 1500 <= 2048
     earlier = max(i for i in session.conversation.user_indices() if i < session.context_start)
-    assert await backend.count_prompt_tokens(session.request(earlier)) + 1500 > 2048  # dropped only what it had to
+    assert (
+        await backend.count_prompt_tokens(session.request(earlier)) + 1500 > 2048
+    )  # dropped only what it had to
     plan.request.sampling["max_tokens"] = 2
-    deltas = [delta async for delta in backend.stream(plan.request)]  # the engine takes the prompt as planned
+    deltas = [
+        delta async for delta in backend.stream(plan.request)
+    ]  # the engine takes the prompt as planned
     assert deltas[-1].prompt_tokens == plan.prompt_tokens

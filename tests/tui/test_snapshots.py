@@ -18,7 +18,11 @@ def make_app(replies=()) -> ChatApp:
 
 
 async def loaded(pilot) -> None:
-    await wait_until(pilot, lambda: pilot.app.chat.ready.is_set() and not pilot.app.query("#loading"), what="loading")
+    await wait_until(
+        pilot,
+        lambda: pilot.app.chat.ready.is_set() and not pilot.app.query("#loading"),
+        what="loading",
+    )
     await pilot.pause()
 
 

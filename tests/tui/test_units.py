@@ -30,13 +30,16 @@ def split(pieces: list[str], in_thinking: bool = False) -> tuple[str, str]:
     return thinking + t, answer + a
 
 
-@pytest.mark.parametrize("pieces, expected", [
-    (["Hello", " world"], ("", "Hello world")),
-    (["<th", "ink>hmm", " ok</th", "ink>\n\nAnswer"], ("hmm ok", "Answer")),
-    (["\n<think>", "a</think>", "b"], ("a", "b")),
-    (["<", "b>bold</b>"], ("", "<b>bold</b>")),
-    (["<think>never closed"], ("never closed", "")),
-])
+@pytest.mark.parametrize(
+    "pieces, expected",
+    [
+        (["Hello", " world"], ("", "Hello world")),
+        (["<th", "ink>hmm", " ok</th", "ink>\n\nAnswer"], ("hmm ok", "Answer")),
+        (["\n<think>", "a</think>", "b"], ("a", "b")),
+        (["<", "b>bold</b>"], ("", "<b>bold</b>")),
+        (["<think>never closed"], ("never closed", "")),
+    ],
+)
 def test_think_splitter(pieces, expected):
     assert split(pieces) == expected
 
@@ -59,23 +62,37 @@ def test_setting_values_are_checked_like_sampling_params():
     assert parse_setting("temperature 0.2", settings) == ("temperature", 0.2)
     assert parse_setting("top-k 40", settings) == ("top_k", 40)
     assert parse_setting("seed none", settings) == ("seed", None)
-    for bad in ("temperature -1", "top_p 0", "max_tokens 0", "top_k 1.5", "colour 3", "temperature"):
+    for bad in (
+        "temperature -1",
+        "top_p 0",
+        "max_tokens 0",
+        "top_k 1.5",
+        "colour 3",
+        "temperature",
+    ):
         with pytest.raises(InvalidParameterError):
             parse_setting(bad, settings)
-    assert parse_think("on") is True and parse_think("off") is False and parse_think("default") is None
+    assert (
+        parse_think("on") is True and parse_think("off") is False and parse_think("default") is None
+    )
 
 
 def test_store_round_trip_truncate_and_delete(tmp_path):
     store = ConversationStore(tmp_path / "c.sqlite3")
     conversation = Conversation(title="t", system_prompt="sys", think=False)
-    conversation.messages = [ChatMessage("user", "q"), ChatMessage("assistant", "a", "why", True, {"ttft": 0.5})]
+    conversation.messages = [
+        ChatMessage("user", "q"),
+        ChatMessage("assistant", "a", "why", True, {"ttft": 0.5}),
+    ]
     store.save_message(conversation, 0)
     store.save_message(conversation, 1)
     again = ConversationStore(tmp_path / "c.sqlite3")
     assert again.load(conversation.id) == conversation
     store.truncate(conversation, 1)
     assert [m.content for m in again.load(conversation.id).messages] == ["q"]
-    assert again.last_id() == conversation.id and again.list_conversations() == [(conversation.id, "t")]
+    assert again.last_id() == conversation.id and again.list_conversations() == [
+        (conversation.id, "t")
+    ]
     store.delete(conversation.id)
     assert again.load(conversation.id) is None
 
@@ -92,23 +109,44 @@ async def test_openai_backend_streams_thinking_text_and_usage():
             return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 512}]})
         seen["body"] = json.loads(request.content)
         seen["auth"] = request.headers.get("authorization")
-        body = _sse({"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
-                    {"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]},
-                    {"choices": [{"delta": {"content": "!"}, "finish_reason": "stop"}]},
-                    {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 3,
-                                              "prompt_tokens_details": {"cached_tokens": 8}}})
+        body = _sse(
+            {"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
+            {"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]},
+            {"choices": [{"delta": {"content": "!"}, "finish_reason": "stop"}]},
+            {
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": 10,
+                    "completion_tokens": 3,
+                    "prompt_tokens_details": {"cached_tokens": 8},
+                },
+            },
+        )
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
     backend = OpenAIBackend("http://x", api_key="k", transport=httpx.MockTransport(handler))
     await backend.start()
     assert (backend.model_name, backend.max_model_len) == ("m", 512)
     settings = {**DEFAULT_SETTINGS, "top_k": 5, "seed": 3}
-    deltas = [d async for d in backend.stream(ChatRequest([{"role": "user", "content": "q"}], settings,
-                                                          {"enable_thinking": True}))]
+    deltas = [
+        d
+        async for d in backend.stream(
+            ChatRequest([{"role": "user", "content": "q"}], settings, {"enable_thinking": True})
+        )
+    ]
     assert "".join(d.thinking for d in deltas) == "hmm" and "".join(d.text for d in deltas) == "Hi!"
-    assert (deltas[-1].prompt_tokens, deltas[-1].cached_tokens, deltas[-1].completion_tokens) == (10, 8, 3)
+    assert (deltas[-1].prompt_tokens, deltas[-1].cached_tokens, deltas[-1].completion_tokens) == (
+        10,
+        8,
+        3,
+    )
     body = seen["body"]
-    assert body["stream"] and body["top_k"] == 5 and body["seed"] == 3 and "repetition_penalty" not in body
+    assert (
+        body["stream"]
+        and body["top_k"] == 5
+        and body["seed"] == 3
+        and "repetition_penalty" not in body
+    )
     assert body["chat_template_kwargs"] == {"enable_thinking": True} and seen["auth"] == "Bearer k"
     await backend.close()
 
@@ -122,7 +160,9 @@ async def test_openai_backend_reports_http_errors():
     backend = OpenAIBackend("http://x", transport=httpx.MockTransport(handler))
     await backend.start()
     with pytest.raises(ServerError, match="answered 400: max_tokens is too large"):
-        async for _ in backend.stream(ChatRequest([{"role": "user", "content": "q"}], dict(DEFAULT_SETTINGS))):
+        async for _ in backend.stream(
+            ChatRequest([{"role": "user", "content": "q"}], dict(DEFAULT_SETTINGS))
+        ):
             pass
     await backend.close()
 
@@ -135,6 +175,12 @@ def test_reply_stats_fold_deltas_without_losing_known_values():
     assert stats.context_tokens is None and stats.as_meta() == {"completion_tokens": 1, "ttft": 0.2}
     stats.apply(ReplyDelta("b", finish_reason="stop", completion_tokens=2, tokens_per_s=9.0))
     stats.apply(ReplyDelta(completion_tokens=2, prompt_tokens=10, cached_tokens=8))  # a usage chunk
-    assert stats.as_meta() == {"prompt_tokens": 10, "cached_tokens": 8, "completion_tokens": 2, "ttft": 0.2,
-                               "tokens_per_s": 9.0, "finish_reason": "stop"}
+    assert stats.as_meta() == {
+        "prompt_tokens": 10,
+        "cached_tokens": 8,
+        "completion_tokens": 2,
+        "ttft": 0.2,
+        "tokens_per_s": 9.0,
+        "finish_reason": "stop",
+    }
     assert stats.context_tokens == 12

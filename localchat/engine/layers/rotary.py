@@ -25,7 +25,7 @@ def rope_parameters(config) -> tuple[float, dict | None]:
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """Float32 inverse frequencies, computed with the same expression as Hugging Face so tables match."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(dtype=torch.float) / rotary_dim
-    inv_freq = 1.0 / (theta ** exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
     rope_type = scaling.get("rope_type", scaling.get("type"))
@@ -33,7 +33,9 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> 
         return _llama3_scaled(inv_freq, scaling)
     if rope_type == "linear":
         return inv_freq / float(scaling["factor"])
-    raise UnsupportedModelError(f"rope scaling {rope_type!r} is not supported (supported: llama3, linear)")
+    raise UnsupportedModelError(
+        f"rope scaling {rope_type!r} is not supported (supported: llama3, linear)"
+    )
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -54,7 +56,9 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 class RotaryTables:
     """cos/sin of position * inverse frequency for every position up to max_positions (float32)."""
 
-    def __init__(self, rotary_dim: int, max_positions: int, theta: float, scaling: dict | None, device):
+    def __init__(
+        self, rotary_dim: int, max_positions: int, theta: float, scaling: dict | None, device
+    ):
         inv_freq = inverse_frequencies(rotary_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.int64).float()
         freqs = positions[:, None] * inv_freq[None, :]

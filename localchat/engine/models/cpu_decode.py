@@ -24,8 +24,13 @@ def _parts(weight: PackedWeight) -> tuple[list[torch.Tensor], list[int]]:
 def build_decode_layers(model) -> list | None:
     """One C++ DecodeLayer per decoder layer, or None when the fast path does not apply to this model."""
     ext = cpu_kernels()
-    if (ext is None or not hasattr(ext, "DecodeLayer") or model.norm.weight.device.type != "cpu"
-            or model.norm.weight.dtype != torch.float32 or use_triton(model.norm.weight)):
+    if (
+        ext is None
+        or not hasattr(ext, "DecodeLayer")
+        or model.norm.weight.device.type != "cpu"
+        or model.norm.weight.dtype != torch.float32
+        or use_triton(model.norm.weight)
+    ):
         return None
     layers = []
     for layer in model.layers:
@@ -34,10 +39,20 @@ def build_decode_layers(model) -> list | None:
         if attn.q_norm is not None or not all(type(w) is PackedWeight for w in weights):
             return None
         parts, formats = zip(*(_parts(w) for w in weights))
-        layers.append(ext.DecodeLayer(
-            layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
-            *parts, [f for fmt in formats for f in fmt], attn.qkv_bias, attn.num_heads, attn.num_kv_heads,
-            attn.head_dim, PRECISE_ACTIVATIONS))
+        layers.append(
+            ext.DecodeLayer(
+                layer.input_layernorm.weight,
+                layer.post_attention_layernorm.weight,
+                layer.input_layernorm.eps,
+                *parts,
+                [f for fmt in formats for f in fmt],
+                attn.qkv_bias,
+                attn.num_heads,
+                attn.num_kv_heads,
+                attn.head_dim,
+                PRECISE_ACTIVATIONS,
+            )
+        )
     return layers
 
 

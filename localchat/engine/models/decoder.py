@@ -26,8 +26,12 @@ from localchat.kernels.packed_weight import PackedWeight
 
 # The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them), which
 # replace the parameter of the same name as a plain attribute.
-PROJECTIONS = (("self_attn", "qkv_weight"), ("self_attn", "o_weight"), ("mlp", "gate_up_weight"),
-               ("mlp", "down_weight"))
+PROJECTIONS = (
+    ("self_attn", "qkv_weight"),
+    ("self_attn", "o_weight"),
+    ("mlp", "gate_up_weight"),
+    ("mlp", "down_weight"),
+)
 
 
 @dataclass(frozen=True)
@@ -60,23 +64,43 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, spec: DecoderSpec):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.head_dim,
+        )
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
-        self.scale = spec.head_dim ** -0.5
-        self.qkv_weight = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, spec.hidden_size))
-        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if spec.qkv_bias else None
+        self.scale = spec.head_dim**-0.5
+        self.qkv_weight = nn.Parameter(
+            torch.empty(self.q_size + 2 * self.kv_size, spec.hidden_size)
+        )
+        self.qkv_bias = (
+            nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if spec.qkv_bias else None
+        )
         self.o_weight = nn.Parameter(torch.empty(spec.hidden_size, self.q_size))
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_cache = self.v_cache = torch.empty(0)  # views into the engine's KV pool, bound after allocation
+        self.k_cache = self.v_cache = torch.empty(
+            0
+        )  # views into the engine's KV pool, bound after allocation
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         qkv = linear(hidden, self.qkv_weight, self.qkv_bias)
         if self.q_norm is None:
-            out = fused_decode_attention(qkv, self.k_cache, self.v_cache, ctx.cos, ctx.sin, ctx.attn, self.num_heads,
-                                         self.num_kv_heads, self.head_dim, self.scale)
+            out = fused_decode_attention(
+                qkv,
+                self.k_cache,
+                self.v_cache,
+                ctx.cos,
+                ctx.sin,
+                ctx.attn,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.scale,
+            )
             if out is not None:
                 return linear(out, self.o_weight)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -94,7 +118,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: DecoderSpec):
         super().__init__()
-        self.gate_up_weight = nn.Parameter(torch.empty(2 * spec.intermediate_size, spec.hidden_size))
+        self.gate_up_weight = nn.Parameter(
+            torch.empty(2 * spec.intermediate_size, spec.hidden_size)
+        )
         self.down_weight = nn.Parameter(torch.empty(spec.hidden_size, spec.intermediate_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -129,9 +155,15 @@ class DecoderForCausalLM(nn.Module):
         self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
+        self.lm_head = (
+            None
+            if spec.tie_word_embeddings
+            else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
+        )
         self.packed_head: torch.Tensor | None = None
-        self.cpu_decode_layers: list | None = None  # C++ layers for single decodes (models/cpu_decode.py)
+        self.cpu_decode_layers: list | None = (
+            None  # C++ layers for single decodes (models/cpu_decode.py)
+        )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed_tokens, PackedWeight):
@@ -145,8 +177,17 @@ class DecoderForCausalLM(nn.Module):
             md = ctx.attn
             for layer, fused in zip(self.layers, self.cpu_decode_layers):
                 attn = layer.self_attn
-                hidden, residual = fused.forward(hidden, residual, attn.k_cache, attn.v_cache, ctx.cos, ctx.sin,
-                                                 md.slot_mapping, md.block_tables, md.seq_lens)
+                hidden, residual = fused.forward(
+                    hidden,
+                    residual,
+                    attn.k_cache,
+                    attn.v_cache,
+                    ctx.cos,
+                    ctx.sin,
+                    md.slot_mapping,
+                    md.block_tables,
+                    md.seq_lens,
+                )
         else:
             for layer in self.layers:
                 hidden, residual = layer(hidden, residual)

@@ -14,8 +14,12 @@ ARCHITECTURES: dict[str, dict] = {
 }
 
 
-_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def architecture_of(config) -> str:
@@ -34,8 +38,12 @@ def architecture_of(config) -> str:
 def spec_from_config(config) -> DecoderSpec:
     arch = architecture_of(config)
     flags = ARCHITECTURES[arch]
-    if arch == "LlamaForCausalLM" and (getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)):
-        raise UnsupportedModelError("Llama models with attention_bias or mlp_bias are not supported")
+    if arch == "LlamaForCausalLM" and (
+        getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    ):
+        raise UnsupportedModelError(
+            "Llama models with attention_bias or mlp_bias are not supported"
+        )
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")

@@ -39,8 +39,11 @@ _LAYER_TENSORS = {
     "input_layernorm.weight": ("input_layernorm", "weight", 0, 1),
     "post_attention_layernorm.weight": ("post_attention_layernorm", "weight", 0, 1),
 }
-_GLOBAL_TENSORS = {"model.embed_tokens.weight": ("", "embed_tokens"), "model.norm.weight": ("norm", "weight"),
-                   "lm_head.weight": ("", "lm_head")}
+_GLOBAL_TENSORS = {
+    "model.embed_tokens.weight": ("", "embed_tokens"),
+    "model.norm.weight": ("norm", "weight"),
+    "lm_head.weight": ("", "lm_head"),
+}
 # --quantization covers the decoder's projections; the embedding and LM head stay dense (int4 heads cost
 # several points of top-1 agreement). Quantized checkpoints (GGUF) keep all of these as they come.
 _QUANTIZABLE = {"qkv_weight", "o_weight", "gate_up_weight", "down_weight"}
@@ -67,7 +70,11 @@ class WeightPlacer:
                 return None
             return self.model.get_submodule(path), attr, 0, 1
         match = _LAYER.match(name)
-        if not match or match.group(2) not in _LAYER_TENSORS or int(match.group(1)) >= len(self.model.layers):
+        if (
+            not match
+            or match.group(2) not in _LAYER_TENSORS
+            or int(match.group(1)) >= len(self.model.layers)
+        ):
             return None
         path, attr, part, parts = _LAYER_TENSORS[match.group(2)]
         try:
@@ -92,7 +99,11 @@ class WeightPlacer:
         meta = module._parameters[attr]
         if all(isinstance(p, PackedWeight) for p in parts) and attr in _KEPT_QUANTIZED:
             value = fuse(parts)
-            value = value.to(self.device) if isinstance(value, PackedWeight) else tuple(p.to(self.device) for p in value)
+            value = (
+                value.to(self.device)
+                if isinstance(value, PackedWeight)
+                else tuple(p.to(self.device) for p in value)
+            )
             shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
             self._check_shape(name, shape, meta)
             del module._parameters[attr]
@@ -104,13 +115,17 @@ class WeightPlacer:
                 del module._parameters[attr]
                 setattr(module, attr, quantize_weight(dense, self.quantize_bits).to(self.device))
             else:
-                module._parameters[attr] = nn.Parameter(dense.to(self.device, self.dtype), requires_grad=False)
+                module._parameters[attr] = nn.Parameter(
+                    dense.to(self.device, self.dtype), requires_grad=False
+                )
         self.placed.add((id(module), attr))
 
     @staticmethod
     def _check_shape(name: str, shape: tuple[int, ...], meta: torch.Tensor) -> None:
         if tuple(shape) != tuple(meta.shape):
-            raise ValueError(f"checkpoint tensor {name} (fused: {tuple(shape)}) does not fit {tuple(meta.shape)}")
+            raise ValueError(
+                f"checkpoint tensor {name} (fused: {tuple(shape)}) does not fit {tuple(meta.shape)}"
+            )
 
     def missing(self) -> list[str]:
         """Names of parameters still on the meta device (never written)."""
@@ -118,8 +133,14 @@ class WeightPlacer:
 
 
 @torch.no_grad()
-def load_weights(model: DecoderForCausalLM, tensors: Iterable[tuple[str, Weight]], *, dtype: torch.dtype,
-                 device: torch.device, quantize_bits: int | None = None) -> list[str]:
+def load_weights(
+    model: DecoderForCausalLM,
+    tensors: Iterable[tuple[str, Weight]],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantize_bits: int | None = None,
+) -> list[str]:
     """Place every tensor; return the names of parameters the checkpoint did not provide."""
     placer = WeightPlacer(model, dtype, device, quantize_bits)
     for name, tensor in tensors:
@@ -128,8 +149,14 @@ def load_weights(model: DecoderForCausalLM, tensors: Iterable[tuple[str, Weight]
 
 
 @torch.no_grad()
-def init_dummy(model: DecoderForCausalLM, *, dtype: torch.dtype, device: torch.device, seed: int,
-               quantize_bits: int | None = None) -> None:
+def init_dummy(
+    model: DecoderForCausalLM,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    quantize_bits: int | None = None,
+) -> None:
     """Random weights with a sane scale (norm weights 1, biases 0), reproducible from `seed`, generated
     on the device one parameter at a time (so a quantized model never holds all its dense weights)."""
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -154,8 +181,14 @@ def init_dummy(model: DecoderForCausalLM, *, dtype: torch.dtype, device: torch.d
 def describe_weights(model: DecoderForCausalLM) -> str:
     """The formats the projections and embedding are held in, e.g. 'Q4_1 + Q8_0' or 'float32'."""
     kinds: set[str] = set()
-    for value in [model.embed_tokens, *(getattr(getattr(layer, path), attr) for layer in model.layers
-                                        for path, attr in PROJECTIONS)]:
+    for value in [
+        model.embed_tokens,
+        *(
+            getattr(getattr(layer, path), attr)
+            for layer in model.layers
+            for path, attr in PROJECTIONS
+        ),
+    ]:
         for part in value if isinstance(value, tuple) else (value,):
             if isinstance(part, PackedWeight):
                 kinds.update(part.source_type.split("+"))
