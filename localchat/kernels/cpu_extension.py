@@ -22,6 +22,7 @@ _SOURCES = (
     "decode_attention.h",
     "decode_layer.h",
     "rms_norm.h",
+    "vector_math.h",
 )  # module.cpp includes the rest
 _lock = threading.Lock()
 _module: ModuleType | None = None

@@ -1,8 +1,9 @@
 """The CPU fast path for a single decode token: each decoder layer as one C++ call
 (kernels/csrc/decode_layer.h), its threads meeting at barriers between the layer's steps.
 
-It applies when the model runs float32 on a CPU with the VNNI kernels, every projection is one PackedWeight
-(a q/k/v split across layouts is not), and the model has no q/k norm; otherwise the layers run op by op.
+It applies when the model runs float32 on a CPU with the VNNI kernels and every projection is quantized
+(one PackedWeight, or several whose rows stack, as a Q4_K_M file's Q4_K q/k and Q6_K v do); otherwise the
+layers run op by op. Qwen3's per-head q/k norms run inside the layer.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import PRECISE_ACTIVATIONS
 
 
-def _parts(weight: PackedWeight) -> tuple[list[torch.Tensor], list[int]]:
-    parts = [weight.qweight, weight.scales] + ([weight.mins] if weight.mins is not None else [])
-    return parts, [weight.bits, weight.group_size, weight.zero_point]
+def _parts(weight: PackedWeight | tuple[PackedWeight, ...]) -> list[PackedWeight]:
+    """A projection's PackedWeights: one, or several whose rows stack (q, k, v stored in different types)."""
+    return list(weight) if isinstance(weight, tuple) else [weight]
+
+
+def _is_packed(weight: object) -> bool:
+    parts = weight if isinstance(weight, tuple) else (weight,)
+    return all(type(p) is PackedWeight for p in parts)
 
 
 def build_decode_layers(model) -> list | None:
@@ -36,17 +42,21 @@ def build_decode_layers(model) -> list | None:
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         weights = (attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight)
-        if attn.q_norm is not None or not all(type(w) is PackedWeight for w in weights):
+        if not all(_is_packed(w) for w in weights):
             return None
-        parts, formats = zip(*(_parts(w) for w in weights))
+        projections = [_parts(w) for w in weights]
+        parts = [p for projection in projections for p in projection]
         layers.append(
             ext.DecodeLayer(
                 layer.input_layernorm.weight,
                 layer.post_attention_layernorm.weight,
                 layer.input_layernorm.eps,
-                *parts,
-                [f for fmt in formats for f in fmt],
+                [[p.qweight, p.scales] + ([p.mins] if p.mins is not None else []) for p in parts],
+                [len(projection) for projection in projections],
+                [f for p in parts for f in (p.bits, p.group_size, p.zero_point)],
                 attn.qkv_bias,
+                None if attn.q_norm is None else attn.q_norm.weight,
+                None if attn.k_norm is None else attn.k_norm.weight,
                 attn.num_heads,
                 attn.num_kv_heads,
                 attn.head_dim,

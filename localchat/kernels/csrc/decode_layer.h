@@ -6,11 +6,13 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <memory>
 #include <tuple>
 #include <vector>
 
 #include "decode_attention.h"
 #include "quant_linear.h"
+#include "vector_math.h"
 
 #if LC_VNNI
 namespace {
@@ -19,12 +21,12 @@ namespace {
 struct PackedRef {
   torch::Tensor qweight, scales, mins;
   Layout L;
-  int64_t N = 0, K = 0, groups = 0, w_row = 0, chunks = 0, weight_bytes = 0;
+  int64_t N = 0, K = 0, groups = 0, w_row = 0, chunks = 0, weight_bytes = 0, passes = 0;
   int32_t zero_point = 0;
   bool symmetric = true;
   __m512i scale_index;
   GemvFn gemv = nullptr;
-  ActivationBuffers act;
+  ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
 
   PackedRef(torch::Tensor q, torch::Tensor s, c10::optional<torch::Tensor> m, int64_t bits, int64_t group_size,
             int64_t zp, bool precise)
@@ -37,6 +39,7 @@ struct PackedRef {
     w_row = qweight.size(1);
     chunks = (K + L.chunk_values - 1) / L.chunk_values;
     weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
+    passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
     alignas(64) int32_t index_values[16];
     for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
@@ -44,16 +47,21 @@ struct PackedRef {
     gemv = pick_gemv(precise, symmetric, L.u4);
     act = ActivationBuffers(1, K, L);
   }
+  PackedRef(const PackedRef&) = delete;
+  PackedRef& operator=(const PackedRef&) = delete;
 
-  void quantize(const float* x, bool precise) { quantize_row(x, K, L, chunks, precise, zero_point, act.rows[0]); }
+  // This thread's share of the activation's chunks.
+  void quantize(int thread, int threads, const float* x, bool precise) {
+    quantize_chunks(x, K, L, chunks * thread / threads, chunks * (thread + 1) / threads, precise, zero_point,
+                    act.rows[0]);
+  }
 
-  // This thread's share of the output rows.
-  void multiply(int thread, int threads, float* out, const float* bias) const {
-    const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
+  // Output rows [pass_begin, pass_end) * kRowsPerPass.
+  void multiply(int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
     const uint8_t* wp = qweight.data_ptr<uint8_t>();
     const at::Half* sp = scales.data_ptr<at::Half>();
     const at::Half* mp = symmetric ? nullptr : mins.data_ptr<at::Half>();
-    for (int64_t pass = passes * thread / threads; pass < passes * (thread + 1) / threads; ++pass) {
+    for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
       const int64_t n = pass * kRowsPerPass;
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
@@ -64,10 +72,54 @@ struct PackedRef {
   }
 };
 
+// A projection whose output rows come from one or more PackedWeights, stacked: a GGUF file may store q, k
+// and v (or gate and up) in different types, as Q4_K_M files do.
+struct Projection {
+  std::vector<std::unique_ptr<PackedRef>> parts;
+  int64_t N = 0, K = 0, passes = 0;
+
+  // parts: (qweight, scales[, mins]) each; formats: (bits, group_size, zero_point) each
+  Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
+             size_t first, size_t count, bool precise) {
+    for (size_t i = first; i < first + count; ++i) {
+      const auto& t = tensors[i];
+      TORCH_CHECK(t.size() == 2 || t.size() == 3, "a part is (qweight, scales[, mins])");
+      c10::optional<torch::Tensor> mins;
+      if (t.size() == 3) mins = t[2];
+      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], mins, formats[3 * i], formats[3 * i + 1],
+                                                  formats[3 * i + 2], precise));
+      TORCH_CHECK(parts.size() == 1 || parts.back()->K == K, "the parts of a projection share in_features");
+      K = parts.back()->K;
+      N += parts.back()->N;
+      passes += parts.back()->passes;
+    }
+  }
+
+  void quantize(int thread, int threads, const float* x, bool precise) {
+    for (auto& part : parts) part->quantize(thread, threads, x, precise);
+  }
+
+  // This thread's share of the passes over all parts (each part's rows land after the previous part's).
+  void multiply(int thread, int threads, float* out, const float* bias) const {
+    const int64_t begin = passes * thread / threads, end = passes * (thread + 1) / threads;
+    int64_t first_pass = 0, first_row = 0;
+    for (const auto& part : parts) {
+      const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
+      const int64_t hi = std::min<int64_t>(end - first_pass, part->passes);
+      if (lo < hi) part->multiply(lo, hi, out + first_row, bias ? bias + first_row : nullptr);
+      first_pass += part->passes;
+      first_row += part->N;
+    }
+  }
+};
+
+// x's RMSNorm into out (the sum of squares vectorized; the width is a few thousand at most).
 void rms_norm_into(const float* x, const float* weight, int64_t width, float eps, float* out) {
   float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
   for (int64_t i = 0; i < width; ++i) squares += x[i] * x[i];
   const float inv = 1.f / std::sqrt(squares / static_cast<float>(width) + eps);
+#pragma omp simd
   for (int64_t i = 0; i < width; ++i) out[i] = x[i] * inv * weight[i];
 }
 
@@ -75,18 +127,29 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 
 class DecodeLayer {
  public:
-  DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, std::vector<torch::Tensor> qkv,
-              std::vector<torch::Tensor> o, std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
-              std::vector<int64_t> formats, c10::optional<torch::Tensor> qkv_bias, int64_t num_heads,
+  // parts: the (qweight, scales[, mins]) of every PackedWeight, projection by projection (qkv, o, gate_up,
+  // down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
+  // zero_point) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None.
+  DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
+              std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,
+              std::vector<int64_t> formats, c10::optional<torch::Tensor> qkv_bias,
+              c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, int64_t num_heads,
               int64_t num_kv_heads, int64_t head_dim, bool precise)
       : input_norm_(input_norm.contiguous()), post_norm_(post_norm.contiguous()), eps_(static_cast<float>(eps)),
         precise_(precise), heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim),
-        qkv_(make(qkv, formats, 0)), o_(make(o, formats, 3)), gate_up_(make(gate_up, formats, 6)),
-        down_(make(down, formats, 9)) {
+        qkv_(make(parts, formats, part_counts, 0)), o_(make(parts, formats, part_counts, 1)),
+        gate_up_(make(parts, formats, part_counts, 2)), down_(make(parts, formats, part_counts, 3)) {
     if (qkv_bias.has_value() && qkv_bias->defined()) qkv_bias_ = qkv_bias->to(torch::kFloat).contiguous();
+    if (q_norm.has_value() && q_norm->defined()) {
+      TORCH_CHECK(k_norm.has_value() && k_norm->defined(), "q_norm comes with k_norm");
+      q_norm_ = q_norm->to(torch::kFloat).contiguous();
+      k_norm_ = k_norm->to(torch::kFloat).contiguous();
+      TORCH_CHECK(q_norm_.numel() == head_dim_ && k_norm_.numel() == head_dim_, "q/k norms are per head");
+    }
     hidden_ = o_.N;
     TORCH_CHECK(qkv_.N == (heads_ + 2 * kv_heads_) * head_dim_ && o_.K == heads_ * head_dim_ &&
-                gate_up_.N == 2 * down_.K && down_.N == hidden_, "DecodeLayer: inconsistent shapes");
+                gate_up_.N == 2 * down_.K && down_.N == hidden_ && qkv_.K == hidden_ && gate_up_.K == hidden_,
+                "DecodeLayer: inconsistent shapes");
     normed_.resize(hidden_);
     qkv_out_.resize(qkv_.N);
     attn_out_.resize(o_.K);
@@ -116,59 +179,75 @@ class DecodeLayer {
     {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
 #pragma omp single
-      {
-        rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
-        qkv_.quantize(normed_.data(), precise_);
-      }
+      rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
+      qkv_.quantize(tid, n, normed_.data(), precise_);
+#pragma omp barrier
       qkv_.multiply(tid, n, qkv_out_.data(), bias);
 #pragma omp barrier
-#pragma omp single
-      for (int64_t h = 0; h < kv_heads_; ++h) rope_and_store(token, pool, h);
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < kv_heads_; ++h) {
+        if (q_norm_.defined()) norm_heads(h);
+        rope_and_store(token, pool, h);
+      }
       {  // query heads, not KV heads, are shared out: 9 heads split 5/4 where 3 KV heads split 2/1
         std::vector<float> scores;
         std::vector<int64_t> key_rows;
         for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, scores, key_rows);
       }
 #pragma omp barrier
-#pragma omp single
-      o_.quantize(attn_out_.data(), precise_);
+      o_.quantize(tid, n, attn_out_.data(), precise_);
+#pragma omp barrier
       o_.multiply(tid, n, o_out_.data(), nullptr);
 #pragma omp barrier
 #pragma omp single
       {
-        for (int64_t i = 0; i < hidden_; ++i) res[i] += o_out_[i];
+        add_into(res, o_out_.data(), hidden_);
         rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
-        gate_up_.quantize(normed_.data(), precise_);
       }
+      gate_up_.quantize(tid, n, normed_.data(), precise_);
+#pragma omp barrier
       gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
 #pragma omp barrier
-#pragma omp single
       {
-        const int64_t width = down_.K;
-        for (int64_t i = 0; i < width; ++i) {
-          const float g = gate_up_out_[i];
-          product_[i] = g / (1.f + std::exp(-g)) * gate_up_out_[width + i];
-        }
-        down_.quantize(product_.data(), precise_);
+        const int64_t width = down_.K, begin = width * tid / n / 16 * 16, end = width * (tid + 1) / n / 16 * 16;
+        silu_and_mul(gate_up_out_.data() + begin, gate_up_out_.data() + width + begin, product_.data() + begin,
+                     (tid + 1 == n ? width : end) - begin);
       }
+#pragma omp barrier
+      down_.quantize(tid, n, product_.data(), precise_);
+#pragma omp barrier
       down_.multiply(tid, n, outp, nullptr);
     }
     return {out, sum};
   }
 
  private:
-  // formats: per projection (bits, group_size, zero_point); parts: (qweight, scales[, mins])
-  PackedRef make(const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& formats, size_t at) const {
-    c10::optional<torch::Tensor> mins;
-    if (parts.size() > 2) mins = parts[2];
-    return PackedRef(parts[0], parts[1], mins, formats[at], formats[at + 1], formats[at + 2], precise_);
+  Projection make(const std::vector<std::vector<torch::Tensor>>& parts, const std::vector<int64_t>& formats,
+                  const std::vector<int64_t>& counts, size_t which) const {
+    TORCH_CHECK(counts.size() == 4, "part_counts has one entry per projection");
+    TORCH_CHECK(formats.size() == 3 * parts.size(), "formats has three entries per part");
+    size_t first = 0;
+    for (size_t i = 0; i < which; ++i) first += counts[i];
+    TORCH_CHECK(counts[which] >= 1 && first + counts[which] <= parts.size(), "part_counts does not match parts");
+    return Projection(parts, formats, first, counts[which], precise_);
   }
 
-  torch::Tensor input_norm_, post_norm_, qkv_bias_;
+  // Qwen3's per-head RMSNorm of KV head h's key and its group of query heads, before the rotary.
+  void norm_heads(int64_t h) {
+    const int64_t D = head_dim_, group = heads_ / kv_heads_;
+    for (int64_t g = 0; g < group; ++g) {
+      float* q = qkv_out_.data() + (h * group + g) * D;
+      rms_norm_into(q, q_norm_.data_ptr<float>(), D, eps_, q);
+    }
+    float* k = qkv_out_.data() + heads_ * D + h * D;
+    rms_norm_into(k, k_norm_.data_ptr<float>(), D, eps_, k);
+  }
+
+  torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_;
   float eps_;
   bool precise_;
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
-  PackedRef qkv_, o_, gate_up_, down_;
+  Projection qkv_, o_, gate_up_, down_;
   std::vector<float> normed_, qkv_out_, attn_out_, o_out_, gate_up_out_, product_;
 };
 #endif

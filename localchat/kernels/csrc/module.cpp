@@ -12,9 +12,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
 #if LC_VNNI
   pybind11::class_<DecodeLayer>(m, "DecodeLayer")
-      .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
-                          c10::optional<torch::Tensor>, int64_t, int64_t, int64_t, bool>())
+      .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
+                          std::vector<int64_t>, std::vector<int64_t>, c10::optional<torch::Tensor>,
+                          c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t, bool>())
       .def("forward", &DecodeLayer::forward);
 #endif
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");

@@ -20,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vector_math.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define LC_VNNI 1
@@ -115,14 +117,16 @@ void arrange(const int8_t* src_all, int8_t* dst_all, const Layout& L, int64_t ch
   }
 }
 
-void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bool precise, int32_t zero_point,
-                  ActivationRow& a) {
-  const int64_t blocks = K / kActBlock;
-  std::memset(a.natural, 0, chunks * L.chunk_values);
-  if (precise) std::memset(a.natural2, 0, chunks * L.chunk_values);
+// Quantize chunks [c0, c1) of one activation row; every step is local to a chunk, so threads can share a row.
+void quantize_chunks(const float* x, int64_t K, const Layout& L, int64_t c0, int64_t c1, bool precise,
+                     int32_t zero_point, ActivationRow& a) {
+  const int64_t v0 = c0 * L.chunk_values, v1 = std::min<int64_t>(c1 * L.chunk_values, K);
+  if (c0 >= c1) return;
+  std::memset(a.natural + v0, 0, (c1 - c0) * L.chunk_values);
+  if (precise) std::memset(a.natural2 + v0, 0, (c1 - c0) * L.chunk_values);
   // precise: x = d * (q1 + q2 / 256), so the integer sums are taken in units of d / 256
   const float unit = precise ? 1.f / 256.f : 1.f;
-  for (int64_t b = 0; b < blocks; ++b) {
+  for (int64_t b = v0 / kActBlock; b < v1 / kActBlock; ++b) {
     const float* v = x + b * kActBlock;
     float amax = 0.f;
 #pragma omp simd reduction(max : amax)
@@ -146,7 +150,7 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
     }
   }
   const int64_t groups = K / L.group_size;
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = v0 / L.group_size; g < v1 / L.group_size; ++g) {
     int sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int i = 0; i < L.group_size; ++i) {
@@ -155,10 +159,10 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
     }
     a.group_terms[g] = a.block_scales[g * L.group_size / kActBlock] * static_cast<float>(sum);
   }
-  arrange(a.natural, a.codes, L, chunks);
-  if (precise) arrange(a.natural2, a.codes2, L, chunks);
+  arrange(a.natural + v0, a.codes + c0 * L.act_chunk_bytes, L, c1 - c0);
+  if (precise) arrange(a.natural2 + v0, a.codes2 + c0 * L.act_chunk_bytes, L, c1 - c0);
   const int lanes_per_group = 16 / L.groups_per_chunk;
-  for (int64_t c = 0; c < chunks; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     for (int lane = 0; lane < 16; ++lane) {
       const int64_t g = c * L.groups_per_chunk + lane / lanes_per_group;
       a.lane_scales[c * 16 + lane] = g < groups ? a.block_scales[g * L.group_size / kActBlock] : 0.f;
@@ -175,6 +179,11 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
       a.lane_terms[c * 16 + lane] = a.lane_scales[c * 16 + lane] * static_cast<float>(sum);
     }
   }
+}
+
+void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bool precise, int32_t zero_point,
+                  ActivationRow& a) {
+  quantize_chunks(x, K, L, 0, chunks, precise, zero_point, a);
 }
 
 float half_to_float(at::Half h) { return static_cast<float>(h); }
@@ -400,8 +409,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
         const float* gate = src + m * 2 * width;
-        const float* up = gate + width;
-        for (int64_t i = 0; i < width; ++i) dst[m * width + i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+        ::silu_and_mul(gate, gate + width, dst + m * width, width);
       }
     });
     return quant_linear(product, qweight, scales, mins, bias, bits, group_size, zero_point, precise, false, use_vnni);
