@@ -150,6 +150,10 @@ def gguf_weights(
         shape = tuple(entry["shape"])
         qtype = GGMLQuantizationType(entry["type"])
         raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
+        order = None
+        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = index["num_heads"] if name.endswith("q_proj.weight") else index["num_kv_heads"]
+            order = _unpermute_index(shape[0], heads)
         if qtype in DENSE_TYPES:
             weight: torch.Tensor | PackedWeight = dense(raw, qtype, shape)
         elif qtype not in QUANTIZED_TYPES:
@@ -163,15 +167,10 @@ def gguf_weights(
             ).reshape(shape)
             weight = torch.from_numpy(np.ascontiguousarray(array))
         else:
-            weight = repack(raw, qtype, shape)
-        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = index["num_heads"] if name.endswith("q_proj.weight") else index["num_kv_heads"]
-            order = _unpermute_index(shape[0], heads)
-            weight = (
-                weight.select_rows(order)
-                if isinstance(weight, PackedWeight)
-                else weight[order].contiguous()
-            )
+            weight = repack(raw, qtype, shape, order)
+            order = None  # applied while repacking
+        if order is not None:
+            weight = weight[order].contiguous()
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
             weight = weight.float()
         yield name, weight

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
+from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import PackedWeight, pack_u4
 
 DENSE_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
@@ -89,10 +90,37 @@ def _q5_low(qs: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat((lo, hi), dim=-1).reshape(rows, -1)
 
 
-def repack(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> PackedWeight:
-    """A PackedWeight from one GGUF tensor's raw blocks; `shape` is (out, in) (numpy order)."""
-    rows, cols = shape
+_SYMMETRIC_ZERO = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.Q6_K: 32}
+
+
+def repack(
+    data: np.ndarray, qtype: T, shape: tuple[int, int], order: torch.Tensor | None = None
+) -> PackedWeight:
+    """A PackedWeight from one GGUF tensor's raw blocks; `shape` is (out, in) (numpy order). With
+    `order`, output row r is the file's row order[r]. Runs the C++ repack (kernels/csrc/gguf_repack.h)
+    when the CPU kernels are built, else the torch reference below; the two are equal bit for bit."""
+    rows = shape[0]
     raw = _bytes(data).reshape(rows, -1)
+    ext = cpu_kernels()
+    if ext is None:
+        weight = repack_reference(raw, qtype, rows)
+        return weight if order is None else weight.select_rows(order)
+    if qtype not in QUANTIZED_TYPES:
+        raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
+    parts = ext.repack_gguf(raw, int(qtype), order)
+    return PackedWeight(
+        "u4" if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else "u8",
+        parts[0],
+        parts[1],
+        parts[2] if len(parts) == 3 else None,
+        16 if qtype == T.Q6_K else 32,
+        zero_point=_SYMMETRIC_ZERO.get(qtype, 0),
+        source_type=qtype.name,
+    )
+
+
+def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
+    """The torch version of `repack`: raw is the tensor's blocks as uint8 [rows, row bytes]."""
     if qtype == T.Q4_0:
         b = raw.reshape(rows, -1, 18)
         return PackedWeight(

@@ -23,6 +23,7 @@ _SOURCES = (
     "decode_layer.h",
     "rms_norm.h",
     "vector_math.h",
+    "gguf_repack.h",
 )  # module.cpp includes the rest
 _lock = threading.Lock()
 _module: ModuleType | None = None

@@ -29,19 +29,19 @@ def mixed_llm(request, tmp_path_factory):
 
 def _run(llm: LLM, fused: bool):
     model = llm.engine.runner.model
-    saved = model.cpu_decode_layers
+    saved = model.cpu_decode
     if not fused:
-        model.cpu_decode_layers = None
+        model.cpu_decode = None
     try:
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
         return llm.generate([list(range(100, 140))], params)[0]
     finally:
-        model.cpu_decode_layers = saved
+        model.cpu_decode = saved
 
 
 def test_mixed_types_and_qk_norms_run_the_whole_layer_path(mixed_llm):
     model = mixed_llm.engine.runner.model
-    assert model.cpu_decode_layers is not None and len(model.cpu_decode_layers) == len(model.layers)
+    assert model.cpu_decode is not None and model.cpu_decode.num_layers == len(model.layers)
     kinds = [layer.self_attn.qkv_weight for layer in model.layers]
     assert any(isinstance(w, tuple) for w in kinds), "the file should mix Q4_K and Q6_K in some qkv"
     fused, per_op = _run(mixed_llm, True), _run(mixed_llm, False)

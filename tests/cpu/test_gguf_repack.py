@@ -9,7 +9,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack
+from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack, repack_reference
+from localchat.kernels.cpu_extension import cpu_kernels
 
 # byte offsets of each type's float16 fields inside a block (random bytes there could be inf/nan)
 _F16_FIELDS = {
@@ -56,6 +57,28 @@ def test_repack_matches_gguf_dequantize(qtype):
         if packed.layout == "u4"
         else {T.Q5_0: 31, T.Q5_1: 31, T.Q5_K: 31, T.Q6_K: 63, T.Q8_0: 255}[qtype]
     )
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_cpp_repack_equals_the_torch_reference_bit_for_bit(qtype):
+    if cpu_kernels() is None:
+        pytest.skip("the C++ CPU kernels cannot be built here")
+    rows, cols = 40, 1024
+    data = random_blocks(qtype, rows, cols, seed=3)
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(1))
+    fast = repack(data, qtype, (rows, cols), order)
+    reference = repack_reference(torch.from_numpy(data), qtype, rows).select_rows(order)
+    assert (fast.layout, fast.group_size, fast.zero_point, fast.source_type) == (
+        reference.layout,
+        reference.group_size,
+        reference.zero_point,
+        reference.source_type,
+    )
+    assert torch.equal(fast.qweight, reference.qweight)
+    assert torch.equal(fast.scales.view(torch.int16), reference.scales.view(torch.int16))
+    assert (fast.mins is None) == (reference.mins is None)
+    if fast.mins is not None:
+        assert torch.equal(fast.mins.view(torch.int16), reference.mins.view(torch.int16))
 
 
 def test_repack_rejects_unsupported_type():

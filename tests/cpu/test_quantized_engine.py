@@ -103,15 +103,15 @@ def test_whole_layer_decode_path_equals_the_per_op_path(llm):
     """A single decode runs each layer as one C++ call; turning that off must not change a greedy reply
     (and the per-token logprobs agree to float rounding)."""
     model = llm.engine.runner.model
-    assert model.cpu_decode_layers is not None and len(model.cpu_decode_layers) == len(model.layers)
+    assert model.cpu_decode is not None and model.cpu_decode.num_layers == len(model.layers)
     ids = llm.render_chat([{"role": "user", "content": "Describe a lighthouse at night."}])
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
     fused = llm.generate([ids], params)[0]
-    saved, model.cpu_decode_layers = model.cpu_decode_layers, None
+    saved, model.cpu_decode = model.cpu_decode, None
     try:
         per_op = llm.generate([ids], params)[0]
     finally:
-        model.cpu_decode_layers = saved
+        model.cpu_decode = saved
     assert fused.token_ids == per_op.token_ids
     # activation codes are rounded, so a float-rounding difference can move one by a step (about 1e-3 on a
     # logprob after 30 layers); a wrong layer would be off by whole units

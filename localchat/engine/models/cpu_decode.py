@@ -1,5 +1,5 @@
-"""The CPU fast path for a single decode token: each decoder layer as one C++ call
-(kernels/csrc/decode_layer.h), its threads meeting at barriers between the layer's steps.
+"""The CPU fast path for a single decode token: all decoder layers and the final norm as one C++ call
+(kernels/csrc/decode_layer.h), in one OpenMP parallel region whose threads meet at barriers between steps.
 
 It applies when the model runs float32 on a CPU with the VNNI kernels and every projection is quantized
 (one PackedWeight, or several whose rows stack, as a Q4_K_M file's Q4_K q/k and Q6_K v do); otherwise the
@@ -27,8 +27,29 @@ def _is_packed(weight: object) -> bool:
     return all(type(p) is PackedWeight for p in parts)
 
 
-def build_decode_layers(model) -> list | None:
-    """One C++ DecodeLayer per decoder layer, or None when the fast path does not apply to this model."""
+class CpuDecodeStack:
+    """The C++ DecodeStack of a model, bound to the model's KV pool views (rebound when they change)."""
+
+    def __init__(self, model, stack) -> None:
+        self.model = model
+        self.stack = stack
+        self.num_layers = len(model.layers)
+        self._bound: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor, ctx) -> torch.Tensor:
+        """The final-normed hidden state of one decode token, from its embedding [1, hidden]."""
+        attns = [layer.self_attn for layer in self.model.layers]
+        if self._bound is not attns[0].k_cache:
+            self.stack.bind_caches([a.k_cache for a in attns], [a.v_cache for a in attns])
+            self._bound = attns[0].k_cache
+        md = ctx.attn
+        return self.stack.forward(
+            hidden, ctx.cos, ctx.sin, md.slot_mapping, md.block_tables, md.seq_lens
+        )
+
+
+def build_decode_stack(model) -> CpuDecodeStack | None:
+    """The C++ decode stack of the model, or None when the fast path does not apply to this model."""
     ext = cpu_kernels()
     if (
         ext is None
@@ -63,7 +84,9 @@ def build_decode_layers(model) -> list | None:
                 PRECISE_ACTIVATIONS,
             )
         )
-    return layers
+    return CpuDecodeStack(
+        model, ext.DecodeStack(layers, model.norm.weight, model.norm.eps)
+    )
 
 
 def applies(input_ids: torch.Tensor, md: AttentionMetadata) -> bool:

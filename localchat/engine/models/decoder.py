@@ -161,9 +161,8 @@ class DecoderForCausalLM(nn.Module):
             else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
         )
         self.packed_head: torch.Tensor | None = None
-        self.cpu_decode_layers: list | None = (
-            None  # C++ layers for single decodes (models/cpu_decode.py)
-        )
+        # all layers of a single decode as one C++ call (models/cpu_decode.py)
+        self.cpu_decode: cpu_decode.CpuDecodeStack | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed_tokens, PackedWeight):
@@ -173,24 +172,10 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed(input_ids), None
         ctx = get_forward_context()
-        if self.cpu_decode_layers is not None and cpu_decode.applies(input_ids, ctx.attn):
-            md = ctx.attn
-            for layer, fused in zip(self.layers, self.cpu_decode_layers):
-                attn = layer.self_attn
-                hidden, residual = fused.forward(
-                    hidden,
-                    residual,
-                    attn.k_cache,
-                    attn.v_cache,
-                    ctx.cos,
-                    ctx.sin,
-                    md.slot_mapping,
-                    md.block_tables,
-                    md.seq_lens,
-                )
-        else:
-            for layer in self.layers:
-                hidden, residual = layer(hidden, residual)
+        if self.cpu_decode is not None and cpu_decode.applies(input_ids, ctx.attn):
+            return self.cpu_decode.forward(hidden, ctx)
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -211,7 +196,7 @@ class DecoderForCausalLM(nn.Module):
                 module = getattr(layer, module_name)
                 if name in module._parameters and can_pack(module._parameters[name]):
                     setattr(module, name, pack_weight(module._parameters.pop(name)))
-        self.cpu_decode_layers = cpu_decode.build_decode_layers(self)
+        self.cpu_decode = cpu_decode.build_decode_stack(self)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, torch.Tensor) and can_pack(head):
             self.packed_head = pack_weight(head)

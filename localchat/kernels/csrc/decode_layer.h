@@ -158,67 +158,84 @@ class DecodeLayer {
     product_.resize(down_.K);
   }
 
-  // x: [1, hidden]; residual: [1, hidden] or None (the first layer). Returns (mlp output, new residual).
-  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual,
-                                                   torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& cos,
-                                                   const torch::Tensor& sin, const torch::Tensor& slot_mapping,
-                                                   const torch::Tensor& block_tables, const torch::Tensor& seq_lens) {
-    TORCH_CHECK(x.size(0) == 1 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "one float32 token");
-    torch::Tensor sum = (residual.has_value() && residual->defined()) ? (*residual + x) : x.clone();
-    torch::Tensor out = torch::empty({1, hidden_}, torch::kFloat);
-    float* res = sum.data_ptr<float>();
-    float* outp = out.data_ptr<float>();
-    const PoolShape pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), heads_, kv_heads_, head_dim_,
-                         cos.size(1), k_cache.size(1), 1.f / std::sqrt(static_cast<float>(head_dim_))};
-    const DecodeToken token{qkv_out_.data(), attn_out_.data(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                            slot_mapping.data_ptr<int64_t>()[0], block_tables.data_ptr<int32_t>(),
-                            seq_lens.data_ptr<int32_t>()[0]};
+  // Per-call inputs shared by every layer of a token.
+  struct Step {
+    const float* cos;
+    const float* sin;
+    int64_t slot;
+    const int32_t* table;
+    int64_t length;
+  };
+
+  // The layer inside a parallel region that every thread runs: res (the residual stream, [hidden]) gets
+  // `incoming` added first when given (the previous layer's MLP output); the layer's MLP output goes to out.
+  void run(int tid, int n, float* res, const float* incoming, float* out, const Step& step) {
+    const PoolShape pool{k_cache_, v_cache_, heads_, kv_heads_, head_dim_, half_, block_size_,
+                         1.f / std::sqrt(static_cast<float>(head_dim_))};
+    const DecodeToken token{qkv_out_.data(), attn_out_.data(), step.cos, step.sin, step.slot, step.table, step.length};
     const float* bias = qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr;
-    const int threads = at::get_num_threads();
-#pragma omp parallel num_threads(threads)
-    {
-      const int tid = omp_get_thread_num(), n = omp_get_num_threads();
 #pragma omp single
+    {
+      if (incoming) add_into(res, incoming, hidden_);
       rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
-      qkv_.quantize(tid, n, normed_.data(), precise_);
+    }
+    qkv_.quantize(tid, n, normed_.data(), precise_);
 #pragma omp barrier
-      qkv_.multiply(tid, n, qkv_out_.data(), bias);
+    qkv_.multiply(tid, n, qkv_out_.data(), bias);
 #pragma omp barrier
 #pragma omp for schedule(static)
-      for (int64_t h = 0; h < kv_heads_; ++h) {
-        if (q_norm_.defined()) norm_heads(h);
-        rope_and_store(token, pool, h);
-      }
-      {  // query heads, not KV heads, are shared out: 9 heads split 5/4 where 3 KV heads split 2/1
-        std::vector<float> scores;
-        std::vector<int64_t> key_rows;
-        for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, scores, key_rows);
-      }
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      if (q_norm_.defined()) norm_heads(h);
+      rope_and_store(token, pool, h);
+    }
+    // query heads, not KV heads, are shared out: 9 heads split 5/4 where 3 KV heads split 2/1
+    for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, scores_[tid], key_rows_[tid]);
 #pragma omp barrier
-      o_.quantize(tid, n, attn_out_.data(), precise_);
+    o_.quantize(tid, n, attn_out_.data(), precise_);
 #pragma omp barrier
-      o_.multiply(tid, n, o_out_.data(), nullptr);
+    o_.multiply(tid, n, o_out_.data(), nullptr);
 #pragma omp barrier
 #pragma omp single
-      {
-        add_into(res, o_out_.data(), hidden_);
-        rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
-      }
-      gate_up_.quantize(tid, n, normed_.data(), precise_);
-#pragma omp barrier
-      gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
-#pragma omp barrier
-      {
-        const int64_t width = down_.K, begin = width * tid / n / 16 * 16, end = width * (tid + 1) / n / 16 * 16;
-        silu_and_mul(gate_up_out_.data() + begin, gate_up_out_.data() + width + begin, product_.data() + begin,
-                     (tid + 1 == n ? width : end) - begin);
-      }
-#pragma omp barrier
-      down_.quantize(tid, n, product_.data(), precise_);
-#pragma omp barrier
-      down_.multiply(tid, n, outp, nullptr);
+    {
+      add_into(res, o_out_.data(), hidden_);
+      rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
     }
-    return {out, sum};
+    gate_up_.quantize(tid, n, normed_.data(), precise_);
+#pragma omp barrier
+    gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
+#pragma omp barrier
+    {
+      const int64_t width = down_.K, begin = width * tid / n / 16 * 16, end = width * (tid + 1) / n / 16 * 16;
+      silu_and_mul(gate_up_out_.data() + begin, gate_up_out_.data() + width + begin, product_.data() + begin,
+                   (tid + 1 == n ? width : end) - begin);
+    }
+#pragma omp barrier
+    down_.quantize(tid, n, product_.data(), precise_);
+#pragma omp barrier
+    down_.multiply(tid, n, out, nullptr);
+#pragma omp barrier
+  }
+
+  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32 each.
+  void bind_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                k_cache.sizes() == v_cache.sizes() && k_cache.dim() == 4 && k_cache.size(2) == kv_heads_ &&
+                k_cache.size(3) == head_dim_, "the KV pool must be contiguous float32 [blocks, block, kv_heads, D]");
+    k_cache_tensor_ = k_cache;
+    v_cache_tensor_ = v_cache;
+    k_cache_ = k_cache.data_ptr<float>();
+    v_cache_ = v_cache.data_ptr<float>();
+    block_size_ = k_cache.size(1);
+  }
+
+  int64_t hidden() const { return hidden_; }
+  bool bound() const { return k_cache_ != nullptr; }
+  void set_rotary_half(int64_t half) { half_ = half; }
+  void reserve_threads(int threads) {
+    if (static_cast<int>(scores_.size()) < threads) {
+      scores_.resize(threads);
+      key_rows_.resize(threads);
+    }
   }
 
  private:
@@ -243,11 +260,74 @@ class DecodeLayer {
     rms_norm_into(k, k_norm_.data_ptr<float>(), D, eps_, k);
   }
 
-  torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_;
+  torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_, k_cache_tensor_, v_cache_tensor_;
+  float* k_cache_ = nullptr;
+  float* v_cache_ = nullptr;
+  int64_t block_size_ = 0, half_ = 0;
+  std::vector<std::vector<float>> scores_;
+  std::vector<std::vector<int64_t>> key_rows_;
   float eps_;
   bool precise_;
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
   Projection qkv_, o_, gate_up_, down_;
   std::vector<float> normed_, qkv_out_, attn_out_, o_out_, gate_up_out_, product_;
+};
+
+// Every decoder layer and the final norm for one decode token, in one OpenMP parallel region and one call
+// from Python (per token, not per layer).
+class DecodeStack {
+ public:
+  DecodeStack(std::vector<std::shared_ptr<DecodeLayer>> layers, torch::Tensor final_norm, double eps)
+      : layers_(std::move(layers)), final_norm_(final_norm.to(torch::kFloat).contiguous()),
+        eps_(static_cast<float>(eps)) {
+    TORCH_CHECK(!layers_.empty(), "a stack needs layers");
+    hidden_ = layers_[0]->hidden();
+    TORCH_CHECK(final_norm_.numel() == hidden_, "the final norm must match the hidden size");
+    mlp_out_.resize(hidden_);
+  }
+
+  void bind_caches(const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches) {
+    TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(), "one cache per layer");
+    for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->bind_cache(k_caches[i], v_caches[i]);
+  }
+
+  // x: [1, hidden] float32 (the token's embedding). Returns the final norm of the last residual, [1, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
+                        const torch::Tensor& seq_lens) {
+    TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.size(1) == hidden_ && x.scalar_type() == torch::kFloat,
+                "one float32 token");
+    TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
+                seq_lens.scalar_type() == torch::kInt && cos.scalar_type() == torch::kFloat &&
+                cos.is_contiguous() && sin.is_contiguous() && block_tables.is_contiguous(), "metadata dtypes");
+    for (const auto& layer : layers_) TORCH_CHECK(layer->bound(), "DecodeStack: bind_caches first");
+    torch::Tensor residual = x.contiguous().clone();
+    torch::Tensor out = torch::empty({1, hidden_}, torch::kFloat);
+    float* res = residual.data_ptr<float>();
+    const DecodeLayer::Step step{cos.data_ptr<float>(), sin.data_ptr<float>(), slot_mapping.data_ptr<int64_t>()[0],
+                                 block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>()[0]};
+    const int threads = at::get_num_threads();
+    for (auto& layer : layers_) {
+      layer->set_rotary_half(cos.size(1));
+      layer->reserve_threads(threads);
+    }
+#pragma omp parallel num_threads(threads)
+    {
+      const int tid = omp_get_thread_num(), n = omp_get_num_threads();
+      for (size_t i = 0; i < layers_.size(); ++i) {
+        layers_[i]->run(tid, n, res, i == 0 ? nullptr : mlp_out_.data(), mlp_out_.data(), step);
+      }
+    }
+    add_into(res, mlp_out_.data(), hidden_);
+    rms_norm_into(res, final_norm_.data_ptr<float>(), hidden_, eps_, out.data_ptr<float>());
+    return out;
+  }
+
+ private:
+  std::vector<std::shared_ptr<DecodeLayer>> layers_;
+  torch::Tensor final_norm_;
+  float eps_;
+  int64_t hidden_ = 0;
+  std::vector<float> mlp_out_;
 };
 #endif

@@ -2,6 +2,7 @@
 // build, so the kernels are included here rather than compiled separately.
 #include "decode_attention.h"
 #include "decode_layer.h"
+#include "gguf_repack.h"
 #include "quant_linear.h"
 #include "rms_norm.h"
 
@@ -9,13 +10,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear, "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
   m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
   m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
+  m.def("repack_gguf", &repack_gguf, "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
   m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
 #if LC_VNNI
-  pybind11::class_<DecodeLayer>(m, "DecodeLayer")
+  pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
                           std::vector<int64_t>, std::vector<int64_t>, c10::optional<torch::Tensor>,
                           c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t, bool>())
-      .def("forward", &DecodeLayer::forward);
+      .def("bind_cache", &DecodeLayer::bind_cache);
+  pybind11::class_<DecodeStack>(m, "DecodeStack")
+      .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
+      .def("bind_caches", &DecodeStack::bind_caches)
+      .def("forward", &DecodeStack::forward);
 #endif
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
 }

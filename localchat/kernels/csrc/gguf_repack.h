@@ -1,0 +1,173 @@
+// GGUF (ggml) quantized blocks -> PackedWeight arrays (localchat/engine/gguf_repack.py documents the
+// mapping; the torch version there is the reference this must equal bit for bit). One pass over the
+// memory-mapped file per tensor, rows shared between threads: an 8B Q4_K_M file repacks in about a second
+// where the torch ops took most of a minute.
+#pragma once
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// ggml's type ids (GGMLQuantizationType)
+enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+struct BlockFormat {
+  int64_t weights, bytes, group_size;
+  bool u4, has_mins;
+};
+
+BlockFormat block_format(int64_t type) {
+  switch (type) {
+    case kQ4_0: return {32, 18, 32, true, false};
+    case kQ4_1: return {32, 20, 32, true, true};
+    case kQ5_0: return {32, 22, 32, false, false};
+    case kQ5_1: return {32, 24, 32, false, true};
+    case kQ8_0: return {32, 34, 32, false, false};
+    case kQ4_K: return {256, 144, 32, true, true};
+    case kQ5_K: return {256, 176, 32, false, true};
+    case kQ6_K: return {256, 210, 16, false, false};
+    default: TORCH_CHECK(false, "unsupported GGUF block type ", type);
+  }
+}
+
+inline at::Half load_half(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return at::Half(bits, at::Half::from_bits());
+}
+
+inline float load_float_half(const uint8_t* p) { return static_cast<float>(load_half(p)); }
+
+// The 6-bit scale and min of sub-block s of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4).
+inline void k_scale_min(const uint8_t* q, int s, int& scale, int& min) {
+  if (s < 4) {
+    scale = q[s] & 63;
+    min = q[s + 4] & 63;
+  } else {
+    scale = (q[s + 4] & 0x0F) | ((q[s - 4] >> 6) << 4);
+    min = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
+
+// One block of row `in` into the row's outputs at block index b.
+void repack_block(int64_t type, const uint8_t* in, int64_t b, uint8_t* codes, at::Half* scales, at::Half* mins) {
+  switch (type) {
+    case kQ4_0:
+      scales[b] = load_half(in);
+      std::memcpy(codes + b * 16, in + 2, 16);  // ggml's nibble order is the u4 layout's
+      break;
+    case kQ4_1:
+      scales[b] = load_half(in);
+      mins[b] = load_half(in + 2);
+      std::memcpy(codes + b * 16, in + 4, 16);
+      break;
+    case kQ8_0: {
+      scales[b] = load_half(in);
+      uint8_t* out = codes + b * 32;
+      for (int i = 0; i < 32; ++i) out[i] = in[2 + i] ^ 0x80;  // int8 q + 128
+      break;
+    }
+    case kQ5_0:
+    case kQ5_1: {
+      const bool asym = type == kQ5_1;
+      scales[b] = load_half(in);
+      if (asym) mins[b] = load_half(in + 2);
+      uint32_t qh;
+      std::memcpy(&qh, in + (asym ? 4 : 2), 4);
+      const uint8_t* qs = in + (asym ? 8 : 6);
+      uint8_t* out = codes + b * 32;
+      for (int i = 0; i < 16; ++i) {
+        out[i] = (qs[i] & 0x0F) | (((qh >> i) & 1) << 4);
+        out[i + 16] = (qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4);
+      }
+      break;
+    }
+    case kQ4_K:
+    case kQ5_K: {
+      const float d = load_float_half(in), dmin = load_float_half(in + 2);
+      const bool five = type == kQ5_K;
+      const uint8_t* qh = in + 16;
+      const uint8_t* qs = in + (five ? 48 : 16);
+      for (int s = 0; s < 8; ++s) {
+        int sc, mn;
+        k_scale_min(in + 4, s, sc, mn);
+        scales[b * 8 + s] = at::Half(d * static_cast<float>(sc));
+        mins[b * 8 + s] = at::Half(-dmin * static_cast<float>(mn));
+        const uint8_t* q = qs + 32 * (s / 2);
+        const int shift = (s % 2) * 4;
+        if (five) {
+          uint8_t* out = codes + (b * 8 + s) * 32;
+          for (int i = 0; i < 32; ++i) out[i] = ((q[i] >> shift) & 0x0F) | (((qh[i] >> s) & 1) << 4);
+        } else {
+          uint8_t* out = codes + (b * 8 + s) * 16;
+          for (int i = 0; i < 16; ++i) out[i] = ((q[i] >> shift) & 0x0F) | (((q[i + 16] >> shift) & 0x0F) << 4);
+        }
+      }
+      break;
+    }
+    case kQ6_K: {
+      const uint8_t* ql = in;
+      const uint8_t* qh = in + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(in + 192);
+      const float d = load_float_half(in + 208);
+      for (int g = 0; g < 16; ++g) scales[b * 16 + g] = at::Half(d * static_cast<float>(sc[g]));
+      for (int half = 0; half < 2; ++half) {
+        uint8_t* out = codes + b * 256 + half * 128;
+        const uint8_t* l = ql + half * 64;
+        const uint8_t* h = qh + half * 32;
+        for (int p = 0; p < 128; ++p) {
+          const uint8_t low = p < 64 ? (l[p] & 0x0F) : (l[p - 64] >> 4);
+          out[p] = low | (((h[p % 32] >> (2 * (p / 32))) & 3) << 4);
+        }
+      }
+      break;
+    }
+    default: TORCH_CHECK(false, "unsupported GGUF block type ", type);
+  }
+}
+
+}  // namespace
+
+// raw: uint8 [rows, row_bytes] (the tensor's blocks); order: output row r takes input row order[r] (or
+// None). Returns [qweight, scales] or [qweight, scales, mins], as PackedWeight holds them.
+std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order) {
+  const BlockFormat f = block_format(type);
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.stride(1) == 1, "raw must be uint8 [rows, bytes]");
+  const int64_t rows = raw.size(0), row_bytes = raw.size(1);
+  TORCH_CHECK(row_bytes % f.bytes == 0, "a row is not a whole number of blocks");
+  const int64_t blocks = row_bytes / f.bytes, cols = blocks * f.weights, groups = cols / f.group_size;
+  const bool reorder = order.has_value() && order->defined();
+  torch::Tensor index;
+  if (reorder) {
+    index = order->to(torch::kLong).contiguous();
+    TORCH_CHECK(index.numel() == rows, "order must have one entry per row");
+  }
+  auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
+  auto f16 = torch::TensorOptions().dtype(torch::kHalf);
+  torch::Tensor qweight = torch::empty({rows, f.u4 ? cols / 2 : cols}, u8);
+  torch::Tensor scales = torch::empty({rows, groups}, f16);
+  torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f16) : torch::Tensor();
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  const int64_t src_stride = raw.stride(0);
+  const int64_t* idx = reorder ? index.data_ptr<int64_t>() : nullptr;
+  uint8_t* qp = qweight.data_ptr<uint8_t>();
+  at::Half* sp = scales.data_ptr<at::Half>();
+  at::Half* mp = f.has_mins ? mins.data_ptr<at::Half>() : nullptr;
+  const int64_t q_row = qweight.size(1);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t from = idx ? idx[r] : r;
+      TORCH_CHECK(from >= 0 && from < rows, "order has an out-of-range row");
+      const uint8_t* in = src + from * src_stride;
+      for (int64_t b = 0; b < blocks; ++b) {
+        repack_block(type, in + b * f.bytes, b, qp + r * q_row, sp + r * groups, mp ? mp + r * groups : nullptr);
+      }
+    }
+  });
+  if (f.has_mins) return {qweight, scales, mins};
+  return {qweight, scales};
+}
