@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: messages rendered with the chat template, answered whole or streamed."""
+"""POST /v1/chat/completions: messages rendered with the chat template, answered whole or
+streamed."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class ChatDialect:
 
 
 def _echo_text(data: ChatCompletionRequest, role: str) -> str:
-    """With `echo`, the last message's text is repeated in the reply when it has the reply's role."""
+    """With `echo`, the last message's text is repeated in the reply when it has the reply's
+    role."""
     last = data.messages[-1] if data.messages else None
     if not data.echo or last is None or last.role != role:
         return ""
@@ -84,7 +86,7 @@ async def create_chat_completion(
     response_id = server.new_id("chatcmpl")
     generation = Generation(server.engine, server.metrics, response_id, params)
     await generation.start([prompt])
-    request.scope["localchat_generation"] = generation  # for the access log line
+    request.state.localchat_generation = generation  # for the access log line
     dialect = ChatDialect(server.token_str, data.logprobs, role, _echo_text(data, role))
     return await respond(
         request,

@@ -1,4 +1,5 @@
-"""POST /v1/completions: continue raw text or token ids (one prompt or a batch), whole or streamed."""
+"""POST /v1/completions: continue raw text or token ids (one prompt or a batch), whole or
+streamed."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def parse_prompts(prompt) -> list[str | list[int]]:
 
 
 class CompletionDialect:
-    """Completions' choice objects: `text`, and the legacy logprobs with offsets running across chunks."""
+    """Completions' choice objects: `text`, and the legacy logprobs with offsets running across
+    chunks."""
 
     def __init__(self, token_str: TokenStrings, logprobs: bool, echoes: list[str], n: int):
         self.token_str, self.logprobs, self.echoes, self.n = token_str, logprobs, echoes, n
@@ -46,8 +48,9 @@ class CompletionDialect:
     def _logprobs(
         self, index: int, position: int, entries, output: RequestOutput, first: bool
     ) -> dict | None:
-        """The choice's logprobs; its first piece starts with the echoed prompt's, when echo asked for them
-        (the engine sends a prompt's logprobs once, in its first delta: kept for the prompt's other samples)."""
+        """The choice's logprobs; its first piece starts with the echoed prompt's, when echo asked
+        for them (the engine sends a prompt's logprobs once, in its first delta: kept for the
+        prompt's other samples)."""
         if not self.logprobs:
             return None
         builder = self._builders.get(index)
@@ -99,7 +102,7 @@ async def create_completion(
     response_id = server.new_id("cmpl")
     generation = Generation(server.engine, server.metrics, response_id, params)
     await generation.start(prompts)
-    request.scope["localchat_generation"] = generation  # for the access log line
+    request.state.localchat_generation = generation  # for the access log line
     echoes = []
     if data.echo:
         echoes = [
