@@ -16,8 +16,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Heavy imports (torch, transformers) wait until the engine is actually used, so `localchat --help`
-    # and the HTTP client stay fast.
+    # Heavy imports (torch, transformers) wait until the engine is actually used, so
+    # `localchat --help` and the HTTP client stay fast.
     if name == "LLM":
         from localchat.engine.llm import LLM
 

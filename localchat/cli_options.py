@@ -6,7 +6,7 @@ import functools
 import inspect
 import sys
 import typing
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -35,7 +35,7 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
     "device": (Annotated[str, _opt("--device", help="auto, cpu or cuda")], "auto"),
     "max_model_len": (
         Annotated[
-            Optional[int],
+            int | None,
             _opt(
                 "--max-model-len", help="Context length (default: the model's, at most 8192 on CPU)"
             ),
@@ -43,20 +43,18 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
         None,
     ),
     "max_num_seqs": (
-        Annotated[Optional[int], _opt("--max-num-seqs", help="Most sequences in one batch")],
+        Annotated[int | None, _opt("--max-num-seqs", help="Most sequences in one batch")],
         None,
     ),
     "max_num_batched_tokens": (
         Annotated[
-            Optional[int],
+            int | None,
             _opt("--max-num-batched-tokens", help="Token budget of one step (prefill chunk size)"),
         ],
         None,
     ),
     "kv_cache_memory": (
-        Annotated[
-            Optional[str], _opt("--kv-cache-memory", help="KV cache size, e.g. 512MiB or 4GiB")
-        ],
+        Annotated[str | None, _opt("--kv-cache-memory", help="KV cache size, e.g. 512MiB or 4GiB")],
         None,
     ),
     "gpu_memory_utilization": (
@@ -96,14 +94,14 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
     ),
     "chat_template": (
         Annotated[
-            Optional[str],
+            str | None,
             _opt("--chat-template", help="Jinja chat template file overriding the model's"),
         ],
         None,
     ),
     "tokenizer": (
         Annotated[
-            Optional[str], _opt("--tokenizer", help="Tokenizer directory (default: the model's)")
+            str | None, _opt("--tokenizer", help="Tokenizer directory (default: the model's)")
         ],
         None,
     ),
@@ -112,7 +110,7 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
         0,
     ),
     "num_threads": (
-        Annotated[Optional[int], _opt("--threads", help="CPU threads for torch")],
+        Annotated[int | None, _opt("--threads", help="CPU threads for torch")],
         None,
     ),
 }
@@ -135,12 +133,11 @@ def report_errors(func):
 
 
 def engine_options(func):
-    """Give a command the engine flags; it receives them as `engine_config: EngineConfig` (built from its
-    `model` argument and the flags) and must not declare them itself."""
+    """Give a command the engine flags; it receives them as `engine_config: EngineConfig` (built
+    from its `model` argument and the flags) and must not declare them itself."""
     signature = inspect.signature(func)
-    hints = typing.get_type_hints(
-        func, include_extras=True
-    )  # resolve string annotations in func's module
+    # resolve string annotations in func's module
+    hints = typing.get_type_hints(func, include_extras=True)
     own = [
         p.replace(annotation=hints.get(name, p.annotation))
         for name, p in signature.parameters.items()

@@ -5,10 +5,11 @@
 ...     for delta in client.chat([{"role": "user", "content": "Hi!"}], stream=True):
 ...         print(delta.text, end="")
 
-AsyncClient has the same methods: `await client.chat(...)`, and `async for delta in client.chat(..., stream=True)`.
-A failed request raises APIError carrying the HTTP status and the server's message (APIConnectionError when the
-server cannot be reached). The TUI's remote backend and `localchat bench --url` are built on AsyncClient, so
-this module is the one place that derives the API root, builds the Bearer header and reads OpenAI error bodies.
+AsyncClient has the same methods: `await client.chat(...)`, and
+`async for delta in client.chat(..., stream=True)`. A failed request raises APIError carrying the
+HTTP status and the server's message (APIConnectionError when the server cannot be reached). The
+TUI's remote backend and `localchat bench --url` are built on AsyncClient, so this module is the one
+place that derives the API root, builds the Bearer header and reads OpenAI error bodies.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ _ENDPOINT_SUFFIXES = ("/chat/completions", "/completions")
 
 
 def api_base(url: str) -> str:
-    """The /v1 root of a server given as host:port, http://host:port, .../v1, or one of its completion
-    endpoints (.../v1/chat/completions, .../v1/completions), as people paste them."""
+    """The /v1 root of a server given as host:port, http://host:port, .../v1, or one of its
+    completion endpoints (.../v1/chat/completions, .../v1/completions), as people paste them."""
     base = url.strip().rstrip("/")
     if "://" not in base:
         base = "http://" + base
@@ -48,7 +49,8 @@ def auth_headers(api_key: str | None) -> dict:
 
 
 class APIError(Exception):
-    """An HTTP error from the server: `status`, `message`, and the OpenAI error `type` and `param`."""
+    """An HTTP error from the server: `status`, `message`, and the OpenAI error `type` and
+    `param`."""
 
     def __init__(
         self, status: int, message: str, error_type: str | None = None, param: str | None = None
@@ -110,7 +112,8 @@ class Completion:
 @dataclass
 class Delta:
     """A piece of a streamed answer; the last one of a stream has empty text and the `usage`.
-    `reasoning` is what servers with a reasoning parser send apart (`reasoning_content` or `reasoning`)."""
+    `reasoning` is what servers with a reasoning parser send apart (`reasoning_content` or
+    `reasoning`)."""
 
     text: str
     index: int = 0
@@ -122,7 +125,7 @@ class Delta:
         return self.text
 
 
-# --- what both clients share: request bodies and response parsing ----------------------------------------
+# --- what both clients share: request bodies and response parsing ---------------------------------
 def _payload(key: str, value, stream: bool, model: str | None, params: dict) -> dict:
     body = {key: value, **params, "stream": stream}
     if model is not None:
@@ -183,7 +186,8 @@ def _deltas(line: str) -> list[Delta] | None:
 
 
 def _error(response: httpx.Response) -> APIError:
-    """The APIError of an error response: its OpenAI error body (`{"error": {...}}`), else its text."""
+    """The APIError of an error response: its OpenAI error body (`{"error": {...}}`), else its
+    text."""
     try:
         error = response.json()["error"]
         if not isinstance(error, dict):
@@ -207,9 +211,8 @@ class _Base:
 
     def __init__(self, base_url: str, api_key: str | None, model: str | None):
         self.base_url = api_base(base_url)  # .../v1
-        self.root_url = self.base_url.removesuffix(
-            "/v1"
-        )  # /health, /tokenize and /detokenize live here
+        # /health, /tokenize and /detokenize live here
+        self.root_url = self.base_url.removesuffix("/v1")
         self.model = model
         self.headers = auth_headers(api_key)
 
@@ -231,8 +234,8 @@ class _Base:
 
 
 class Client(_Base):
-    """Blocking client. `model=None` lets the server use the model it serves. `base_url` takes any form
-    `api_base` accepts."""
+    """Blocking client. `model=None` lets the server use the model it serves. `base_url` takes any
+    form `api_base` accepts."""
 
     def __init__(
         self,
@@ -250,7 +253,8 @@ class Client(_Base):
     def chat(
         self, messages: list[dict], stream: bool = False, **params
     ) -> Completion | Iterator[Delta]:
-        """POST /v1/chat/completions; params are the OpenAI/vLLM fields (max_tokens, temperature, ...)."""
+        """POST /v1/chat/completions; params are the OpenAI/vLLM fields (max_tokens, temperature,
+        ...)."""
         return self._generate(
             "/v1/chat/completions", _payload("messages", messages, stream, self.model, params)
         )
@@ -273,7 +277,8 @@ class Client(_Base):
     def tokenize(
         self, prompt: str | None = None, *, messages: list[dict] | None = None, **params
     ) -> dict:
-        """{'tokens', 'count', 'max_model_len'} of a text or of a conversation rendered by the chat template."""
+        """{'tokens', 'count', 'max_model_len'} of a text or of a conversation rendered by the chat
+        template."""
         body = {"prompt": prompt} if messages is None else {"messages": messages}
         return self._call("POST", "/tokenize", json={**body, **params})
 
@@ -320,8 +325,9 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """The asyncio twin of Client: `await client.chat(...)`; `async for d in client.chat(..., stream=True)`.
-    Leaving a stream early closes its HTTP response, which aborts the request on the server."""
+    """The asyncio twin of Client: `await client.chat(...)`;
+    `async for d in client.chat(..., stream=True)`. Leaving a stream early closes its HTTP response,
+    which aborts the request on the server."""
 
     def __init__(
         self,

@@ -20,13 +20,15 @@ def _check(condition: bool, param: str, message: str) -> None:
 
 @dataclass(slots=True)
 class EngineConfig:
-    """What to load and how to run it; defaults suit the machine (`None` means: choose for the device).
+    """What to load and how to run it; defaults suit the machine (`None` means: choose for the
+    device).
 
     `model` is a local HF directory, a `.gguf` file, a hub id in the local HF cache, or None for the
-    embedded default (SmolLM2-135M-Instruct). `quantization`: auto keeps a GGUF file's quantized weights
-    as they are (and a dense checkpoint dense), none dequantizes them, int8/int4 quantize a dense
-    checkpoint's projections weight-only, group-wise. `kv_cache_memory` takes '512MiB'/'4GiB' or bytes; on CUDA
-    without it the pool takes `gpu_memory_utilization` of the GPU after the weights and a profiling pass.
+    embedded default (SmolLM2-135M-Instruct). `quantization`: auto keeps a GGUF file's quantized
+    weights as they are (and a dense checkpoint dense), none dequantizes them, int8/int4 quantize a
+    dense checkpoint's projections weight-only, group-wise. `kv_cache_memory` takes '512MiB'/'4GiB'
+    or bytes; on CUDA without it the pool takes `gpu_memory_utilization` of the GPU after the
+    weights and a profiling pass.
     """
 
     model: str | None = None
@@ -92,7 +94,7 @@ class EngineConfig:
             _check(self.num_threads >= 1, "num_threads", f"must be >= 1, got {self.num_threads}")
 
     @classmethod
-    def from_kwargs(cls, model: str | None = None, **kwargs) -> "EngineConfig":
+    def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
         """Build from keyword arguments, naming any that are unknown."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)

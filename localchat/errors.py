@@ -42,7 +42,8 @@ class UnsupportedModelError(LocalchatError):
 
 
 class InvalidModelFileError(LocalchatError):
-    """A model file that cannot be read: not GGUF, cut off, or inconsistent with its own tensor table."""
+    """A model file that cannot be read: not GGUF, cut off, or inconsistent with its own tensor
+    table."""
 
 
 class ModelDownloadError(LocalchatError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,11 +17,12 @@ def generate(
         typer.Argument(help="The message (or, with --raw, the text to continue); - reads stdin"),
     ],
     model: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--model",
             "-m",
-            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)",
+            help="Model directory, .gguf file or hub id "
+            "(default: the embedded SmolLM2-135M-Instruct)",
         ),
     ] = None,
     max_tokens: Annotated[
@@ -30,13 +31,13 @@ def generate(
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.7,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
     sampling_seed: Annotated[
-        Optional[int], typer.Option("--sampling-seed", help="Seed for this reply")
+        int | None, typer.Option("--sampling-seed", help="Seed for this reply")
     ] = None,
     raw: Annotated[
         bool,
         typer.Option("--raw", help="Continue the text instead of answering it as a chat message"),
     ] = False,
-    system: Annotated[Optional[str], typer.Option("--system", help="System prompt")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt")] = None,
     engine_config=None,
 ) -> None:
     """Generate one reply to PROMPT with the in-process engine, streamed as it is produced."""

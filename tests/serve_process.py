@@ -50,8 +50,8 @@ def _wait_until_healthy(process: subprocess.Popen, log_path: Path, timeout: floa
 def serve_process(
     log_path: Path, *args: str, api_key: str | None = None, timeout: float = 240
 ) -> Iterator[ServeProcess]:
-    """Start `localchat serve --port 0 ARGS` (the default model unless ARGS name one), wait until /health
-    answers 200, and stop it with SIGTERM afterwards (killed if it takes over 60 s)."""
+    """Start `localchat serve --port 0 ARGS` (the default model unless ARGS name one), wait until
+    /health answers 200, and stop it with SIGTERM afterwards (killed if it takes over 60 s)."""
     env = {**os.environ, **({"LOCALCHAT_API_KEY": api_key} if api_key else {})}
     with open(log_path, "w") as log:
         process = subprocess.Popen(

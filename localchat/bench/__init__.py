@@ -5,9 +5,11 @@ records.py     per-request timings and the figures derived from them (mean/p50/p
 offline.py     our engine, driven step by step
 peer_hf.py     Hugging Face transformers `generate` on the same requests
 peer_llama_cpp.py  llama-cpp-python on the same GGUF
-big_model.py   C4: localchat and llama.cpp on a big GGUF, each in its own process (isolated.py watches it,
-               isolated_child.py runs it): load time and peak RSS besides TTFT and decode tok/s
-gguf_shapes.py, random_gguf.py  random-weight GGUF files of any shape and quantization (benchmarks/make_gguf.py)
+big_model.py   C4: localchat and llama.cpp on a big GGUF, each in its own process (isolated.py
+               watches it, isolated_child.py runs it): load time and peak RSS besides TTFT and
+               decode tok/s
+gguf_shapes.py, random_gguf.py  random-weight GGUF files of any shape and quantization
+               (benchmarks/make_gguf.py)
 online.py      any OpenAI-compatible server over streaming /v1/completions
 report.py      the rich table and the --json file
 command.py     the Typer command

@@ -1,9 +1,10 @@
-"""C4, a big model on the CPU: localchat and llama.cpp on the same GGUF file (by default a random-weight
-Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each in a process of its own.
+"""C4, a big model on the CPU: localchat and llama.cpp on the same GGUF file (by default a
+random-weight Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each in a process of its own.
 
-Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page cache)
-and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped weights count
-as they are touched). The file is read once before the first system runs so neither pays for the disk.
+Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page
+cache) and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped
+weights count as they are touched). The file is read once before the first system runs so neither
+pays for the disk.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def random_file_path(workload: Workload) -> Path:
 def bench_file(
     model: str | None, gguf: str | None, workload: Workload, show_progress: bool
 ) -> Path:
-    """FILE (MODEL or --gguf) when given; else the workload's random file, made on first use (also at a
-    --gguf path that does not exist yet)."""
+    """FILE (MODEL or --gguf) when given; else the workload's random file, made on first use (also
+    at a --gguf path that does not exist yet)."""
     if model is not None:
         path = Path(model)
         if path.suffix != ".gguf" or not path.is_file():
@@ -63,8 +64,8 @@ def bench_file(
 
 
 def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
-    """The file's general.name and the ordinary tokens of its vocabulary (control, byte and unused tokens
-    excluded)."""
+    """The file's general.name and the ordinary tokens of its vocabulary (control, byte and unused
+    tokens excluded)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -119,7 +120,8 @@ def run_big_model(
         _warm_page_cache(path)
     threads = config.num_threads or DEFAULT_THREADS
     n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in requests) + 8
-    # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it never uses
+    # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it
+    # never uses
     engine_config = replace(
         config, model=str(path), num_threads=threads, max_model_len=config.max_model_len or n_ctx
     )
@@ -143,8 +145,8 @@ def run_big_model(
         fig = outcome.add(system, result, workload.kind)
         if fig.get("load_s") is not None:
             split = (
-                f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous + {fig['rss_file_end_mib']:,.0f} MiB "
-                "file-backed"
+                f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous"
+                f" + {fig['rss_file_end_mib']:,.0f} MiB file-backed"
                 if "rss_anon_end_mib" in fig
                 else ""
             )

@@ -1,11 +1,12 @@
-"""`localchat bench [MODEL]`: throughput and latency of this machine, side by side with the peers."""
+"""`localchat bench [MODEL]`: throughput and latency of this machine, side by side with the
+peers."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,7 +21,8 @@ _W, _P, _O, _R = "Workload", "Peers (offline mode)", "Online mode", "Output"
 
 
 def _apply_workload_model(config, workload, online: bool):
-    """G1/G2 name their model, dummy weights and bf16: use them where the user chose nothing else."""
+    """G1/G2 name their model, dummy weights and bf16: use them where the user chose nothing
+    else."""
     from localchat.errors import InvalidParameterError
 
     if workload.model is None:
@@ -43,7 +45,8 @@ def _apply_workload_model(config, workload, online: bool):
 
 
 def _command_line() -> str:
-    """The command as typed (from click's parsed parameters, so it also works in-process), secrets masked."""
+    """The command as typed (from click's parsed parameters, so it also works in-process), secrets
+    masked."""
     import shlex
 
     import click
@@ -73,9 +76,10 @@ def _command_line() -> str:
 @engine_options
 def bench(
     model: Annotated[
-        Optional[str],
+        str | None,
         typer.Argument(
-            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url only its tokenizer is used"
+            help="Model directory, .gguf file or hub id (default: the embedded "
+            "SmolLM2-135M-Instruct); with --url only its tokenizer is used"
         ),
     ] = None,
     workload: Annotated[
@@ -88,19 +92,19 @@ def bench(
         ),
     ] = "c2",
     num_requests: Annotated[
-        Optional[int],
+        int | None,
         _opt(_W, "--num-requests", "-n", help="Requests (c3: turns) instead of the workload's"),
     ] = None,
     input_len: Annotated[
-        Optional[str],
+        str | None,
         _opt(_W, "--input-len", help="Prompt length N or MIN:MAX in tokens (c3: user message)"),
     ] = None,
     output_len: Annotated[
-        Optional[str],
+        str | None,
         _opt(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)"),
     ] = None,
     compare: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         _opt(
             _P,
             "--compare",
@@ -109,27 +113,29 @@ def bench(
         ),
     ] = None,
     hf_batch_size: Annotated[
-        Optional[int],
+        int | None,
         _opt(_P, "--hf-batch-size", help="Batch size of the HF peer (default 8 on CPU, 64 on GPU)"),
     ] = None,
     gguf: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             _P,
             "--gguf",
-            help="GGUF file for the llama.cpp peer (default: MODEL when it is one); c4: made there if missing",
+            help="GGUF file for the llama.cpp peer (default: MODEL when it is one); "
+            "c4: made there if missing",
         ),
     ] = None,
     url: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             _O,
             "--url",
-            help="Benchmark this OpenAI-compatible server (streaming /v1/completions) instead of the in-process engine",
+            help="Benchmark this OpenAI-compatible server (streaming /v1/completions) "
+            "instead of the in-process engine",
         ),
     ] = None,
     concurrency: Annotated[
-        Optional[int], _opt(_O, "--concurrency", help="Most requests in flight (default: all)")
+        int | None, _opt(_O, "--concurrency", help="Most requests in flight (default: all)")
     ] = None,
     request_rate: Annotated[
         float,
@@ -140,7 +146,7 @@ def bench(
         ),
     ] = math.inf,
     served_model_name: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             _O,
             "--served-model-name",
@@ -148,7 +154,7 @@ def bench(
         ),
     ] = None,
     api_key: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             _O,
             "--api-key",
@@ -161,11 +167,11 @@ def bench(
         float, _opt(_O, "--timeout", help="Seconds to wait for any one read from the server")
     ] = 600.0,
     baseline: Annotated[
-        Optional[str],
+        str | None,
         _opt(_O, "--baseline", help="An offline run's --json file to compare the server with (S1)"),
     ] = None,
     json_path: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             _R,
             "--json",
@@ -173,19 +179,21 @@ def bench(
         ),
     ] = None,
     plot: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             _R,
             "--plot",
-            help="Also draw throughput and latency into this image (.png, .svg, .pdf; needs matplotlib)",
+            help="Also draw throughput and latency into this image "
+            "(.png, .svg, .pdf; needs matplotlib)",
         ),
     ] = None,
     plot_with: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         _opt(
             _R,
             "--plot-with",
-            help="Earlier runs' --json files to draw with this one (online runs: against concurrency)",
+            help="Earlier runs' --json files to draw with this one "
+            "(online runs: against concurrency)",
         ),
     ] = None,
     show_progress: Annotated[
@@ -193,10 +201,12 @@ def bench(
     ] = True,
     engine_config=None,
 ) -> None:
-    """Measure throughput and latency (TTFT, TPOT, ITL) on a random-token workload, with peers side by side.
+    """Measure throughput and latency (TTFT, TPOT, ITL) on a random-token workload, with peers side
+    by side.
 
-    Offline (default): our engine in this process, then --compare hf / llama-cpp on the same requests.
-    Online: --url sends the workload to a running server (ours, vLLM, llama.cpp). --seed picks the requests.
+    Offline (default): our engine in this process, then --compare hf / llama-cpp on the same
+    requests. Online: --url sends the workload to a running server (ours, vLLM, llama.cpp). --seed
+    picks the requests.
     """
     from rich.console import Console
 
@@ -247,9 +257,8 @@ def bench(
         )
         mode, extra = "online", {}
     else:
-        run = (
-            run_big_model if chosen.isolated else run_offline
-        )  # c4: each system in its own process
+        # c4: each system in its own process
+        run = run_big_model if chosen.isolated else run_offline
         outcome = run(
             config,
             chosen,

@@ -1,5 +1,6 @@
-"""Model shapes for random-weight GGUF files: named presets or an HF config.json, and the tensors and
-`{arch}.*` metadata llama.cpp's converter writes for a Llama, Qwen2 or Qwen3 model of that shape.
+"""Model shapes for random-weight GGUF files: named presets or an HF config.json, and the tensors
+and `{arch}.*` metadata llama.cpp's converter writes for a Llama, Qwen2 or Qwen3 model of that
+shape.
 
 Shapes here are numpy shapes (rows, columns); GGUF stores them reversed, the writer does that.
 """
@@ -23,8 +24,8 @@ _ARCHITECTURES = {
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """The hyperparameters a decoder's tensors and GGUF metadata follow. `vocab_size` is None until the
-    tokenizer is known (the random files always take the default model's tokenizer)."""
+    """The hyperparameters a decoder's tensors and GGUF metadata follow. `vocab_size` is None until
+    the tokenizer is known (the random files always take the default model's tokenizer)."""
 
     name: str
     arch: str  # GGUF architecture: llama, qwen2, qwen3
@@ -125,7 +126,8 @@ PRESETS: dict[str, ModelShape] = {
 
 
 def shape_from_config(path: Path) -> ModelShape:
-    """A ModelShape from an HF config.json (its vocabulary is ignored: the tokenizer is the default's)."""
+    """A ModelShape from an HF config.json (its vocabulary is ignored: the tokenizer is the
+    default's)."""
     try:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -179,8 +181,8 @@ def resolve_shape(spec: str) -> ModelShape:
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One tensor: GGUF name, numpy shape, and role ('matrix' gets quantized; 'norm' is ones, 'bias' is
-    small random, both float32 as llama.cpp keeps 1-D tensors)."""
+    """One tensor: GGUF name, numpy shape, and role ('matrix' gets quantized; 'norm' is ones, 'bias'
+    is small random, both float32 as llama.cpp keeps 1-D tensors)."""
 
     name: str
     shape: tuple[int, ...]
@@ -189,13 +191,15 @@ class TensorSpec:
 
     @property
     def kind(self) -> str:
-        """The tensor's name without block prefix and suffix: attn_v, ffn_down, output, token_embd ..."""
+        """The tensor's name without block prefix and suffix: attn_v, ffn_down, output, token_embd
+        ..."""
         parts = self.name.split(".")
         return parts[2] if parts[0] == "blk" else parts[0]
 
 
 def tensor_specs(shape: ModelShape) -> list[TensorSpec]:
-    """Every tensor of the model in the converter's order (embedding, the blocks, final norm, output)."""
+    """Every tensor of the model in the converter's order (embedding, the blocks, final norm,
+    output)."""
     if shape.vocab_size is None:
         raise ValueError("the shape's vocab_size must be set (from the tokenizer) first")
     hidden, hd = shape.hidden_size, shape.dim_per_head
@@ -231,7 +235,8 @@ def tensor_specs(shape: ModelShape) -> list[TensorSpec]:
 
 
 def add_arch_metadata(writer, shape: ModelShape) -> None:
-    """The `{arch}.*` keys, as llama.cpp's convert_hf_to_gguf.py writes them for this architecture."""
+    """The `{arch}.*` keys, as llama.cpp's convert_hf_to_gguf.py writes them for this
+    architecture."""
     writer.add_context_length(shape.context_length)
     writer.add_embedding_length(shape.hidden_size)
     writer.add_block_count(shape.num_layers)

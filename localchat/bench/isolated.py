@@ -1,6 +1,6 @@
-"""Run one system of a bench in a child process and watch it: its load time and peak RSS are its own,
-and a child that would exhaust the machine's memory is stopped before the kernel's OOM killer picks a
-victim (on a shared machine, possibly someone else's process).
+"""Run one system of a bench in a child process and watch it: its load time and peak RSS are its
+own, and a child that would exhaust the machine's memory is stopped before the kernel's OOM killer
+picks a victim (on a shared machine, possibly someone else's process).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def run_isolated(spec: IsolatedSpec, column: str) -> RunResult:
-    """Run `spec` in `python -m localchat.bench.isolated_child`; a failure comes back as a RunResult whose
-    records carry the error (and a note), never as an exception."""
+    """Run `spec` in `python -m localchat.bench.isolated_child`; a failure comes back as a RunResult
+    whose records carry the error (and a note), never as an exception."""
     floor = memory_floor()
     with tempfile.TemporaryDirectory(prefix="localchat-bench-") as tmp:
         spec_path, result_path, log_path = (

@@ -1,10 +1,10 @@
-"""One system of an isolated bench (C4) in a process of its own: load the model (timed), warm up, run the
-requests, and write the timings, load time and peak RSS as JSON.
+"""One system of an isolated bench (C4) in a process of its own: load the model (timed), warm up,
+run the requests, and write the timings, load time and peak RSS as JSON.
 
     python -m localchat.bench.isolated_child SPEC.pickle RESULT.json
 
-SPEC is written by `localchat.bench.isolated` in the parent. The llama.cpp child never imports torch, so
-its RSS is llama.cpp's own plus a bare Python.
+SPEC is written by `localchat.bench.isolated` in the parent. The llama.cpp child never imports
+torch, so its RSS is llama.cpp's own plus a bare Python.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ WARMUP_TOKENS = list(range(100, 108))
 
 @dataclass
 class IsolatedSpec:
-    """What the child runs: `system` is 'localchat' or 'llama.cpp'; `config` (an EngineConfig) is used by
-    localchat only, `n_ctx` by llama.cpp only."""
+    """What the child runs: `system` is 'localchat' or 'llama.cpp'; `config` (an EngineConfig) is
+    used by localchat only, `n_ctx` by llama.cpp only."""
 
     system: str
     gguf_path: str
@@ -38,8 +38,8 @@ class IsolatedSpec:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set. On Linux VmHWM, not ru_maxrss: ru_maxrss survives exec, so a
-    child starts with its parent's RSS at fork as its peak."""
+    """This process's peak resident set. On Linux VmHWM, not ru_maxrss: ru_maxrss survives exec, so
+    a child starts with its parent's RSS at fork as its peak."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -51,8 +51,9 @@ def peak_rss_bytes() -> int:
 
 
 def rss_split_bytes() -> dict[str, int]:
-    """Resident memory now, split into anonymous (heap, repacked weights, KV) and file-backed pages (a
-    memory-mapped model: page cache the kernel may drop), which a peak RSS lumps together. Linux only."""
+    """Resident memory now, split into anonymous (heap, repacked weights, KV) and file-backed pages
+    (a memory-mapped model: page cache the kernel may drop), which a peak RSS lumps together. Linux
+    only."""
     split = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -73,11 +74,8 @@ def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]
     engine = LLMEngine(config)
     load_s = time.perf_counter() - start
     warm_up(engine, WARMUP_TOKENS)
-    return (
-        run_engine(engine, spec.requests),
-        load_s,
-        rss_split_bytes(),
-    )  # measured while the model lives
+    # measured while the model lives
+    return run_engine(engine, spec.requests), load_s, rss_split_bytes()
 
 
 def _run_llama_cpp(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]]:
@@ -117,7 +115,7 @@ def main(argv: list[str]) -> int:
     spec = pickle.loads(Path(spec_path).read_bytes())
     try:
         payload = run(spec)
-    except Exception as exc:  # noqa: BLE001 - reported by the parent as this system's failure
+    except Exception as exc:  # reported by the parent as this system's failure
         payload = {"error": f"{type(exc).__name__}: {exc}", "peak_rss_bytes": peak_rss_bytes()}
     Path(result_path).write_text(json.dumps(payload))
     return 0 if "error" not in payload else 1

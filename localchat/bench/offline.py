@@ -1,4 +1,5 @@
-"""Our engine, driven by a loop over `LLMEngine.step()` so every output token is timed as a caller sees it."""
+"""Our engine, driven by a loop over `LLMEngine.step()` so every output token is timed as a caller
+sees it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def _noop(_: int) -> None:
 
 @dataclass(frozen=True)
 class ModelTarget:
-    """What the peers need to run the same model the engine ran (so the engine can be freed first)."""
+    """What the peers need to run the same model the engine ran (so the engine can be freed
+    first)."""
 
     name: str
     directory: Path  # HF-style directory (for a GGUF model: its converted float32 copy)
@@ -64,7 +66,8 @@ def engine_label(engine) -> str:
     return (
         f"localchat engine (weights {describe_weights(runtime.model)}, activations "
         f"{str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
-        f"max_num_seqs {runtime.max_num_seqs}, max_num_batched_tokens {runtime.max_num_batched_tokens}, "
+        f"max_num_seqs {runtime.max_num_seqs}, "
+        f"max_num_batched_tokens {runtime.max_num_batched_tokens}, "
         f"prefix caching {prefix})"
     )
 
@@ -76,14 +79,16 @@ def _greedy(max_tokens: int):
 
 
 def warm_up(engine, token_ids: list[int]) -> None:
-    """One short request so first-call costs (allocations, kernel selection) stay out of the timings."""
+    """One short request so first-call costs (allocations, kernel selection) stay out of the
+    timings."""
     engine.add_request("bench-warmup", token_ids[:8] or [0], _greedy(4))
     while engine.has_unfinished():
         engine.step()
 
 
 def run_engine(engine, requests: list[BenchRequest], advance: Advance = _noop) -> RunResult:
-    """All requests arrive at once; returns per-request token times and the engine's cache figures."""
+    """All requests arrive at once; returns per-request token times and the engine's cache
+    figures."""
     before = engine.stats()
     records = [RequestRecord(len(r.prompt_token_ids), r.output_len) for r in requests]
     peak_usage = 0.0
@@ -131,9 +136,9 @@ def _engine_figures(engine, before, peak_usage: float) -> dict:
 def run_engine_chat(
     engine, user_messages: list[str], reply_len: int, advance: Advance = _noop
 ) -> tuple[RunResult, list[list[int]]]:
-    """One conversation, a turn at a time: each turn's prompt is the whole history rendered with the chat
-    template (the prefix cache may serve what earlier turns computed). Returns the result and the prompt
-    token ids of every turn, which the peers then re-read in full."""
+    """One conversation, a turn at a time: each turn's prompt is the whole history rendered with the
+    chat template (the prefix cache may serve what earlier turns computed). Returns the result and
+    the prompt token ids of every turn, which the peers then re-read in full."""
     before = engine.stats()
     messages: list[dict] = []
     records, prompts = [], []

@@ -1,10 +1,11 @@
 """Online mode: the workload against any OpenAI-compatible server over streaming /v1/completions.
 
-Like `vllm bench serve`: requests are released at a Poisson rate (or all at once), at most `concurrency`
-in flight; TTFT is the time to the first streamed chunk, ITL the gaps between chunks, TPOT
-(latency - TTFT) / (output tokens - 1) with the token count from the final usage chunk
-(`stream_options.include_usage`), or the chunk count when a server sends no usage. Prompts go as token
-ids with `ignore_eos`, greedy, so each request produces exactly its requested number of tokens.
+Like `vllm bench serve`: requests are released at a Poisson rate (or all at once), at most
+`concurrency` in flight; TTFT is the time to the first streamed chunk, ITL the gaps between chunks,
+TPOT (latency - TTFT) / (output tokens - 1) with the token count from the final usage chunk
+(`stream_options.include_usage`), or the chunk count when a server sends no usage. Prompts go as
+token ids with `ignore_eos`, greedy, so each request produces exactly its requested number of
+tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ async def served_model(client: AsyncClient) -> str:
 async def _send(
     client: AsyncClient, request: BenchRequest, record: RequestRecord, advance: Advance
 ) -> None:
-    """One streamed request; every chunk's arrival is timed into `record`, a failure kept in `record.error`."""
+    """One streamed request; every chunk's arrival is timed into `record`, a failure kept in
+    `record.error`."""
     record.start = time.perf_counter()
     try:
         async for delta in client.complete(
@@ -87,7 +89,8 @@ async def _run(
     ) as client:
         base = client.base_url
         client.model = model or await served_model(client)
-        # one short request first (as vllm bench serve does): fails fast on a wrong URL, warms the server
+        # one short request first (as vllm bench serve does): fails fast on a wrong URL, warms the
+        # server
         probe = RequestRecord(1, 2)
         await _send(client, BenchRequest(requests[0].prompt_token_ids[:8], 2), probe, _noop)
         if probe.error:
@@ -105,7 +108,7 @@ async def _run(
 
         start = time.perf_counter()
         tasks = []
-        for index, (request, record) in enumerate(zip(requests, records)):
+        for index, (request, record) in enumerate(zip(requests, records, strict=True)):
             if index and math.isfinite(request_rate):
                 await asyncio.sleep(rng.expovariate(request_rate))
             tasks.append(asyncio.create_task(one(request, record)))

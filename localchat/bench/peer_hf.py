@@ -1,9 +1,9 @@
 """The Hugging Face transformers peer: `generate` on the same model, dtype and requests.
 
-Requests go in order, `batch_size` at a time, left-padded (pad = the tokenizer's pad token, else EOS);
-each batch runs greedy to its longest requested output (min_new_tokens = max_new_tokens, so EOS never
-ends it early) and only each request's own requested tokens count. A streamer timestamps every decoding
-step, which gives every request its first-token and per-token times.
+Requests go in order, `batch_size` at a time, left-padded (pad = the tokenizer's pad token, else
+EOS); each batch runs greedy to its longest requested output (min_new_tokens = max_new_tokens, so
+EOS never ends it early) and only each request's own requested tokens count. A streamer timestamps
+every decoding step, which gives every request its first-token and per-token times.
 """
 
 from __future__ import annotations

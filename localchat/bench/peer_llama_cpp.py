@@ -1,9 +1,11 @@
-"""The llama.cpp peer: llama-cpp-python on the same GGUF file (its own quantized weights), same requests.
+"""The llama.cpp peer: llama-cpp-python on the same GGUF file (its own quantized weights), same
+requests.
 
-llama-cpp-python's `Llama` runs one sequence at a time, so an offline batch runs request after request
-(TTFT counts the wait, as for every system here: all requests arrive at the start). Greedy, and exactly
-the requested number of tokens: `Llama.generate` never stops by itself, we stop it. Between requests it
-keeps whatever prefix of its KV cache the next prompt shares (which only the chat workload has).
+llama-cpp-python's `Llama` runs one sequence at a time, so an offline batch runs request after
+request (TTFT counts the wait, as for every system here: all requests arrive at the start). Greedy,
+and exactly the requested number of tokens: `Llama.generate` never stops by itself, we stop it.
+Between requests it keeps whatever prefix of its KV cache the next prompt shares (which only the
+chat workload has).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class LlamaCppPeer:
     def run(self, requests: list[BenchRequest], advance: Advance = _noop) -> RunResult:
         records = [RequestRecord(len(r.prompt_token_ids), r.output_len) for r in requests]
         start = time.perf_counter()
-        for request, record in zip(requests, records):
+        for request, record in zip(requests, records, strict=True):
             record.start = start
             self._generate(request.prompt_token_ids, request.output_len, record, advance)
         return RunResult("llama-cpp", self.label, records, time.perf_counter() - start)

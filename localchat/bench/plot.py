@@ -1,7 +1,9 @@
-"""`localchat bench --plot FILE`: throughput and latency as a picture (matplotlib, an optional dependency).
+"""`localchat bench --plot FILE`: throughput and latency as a picture (matplotlib, an optional
+dependency).
 
-One run draws its systems side by side (localchat and its peers). Several online runs of the same workload at
-different concurrency levels (`--plot-with` earlier runs' --json files) draw against concurrency.
+One run draws its systems side by side (localchat and its peers). Several online runs of the same
+workload at different concurrency levels (`--plot-with` earlier runs' --json files) draw against
+concurrency.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def require_matplotlib():
 
 
 def _series(payloads: list[dict]) -> tuple[str, list, dict[str, list[dict]]]:
-    """(x label, x values, {system: [figures per x]}): by concurrency for several online runs, else by system."""
+    """(x label, x values, {system: [figures per x]}): by concurrency for several online runs, else
+    by system."""
     by_concurrency = len(payloads) > 1 and all(p.get("mode") == "online" for p in payloads)
     if by_concurrency:
         ordered = sorted(payloads, key=lambda p: p["workload"].get("concurrency") or 0)
@@ -61,8 +64,8 @@ def _series(payloads: list[dict]) -> tuple[str, list, dict[str, list[dict]]]:
 
 
 def plot_runs(payloads: list[dict], path: str) -> None:
-    """Draw output tok/s and the TTFT/TPOT p50 (p99 as error bars' tops) of the runs into `path` (.png, .svg,
-    .pdf: the format follows the name)."""
+    """Draw output tok/s and the TTFT/TPOT p50 (p99 as error bars' tops) of the runs into `path`
+    (.png, .svg, .pdf: the format follows the name)."""
     plt = require_matplotlib()
     x_label, xs, series = _series(payloads)
     figure, (speed, latency) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
@@ -84,7 +87,7 @@ def plot_runs(payloads: list[dict], path: str) -> None:
                     p50,
                     width=0.38,
                     label=f"{label} p50",
-                    yerr=[[0] * len(p50), [max(b - a, 0) for a, b in zip(p50, p99)]],
+                    yerr=[[0] * len(p50), [max(b - a, 0) for a, b in zip(p50, p99, strict=True)]],
                     capsize=3,
                 )
             else:

@@ -1,4 +1,5 @@
-"""A rich progress bar on stderr counting output tokens, handed to the runners as an `advance(n)` callable."""
+"""A rich progress bar on stderr counting output tokens, handed to the runners as an `advance(n)`
+callable."""
 
 from __future__ import annotations
 

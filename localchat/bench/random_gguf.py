@@ -1,15 +1,15 @@
 """Write a random-weight GGUF of any Llama/Qwen2/Qwen3 shape in a chosen quantization mix, with the
 default model's tokenizer, so tests and benchmarks have 1B- and 8B-shaped files without a model hub.
 
-Each tensor is written as soon as it is made, so memory stays at about one tensor. Its blocks are drawn
-at random from a pool of 65,536 random blocks of its type: the legacy types (Q4_0 ... Q8_0, BF16) are
-quantized from normal weights with `gguf.quants.quantize`; K-quants, which gguf-py cannot quantize, get
-random codes and scale bytes with fp16 super-block scales chosen so the dequantized weights have the asked
-standard deviation. Drawing from a pool keeps an 8B file to about a minute of CPU; the values are as
-random as a speed benchmark needs, and mean nothing.
+Each tensor is written as soon as it is made, so memory stays at about one tensor. Its blocks are
+drawn at random from a pool of 65,536 random blocks of its type: the legacy types (Q4_0 ... Q8_0,
+BF16) are quantized from normal weights with `gguf.quants.quantize`; K-quants, which gguf-py cannot
+quantize, get random codes and scale bytes with fp16 super-block scales chosen so the dequantized
+weights have the asked standard deviation. Drawing from a pool keeps an 8B file to about a minute of
+CPU; the values are as random as a speed benchmark needs, and mean nothing.
 
-Not reproduced: llama.cpp's rope_freqs tensor for llama3 rope scaling (localchat's GGUF loader refuses
-it, and it costs nothing at run time).
+Not reproduced: llama.cpp's rope_freqs tensor for llama3 rope scaling (localchat's GGUF loader
+refuses it, and it costs nothing at run time).
 """
 
 from __future__ import annotations
@@ -57,23 +57,22 @@ QUANTS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
     "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16),
     "f32": (T.F32, LlamaFileType.ALL_F32),
 }
-_MIXED = (
-    "q4_k_m",
-    "q5_k_m",
-)  # Q6_K for the output and for attn_v / ffn_down of about half the layers
+# Q6_K for the output and for attn_v / ffn_down of about half the layers
+_MIXED = ("q4_k_m", "q5_k_m")
 # llama.cpp's fallback when a row is not a whole number of 256-wide super-blocks
 _K_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 _FLOAT_BLOCK = 32  # pool block width for the float types
 POOL_BLOCKS = 1 << 16
-# K-quants: x = d*sc*q - dmin*m with sc, m, q uniform; dmin = d * mean(q) centres the weights on zero
+# K-quants: x = d*sc*q - dmin*m with sc, m, q uniform; dmin = d * mean(q) centres the weights on
+# zero
 _K_MIN_RATIO = {T.Q4_K: 7.5, T.Q5_K: 15.5}
 
 Progress = Callable[[int, int], None]
 
 
 def _use_more_bits(layer: int, num_layers: int) -> bool:
-    """llama.cpp's choice of the layers that get Q6_K in a *_K_M file (the first and last eighth, and
-    every third layer between)."""
+    """llama.cpp's choice of the layers that get Q6_K in a *_K_M file (the first and last eighth,
+    and every third layer between)."""
     eighth = num_layers // 8
     return layer < eighth or layer >= 7 * num_layers // 8 or (layer - eighth) % 3 == 2
 
@@ -120,8 +119,8 @@ def estimated_size(shape: ModelShape, quant: str) -> int:
 def default_tokenizer() -> tuple[
     list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int
 ]:
-    """Every `tokenizer.*` field of the default model's GGUF (key, value, type, array item type), and the
-    size of its vocabulary."""
+    """Every `tokenizer.*` field of the default model's GGUF (key, value, type, array item type),
+    and the size of its vocabulary."""
     from localchat.engine.model_source import pull_default_model
 
     reader = GGUFReader(str(pull_default_model()))
@@ -137,8 +136,8 @@ def default_tokenizer() -> tuple[
 
 
 def _k_quant_pool(qtype: GGMLQuantizationType, rng: np.random.Generator, std: float) -> np.ndarray:
-    """Random K-quant blocks: random codes and packed 6-bit scales, fp16 super-block scales set so that
-    the dequantized values have standard deviation `std`."""
+    """Random K-quant blocks: random codes and packed 6-bit scales, fp16 super-block scales set so
+    that the dequantized values have standard deviation `std`."""
     _, type_size = GGML_QUANT_SIZES[qtype]
     pool = rng.integers(0, 256, (POOL_BLOCKS, type_size), dtype=np.uint8)
     d_at = slice(type_size - 2, type_size) if qtype == T.Q6_K else slice(0, 2)  # Q6_K keeps d last
@@ -156,8 +155,8 @@ def _k_quant_pool(qtype: GGMLQuantizationType, rng: np.random.Generator, std: fl
 
 
 def block_pool(qtype: GGMLQuantizationType, rng: np.random.Generator, std: float) -> np.ndarray:
-    """POOL_BLOCKS random blocks of `qtype` as uint8 rows of the type's block size in bytes (float types:
-    rows of 32 values)."""
+    """POOL_BLOCKS random blocks of `qtype` as uint8 rows of the type's block size in bytes (float
+    types: rows of 32 values)."""
     if qtype in _K_MIN_RATIO or qtype == T.Q6_K:
         return _k_quant_pool(qtype, rng, std)
     block = GGML_QUANT_SIZES[qtype][0]
@@ -167,9 +166,8 @@ def block_pool(qtype: GGMLQuantizationType, rng: np.random.Generator, std: float
         return weights.view(np.uint8)
     if qtype == T.F16:
         return weights.astype(np.float16).view(np.uint8)
-    return np.ascontiguousarray(quantize(weights, qtype)).view(
-        np.uint8
-    )  # BF16 and the legacy types
+    # BF16 and the legacy types
+    return np.ascontiguousarray(quantize(weights, qtype)).view(np.uint8)
 
 
 def _tensor_bytes(

@@ -1,8 +1,8 @@
 """Per-request timings and the figures derived from them, the same way for every system measured.
 
-Times are `time.perf_counter()` seconds. A request's `start` is when it was handed to the system (for an
-offline batch: the start of the run, since every request arrives at once); `token_times` holds when each
-output token (online: each streamed chunk) reached the caller.
+Times are `time.perf_counter()` seconds. A request's `start` is when it was handed to the system
+(for an offline batch: the start of the run, since every request arrives at once); `token_times`
+holds when each output token (online: each streamed chunk) reached the caller.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -79,7 +80,8 @@ def print_report(
     kind: str,
     notes: list[str],
 ) -> None:
-    """`results` maps a column name to its figures (with a 'label'); ratios are 'ours/peer' -> times."""
+    """`results` maps a column name to its figures (with a 'label'); ratios are
+    'ours/peer' -> times."""
     table = Table(title=escape(title), title_justify="left")
     table.add_column("Metric", no_wrap=True)
     for name in results:
@@ -135,10 +137,8 @@ def machine_info() -> dict:
 def versions() -> dict:
     out = {}
     for package in ("localchat", "torch", "transformers", "llama_cpp_python", "httpx"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             out[package] = metadata.version(package.replace("_", "-"))
-        except metadata.PackageNotFoundError:
-            pass
     return out
 
 

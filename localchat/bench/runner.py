@@ -1,7 +1,8 @@
 """One bench from start to finish: our engine (or a server), then each peer, on the same requests.
 
 Returns the figures of every system, keyed by column name, plus the ratios and notes for the report.
-The engine is freed before the peers load, so on a GPU the HF peer gets the memory the KV cache held.
+The engine is freed before the peers load, so on a GPU the HF peer gets the memory the KV cache
+held.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class BenchOutcome:
         self.notes.extend(result.notes)
         if fig["output_tokens"] != fig["requested_output_tokens"] and not fig["failures"]:
             self.notes.append(
-                f"{column}: {fig['output_tokens']} output tokens for {fig['requested_output_tokens']} "
-                "requested (does it honour ignore_eos / max_tokens?)"
+                f"{column}: {fig['output_tokens']} output tokens for "
+                f"{fig['requested_output_tokens']} requested "
+                "(does it honour ignore_eos / max_tokens?)"
             )
         return fig
 
@@ -175,8 +177,8 @@ def _run_peer(
 
 
 def _online_vocabulary(config) -> tuple[str, list[int]]:
-    """MODEL's name and the token ids random prompts may use, from its tokenizer (or, without one, its
-    config's vocab_size, as the offline run does), without loading any weights."""
+    """MODEL's name and the token ids random prompts may use, from its tokenizer (or, without one,
+    its config's vocab_size, as the offline run does), without loading any weights."""
     from localchat.engine.loader import load_hf_config, load_tokenizer, model_files
     from localchat.engine.model_source import resolve_model
 

@@ -1,8 +1,8 @@
 """The named benchmark workloads of DESIGN.md and the requests they generate.
 
-Random-token prompts: one `random.Random(seed)` draws, per request, the prompt length, then the output
-length, then the prompt's token ids (uniform over the vocabulary, special tokens excluded). The same seed
-gives the same requests to every system measured.
+Random-token prompts: one `random.Random(seed)` draws, per request, the prompt length, then the
+output length, then the prompt's token ids (uniform over the vocabulary, special tokens excluded).
+The same seed gives the same requests to every system measured.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ DECODE_SKIP = 16  # decode tok/s = (n - 16) / (time of token n - time of token 1
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """What to send. For kind 'chat', num_requests is the number of turns, input_len the user message
-    length in tokens and output_len the reply length (both fixed)."""
+    """What to send. For kind 'chat', num_requests is the number of turns, input_len the user
+    message length in tokens and output_len the reply length (both fixed)."""
 
     name: str
     title: str
@@ -30,8 +30,8 @@ class Workload:
     model: str | None = None  # the model DESIGN.md names (used when MODEL is not given)
     load_format: str | None = None
     dtype: str | None = None
-    # C4: the random-weight file (make_gguf preset, quantization) made when no FILE is given, and each
-    # system run in a process of its own so that load time and peak RSS are that system's alone
+    # C4: the random-weight file (make_gguf preset, quantization) made when no FILE is given, and
+    # each system run in a process of its own so that load time and peak RSS are that system's alone
     random_gguf: tuple[str, str] | None = None
     isolated: bool = False
 
@@ -58,12 +58,12 @@ class Workload:
 
         if self.kind == "chat":
             return (
-                f"{self.name.upper()}: {self.title}: {self.num_requests} turns, user messages ~{self.input_len[0]} "
-                f"tokens, replies {self.output_len[0]} tokens"
+                f"{self.name.upper()}: {self.title}: {self.num_requests} turns, "
+                f"user messages ~{self.input_len[0]} tokens, replies {self.output_len[0]} tokens"
             )
         return (
-            f"{self.name.upper()}: {self.title}: {self.num_requests} requests, prompt {span(self.input_len)}, "
-            f"output {span(self.output_len)} tokens"
+            f"{self.name.upper()}: {self.title}: {self.num_requests} requests, "
+            f"prompt {span(self.input_len)}, output {span(self.output_len)} tokens"
         )
 
 
@@ -154,7 +154,8 @@ class BenchRequest:
 
 
 def allowed_token_ids(vocab_size: int, tokenizer=None) -> list[int]:
-    """Ids a random prompt may use: the tokenizer's vocabulary (or the model's) minus special tokens."""
+    """Ids a random prompt may use: the tokenizer's vocabulary (or the model's) minus special
+    tokens."""
     size = min(vocab_size, len(tokenizer)) if tokenizer is not None else vocab_size
     special: set[int] = set()
     if tokenizer is not None:
@@ -165,7 +166,8 @@ def allowed_token_ids(vocab_size: int, tokenizer=None) -> list[int]:
 
 
 def random_requests(workload: Workload, token_ids: list[int], seed: int) -> list[BenchRequest]:
-    """The workload's requests: per request prompt length, output length, then the prompt's tokens."""
+    """The workload's requests: per request prompt length, output length, then the prompt's
+    tokens."""
     rng = random.Random(seed)
     requests = []
     for _ in range(workload.num_requests):
@@ -177,15 +179,17 @@ def random_requests(workload: Workload, token_ids: list[int], seed: int) -> list
     return requests
 
 
-_WORDS = (
-    "the a of to and in that it for on with as at by from this be was are have not or which one all "
-    "would there their will when who more if out so up about into than them can only other new some "
-    "time could these two may first then do any like my now over such our man me even most made after "
-    "also did many before must through back years where much your way well down should because each "
-    "just those people how too little state good very make world still own see men work long get here "
-    "between both life being under never day same another know while last might us great old year off "
-    "come since against go came right used take three small house garden river mountain city history "
-    "engine memory paper music light water story question answer reason number system machine"
+# a word list reads better as text than as a list literal
+_WORDS = (  # noqa: SIM905
+    "the a of to and in that it for on with as at by from this be was are have not or which one "
+    "all would there their will when who more if out so up about into than them can only other new "
+    "some time could these two may first then do any like my now over such our man me even most "
+    "made after also did many before must through back years where much your way well down should "
+    "because each just those people how too little state good very make world still own see men "
+    "work long get here between both life being under never day same another know while last might "
+    "us great old year off come since against go came right used take three small house garden "
+    "river mountain city history engine memory paper music light water story question answer "
+    "reason number system machine"
 ).split()
 
 

@@ -1,13 +1,15 @@
 """AsyncEngine: one LLMEngine in a background thread, streamed to many asyncio consumers.
 
-The engine thread owns torch; the asyncio side only enqueues commands and reads per-request queues of
-deltas. Deltas of one step reach each event loop in a single call_soon_threadsafe. Leaving the `async for`
-early (break, exception, task cancellation, client disconnect) aborts the request and frees its blocks.
+The engine thread owns torch; the asyncio side only enqueues commands and reads per-request queues
+of deltas. Deltas of one step reach each event loop in a single call_soon_threadsafe. Leaving the
+`async for` early (break, exception, task cancellation, client disconnect) aborts the request and
+frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -34,7 +36,8 @@ logger = logging.getLogger("localchat.engine")
 
 @dataclass(frozen=True, slots=True)
 class _Add:
-    """Queue a request; `accepted` is settled (on the caller's loop) with its prompt ids or its error."""
+    """Queue a request; `accepted` is settled (on the caller's loop) with its prompt ids or its
+    error."""
 
     request_id: str
     prompt: str | list[int]
@@ -63,10 +66,11 @@ class _Stream:
 
 
 class RequestStream:
-    """An accepted request: iterate it for delta RequestOutputs; `aclose()` (or leaving early) aborts it."""
+    """An accepted request: iterate it for delta RequestOutputs; `aclose()` (or leaving early)
+    aborts it."""
 
     def __init__(
-        self, engine: "AsyncEngine", request_id: str, stream: _Stream, prompt_token_ids: list[int]
+        self, engine: AsyncEngine, request_id: str, stream: _Stream, prompt_token_ids: list[int]
     ):
         self.engine = engine
         self.request_id = request_id
@@ -130,9 +134,10 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stats: EngineStats | None = None
 
-    # --- lifecycle -----------------------------------------------------------------------------------
-    async def start(self) -> "AsyncEngine":
-        """Load the model in the engine thread; returns when it is ready (raises what loading raised)."""
+    # --- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> AsyncEngine:
+        """Load the model in the engine thread; returns when it is ready (raises what loading
+        raised)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="localchat-engine", daemon=True)
             self._thread.start()
@@ -156,7 +161,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
-    # --- model facts and text (read-only, for the event loop) -----------------------------------------
+    # --- model facts and text (read-only, for the event loop) -------------------------------------
     @property
     def model_info(self) -> ModelInfo:
         return self._loaded().model_info
@@ -194,7 +199,7 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not started")
         return self._codec
 
-    # --- requests ------------------------------------------------------------------------------------
+    # --- requests ---------------------------------------------------------------------------------
     async def add_request(
         self,
         prompt: str | list[int],
@@ -251,7 +256,7 @@ class AsyncEngine:
         if self.engine is None:
             raise EngineDeadError("the engine is not started")
 
-    # --- the engine thread ---------------------------------------------------------------------------
+    # --- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             engine = LLMEngine(self.config, progress=self._on_load_progress)
@@ -268,9 +273,8 @@ class AsyncEngine:
                 if not self._handle_commands(block=not self.engine.has_unfinished()):
                     break
                 outputs = self.engine.step() if self.engine.has_unfinished() else []
-                self._stats = (
-                    self.engine.stats()
-                )  # before delivering, so consumers see the step's state
+                # before delivering, so consumers see the step's state
+                self._stats = self.engine.stats()
                 self._deliver(outputs)
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
@@ -322,10 +326,9 @@ class AsyncEngine:
                 del self._streams[output.request_id]
             by_loop.setdefault(stream.loop, []).append((stream.queue, output))
         for loop, items in by_loop.items():
-            try:
+            # a RuntimeError: that event loop is closed, nobody is listening
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:  # that event loop is closed: nobody is listening
-                pass
 
     def _fail_all(self, error: BaseException) -> None:
         while True:  # requests still queued will never be added: fail their acceptance
@@ -343,10 +346,8 @@ class AsyncEngine:
         for stream in streams.values():
             by_loop.setdefault(stream.loop, []).append((stream.queue, error))
         for loop, items in by_loop.items():
-            try:
+            with contextlib.suppress(RuntimeError):  # as in _deliver: that loop is closed
                 loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:
-                pass
 
 
 def _put_all(items) -> None:

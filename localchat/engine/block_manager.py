@@ -1,10 +1,12 @@
-"""BlockManager: the fixed pool of KV blocks, per-sequence block tables and automatic prefix caching.
+"""BlockManager: the fixed pool of KV blocks, per-sequence block tables and automatic prefix
+caching.
 
 A full block is identified by a hash of (its parent block's hash, its token ids, a salt). Blocks are
-ref-counted: sequences with a common prefix share them. A block whose count drops to zero keeps its hash
-and joins the free list behind the blocks with no content, so it is reused last (LRU) and a later request
-with the same prefix (the next chat turn, a shared system prompt) finds it again. Without prefix caching
-the salt is the request id, so only the samples of one request (n > 1) share their prompt.
+ref-counted: sequences with a common prefix share them. A block whose count drops to zero keeps its
+hash and joins the free list behind the blocks with no content, so it is reused last (LRU) and a
+later request with the same prefix (the next chat turn, a shared system prompt) finds it again.
+Without prefix caching the salt is the request id, so only the samples of one request (n > 1) share
+their prompt.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from localchat.engine.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "key")
+    __slots__ = ("block_id", "hash", "key", "ref_count")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -66,8 +68,9 @@ class BlockManager:
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks holding the longest cached prefix of `seq` (a fresh sequence with no blocks yet).
 
-        The last token is never taken from the cache: its logits are needed to sample. Nothing is taken
-        for a sequence that still needs its prompt's logprobs: they need the logits of every position.
+        The last token is never taken from the cache: its logits are needed to sample. Nothing is
+        taken for a sequence that still needs its prompt's logprobs: they need the logits of every
+        position.
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
         hits: list[int] = []
@@ -95,10 +98,10 @@ class BlockManager:
     def allocate(
         self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None
     ) -> bool:
-        """Give `seq` blocks for `num_new_tokens` more tokens (after `cached_blocks`, if any); False if
-        the pool cannot, in which case nothing changes. Blocks that this step fills are registered in the
-        prefix cache at once: a sequence scheduled later in the same step may share them, because each
-        layer stores the step's keys before any attention reads them."""
+        """Give `seq` blocks for `num_new_tokens` more tokens (after `cached_blocks`, if any); False
+        if the pool cannot, in which case nothing changes. Blocks that this step fills are
+        registered in the prefix cache at once: a sequence scheduled later in the same step may
+        share them, because each layer stores the step's keys before any attention reads them."""
         cached_blocks = cached_blocks or []
         num_computed = seq.num_computed_tokens + len(cached_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
@@ -140,7 +143,8 @@ class BlockManager:
                 self.hash_to_block.setdefault(block_hash, block.block_id)
 
     def free(self, seq: Sequence) -> None:
-        """Release the sequence's blocks, tail first, so a prefix outlives its suffix in the LRU order."""
+        """Release the sequence's blocks, tail first, so a prefix outlives its suffix in the LRU
+        order."""
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1

@@ -1,8 +1,8 @@
 """Render a conversation with the model's Jinja chat template, exactly as transformers does.
 
-The environment matches transformers' (sandboxed, trim_blocks/lstrip_blocks, loop controls, a tojson that
-keeps non-ASCII, raise_exception, strftime_now), and the template sees the tokenizer's special tokens, so
-the rendered text equals `tokenizer.apply_chat_template(..., tokenize=False)`.
+The environment matches transformers' (sandboxed, trim_blocks/lstrip_blocks, loop controls, a tojson
+that keeps non-ASCII, raise_exception, strftime_now), and the template sees the tokenizer's special
+tokens, so the rendered text equals `tokenizer.apply_chat_template(..., tokenize=False)`.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
                     or not isinstance(part.get("text"), str)
                 ):
                     raise InvalidParameterError(
-                        f"messages[{position}].content parts must be {{'type': 'text', 'text': ...}}",
+                        f"messages[{position}].content parts must be "
+                        "{'type': 'text', 'text': ...}",
                         param="messages",
                     )
                 texts.append(part["text"])
@@ -92,7 +93,7 @@ class ChatTemplate:
         self.special_tokens = special_tokens
 
     @classmethod
-    def for_tokenizer(cls, tokenizer, override: str | None = None) -> "ChatTemplate | None":
+    def for_tokenizer(cls, tokenizer, override: str | None = None) -> ChatTemplate | None:
         """The tokenizer's template, or `override` (a file path or the template text itself)."""
         source = getattr(tokenizer, "chat_template", None)
         if override is not None:
@@ -124,7 +125,8 @@ class ChatTemplate:
         documents: list[dict] | None = None,
         **kwargs,
     ) -> str:
-        """The prompt text for `messages`; `kwargs` (chat_template_kwargs, e.g. enable_thinking) reach the template."""
+        """The prompt text for `messages`; `kwargs` (chat_template_kwargs, e.g. enable_thinking)
+        reach the template."""
         import jinja2
 
         messages = normalize_messages(messages)

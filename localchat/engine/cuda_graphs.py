@@ -1,8 +1,9 @@
-"""CUDA graphs for decode steps: one captured forward per padded batch size, replayed with new inputs.
+"""CUDA graphs for decode steps: one captured forward per padded batch size, replayed with new
+inputs.
 
-A decode step launches a few hundred small kernels; replaying a graph costs one launch. Inputs live in
-static buffers the graphs were captured on; a step copies its tensors into them, pads the batch up to the
-next captured size (padding rows store no KV, slot -1, and attend to one key) and replays.
+A decode step launches a few hundred small kernels; replaying a graph costs one launch. Inputs live
+in static buffers the graphs were captured on; a step copies its tensors into them, pads the batch
+up to the next captured size (padding rows store no KV, slot -1, and attend to one key) and replays.
 """
 
 from __future__ import annotations
@@ -71,9 +72,8 @@ class DecodeGraphs:
     @torch.inference_mode()
     def _capture_all(self, max_seq_len: int) -> None:
         pool = None
-        for size in reversed(
-            self.sizes
-        ):  # largest first, so the smaller graphs fit in its memory pool
+        # largest first, so the smaller graphs fit in its memory pool
+        for size in reversed(self.sizes):
             md = self._metadata(size, max_seq_len)
             self._forward(size, md)  # warm up: compiles the Triton kernels outside the capture
             torch.cuda.synchronize()

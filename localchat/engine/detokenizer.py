@@ -1,9 +1,9 @@
 """Incremental detokenization with stop strings.
 
 Text grows token by token through the tokenizer's DecodeStream (no replacement characters from a
-multi-byte character split across tokens). A stop string may span tokens; the tail of the text that could
-still become one is held back, so nothing after a stop string is ever streamed, and the deltas handed out
-always concatenate to the final text.
+multi-byte character split across tokens). A stop string may span tokens; the tail of the text that
+could still become one is held back, so nothing after a stop string is ever streamed, and the deltas
+handed out always concatenate to the final text.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class IncrementalDetokenizer:
         self._emitted = 0
 
     def add_token(self, token_id: int) -> str | None:
-        """Append one token's text; return the stop string it completed, if any (the text is then cut)."""
+        """Append one token's text; return the stop string it completed, if any (the text is then
+        cut)."""
         chunk = self._stream.step(self._backend, token_id)
         if not chunk:
             return None

@@ -17,8 +17,9 @@ Prompt = str | list[int]
 class LLM:
     """Load a model and generate for many prompts at once with continuous batching.
 
-    >>> llm = LLM()                      # the embedded default model
-    >>> llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))[0].text
+    >>> llm = LLM()  # the embedded default model
+    >>> params = SamplingParams(temperature=0, max_tokens=8)
+    >>> llm.generate("The capital of France is", params)[0].text
     """
 
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
@@ -39,7 +40,7 @@ class LLM:
         params_list = _as_params_list(sampling_params, len(prompt_list))
         request_ids = []
         try:
-            for prompt, params in zip(prompt_list, params_list):
+            for prompt, params in zip(prompt_list, params_list, strict=True):
                 request_id = f"offline-{next(self._ids)}"
                 self.engine.add_request(request_id, prompt, params)
                 request_ids.append(request_id)
@@ -73,7 +74,8 @@ class LLM:
         return self.generate(prompts, sampling_params)
 
     def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
-        """Token ids of a conversation rendered with the chat template (see LLMEngine.render_chat)."""
+        """Token ids of a conversation rendered with the chat template (see
+        LLMEngine.render_chat)."""
         return self.engine.render_chat(messages, **kwargs)
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:

@@ -63,9 +63,8 @@ class LLMEngine:
         fix_mmap_threshold()  # before the weights and the first steps: see memory.py
         self.runtime = runtime = EngineRuntime.load(config, progress)
         self.tokenizer = runtime.tokenizer
-        self.codec = TextCodec(
-            runtime.tokenizer, runtime.chat_template
-        )  # used by this engine's thread only
+        # used by this engine's thread only
+        self.codec = TextCodec(runtime.tokenizer, runtime.chat_template)
         self.max_model_len = runtime.max_model_len
         self.eos_token_ids = runtime.eos_token_ids
         self.runner = ModelRunner(
@@ -98,7 +97,7 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
 
-    # --- requests ------------------------------------------------------------------------------------
+    # --- requests ---------------------------------------------------------------------------------
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return self.codec.tokenize(prompt, add_special_tokens)
 
@@ -106,13 +105,15 @@ class LLMEngine:
         return self.codec.detokenize(token_ids, skip_special_tokens)
 
     def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
-        """Token ids of a conversation rendered with the chat template (kwargs as TextCodec.render_chat)."""
+        """Token ids of a conversation rendered with the chat template (kwargs as
+        TextCodec.render_chat)."""
         return self.codec.render_chat(messages, **kwargs)
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
     ) -> Request:
-        """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with it."""
+        """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with
+        it."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidParameterError(
@@ -141,19 +142,21 @@ class LLMEngine:
         limit = self.max_model_len
         if params.max_tokens is None and len(token_ids) >= limit:
             raise PromptTooLongError(
-                f"the prompt has {len(token_ids)} tokens, but the context holds {limit} (max_model_len), "
-                "leaving no room for output",
+                f"the prompt has {len(token_ids)} tokens, but the context holds {limit} "
+                "(max_model_len), leaving no room for output",
                 param="prompt",
             )
         if params.max_tokens is not None and len(token_ids) + params.max_tokens > limit:
             raise PromptTooLongError(
                 f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is "
-                f"{len(token_ids) + params.max_tokens} tokens, beyond the context of {limit} (max_model_len)",
+                f"{len(token_ids) + params.max_tokens} tokens, beyond the context of {limit} "
+                "(max_model_len)",
                 param="max_tokens",
             )
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Stop a request now and free its blocks; returns its final (delta) output, or None if unknown."""
+        """Stop a request now and free its blocks; returns its final (delta) output, or None if
+        unknown."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
@@ -170,7 +173,7 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # --- the step ------------------------------------------------------------------------------------
+    # --- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:
@@ -181,7 +184,7 @@ class LLMEngine:
                 seq.request.first_scheduled_time = now
         results = self.runner.run(batch)
         deltas: dict[str, list[CompletionOutput]] = {}
-        for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results):
+        for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results, strict=True):
             seq.num_computed_tokens += num_new
             if result is None:
                 continue
@@ -268,7 +271,8 @@ class LLMEngine:
         )
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
-        """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity checks)."""
+        """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity
+        checks)."""
         request = Request("prompt-logits", list(token_ids), SamplingParams(max_tokens=1))
         seq = request.seqs[0]
         if not self.block_manager.allocate(seq, len(token_ids)):
@@ -278,7 +282,7 @@ class LLMEngine:
         finally:
             self.block_manager.free(seq)
 
-    # --- introspection -------------------------------------------------------------------------------
+    # --- introspection ----------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(

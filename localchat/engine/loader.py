@@ -1,4 +1,5 @@
-"""Load what the engine runs: HF config, our model with its weights, and the tokenizer if there is one."""
+"""Load what the engine runs: HF config, our model with its weights, and the tokenizer if there is
+one."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from pathlib import Path
 
 import torch
 
+from localchat.engine.gguf_checkpoint import gguf_weights
 from localchat.engine.model_cache import TENSOR_INDEX, ensure_converted
 from localchat.engine.model_source import ModelSource
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import build_model
-from localchat.engine.gguf_checkpoint import gguf_weights
 from localchat.engine.models.weights import init_dummy, load_weights
 from localchat.errors import InvalidParameterError, ModelNotFoundError
 
@@ -21,8 +22,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"
 
 @dataclass
 class ModelFiles:
-    """A Hugging Face style directory (config, tokenizer, weights), or for a GGUF file a small directory
-    with its config and tokenizer, the weights being read from the file itself."""
+    """A Hugging Face style directory (config, tokenizer, weights), or for a GGUF file a small
+    directory with its config and tokenizer, the weights being read from the file itself."""
 
     directory: Path
     source: ModelSource
@@ -71,7 +72,8 @@ def _safetensors_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(
-            f"{directory}: no *.safetensors weights (use --load-format dummy for random weights from config.json)"
+            f"{directory}: no *.safetensors weights "
+            "(use --load-format dummy for random weights from config.json)"
         )
     return files
 
@@ -81,7 +83,7 @@ def _iter_safetensors(files: list[Path]):
 
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - a safe_open handle is not iterable
                 yield name, handle.get_tensor(name)
 
 
@@ -95,9 +97,9 @@ def load_model(
     quantization: str = "auto",
     seed: int = 0,
 ) -> DecoderForCausalLM:
-    """Build the model for `hf_config` on `device` in `dtype` with its weights: a GGUF file's quantized
-    tensors kept quantized (unless quantization='none'), a safetensors checkpoint's dense (or quantized
-    with int8/int4), or (load_format='dummy') random ones."""
+    """Build the model for `hf_config` on `device` in `dtype` with its weights: a GGUF file's
+    quantized tensors kept quantized (unless quantization='none'), a safetensors checkpoint's dense
+    (or quantized with int8/int4), or (load_format='dummy') random ones."""
     with torch.device("meta"):
         model = build_model(hf_config)
     gguf = files.source.kind == "gguf" and load_format != "dummy"
@@ -122,7 +124,8 @@ def load_model(
             raise ModelNotFoundError(f"{files.source.path}: {exc}") from exc
         if missing:
             raise ModelNotFoundError(
-                f"{files.source.path}: checkpoint lacks weights for {', '.join(sorted(missing)[:5])}"
+                f"{files.source.path}: checkpoint lacks weights for "
+                f"{', '.join(sorted(missing)[:5])}"
             )
     model = model.eval().requires_grad_(False)
     model.pack_weights()

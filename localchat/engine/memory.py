@@ -1,11 +1,11 @@
 """Keep the process heap from growing under the varied tensor shapes of continuous batching (glibc).
 
-glibc's malloc raises its mmap threshold to the size of the largest mmapped block freed so far (up to
-32 MiB). After the first steps, a step's large tensors (a prefill chunk's activations, the logits of many
-rows) are carved from the heap instead, and the ever-changing shapes of a serving load leave holes in it
-that are never given back: a server's RSS grew from 1.05 to 2.6 GB in 8 minutes under 64 clients. A fixed
-threshold of 1 MiB sends those tensors to mmap, returned to the system when freed; smaller ones, all of
-batch-1 decode included, stay on the heap and cost nothing more.
+glibc's malloc raises its mmap threshold to the size of the largest mmapped block freed so far (up
+to 32 MiB). After the first steps, a step's large tensors (a prefill chunk's activations, the logits
+of many rows) are carved from the heap instead, and the ever-changing shapes of a serving load leave
+holes in it that are never given back: a server's RSS grew from 1.05 to 2.6 GB in 8 minutes under 64
+clients. A fixed threshold of 1 MiB sends those tensors to mmap, returned to the system when freed;
+smaller ones, all of batch-1 decode included, stay on the heap and cost nothing more.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ _applied = False
 
 
 def fix_mmap_threshold() -> bool:
-    """Set glibc's mmap threshold once per process; False where that is not possible (another C library)
-    or the user chose it already with MALLOC_MMAP_THRESHOLD_."""
+    """Set glibc's mmap threshold once per process; False where that is not possible (another C
+    library) or the user chose it already with MALLOC_MMAP_THRESHOLD_."""
     global _applied
     if _applied or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return _applied

@@ -1,8 +1,10 @@
-"""Convert a GGUF file's config and tokenizer once into a small Hugging Face style directory in the cache.
+"""Convert a GGUF file's config and tokenizer once into a small Hugging Face style directory in the
+cache.
 
 Converting the GGUF tokenizer with transformers takes seconds; the converted directory (config.json,
-generation_config.json, tokenizer files, the GGUF's tensor table) loads in milliseconds. The weights are never copied: they are
-read from the GGUF file itself at every load (memory-mapped, quantized blocks kept).
+generation_config.json, tokenizer files, the GGUF's tensor table) loads in milliseconds. The weights
+are never copied: they are read from the GGUF file itself at every load (memory-mapped, quantized
+blocks kept).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""ModelInfo: the read-only facts about the model an engine serves, for the server, the TUI and the bench."""
+"""ModelInfo: the read-only facts about the model an engine serves, for the server, the TUI and the
+bench."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    """What was loaded and how. `source_kind` is 'gguf' or 'hf_dir' and `source_path` the file or directory
-    the user named; `config_dir` is the Hugging Face style directory holding config.json and the tokenizer
-    (for a GGUF source, the directory made from it). `vocab_size` is the model's (the LM head's rows)."""
+    """What was loaded and how. `source_kind` is 'gguf' or 'hf_dir' and `source_path` the file or
+    directory the user named; `config_dir` is the Hugging Face style directory holding config.json
+    and the tokenizer (for a GGUF source, the directory made from it). `vocab_size` is the model's
+    (the LM head's rows)."""
 
     name: str
     source_kind: str

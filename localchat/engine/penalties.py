@@ -1,7 +1,9 @@
-"""Repetition, presence and frequency penalties, applied to the token ids a sequence has seen and nowhere else.
+"""Repetition, presence and frequency penalties, applied to the token ids a sequence has seen and
+nowhere else.
 
-A sequence's token history is kept as tensors between steps (the prompt's distinct ids once, the output ids
-grown by the new tokens), so a step converts only its new tokens and never builds a dense [rows, vocab] mask.
+A sequence's token history is kept as tensors between steps (the prompt's distinct ids once, the
+output ids grown by the new tokens), so a step converts only its new tokens and never builds a dense
+[rows, vocab] mask.
 """
 
 from __future__ import annotations
@@ -56,18 +58,17 @@ def _history(seq: Sequence) -> _TokenHistory:
     return history
 
 
-Factor = (
-    float | torch.Tensor
-)  # one value for every penalized row, or a [rows] tensor when rows differ
+# one value for every penalized row, or a [rows] tensor when rows differ
+Factor = float | torch.Tensor
 
 
 @dataclass
 class Penalties:
     """Penalties of a batch as flat indices (row * vocab + token id) into its [rows, vocab] logits.
 
-    `seen` lists the prompt and output ids of rows with a repetition penalty (repeats are harmless: every copy
-    writes the same value); `counted` the distinct output ids of rows with a presence or frequency penalty,
-    with their counts. An index's row is index // vocab_size.
+    `seen` lists the prompt and output ids of rows with a repetition penalty (repeats are harmless:
+    every copy writes the same value); `counted` the distinct output ids of rows with a presence or
+    frequency penalty, with their counts. An index's row is index // vocab_size.
     """
 
     vocab_size: int
@@ -107,7 +108,9 @@ class Penalties:
         return penalties
 
     def to(self, device) -> Penalties:
-        move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+        def move(t):
+            return t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+
         return Penalties(
             self.vocab_size,
             *(
@@ -124,8 +127,8 @@ class Penalties:
         )
 
     def apply_(self, logits: torch.Tensor) -> None:
-        """Penalize [rows, vocab] float32 logits in place: repetition first (divide positive logits, multiply
-        negative ones), then frequency (times the count) and presence (once)."""
+        """Penalize [rows, vocab] float32 logits in place: repetition first (divide positive logits,
+        multiply negative ones), then frequency (times the count) and presence (once)."""
         flat = logits.view(-1)
         if self.seen is not None:
             values, factor = flat[self.seen], self._per_index(self.repetition, self.seen)

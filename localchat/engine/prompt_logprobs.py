@@ -1,6 +1,7 @@
 """Prompt logprobs: how likely the model found each prompt token, given the tokens before it.
 
-Filled chunk by chunk as a prompt is prefilled: the hidden state at position p scores the token at p + 1.
+Filled chunk by chunk as a prompt is prefilled: the hidden state at position p scores the token at
+p + 1.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ def fill_prompt_logprobs(
     start: int,
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
-    """Score the prompt tokens that this step's chunk (hidden states of positions start, start + 1, ...)
-    predicts, into `seq.prompt_logprobs` (a recomputed chunk, after a preemption, writes the same values)."""
-    end = min(
-        start + hidden.shape[0], seq.num_prompt_tokens - 1
-    )  # the last prompt position scores output
+    """Score the prompt tokens that this step's chunk (hidden states of positions start, start + 1,
+    ...) predicts, into `seq.prompt_logprobs` (a recomputed chunk, after a preemption, writes the
+    same values)."""
+    # the last prompt position scores output
+    end = min(start + hidden.shape[0], seq.num_prompt_tokens - 1)
     if seq.prompt_logprobs is None or end <= start:
         return
     logprobs = compute_logits(hidden[: end - start]).float().log_softmax(dim=-1)
@@ -39,6 +40,9 @@ def fill_prompt_logprobs(
         ranks.tolist(),
         top_ids.tolist(),
         top_values.tolist(),
+        strict=True,
     )
     for offset, (token_id, logprob, rank, ids, values) in enumerate(rows, start=start + 1):
-        seq.prompt_logprobs[offset] = TokenLogprob(token_id, logprob, rank, list(zip(ids, values)))
+        seq.prompt_logprobs[offset] = TokenLogprob(
+            token_id, logprob, rank, list(zip(ids, values, strict=True))
+        )

@@ -1,14 +1,14 @@
 """Sampler: turn a batch of last-position logits into tokens, vectorized over the batch.
 
-Per row: min_tokens bans, repetition/presence/frequency penalties, then greedy argmax, or temperature, top-k,
-top-p and min-p followed by an exponential race among what is left (argmax of p / q, q ~ Exp(1)), which
-draws from p. A seeded request draws its q from its own generator, so its samples do not depend on its batch
-companions.
+Per row: min_tokens bans, repetition/presence/frequency penalties, then greedy argmax, or
+temperature, top-k, top-p and min-p followed by an exponential race among what is left (argmax of
+p / q, q ~ Exp(1)), which draws from p. A seeded request draws its q from its own generator, so its
+samples do not depend on its batch companions.
 
-Cost at batch 1 is a few passes over the vocabulary, never a sort of it in the common case: top-k and top-p
-work on a candidate set (an exact top-k, engine/topk.py), which top-p widens (at last to a full sort) only
-when the candidates hold less than top_p of the probability mass. Min-p and the penalties need no sort, and
-parameters at their neutral values cost nothing.
+Cost at batch 1 is a few passes over the vocabulary, never a sort of it in the common case: top-k
+and top-p work on a candidate set (an exact top-k, engine/topk.py), which top-p widens (at last to a
+full sort) only when the candidates hold less than top_p of the probability mass. Min-p and the
+penalties need no sort, and parameters at their neutral values cost nothing.
 """
 
 from __future__ import annotations
@@ -24,18 +24,19 @@ from localchat.engine.topk import topk
 RACE_GROUP = 256  # token ids per group of the sampling race (see _race)
 
 # Candidate counts top-p tries in turn before sorting the whole vocabulary. With the chat's defaults
-# (temperature 0.7, top_p 0.95) on the default model, 32 were enough at 95% of 370 reply steps, 256 at all.
+# (temperature 0.7, top_p 0.95) on the default model, 32 were enough at 95% of 370 reply steps, 256
+# at all.
 TOP_P_CANDIDATES = (32, 256, 4096)
 
 
 @dataclass
 class SamplingBatch:
-    """Per-row sampling parameters as tensors on the logits' device, plus host-side facts about them."""
+    """Per-row sampling parameters as tensors on the logits' device, plus host-side facts about
+    them."""
 
     temperature: torch.Tensor  # [B] float32; 0 = greedy
-    top_k: (
-        torch.Tensor | None
-    )  # [B] int64 in [1, vocab], vocab = off, greedy rows 1; None if no row filters
+    # [B] int64 in [1, vocab], vocab = off, greedy rows 1; None if no row filters
+    top_k: torch.Tensor | None
     top_p: torch.Tensor | None  # [B] float32, 1 = off; None if no row uses it
     min_p: torch.Tensor | None  # [B] float32
     penalties: Penalties | None
@@ -56,42 +57,48 @@ class SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         temperature = torch.tensor(
-            [0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32
+            [0.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)],
+            dtype=torch.float32,
         )
-        top_k = top_p = min_p = None
-        facts = {}
+        top_k: torch.Tensor | None = None
+        top_p: torch.Tensor | None = None
+        min_p: torch.Tensor | None = None
+        max_top_k, top_p_alone, unfiltered = 0, False, False
         if not all_greedy:
             ks = [
                 1 if g else min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size
-                for g, p in zip(greedy, params)
+                for g, p in zip(greedy, params, strict=True)
             ]
-            ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
-            if any(k < vocab_size for k, g in zip(ks, greedy) if not g) or any(p < 1.0 for p in ps):
+            ps = [1.0 if g else p.top_p for g, p in zip(greedy, params, strict=True)]
+            sampled_top_k = any(k < vocab_size for k, g in zip(ks, greedy, strict=True) if not g)
+            if sampled_top_k or any(p < 1.0 for p in ps):
                 top_k = torch.tensor(ks, dtype=torch.int64)
                 if any(p < 1.0 for p in ps):
                     top_p = torch.tensor(ps, dtype=torch.float32)
-                facts = {
-                    "max_top_k": max((k for k in ks if k < vocab_size), default=0),
-                    "top_p_alone": any(p < 1.0 and k == vocab_size for k, p in zip(ks, ps)),
-                    "unfiltered": any(p == 1.0 and k == vocab_size for k, p in zip(ks, ps)),
-                }
-            if any(p.min_p > 0.0 for g, p in zip(greedy, params) if not g):
+                max_top_k = max((k for k in ks if k < vocab_size), default=0)
+                top_p_alone = any(p < 1.0 and k == vocab_size for k, p in zip(ks, ps, strict=True))
+                unfiltered = any(p == 1.0 and k == vocab_size for k, p in zip(ks, ps, strict=True))
+            if any(p.min_p > 0.0 for g, p in zip(greedy, params, strict=True) if not g):
                 min_p = torch.tensor(
-                    [0.0 if g else p.min_p for g, p in zip(greedy, params)], dtype=torch.float32
+                    [0.0 if g else p.min_p for g, p in zip(greedy, params, strict=True)],
+                    dtype=torch.float32,
                 )
         banned = []
         for row, seq in enumerate(seqs):
             if seq.num_output_tokens < seq.params.min_tokens:
-                ids = set(seq.params.stop_token_ids) | (
+                ids = set(seq.params.stop_token_ids or ()) | (
                     set() if seq.params.ignore_eos else eos_token_ids
                 )
                 banned.append((row, sorted(i for i in ids if i < vocab_size)))
         penalties = (
             Penalties.from_seqs(seqs, vocab_size) if any(p.has_penalties for p in params) else None
         )
-        to = lambda t: None if t is None else t.to(device, non_blocking=True)
+
+        def to(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
         return cls(
-            temperature=to(temperature),
+            temperature=temperature.to(device, non_blocking=True),
             top_k=to(top_k),
             top_p=to(top_p),
             min_p=to(min_p),
@@ -101,7 +108,9 @@ class SamplingBatch:
             num_logprobs=[p.logprobs for p in params],
             all_greedy=all_greedy,
             any_greedy=any(greedy),
-            **facts,
+            max_top_k=max_top_k,
+            top_p_alone=top_p_alone,
+            unfiltered=unfiltered,
         )
 
 
@@ -118,10 +127,7 @@ class Sampler:
         logits = logits.to(torch.float32)
         raw_logits = logits if any(k is not None for k in batch.num_logprobs) else None
         logits = self._apply_bans_and_penalties(logits, batch)
-        if batch.all_greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            tokens = self._sample(logits, batch)
+        tokens = logits.argmax(dim=-1) if batch.all_greedy else self._sample(logits, batch)
         token_list = tokens.tolist()
         return SamplerOutput(token_list, self._logprobs(raw_logits, token_list, batch.num_logprobs))
 
@@ -145,16 +151,14 @@ class Sampler:
         else:
             candidate_weights, ids = _top_k_top_p(scaled, batch)
             weights = torch.zeros_like(scaled).scatter_(1, ids, candidate_weights)
-            if (
-                batch.unfiltered
-            ):  # rows without filters among rows with them keep the whole vocabulary
+            # rows without filters among rows with them keep the whole vocabulary
+            if batch.unfiltered:
                 unfiltered_rows = batch.top_k == scaled.shape[1]
                 if batch.top_p is not None:
                     unfiltered_rows &= batch.top_p == 1.0
                 weights = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), weights)
-        if (
-            batch.min_p is not None
-        ):  # weights are each row's probabilities up to a factor, which min-p ignores
+        # weights are each row's probabilities up to a factor, which min-p ignores
+        if batch.min_p is not None:
             threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
             weights = weights.masked_fill(weights < threshold, 0.0)
         tokens = _race(weights, batch.generators)
@@ -176,7 +180,7 @@ class Sampler:
         top_values, top_ids = (
             topk(logprobs, max_k) if max_k else (logprobs[:, :0], chosen_ids[:, :0])
         )
-        chosen, top_values, top_ids = (
+        chosen_list, top_value_rows, top_id_rows = (
             chosen.squeeze(1).tolist(),
             top_values.tolist(),
             top_ids.tolist(),
@@ -186,18 +190,20 @@ class Sampler:
             if k is None:
                 result.append(None)
                 continue
-            top = list(zip(top_ids[row][:k], top_values[row][:k]))
-            result.append(TokenLogprob(tokens[row], chosen[row], ranks[row], top))
+            top = list(zip(top_id_rows[row][:k], top_value_rows[row][:k], strict=True))
+            result.append(TokenLogprob(tokens[row], chosen_list[row], ranks[row], top))
         return result
 
 
 def _top_k_top_p(scaled: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's most likely tokens, in order ([rows, M] ids), with weights proportional to their probability
-    after top-k and top-p, 0 for the tokens these filters remove. Every token left out of the M has weight 0.
+    """Each row's most likely tokens, in order ([rows, M] ids), with weights proportional to their
+    probability after top-k and top-p, 0 for the tokens these filters remove. Every token left out
+    of the M has weight 0.
 
-    The same kept set as sorting the whole vocabulary: a token is kept when its rank is below top_k and the
-    mass of the tokens ranked before it is below top_p. Ranks past the candidates are all removed once the
-    candidates' mass reaches top_p, so only rows with top_p and no top_k may need more candidates.
+    The same kept set as sorting the whole vocabulary: a token is kept when its rank is below top_k
+    and the mass of the tokens ranked before it is below top_p. Ranks past the candidates are all
+    removed once the candidates' mass reaches top_p, so only rows with top_p and no top_k may need
+    more candidates.
     """
     vocab = scaled.shape[1]
     if not batch.top_p_alone:
@@ -221,49 +227,53 @@ def _top_k_top_p(scaled: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tens
 def _keep(
     values: torch.Tensor, batch: SamplingBatch, vocab: int, full_lse: torch.Tensor | None
 ) -> tuple[torch.Tensor, float]:
-    """(weights, needed) for the sorted candidate logits `values` (see _top_k_top_p). `needed` is 0 when no
-    token past the candidates can be kept, else a lower bound on the candidates that could be enough. A row's
-    weights do not depend on how many candidates there are."""
-    has_top_k = batch.top_k < vocab
+    """(weights, needed) for the sorted candidate logits `values` (see _top_k_top_p). `needed` is 0
+    when no token past the candidates can be kept, else a lower bound on the candidates that could
+    be enough. A row's weights do not depend on how many candidates there are."""
+    top_k = batch.top_k
+    assert top_k is not None  # _top_k_top_p runs only for batches with top_k
+    has_top_k = top_k < vocab
     if batch.max_top_k:  # rows with top_k drop the ranks past it and normalize over what is left
         ranks = torch.arange(values.shape[1], device=values.device)
-        values = values.masked_fill(ranks >= batch.top_k.unsqueeze(1), float("-inf"))
+        values = values.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
         norm = values.logsumexp(dim=-1, keepdim=True)
         if full_lse is not None:  # rows without top_k: probabilities over the whole vocabulary
             norm = torch.where(has_top_k.unsqueeze(1), norm, full_lse)
     else:
+        # no row has a top_k below the vocabulary, so a row has top_p alone: full_lse is given
+        assert full_lse is not None
         norm = full_lse
     probs = (values - norm).exp()
     if batch.top_p is None:
         return probs, 0.0
     top_p = batch.top_p.unsqueeze(1)
     cumulative = probs.cumsum(dim=-1)
-    remove = (cumulative - probs >= top_p) & (
-        top_p < 1.0
-    )  # the mass of strictly more likely tokens
+    # the mass of strictly more likely tokens
+    remove = (cumulative - probs >= top_p) & (top_p < 1.0)
     remove[:, 0] = False  # always keep the most likely token
     weights = probs.masked_fill(remove, 0.0)
     if full_lse is None:
         return weights, 0.0
-    missing = (
-        (top_p - cumulative[:, -1:]).squeeze(1).clamp_min(0.0)
-    )  # top-p mass the candidates lack
+    # top-p mass the candidates lack
+    missing = (top_p - cumulative[:, -1:]).squeeze(1).clamp_min(0.0)
     missing = missing.masked_fill(has_top_k | (batch.top_p >= 1.0), 0.0)
     if not bool(missing.any()):
         return weights, 0.0
-    # tokens past the candidates are no likelier than the last one, so at least missing / p_last more are needed
+    # tokens past the candidates are no likelier than the last one, so at least missing / p_last
+    # more are needed
     more = torch.where(missing > 0, missing / probs[:, -1], 0.0)
     return weights, values.shape[1] + float(more.max())
 
 
 def _race(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """Per row, index i with probability weights[i] / sum(weights), by exponential races (argmax of w / q,
-    q ~ Exp(1)): first among groups of RACE_GROUP ids by their total weight, then within the winning group.
+    """Per row, index i with probability weights[i] / sum(weights), by exponential races (argmax of
+    w / q, q ~ Exp(1)): first among groups of RACE_GROUP ids by their total weight, then within the
+    winning group.
 
-    Two small races draw a fixed count of exponentials per row (about 2 * sqrt(vocab)), not one per token,
-    and keep what a race is good at: a token's q belongs to its id, so logits that differ in the last digits
-    (another batch size, another kernel) change the pick only near a tie of w / q, and a seeded request's
-    generator advances by the same count at every step.
+    Two small races draw a fixed count of exponentials per row (about 2 * sqrt(vocab)), not one per
+    token, and keep what a race is good at: a token's q belongs to its id, so logits that differ in
+    the last digits (another batch size, another kernel) change the pick only near a tie of w / q,
+    and a seeded request's generator advances by the same count at every step.
     """
     rows, size = weights.shape
     if size % RACE_GROUP:
@@ -285,6 +295,5 @@ def _exponentials(rows: int, count: int, generators: list[torch.Generator | None
     for row, generator in enumerate(generators):
         if generator is not None:
             noise[row].exponential_(generator=generator)
-    return noise.clamp_min_(
-        torch.finfo(torch.float32).tiny
-    )  # a 0 would make 0 / 0; tiny keeps w / q ordered
+    # a 0 would make 0 / 0; tiny keeps w / q ordered
+    return noise.clamp_min_(torch.finfo(torch.float32).tiny)

@@ -18,11 +18,12 @@ def _range_error(name: str, allowed: str, value) -> InvalidParameterError:
 class SamplingParams:
     """Sampling and stopping for one request, validated on construction.
 
-    temperature 0 means greedy. top_k <= 0 and top_p 1 disable those filters. `max_tokens=None` generates
-    until the context is full. `seed` makes a request's samples reproducible whatever else shares its batch.
-    `logprobs=k` returns the chosen token's logprob and the k most likely alternatives (0 <= k <= 20).
-    `prompt_logprobs=k` returns the same for every prompt token after the first (with the request's first
-    output); such a request computes its whole prompt, without the prefix cache.
+    temperature 0 means greedy. top_k <= 0 and top_p 1 disable those filters. `max_tokens=None`
+    generates until the context is full. `seed` makes a request's samples reproducible whatever else
+    shares its batch. `logprobs=k` returns the chosen token's logprob and the k most likely
+    alternatives (0 <= k <= 20). `prompt_logprobs=k` returns the same for every prompt token after
+    the first (with the request's first output); such a request computes its whole prompt, without
+    the prefix cache.
     """
 
     n: int = 1
@@ -45,13 +46,12 @@ class SamplingParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self._validate()
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stop_token_ids = list(self.stop_token_ids or [])
+        self.stop, self.stop_token_ids = stop, stop_token_ids
+        self._validate(stop, stop_token_ids)
 
-    def _validate(self) -> None:
+    def _validate(self, stop: list[str], stop_token_ids: list[int]) -> None:
         def check(ok: bool, name: str, allowed: str) -> None:
             if not ok:
                 raise _range_error(name, allowed, getattr(self, name))
@@ -103,11 +103,9 @@ class SamplingParams:
             "prompt_logprobs",
             f"an integer in [0, {MAX_LOGPROBS}]",
         )
+        check(all(isinstance(s, str) and s for s in stop), "stop", "a list of non-empty strings")
         check(
-            all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings"
-        )
-        check(
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            all(isinstance(t, int) and t >= 0 for t in stop_token_ids),
             "stop_token_ids",
             "a list of non-negative token ids",
         )

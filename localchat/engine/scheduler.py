@@ -1,4 +1,5 @@
-"""Scheduler: continuous batching with a token budget, chunked prefill and preemption by recompute."""
+"""Scheduler: continuous batching with a token budget, chunked prefill and preemption by
+recompute."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from localchat.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     """The sequences to run this step and how many of their tokens each computes.
 
-    A sequence samples a token when its scheduled tokens reach its end (`samples[i]`); a partial prefill
-    chunk does not.
+    A sequence samples a token when its scheduled tokens reach its end (`samples[i]`); a partial
+    prefill chunk does not.
     """
 
     seqs: list[Sequence] = field(default_factory=list)
@@ -32,10 +33,11 @@ class ScheduledBatch:
 class Scheduler:
     """Decides, each step, which sequences advance and by how many tokens.
 
-    Running sequences go first, oldest first, so decodes keep advancing while a long prompt is prefilled
-    in chunks from what is left of the budget. When the pool runs dry the newest running sequence is
-    preempted: its blocks are freed and it is recomputed later (its cached blocks often survive). Waiting
-    sequences are admitted in arrival order while budget, sequence slots and blocks last.
+    Running sequences go first, oldest first, so decodes keep advancing while a long prompt is
+    prefilled in chunks from what is left of the budget. When the pool runs dry the newest running
+    sequence is preempted: its blocks are freed and it is recomputed later (its cached blocks often
+    survive). Waiting sequences are admitted in arrival order while budget, sequence slots and
+    blocks last.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
@@ -102,8 +104,9 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
 
     def _waits_for_sibling(self, seq: Sequence) -> bool:
-        """Samples 2..n of a request wait until the first has its prompt's full blocks scheduled (and so
-        registered in the prefix cache), then share them instead of computing the prompt again."""
+        """Samples 2..n of a request wait until the first has its prompt's full blocks scheduled
+        (and so registered in the prefix cache), then share them instead of computing the prompt
+        again."""
         if seq.index == 0 or seq.num_output_tokens:
             return False
         first = seq.request.seqs[0]

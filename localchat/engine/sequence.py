@@ -1,4 +1,5 @@
-"""Sequence: one sample being generated (a request with n > 1 has n of them); Request groups them."""
+"""Sequence: one sample being generated (a request with n > 1 has n of them); Request groups
+them."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class SequenceStatus(enum.Enum):
 
 @dataclass(slots=True)
 class TokenLogprob:
-    """The chosen token's logprob and the most likely alternatives at that step (token id, logprob)."""
+    """The chosen token's logprob and the most likely alternatives at that step (token id,
+    logprob)."""
 
     token_id: int
     logprob: float
@@ -34,12 +36,12 @@ _seq_counter = itertools.count()
 class Sequence:
     """Token ids, KV block table and progress of one sample.
 
-    `num_computed_tokens` counts tokens whose keys/values are in the pool; the sequence needs compute until
-    it reaches `num_tokens`, and samples a new token each step that ends there. `num_cached_tokens` is the
-    prefix-cache hit of its first scheduling.
+    `num_computed_tokens` counts tokens whose keys/values are in the pool; the sequence needs
+    compute until it reaches `num_tokens`, and samples a new token each step that ends there.
+    `num_cached_tokens` is the prefix-cache hit of its first scheduling.
     """
 
-    def __init__(self, request: "Request", index: int, prompt_token_ids: list[int]):
+    def __init__(self, request: Request, index: int, prompt_token_ids: list[int]):
         self.seq_id = next(_seq_counter)
         self.request = request
         self.index = index
@@ -54,8 +56,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[TokenLogprob] = []
-        # filled by the model runner as prefill chunks are computed (position 0 has none); the first sample
-        # of a request alone computes them, and hands them over with its first token
+        # filled by the model runner as prefill chunks are computed (position 0 has none); the first
+        # sample of a request alone computes them, and hands them over with its first token
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         if self.params.prompt_logprobs is not None and index == 0:
             self.prompt_logprobs = [None] * self.num_prompt_tokens
@@ -91,8 +93,9 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (
-            f"Sequence(id={self.seq_id}, request={self.request.request_id!r}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})"
+            f"Sequence(id={self.seq_id}, request={self.request.request_id!r}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"blocks={len(self.block_table)}, {self.status.value})"
         )
 
 

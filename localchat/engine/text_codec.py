@@ -1,8 +1,8 @@
 """TextCodec: tokenize, detokenize and render chat prompts with one tokenizer.
 
-A Rust tokenizer is guarded by a borrow flag, not a lock: used by two threads at once it may fail with
-`RuntimeError: Already borrowed` (vLLM hit this). So each thread gets its own codec: the engine thread
-the engine's, an event loop a `copy()` with its own tokenizer.
+A Rust tokenizer is guarded by a borrow flag, not a lock: used by two threads at once it may fail
+with `RuntimeError: Already borrowed` (vLLM hit this). So each thread gets its own codec: the engine
+thread the engine's, an event loop a `copy()` with its own tokenizer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class TextCodec:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
 
-    def copy(self) -> "TextCodec":
+    def copy(self) -> TextCodec:
         """A codec with its own tokenizer, for another thread (the chat template is read-only)."""
         return TextCodec(copy.deepcopy(self.tokenizer), self.chat_template)
 
@@ -45,8 +45,8 @@ class TextCodec:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
     ) -> list[int]:
-        """Token ids of a conversation rendered with the chat template (no special tokens added on top,
-        as transformers' apply_chat_template does)."""
+        """Token ids of a conversation rendered with the chat template (no special tokens added on
+        top, as transformers' apply_chat_template does)."""
         if self.chat_template is None:
             raise LocalchatError(
                 "this model has no chat template; pass one with --chat-template FILE"

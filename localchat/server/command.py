@@ -1,8 +1,8 @@
 """`localchat serve [MODEL]`: load the model, then serve the OpenAI-compatible API with uvicorn.
 
-The port is bound before the model loads (a busy port fails at once) and requests are accepted once it is
-ready. SIGINT/SIGTERM stop accepting, give running requests `--grace-period` seconds to finish, then
-abort the rest, stop the engine and exit 0.
+The port is bound before the model loads (a busy port fails at once) and requests are accepted once
+it is ready. SIGINT/SIGTERM stop accepting, give running requests `--grace-period` seconds to
+finish, then abort the rest, stop the engine and exit 0.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 import socket
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -29,9 +29,10 @@ def _opt(*names: str, help: str, **kwargs):
 @engine_options
 def serve(
     model: Annotated[
-        Optional[str],
+        str | None,
         typer.Argument(
-            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)"
+            help="Model directory, .gguf file or hub id "
+            "(default: the embedded SmolLM2-135M-Instruct)"
         ),
     ] = None,
     host: Annotated[
@@ -39,11 +40,11 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, _opt("--port", help="Port to listen on (0: any free port)")] = 8000,
     served_model_name: Annotated[
-        Optional[str],
+        str | None,
         _opt("--served-model-name", help="Model name in the API (default: the model's)"),
     ] = None,
     api_key: Annotated[
-        Optional[str],
+        str | None,
         _opt(
             "--api-key",
             envvar="LOCALCHAT_API_KEY",
@@ -52,7 +53,7 @@ def serve(
         ),
     ] = None,
     cors_origin: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         _opt("--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)"),
     ] = None,
     max_waiting: Annotated[
@@ -69,8 +70,9 @@ def serve(
     log_level: Annotated[str, _opt("--log-level", help="debug, info, warning or error")] = "info",
     engine_config=None,
 ) -> None:
-    """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded SmolLM2-135M-Instruct) over an
-    OpenAI-compatible HTTP API: chat and completions, SSE streaming, tokenize, /metrics, docs at /docs."""
+    """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
+    SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP API: chat and completions, SSE streaming,
+    tokenize, /metrics, docs at /docs."""
     if max_waiting < 1:
         raise InvalidParameterError(
             f"--max-waiting must be >= 1, got {max_waiting}", param="max_waiting"
@@ -153,7 +155,8 @@ async def _serve(
             port,
             " (API key required)" if api_key else "",
         )
-        # uvicorn re-raises the signal that stopped it once it is done; a no-op handler makes that a clean exit
+        # uvicorn re-raises the signal that stopped it once it is done; a no-op handler makes that a
+        # clean exit
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
         await server.serve(sockets=[sock])

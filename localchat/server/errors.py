@@ -1,4 +1,5 @@
-"""OpenAI-style error bodies {"error": {message, type, param, code}} for every failure the server reports.
+"""OpenAI-style error bodies {"error": {message, type, param, code}} for every failure the server
+reports.
 
 Bad input is a 4xx with a message naming the field; only a bug in the server itself is a 500. `code`
 carries the HTTP status, as vLLM's server does.
@@ -47,7 +48,8 @@ def error_body(
 
 
 def error_from_exception(exc: BaseException) -> tuple[dict, int]:
-    """The body and status for any exception (the same in a JSON response and in a stream's error chunk)."""
+    """The body and status for any exception (the same in a JSON response and in a stream's error
+    chunk)."""
     if isinstance(exc, LocalchatError):
         return error_body(exc.message, exc.http_status, exc.error_type, exc.param), exc.http_status
     if isinstance(exc, ValidationException):

@@ -1,13 +1,15 @@
-"""Running requests on the AsyncEngine for a handler: queue them, follow their deltas, record metrics.
+"""Running requests on the AsyncEngine for a handler: queue them, follow their deltas, record
+metrics.
 
 A completions request with several prompts becomes one engine request per prompt, merged here; every
-way out of a handler (finish, error, client disconnect, cancellation) closes the engine streams, which
-aborts whatever still runs and frees its KV blocks.
+way out of a handler (finish, error, client disconnect, cancellation) closes the engine streams,
+which aborts whatever still runs and frees its KV blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
@@ -25,9 +27,10 @@ class ClientDisconnected(Exception):
 
 
 class Tracker:
-    """Metrics of one engine request: inter-delta latency as deltas arrive, TTFT/e2e/reason at the end."""
+    """Metrics of one engine request: inter-delta latency as deltas arrive, TTFT/e2e/reason at the
+    end."""
 
-    __slots__ = ("metrics", "last", "reason", "done")
+    __slots__ = ("done", "last", "metrics", "reason")
 
     def __init__(self, metrics: ServerMetrics):
         self.metrics, self.last, self.reason, self.done = metrics, None, None, False
@@ -49,7 +52,8 @@ class Tracker:
                 self.metrics.e2e.observe((timing.finished_time or now) - timing.arrival_time)
 
     def close(self) -> bool:
-        """Count a request that ended without its final delta (the client left, the engine failed)."""
+        """Count a request that ended without its final delta (the client left, the engine
+        failed)."""
         if self.done:
             return False
         self.done = True
@@ -58,7 +62,8 @@ class Tracker:
 
 
 class Generation:
-    """The engine requests behind one HTTP request (one per prompt), with their usage and metrics."""
+    """The engine requests behind one HTTP request (one per prompt), with their usage and
+    metrics."""
 
     def __init__(
         self, engine: AsyncEngine, metrics: ServerMetrics, request_id: str, params: SamplingParams
@@ -93,7 +98,8 @@ class Generation:
             raise
 
     async def deltas(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt position, delta) pairs as the engine produces them; counts tokens and metrics on the way."""
+        """(prompt position, delta) pairs as the engine produces them; counts tokens and metrics on
+        the way."""
         try:
             async for position, delta in self._merged():
                 self.trackers[position].on_delta(delta)
@@ -150,8 +156,8 @@ class Generation:
         }
 
     async def collect(self) -> dict[int, RequestOutput]:
-        """Run to the end; per prompt position, its whole output (the deltas folded by RequestOutput.merge).
-        A choice's response index is `position * n + output.index`."""
+        """Run to the end; per prompt position, its whole output (the deltas folded by
+        RequestOutput.merge). A choice's response index is `position * n + output.index`."""
         results: dict[int, RequestOutput] = {}
         async for position, delta in self.deltas():
             if position in results:
@@ -162,7 +168,8 @@ class Generation:
 
 
 async def until_disconnect(receive, work: Awaitable):
-    """Await `work`, cancelling it (and so aborting its engine requests) if the client disconnects first."""
+    """Await `work`, cancelling it (and so aborting its engine requests) if the client disconnects
+    first."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
     try:
@@ -170,10 +177,8 @@ async def until_disconnect(receive, work: Awaitable):
         if task.done():
             return task.result()
         task.cancel()
-        try:
+        with contextlib.suppress(BaseException):
             await task
-        except BaseException:
-            pass
         raise ClientDisconnected()
     finally:
         watcher.cancel()

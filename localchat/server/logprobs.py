@@ -1,7 +1,8 @@
-"""Logprobs in OpenAI's two shapes: chat's `content[{token, logprob, bytes, top_logprobs}]` and the legacy
-completions `{tokens, token_logprobs, top_logprobs, text_offset}`.
+"""Logprobs in OpenAI's two shapes: chat's `content[{token, logprob, bytes, top_logprobs}]` and the
+legacy completions `{tokens, token_logprobs, top_logprobs, text_offset}`.
 
-Token strings are each id decoded alone by the tokenizer, cached: only requests asking for logprobs pay.
+Token strings are each id decoded alone by the tokenizer, cached: only requests asking for logprobs
+pay.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def chat_logprobs(entries: list[TokenLogprob], token_str: TokenStrings) -> list[
 
 
 class CompletionLogprobs:
-    """Builds the legacy completions logprobs object; text offsets run on across a stream's chunks."""
+    """Builds the legacy completions logprobs object; text offsets run on across a stream's
+    chunks."""
 
     def __init__(self, token_str: TokenStrings, start_offset: int = 0):
         self._token_str = token_str
@@ -69,12 +71,12 @@ class CompletionLogprobs:
     def build(
         self, entries: list[TokenLogprob], prompt: tuple[list[int], list] | None = None
     ) -> dict:
-        """The object for `entries`, after the echoed prompt's (token ids, logprobs) when given: its entries
-        may be None (the first token's), which gives null logprob and top_logprobs."""
+        """The object for `entries`, after the echoed prompt's (token ids, logprobs) when given: its
+        entries may be None (the first token's), which gives null logprob and top_logprobs."""
         tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
         pairs = [(e.token_id, e) for e in entries]
         if prompt is not None:
-            pairs = list(zip(*prompt)) + pairs
+            pairs = list(zip(*prompt, strict=True)) + pairs
         for token_id, entry in pairs:
             text = self._token_str(token_id)
             tokens.append(text)

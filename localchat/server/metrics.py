@@ -1,9 +1,10 @@
-"""Prometheus metrics (prometheus-client) for GET /metrics, named like vLLM's with a `localchat_` prefix.
+"""Prometheus metrics (prometheus-client) for GET /metrics, named like vLLM's with a `localchat_`
+prefix.
 
-Engine gauges and totals are read from the engine's per-step stats snapshot at scrape time, so serving
-adds no work per token for them. Latency histograms and per-reason request counts are kept in plain
-Python numbers updated on the event loop thread (the only writer) and exported by a custom collector:
-no lock is taken per token.
+Engine gauges and totals are read from the engine's per-step stats snapshot at scrape time, so
+serving adds no work per token for them. Latency histograms and per-reason request counts are kept
+in plain Python numbers updated on the event loop thread (the only writer) and exported by a custom
+collector: no lock is taken per token.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class Histogram:
 
     def family(self) -> HistogramMetricFamily:
         cumulative, running = [], 0
-        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts):
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
             running += count
             cumulative.append((bound, running))
         return HistogramMetricFamily(

@@ -1,7 +1,9 @@
-"""Request bodies of the OpenAI-compatible API as msgspec Structs (decoded and documented by Litestar).
+"""Request bodies of the OpenAI-compatible API as msgspec Structs (decoded and documented by
+Litestar).
 
-Types and simple bounds live here so a malformed field fails decoding with a 400 naming it; range checks
-that depend on other fields happen in `sampling.py`. Unknown fields are ignored, as OpenAI's API does.
+Types and simple bounds live here so a malformed field fails decoding with a 400 naming it; range
+checks that depend on other fields happen in `sampling.py`. Unknown fields are ignored, as OpenAI's
+API does.
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import msgspec
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
-JSON_BODY = Body(
-    media_type=RequestEncodingType.JSON
-)  # handlers: `data: Annotated[Model, JSON_BODY]`
+# handlers: `data: Annotated[Model, JSON_BODY]`
+JSON_BODY = Body(media_type=RequestEncodingType.JSON)
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -85,7 +86,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    """POST /v1/completions. `prompt` is a string, a list of strings, token ids, or lists of token ids."""
+    """POST /v1/completions. `prompt` is a string, a list of strings, token ids, or lists of token
+    ids."""
 
     prompt: str | list[Any]
     logprobs: int | None = None

@@ -1,8 +1,9 @@
-"""Turn a decoded request into SamplingParams, rejecting OpenAI-level mistakes with a 400 naming the field.
+"""Turn a decoded request into SamplingParams, rejecting OpenAI-level mistakes with a 400 naming the
+field.
 
-SamplingParams checks the ranges of its own fields; this adds the checks that span fields (top_logprobs
-without logprobs, stream_options without stream, ...) and refuses features the engine lacks, so nothing
-is silently ignored.
+SamplingParams checks the ranges of its own fields; this adds the checks that span fields
+(top_logprobs without logprobs, stream_options without stream, ...) and refuses features the engine
+lacks, so nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
         f"max_tokens must be at least 1, got {request.max_tokens}",
         "max_tokens",
     )
-    # with echo, the logprobs cover the echoed prompt too (the first token has none), as in OpenAI's legacy API
+    # with echo, the logprobs cover the echoed prompt too (the first token has none), as in OpenAI's
+    # legacy API
     prompt_logprobs = request.logprobs if request.echo else None
     return _params(request, request.max_tokens, request.logprobs, prompt_logprobs)

@@ -1,9 +1,10 @@
 """Server-sent events for streamed completions: `data: {chunk}` lines, then `data: [DONE]`.
 
-The part of a chunk shared by every chunk of a response (id, object, created, model) is encoded once;
-per delta only the choice is encoded, and all choices that advanced in one engine step go out in one
-write. Each choice's first chunk is marked `first` (chat puts the role there); the engine reports a
-finish_reason exactly once per choice, in its last delta, so it reaches the client exactly once.
+The part of a chunk shared by every chunk of a response (id, object, created, model) is encoded
+once; per delta only the choice is encoded, and all choices that advanced in one engine step go out
+in one write. Each choice's first chunk is marked `first` (chat puts the role there); the engine
+reports a finish_reason exactly once per choice, in its last delta, so it reaches the client exactly
+once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Dialect(Protocol):
     def stream_choice(
         self, index: int, position: int, delta: RequestOutput, out: CompletionOutput, first: bool
     ) -> dict | None:
-        """The choice object of one sample's piece `out` of a delta, or None when there is nothing to send."""
+        """The choice object of one sample's piece `out` of a delta, or None when there is nothing
+        to send."""
 
     def final_choice(
         self, index: int, position: int, output: RequestOutput, out: CompletionOutput
@@ -67,8 +69,9 @@ def error_event(exc: BaseException) -> bytes:
 async def sse_events(
     generation: Generation, dialect: Dialect, encoder: ChunkEncoder, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """The whole event stream of one response. An engine failure mid-stream becomes an error event, and
-    the stream still ends with [DONE]; a client disconnect cancels this and aborts the engine requests."""
+    """The whole event stream of one response. An engine failure mid-stream becomes an error event,
+    and the stream still ends with [DONE]; a client disconnect cancels this and aborts the engine
+    requests."""
     n = generation.params.n
     started: set[int] = set()
     try:
@@ -104,8 +107,9 @@ async def respond(
     stream: bool,
     include_usage: bool,
 ) -> Response:
-    """The HTTP response of a started generation: an SSE stream of `{object_name}.chunk`-style chunks, or
-    the whole `object_name` object once every choice has finished (aborted if the client leaves first)."""
+    """The HTTP response of a started generation: an SSE stream of `{object_name}.chunk`-style
+    chunks, or the whole `object_name` object once every choice has finished (aborted if the client
+    leaves first)."""
     created = int(time.time())
     if stream:
         chunk_object = (

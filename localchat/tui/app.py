@@ -11,8 +11,9 @@ from localchat.tui.store import ConversationStore
 
 
 class ChatApp(App):
-    """Runs the chat on `backend`, storing conversations in `store` (in memory when None). The chat itself lives
-    in `chat`, a ChatScreen; the app adds the styles, the command palette entries and closing the backend."""
+    """Runs the chat on `backend`, storing conversations in `store` (in memory when None). The chat
+    itself lives in `chat`, a ChatScreen; the app adds the styles, the command palette entries and
+    closing the backend."""
 
     CSS_PATH = "chat.tcss"
     TITLE = "localchat"

@@ -1,9 +1,10 @@
-"""The small interface the chat UI drives: the in-process engine, an OpenAI-compatible server, or a fake."""
+"""The small interface the chat UI drives: the in-process engine, an OpenAI-compatible server, or a
+fake."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict, dataclass
 
 
@@ -18,8 +19,8 @@ class ChatRequest:
 
 @dataclass
 class ReplyDelta:
-    """A piece of a streamed reply. `thinking` and `text` are new text only; the counters and timings
-    describe the reply so far (None where the backend cannot tell)."""
+    """A piece of a streamed reply. `thinking` and `text` are new text only; the counters and
+    timings describe the reply so far (None where the backend cannot tell)."""
 
     text: str = ""
     thinking: str = ""
@@ -33,9 +34,10 @@ class ReplyDelta:
 
 @dataclass
 class ReplyStats:
-    """What is known about one reply so far, folded from its deltas in one place (None: not known yet).
-    Backends report counters and timings of the reply so far, so a later delta's known values win and a
-    None never overwrites a value (a server reports prompt tokens only in its last, usage chunk)."""
+    """What is known about one reply so far, folded from its deltas in one place (None: not known
+    yet). Backends report counters and timings of the reply so far, so a later delta's known values
+    win and a None never overwrites a value (a server reports prompt tokens only in its last, usage
+    chunk)."""
 
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -53,7 +55,8 @@ class ReplyStats:
 
     @property
     def context_tokens(self) -> int | None:
-        """Tokens the conversation takes once this reply is in it (None while the prompt size is unknown)."""
+        """Tokens the conversation takes once this reply is in it (None while the prompt size is
+        unknown)."""
         return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
 
     def as_meta(self) -> dict:
@@ -72,25 +75,28 @@ class BackendStats:
 
 
 class ChatBackend:
-    """What the chat needs from a model server. Subclasses set `model_name` and `max_model_len` (None when
-    unknown) once `start()` returns; `stream()` is an async generator, and closing it stops the reply."""
+    """What the chat needs from a model server. Subclasses set `model_name` and `max_model_len`
+    (None when unknown) once `start()` returns; `stream()` is an async generator, and closing it
+    stops the reply."""
 
     model_name: str = "?"
     max_model_len: int | None = None
     description: str = ""
 
     async def start(self, on_progress: Callable[[str], None] | None = None) -> None:
-        """Load or connect; may take seconds (report steps through on_progress); raises on failure."""
+        """Load or connect; may take seconds (report steps through on_progress); raises on
+        failure."""
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
         """Tokens the rendered prompt takes, or None when only the server knows."""
         return None
 
     async def render_prompt(self, request: ChatRequest) -> str:
-        """The exact text the model would see for this request (as well as this backend can tell)."""
+        """The exact text the model would see for this request (as well as this backend can
+        tell)."""
         raise NotImplementedError
 
-    def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
+    def stream(self, request: ChatRequest) -> AsyncGenerator[ReplyDelta, None]:
         raise NotImplementedError
 
     def stats(self) -> BackendStats | None:

@@ -1,9 +1,11 @@
-"""ChatCore: the state of the chat with one model (the session, the backend as it loads, the reply being
-written, the status bar) and what changes it. ChatScreen (chat_screen.py) adds the commands on top."""
+"""ChatCore: the state of the chat with one model (the session, the backend as it loads, the reply
+being written, the status bar) and what changes it. ChatScreen (chat_screen.py) adds the commands on
+top."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from textual.app import ComposeResult
@@ -36,8 +38,8 @@ Ctrl+B shows your conversations · Ctrl+Q quits"""
 
 
 class ChatCore(Screen):
-    """Chat with one model. The backend starts (loads) in the background when the screen mounts; messages
-    typed meanwhile wait for it. Every message is stored as soon as it exists."""
+    """Chat with one model. The backend starts (loads) in the background when the screen mounts;
+    messages typed meanwhile wait for it. Every message is stored as soon as it exists."""
 
     def __init__(
         self,
@@ -78,14 +80,14 @@ class ChatCore(Screen):
         self.refresh_status()
         self.run_worker(self._load(), group="load", exit_on_error=False)
 
-    # --- loading -------------------------------------------------------------------------------------
+    # --- loading ----------------------------------------------------------------------------------
     async def _load(self) -> None:
         what = "Connecting to" if self.backend.description.startswith("http") else "Loading"
         panel = LoadingPanel(f"{what} {self.backend.model_name}", id="loading")
         await self.query_one("#main").mount(panel, before=0)
         try:
             await self.backend.start(panel.step)
-        except Exception as exc:  # noqa: BLE001 - shown in the conversation; the app stays up
+        except Exception as exc:  # shown in the conversation; the app stays up
             self.load_error = (
                 exc.message if isinstance(exc, LocalchatError) else f"{type(exc).__name__}: {exc}"
             )
@@ -101,7 +103,7 @@ class ChatCore(Screen):
             self.ready.set()
             self.refresh_status()
 
-    # --- the conversation view -----------------------------------------------------------------------
+    # --- the conversation view --------------------------------------------------------------------
     @property
     def messages_view(self) -> ConversationView:
         return self.query_one(ConversationView)
@@ -122,7 +124,7 @@ class ChatCore(Screen):
             self.store.list_conversations(), self.session.conversation.id
         )
 
-    # --- status --------------------------------------------------------------------------------------
+    # --- status -----------------------------------------------------------------------------------
     async def update_context_tokens(self) -> None:
         """Count the tokens of the history as it stands (for the status bar)."""
         if self.state in (ChatState.LOADING, ChatState.ERROR):
@@ -133,8 +135,9 @@ class ChatCore(Screen):
             self.context_tokens = None
 
     def refresh_status(self, stats: ReplyStats | None = None) -> None:
-        """Give the status bar the figures as they are now; it repaints only if one changed. Called where they
-        change (state changes, paints of a reply, the end of a reply), never on a timer."""
+        """Give the status bar the figures as they are now; it repaints only if one changed. Called
+        where they change (state changes, paints of a reply, the end of a reply), never on a
+        timer."""
         if stats is not None and stats.context_tokens is not None:
             self.context_tokens = stats.context_tokens
         engine = self.backend.stats() if self.state is not ChatState.LOADING else None
@@ -188,7 +191,7 @@ class ChatCore(Screen):
         await self.update_context_tokens()
         self.refresh_status()
 
-    # --- sending and replying ------------------------------------------------------------------------
+    # --- sending and replying ---------------------------------------------------------------------
     async def send(self, text: str) -> None:
         """Add a user message and start the reply to it."""
         new = self.session.conversation.id is None
@@ -239,8 +242,9 @@ class ChatCore(Screen):
         if plan.dropped:
             await self.messages_view.add(
                 Notice(
-                    f"⚠ {plan.dropped} earlier message(s) no longer fit in the context ({self.backend.max_model_len} "
-                    "tokens) and are left out of the prompt from now on."
+                    f"⚠ {plan.dropped} earlier message(s) no longer fit in the context "
+                    f"({self.backend.max_model_len} tokens) and are left out of the prompt "
+                    "from now on."
                 ),
                 before=view,
             )
@@ -276,7 +280,6 @@ class ChatCore(Screen):
         worker = self.reply_worker
         if worker is not None and not worker.is_finished:
             worker.cancel()
-            try:
+            # a cancelled or failed worker has said so in the chat
+            with contextlib.suppress(Exception):
                 await worker.wait()
-            except Exception:  # noqa: BLE001, S110 - a cancelled or failed worker has said so in the chat
-                pass

@@ -1,14 +1,16 @@
-"""ChatScreen: the chat's commands, whether started by a key, the command palette or a slash command, on top of
-ChatCore's state. `action_<name>` carries out each command of commands.COMMANDS."""
+"""ChatScreen: the chat's commands, whether started by a key, the command palette or a slash
+command, on top of ChatCore's state. `action_<name>` carries out each command of
+commands.COMMANDS."""
 
 from __future__ import annotations
 
 import inspect
 import logging
 from collections.abc import Iterator
+from typing import ClassVar
 
 from textual.app import SystemCommand
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.tui.chat_core import ChatCore
@@ -30,8 +32,8 @@ _FOOTER = {"help", "new", "regen", "chats", "stop", "quit"}
 class ChatScreen(ChatCore):
     """The chat screen: ChatCore plus its keys, slash commands and palette entries."""
 
-    BINDINGS = [
-        Binding(c.key, c.action, c.label, show=c.name in _FOOTER)  # noqa: RUF012 - Textual's API
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(c.key, c.action, c.label, show=c.name in _FOOTER)
         for c in COMMANDS
         if c.key and c.name != "quit"
     ]
@@ -40,7 +42,8 @@ class ChatScreen(ChatCore):
         await self.submit(event.text)
 
     async def submit(self, text: str) -> None:
-        """Handle what the prompt box sent: a slash command, or a message (refused while a reply runs)."""
+        """Handle what the prompt box sent: a slash command, or a message (refused while a reply
+        runs)."""
         prompt = self.query_one(PromptBox)
         prompt.remember(text)
         try:
@@ -66,7 +69,7 @@ class ChatScreen(ChatCore):
         prompt.clear()
         await self.send(unescape(text))
 
-    # --- commands: conversation changes (each stops a running reply first) -----------------------------
+    # --- commands: conversation changes (each stops a running reply first) ------------------------
     def palette_commands(self) -> Iterator[SystemCommand]:
         for command in COMMANDS:
             if command.palette and command.name != "quit":
@@ -167,7 +170,7 @@ class ChatScreen(ChatCore):
         elif event.action == "delete":
             await self.action_delete_chat(event.conversation_id)
 
-    # --- commands: settings --------------------------------------------------------------------------
+    # --- commands: settings -----------------------------------------------------------------------
     def action_set(self, args: str = "") -> None:
         conversation = self.session.conversation
         if not args:
@@ -212,9 +215,8 @@ class ChatScreen(ChatCore):
     def action_think(self, args: str = "") -> None:
         self.session.conversation.think = parse_think(args)
         self.session.save_settings()
-        self.notify(
-            f"enable_thinking: {'default' if self.session.conversation.think is None else args.strip()}"
-        )
+        think = self.session.conversation.think
+        self.notify(f"enable_thinking: {'default' if think is None else args.strip()}")
 
     def action_show_settings(self) -> None:
         self.app.push_screen(
@@ -237,7 +239,7 @@ class ChatScreen(ChatCore):
             title, request = "The exact prompt of the next reply", self.session.request()
         self.app.push_screen(TextScreen(title, await self.backend.render_prompt(request)))
 
-    # --- commands: the rest --------------------------------------------------------------------------
+    # --- commands: the rest -----------------------------------------------------------------------
     def action_help(self) -> None:
         if not isinstance(self.app.screen, HelpScreen):
             self.app.push_screen(HelpScreen())

@@ -17,14 +17,16 @@ def chat(
     model: Annotated[
         str | None,
         typer.Argument(
-            help="Model directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct); with --url, the model to ask the server for"
+            help="Model directory, .gguf file or hub id (default: the embedded "
+            "SmolLM2-135M-Instruct); with --url, the model to ask the server for"
         ),
     ] = None,
     url: Annotated[
         str | None,
         typer.Option(
             "--url",
-            help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) instead of the in-process engine",
+            help="Chat with an OpenAI-compatible server (e.g. http://localhost:8000) "
+            "instead of the in-process engine",
         ),
     ] = None,
     api_key: Annotated[
@@ -58,7 +60,8 @@ def chat(
     ] = None,
     engine_config=None,
 ) -> None:
-    """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer stdin."""
+    """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer
+    stdin."""
     from localchat.engine.sampling_params import SamplingParams
     from localchat.tui.conversation import DEFAULT_SETTINGS, Conversation
     from localchat.tui.store import ConversationStore, default_db_path

@@ -1,4 +1,5 @@
-"""The chat's commands: one table serves slash commands, key bindings, the command palette and /help."""
+"""The chat's commands: one table serves slash commands, key bindings, the command palette and
+/help."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from localchat.tui.conversation import SETTING_NAMES
 @dataclass(frozen=True)
 class Command:
     """A chat command: `/name args` in the prompt, `action` on the app (run with the argument text),
-    an optional key, and whether the command palette offers it (commands that need an argument don't)."""
+    an optional key, and whether the command palette offers it (commands that need an argument
+    don't)."""
 
     name: str
     label: str
@@ -119,7 +121,8 @@ class UnknownCommandError(LocalchatError):
 
 
 def parse_slash(text: str) -> tuple[Command, str] | None:
-    """(command, argument text) for '/name args'; None when `text` is not a command ('//x' sends '/x')."""
+    """(command, argument text) for '/name args'; None when `text` is not a command ('//x' sends
+    '/x')."""
     if not text.startswith("/") or text.startswith("//"):
         return None
     name, _, args = text[1:].strip().partition(" ")

@@ -1,4 +1,5 @@
-"""A conversation as data: its messages, system prompt and sampling settings, and its Markdown/JSON export."""
+"""A conversation as data: its messages, system prompt and sampling settings, and its Markdown/JSON
+export."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ SETTING_NAMES = tuple(DEFAULT_SETTINGS)
 @dataclass
 class ChatMessage:
     """One message. Assistant messages keep their thinking apart from the answer, whether the user
-    stopped them, and `meta`: prompt/cached/completion tokens, ttft, tokens_per_s, finish_reason, error."""
+    stopped them, and `meta`: prompt/cached/completion tokens, ttft, tokens_per_s, finish_reason,
+    error."""
 
     role: str
     content: str
@@ -33,8 +35,8 @@ class ChatMessage:
 
 @dataclass
 class Conversation:
-    """A chat: `id` is its SQLite row (None until first stored). `think` is the enable_thinking flag passed
-    to the chat template (None: the template's default)."""
+    """A chat: `id` is its SQLite row (None until first stored). `think` is the enable_thinking flag
+    passed to the chat template (None: the template's default)."""
 
     id: int | None = None
     title: str = "New chat"
@@ -44,7 +46,8 @@ class Conversation:
     think: bool | None = None
 
     def template_messages(self, first: int = 0, end: int | None = None) -> list[dict]:
-        """What goes into the chat template: the system prompt, then messages[first:end] (answers only)."""
+        """What goes into the chat template: the system prompt, then messages[first:end] (answers
+        only)."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return head + [{"role": m.role, "content": m.content} for m in self.messages[first:end]]
 

@@ -1,9 +1,10 @@
-"""The chat backend on the in-process AsyncEngine: exact prompts, cached-token counts, live engine stats."""
+"""The chat backend on the in-process AsyncEngine: exact prompts, cached-token counts, live engine
+stats."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 from localchat.config import EngineConfig
@@ -20,8 +21,9 @@ from localchat.tui.thinking import OPEN, ThinkSplitter
 
 
 class EngineBackend(ChatBackend):
-    """Drive an AsyncEngine in this process. Pass a config to own the engine (started by `start()`, shut
-    down by `close()`), or an engine shared with others (started if need be, never shut down here)."""
+    """Drive an AsyncEngine in this process. Pass a config to own the engine (started by `start()`,
+    shut down by `close()`), or an engine shared with others (started if need be, never shut down
+    here)."""
 
     def __init__(self, config: EngineConfig | None = None, *, engine: AsyncEngine | None = None):
         self._on_progress: Callable[[str], None] | None = None
@@ -63,7 +65,7 @@ class EngineBackend(ChatBackend):
     async def render_prompt(self, request: ChatRequest) -> str:
         return self.engine.detokenize(self.prompt_token_ids(request), skip_special_tokens=False)
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[ReplyDelta, None]:
         token_ids = self.prompt_token_ids(request)
         params = SamplingParams(**request.sampling)
         tail = self.engine.detokenize(token_ids[-4:], skip_special_tokens=False)

@@ -1,4 +1,5 @@
-"""What the chat shows or writes about a conversation outside the chat view: its settings, its export files."""
+"""What the chat shows or writes about a conversation outside the chat view: its settings, its
+export files."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def settings_text(conversation: Conversation, backend: ChatBackend, store_path: 
 
 
 def export_conversation(conversation: Conversation, path: str = "") -> tuple[Path, Path]:
-    """Write the conversation as PATH.md and PATH.json (default: ./localchat-TITLE); returns both paths."""
+    """Write the conversation as PATH.md and PATH.json (default: ./localchat-TITLE); returns both
+    paths."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", conversation.title).strip("-").lower()[:40] or "chat"
     base = Path(path).expanduser() if path else Path.cwd() / f"localchat-{slug}"
     base = base.with_suffix("") if base.suffix in (".md", ".json") else base

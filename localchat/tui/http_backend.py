@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import httpx
 
@@ -13,11 +13,8 @@ from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
 from localchat.tui.thinking import ThinkSplitter
 
-_NO_TOKENIZE = (
-    404,
-    405,
-    501,
-)  # servers without /tokenize (the OpenAI API itself, llama.cpp's server)
+# servers without /tokenize (the OpenAI API itself, llama.cpp's server)
+_NO_TOKENIZE = (404, 405, 501)
 TIMEOUT = httpx.Timeout(30.0, read=None)  # a thinking model may be silent for minutes
 
 
@@ -30,8 +27,9 @@ class ServerError(LocalchatError):
 
 
 def sampling_body(request: ChatRequest) -> dict:
-    """The request's sampling settings and template kwargs as chat-completions fields; vLLM's extensions
-    (top_k, repetition_penalty, chat_template_kwargs) are sent only when they differ from the defaults."""
+    """The request's sampling settings and template kwargs as chat-completions fields; vLLM's
+    extensions (top_k, repetition_penalty, chat_template_kwargs) are sent only when they differ from
+    the defaults."""
     sampling = request.sampling
     body = {"temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0)}
     if sampling.get("max_tokens") is not None:
@@ -87,7 +85,8 @@ class OpenAIBackend(ChatBackend):
             self.max_model_len = card.get("max_model_len")
 
     async def _tokenize(self, request: ChatRequest) -> list[int] | None:
-        """The prompt's token ids from the server's /tokenize (vLLM's and localchat's); None if it has none."""
+        """The prompt's token ids from the server's /tokenize (vLLM's and localchat's); None if it
+        has none."""
         if not self._has_tokenize:
             return None
         try:
@@ -123,7 +122,7 @@ class OpenAIBackend(ChatBackend):
             + json.dumps(body, indent=2, ensure_ascii=False)
         )
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[ReplyDelta, None]:
         params = sampling_body(request)
         self.last_body = {
             "model": self.model_name,

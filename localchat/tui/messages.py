@@ -20,16 +20,17 @@ class UserMessage(Static):
 
 
 class Notice(Static):
-    """A line from localchat itself inside the conversation: a dropped-context notice or an error."""
+    """A line from localchat itself inside the conversation: a dropped-context notice or an
+    error."""
 
     def __init__(self, text: str, *, error: bool = False):
         super().__init__(text, markup=False, classes="error" if error else "")
 
 
 class StreamingText(Static):
-    """Plain text that grows while a reply streams. Repainting it is cheap; only a change of its height asks
-    Textual for a new layout (a reflow and repaint of the whole screen), which happens about once per line
-    written rather than at every paint."""
+    """Plain text that grows while a reply streams. Repainting it is cheap; only a change of its
+    height asks Textual for a new layout (a reflow and repaint of the whole screen), which happens
+    about once per line written rather than at every paint."""
 
     def __init__(self, text: str = "", **kwargs):
         super().__init__(text, markup=False, **kwargs)
@@ -45,8 +46,8 @@ class StreamingText(Static):
 
 
 def block_end(text: str) -> int:
-    """Where the complete Markdown blocks of `text` end: after its last blank line (or closing code fence)
-    outside a fenced code block; 0 when no block is complete yet."""
+    """Where the complete Markdown blocks of `text` end: after its last blank line (or closing code
+    fence) outside a fenced code block; 0 when no block is complete yet."""
     end = position = 0
     fenced = False
     for line in text.splitlines(keepends=True):
@@ -64,11 +65,13 @@ def block_end(text: str) -> int:
 
 
 class AssistantMessage(Vertical):
-    """A reply: a collapsible thinking block, the answer as Markdown, and a line of facts about the turn.
+    """A reply: a collapsible thinking block, the answer as Markdown, and a line of facts about the
+    turn.
 
-    While streaming, complete blocks (paragraphs, closed code fences) are appended to the Markdown and the
-    block being written shows as plain text below it, so a paint between two blocks re-parses nothing and
-    rarely changes the layout. `finish()` renders the whole answer once more and collapses the thinking.
+    While streaming, complete blocks (paragraphs, closed code fences) are appended to the Markdown
+    and the block being written shows as plain text below it, so a paint between two blocks
+    re-parses nothing and rarely changes the layout. `finish()` renders the whole answer once more
+    and collapses the thinking.
     """
 
     def __init__(self, message: ChatMessage | None = None, title: str = "Assistant"):
@@ -138,7 +141,8 @@ class AssistantMessage(Vertical):
             self.tail.show(self._pending.rstrip("\n"))
 
     async def finish(self, message: ChatMessage) -> None:
-        """The reply is over (done, stopped or failed): render it once more, whole, and say how it went."""
+        """The reply is over (done, stopped or failed): render it once more, whole, and say how it
+        went."""
         self.message, self._finished = message, True
         self.tail.display, self._pending = False, ""
         await self.markdown.update(message.content)
@@ -153,8 +157,8 @@ class AssistantMessage(Vertical):
 
 
 class ConversationView(VerticalScroll):
-    """The scrolling conversation. Anchored: it follows a streaming reply until the user scrolls up, and
-    every new message brings it back to the bottom."""
+    """The scrolling conversation. Anchored: it follows a streaming reply until the user scrolls up,
+    and every new message brings it back to the bottom."""
 
     async def show(self, messages: list[ChatMessage], welcome: str) -> None:
         """Show a whole conversation (or the welcome text when it is empty), from scratch."""

@@ -1,4 +1,5 @@
-"""The chat without a terminal (`echo "hi" | localchat chat`): stdin is one message, the reply streams to stdout."""
+"""The chat without a terminal (`echo "hi" | localchat chat`): stdin is one message, the reply
+streams to stdout."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ async def run_pipe(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> None:
-    """Send `text` as the next user message and stream the answer (thinking goes to stderr). The turn is
-    stored like a TUI turn, so `localchat chat --resume` continues it."""
+    """Send `text` as the next user message and stream the answer (thinking goes to stderr). The
+    turn is stored like a TUI turn, so `localchat chat --resume` continues it."""
     session = ChatSession(backend, store, conversation)
     try:
         await backend.start()
@@ -32,7 +33,8 @@ async def run_pipe(
         plan = await session.plan_turn()
         if plan.dropped:
             err.write(
-                f"[{plan.dropped} earlier message(s) no longer fit in the context and were left out]\n"
+                f"[{plan.dropped} earlier message(s) no longer fit in the context "
+                "and were left out]\n"
             )
         message, stats = ChatMessage("assistant", ""), ReplyStats()
         position = session.add_reply(message)

@@ -1,4 +1,5 @@
-"""ReplyWriter: one streamed reply, from the backend's deltas to the stored message and the widget showing it."""
+"""ReplyWriter: one streamed reply, from the backend's deltas to the stored message and the widget
+showing it."""
 
 from __future__ import annotations
 
@@ -17,18 +18,19 @@ from localchat.tui.messages import AssistantMessage
 from localchat.tui.session import ChatSession
 
 logger = logging.getLogger("localchat.tui")
-SAVE_EVERY_S = (
-    1.0  # how often a reply being streamed is written to the store (what survives a kill)
-)
-# How often streamed text reaches the screen. The engine shares the machine's cores with the UI, so each
-# paint (and the frame Textual draws after it) is time the engine loses; once per token would cost it ~15%.
+# How often a reply being streamed is written to the store (what survives a kill).
+SAVE_EVERY_S = 1.0
+# How often streamed text reaches the screen. The engine shares the machine's cores with the UI, so
+# each paint (and the frame Textual draws after it) is time the engine loses; once per token would
+# cost it ~15%.
 PAINT_EVERY_S = 0.1
 
 
 class ReplyWriter:
-    """Streams one reply into `view`: every delta is folded into the message and its ReplyStats at once (cheap);
-    the view is painted at most every PAINT_EVERY_S and the message stored every SAVE_EVERY_S. A stop
-    (the task cancelled) or a failure keeps what was written, marked; an empty reply is removed."""
+    """Streams one reply into `view`: every delta is folded into the message and its ReplyStats at
+    once (cheap); the view is painted at most every PAINT_EVERY_S and the message stored every
+    SAVE_EVERY_S. A stop (the task cancelled) or a failure keeps what was written, marked; an empty
+    reply is removed."""
 
     def __init__(
         self,
@@ -42,17 +44,15 @@ class ReplyWriter:
         self.stats = ReplyStats()
         self.stopped = False
         self.error: str | None = None
-        self._position: int | None = None
 
     async def write(self, request: ChatRequest, clock_owner: Widget) -> None:
         """Stream the reply to `request`; `clock_owner` runs the paint timer."""
         message, stats, session = self.message, self.stats, self.session
-        self._position = session.add_reply(message)
+        position = session.add_reply(message)
         painter: Timer = clock_owner.set_interval(PAINT_EVERY_S, self._paint)
         stream = self.backend.stream(request)
-        last_save = (
-            0.0  # the first delta is stored at once: a kill right after it still leaves the reply
-        )
+        # the first delta is stored at once: a kill right after it still leaves the reply
+        last_save = 0.0
         try:
             async for delta in stream:
                 message.content += delta.text
@@ -60,7 +60,7 @@ class ReplyWriter:
                 stats.apply(delta)
                 if time.monotonic() - last_save >= SAVE_EVERY_S:
                     message.meta.update(stats.as_meta())
-                    session.save_message(self._position)
+                    session.save_message(position)
                     last_save = time.monotonic()
         except asyncio.CancelledError:
             self.stopped = True
@@ -73,7 +73,7 @@ class ReplyWriter:
             painter.stop()
             await stream.aclose()
             message.meta.update(stats.as_meta())
-        await self._finish()
+        await self._finish(position)
 
     @property
     def empty(self) -> bool:
@@ -84,14 +84,14 @@ class ReplyWriter:
             self.view.set_meta(f"writing… {self.stats.completion_tokens} tok")
             self.on_paint(self.stats)
 
-    async def _finish(self) -> None:
+    async def _finish(self, position: int) -> None:
         message, session = self.message, self.session
         message.stopped = self.stopped
         if self.error:
             message.meta["error"] = self.error
         if self.empty:
-            session.remove_from(self._position)
+            session.remove_from(position)
             await self.view.remove()
         else:
-            session.save_message(self._position)
+            session.save_message(position)
             await self.view.finish(message)

@@ -1,4 +1,5 @@
-"""Modal screens: help, a read-only text view (settings, rendered prompt), text input, sampling settings."""
+"""Modal screens: help, a read-only text view (settings, rendered prompt), text input, sampling
+settings."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
@@ -28,7 +29,7 @@ def _table(headers: tuple[str, ...], rows) -> Table:
 class HelpScreen(ModalScreen[None]):
     """Keys and slash commands."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape,f1,q", "dismiss", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,f1,q", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide"):
@@ -43,7 +44,7 @@ class HelpScreen(ModalScreen[None]):
 class TextScreen(ModalScreen[None]):
     """A titled block of text to read, select and copy (the rendered prompt, the settings)."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "dismiss", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss", "Close")]
 
     def __init__(self, title: str, text: str):
         super().__init__()
@@ -58,7 +59,7 @@ class TextScreen(ModalScreen[None]):
 class InputScreen(ModalScreen[str | None]):
     """Ask for a text: one line (Enter accepts) or several (Ctrl+S accepts). Esc cancels (None)."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "accept", "Accept", priority=True),
     ]
@@ -98,7 +99,7 @@ class InputScreen(ModalScreen[str | None]):
 class SettingsScreen(ModalScreen[dict | None]):
     """Edit the sampling parameters; each value is checked as /set checks it."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "accept", "Save", priority=True),
     ]
@@ -110,7 +111,8 @@ class SettingsScreen(ModalScreen[dict | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(
-                "Sampling settings  (Enter or Ctrl+S saves, Esc cancels; empty seed/max_tokens: none)",
+                "Sampling settings  "
+                "(Enter or Ctrl+S saves, Esc cancels; empty seed/max_tokens: none)",
                 classes="dialog-title",
             )
             for name in SETTING_NAMES:

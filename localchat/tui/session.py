@@ -1,4 +1,5 @@
-"""ChatSession: the conversation being chatted in, its persistence, and what each turn sends (no UI)."""
+"""ChatSession: the conversation being chatted in, its persistence, and what each turn sends (no
+UI)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ class ChatSession:
         self.context_start = 0
         self.prompt_tokens: int | None = None
 
-    # --- switching conversations ---------------------------------------------------------------------
+    # --- switching conversations ------------------------------------------------------------------
     def new_conversation(self) -> Conversation:
-        """A fresh chat keeping the current system prompt and settings (stored once it has a message)."""
+        """A fresh chat keeping the current system prompt and settings (stored once it has a
+        message)."""
         old = self.conversation
         return self._switch(
             Conversation(
@@ -68,7 +70,7 @@ class ChatSession:
         self.conversation, self.context_start, self.prompt_tokens = conversation, 0, None
         return conversation
 
-    # --- editing the history -------------------------------------------------------------------------
+    # --- editing the history ----------------------------------------------------------------------
     def add_user(self, text: str) -> ChatMessage:
         conversation = self.conversation
         if not conversation.messages:
@@ -90,7 +92,8 @@ class ChatSession:
         self.context_start = min(self.context_start, position)
 
     def drop_last_reply(self) -> bool:
-        """Remove the last reply (to regenerate it); True when the history now ends with a user message."""
+        """Remove the last reply (to regenerate it); True when the history now ends with a user
+        message."""
         messages = self.conversation.messages
         if messages and messages[-1].role == "assistant":
             self.remove_from(len(messages) - 1)
@@ -100,8 +103,8 @@ class ChatSession:
         self.remove_from(0)
 
     def branch(self, position: int, text: str) -> Conversation:
-        """Edit-and-resend: a new conversation with the history before `position` and `text` as the next
-        user message; the original conversation stays as it was."""
+        """Edit-and-resend: a new conversation with the history before `position` and `text` as the
+        next user message; the original conversation stays as it was."""
         old = self.conversation
         new = Conversation(
             title=f"{old.title} (edit)",
@@ -125,9 +128,10 @@ class ChatSession:
         self.conversation.title = title
         self.save_settings()
 
-    # --- the next turn -------------------------------------------------------------------------------
+    # --- the next turn ----------------------------------------------------------------------------
     def request(self, start: int | None = None, end: int | None = None) -> ChatRequest:
-        """The history messages[start:end] (start: where the part that still fits begins) as a request."""
+        """The history messages[start:end] (start: where the part that still fits begins) as a
+        request."""
         conversation = self.conversation
         start = self.context_start if start is None else start
         return ChatRequest(
@@ -137,7 +141,8 @@ class ChatSession:
         )
 
     async def plan_turn(self) -> TurnPlan:
-        """The request for a reply to the history, leaving out the oldest turns that no longer fit."""
+        """The request for a reply to the history, leaving out the oldest turns that no longer
+        fit."""
         limit = self.backend.max_model_len
         max_tokens = self.conversation.settings.get("max_tokens")
         start = self.context_start
@@ -167,7 +172,8 @@ class ChatSession:
 
 
 def reply_meta_text(meta: dict) -> str:
-    """One line under a reply: prompt tokens (cached vs new), output tokens, speed, first-token time."""
+    """One line under a reply: prompt tokens (cached vs new), output tokens, speed, first-token
+    time."""
     parts = []
     prompt, cached = meta.get("prompt_tokens"), meta.get("cached_tokens")
     if prompt is not None:

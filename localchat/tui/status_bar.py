@@ -11,7 +11,8 @@ from textual.widget import Widget
 
 
 class ChatState(Enum):
-    """Where the chat is: the model loading, waiting for a message, writing a reply, or failed to start."""
+    """Where the chat is: the model loading, waiting for a message, writing a reply, or failed to
+    start."""
 
     LOADING = "loading"
     IDLE = "idle"
@@ -21,8 +22,8 @@ class ChatState(Enum):
 
 @dataclass(frozen=True)
 class StatusInfo:
-    """What the status bar shows (None: unknown or not applicable). Frozen: a change is a new value, so the
-    bar repaints only when something it shows changed."""
+    """What the status bar shows (None: unknown or not applicable). Frozen: a change is a new value,
+    so the bar repaints only when something it shows changed."""
 
     model: str = "?"
     state: ChatState = ChatState.LOADING
@@ -44,8 +45,9 @@ _STATE_STYLES = {
 
 
 class StatusBar(Widget):
-    """One live line: model, state, speed of the current reply, context and KV-cache use. It repaints when
-    `info` changes (a reactive, never polled), and never asks for a new layout: it is one line tall."""
+    """One live line: model, state, speed of the current reply, context and KV-cache use. It
+    repaints when `info` changes (a reactive, never polled), and never asks for a new layout: it is
+    one line tall."""
 
     info: reactive[StatusInfo] = reactive(StatusInfo, layout=False)
 

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS messages (
 
 
 def data_dir() -> Path:
-    """Where localchat keeps its data: $LOCALCHAT_DATA_DIR, else the platform's user data directory."""
+    """Where localchat keeps its data: $LOCALCHAT_DATA_DIR, else the platform's user data
+    directory."""
     override = os.environ.get(DATA_DIR_ENV)
     if override:
         return Path(override)
@@ -50,7 +51,8 @@ def default_db_path() -> Path:
 
 
 class ConversationStore:
-    """Conversations and their messages in one SQLite file (`path=None`: in memory, kept nothing)."""
+    """Conversations and their messages in one SQLite file (`path=None`: in memory, kept
+    nothing)."""
 
     def __init__(self, path: str | Path | None = None):
         if path is not None:
@@ -64,23 +66,26 @@ class ConversationStore:
     def close(self) -> None:
         self.db.close()
 
-    # --- conversations -------------------------------------------------------------------------------
+    # --- conversations ----------------------------------------------------------------------------
     def save_conversation(self, conversation: Conversation) -> int:
-        """Insert (giving it an id) or update the conversation's title, system prompt and settings."""
+        """Insert (giving it an id) or update the conversation's title, system prompt and
+        settings."""
         now = time.time()
         think = None if conversation.think is None else int(conversation.think)
         settings = json.dumps(conversation.settings)
         with self.db:
             if conversation.id is None:
                 cursor = self.db.execute(
-                    "INSERT INTO conversations (title, system_prompt, settings, think, created, updated)"
+                    "INSERT INTO conversations"
+                    " (title, system_prompt, settings, think, created, updated)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     (conversation.title, conversation.system_prompt, settings, think, now, now),
                 )
                 conversation.id = cursor.lastrowid
             else:
                 self.db.execute(
-                    "UPDATE conversations SET title=?, system_prompt=?, settings=?, think=?, updated=?"
+                    "UPDATE conversations"
+                    " SET title=?, system_prompt=?, settings=?, think=?, updated=?"
                     " WHERE id=?",
                     (
                         conversation.title,
@@ -103,8 +108,8 @@ class ConversationStore:
         messages = [
             ChatMessage(role, content, thinking, bool(stopped), json.loads(meta))
             for role, content, thinking, stopped, meta in self.db.execute(
-                "SELECT role, content, thinking, stopped, meta FROM messages WHERE conversation_id=?"
-                " ORDER BY position",
+                "SELECT role, content, thinking, stopped, meta FROM messages"
+                " WHERE conversation_id=? ORDER BY position",
                 (conversation_id,),
             )
         ]
@@ -131,7 +136,7 @@ class ConversationStore:
         with self.db:
             self.db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
 
-    # --- messages ------------------------------------------------------------------------------------
+    # --- messages ---------------------------------------------------------------------------------
     def save_message(self, conversation: Conversation, position: int) -> None:
         """Write messages[position] (insert or replace), creating the conversation row if needed."""
         if conversation.id is None:
@@ -139,7 +144,8 @@ class ConversationStore:
         message = conversation.messages[position]
         with self.db:
             self.db.execute(
-                "INSERT OR REPLACE INTO messages (conversation_id, position, role, content, thinking, stopped, meta)"
+                "INSERT OR REPLACE INTO messages"
+                " (conversation_id, position, role, content, thinking, stopped, meta)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation.id,
@@ -156,7 +162,8 @@ class ConversationStore:
             )
 
     def truncate(self, conversation: Conversation, length: int) -> None:
-        """Forget the messages from `length` on (the conversation object is trimmed by the caller)."""
+        """Forget the messages from `length` on (the conversation object is trimmed by the
+        caller)."""
         if conversation.id is not None:
             with self.db:
                 self.db.execute(

@@ -8,9 +8,10 @@ OPEN, CLOSE = "<think>", "</think>"
 class ThinkSplitter:
     """Feed reply text as it streams; get back (thinking, answer) pieces.
 
-    A reply that starts with <think> is thinking until </think>. When the prompt itself opened the block
-    (`in_thinking=True`, templates that end the generation prompt with <think>), the reply starts inside it.
-    A tag split across deltas is held back until it can be told apart from ordinary text.
+    A reply that starts with <think> is thinking until </think>. When the prompt itself opened the
+    block (`in_thinking=True`, templates that end the generation prompt with <think>), the reply
+    starts inside it. A tag split across deltas is held back until it can be told apart from
+    ordinary text.
     """
 
     def __init__(self, in_thinking: bool = False):

@@ -1,5 +1,5 @@
-"""The chat's controls: the prompt box, the loading panel and the list of conversations (the status bar is in
-status_bar.py)."""
+"""The chat's controls: the prompt box, the loading panel and the list of conversations (the status
+bar is in status_bar.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import ClassVar
 
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Label, ListItem, ListView, ProgressBar, Static, TextArea
 
 
 class PromptBox(TextArea):
-    """Where the user types. Enter sends, Shift+Enter or Ctrl+J adds a line; Up on the first line and Down
-    on the last walk through earlier prompts."""
+    """Where the user types. Enter sends, Shift+Enter or Ctrl+J adds a line; Up on the first line
+    and Down on the last walk through earlier prompts."""
 
     class Submitted(Message):
         def __init__(self, text: str):
@@ -107,7 +107,7 @@ class LoadingPanel(Vertical):
 class ChatList(ListView):
     """The side list of stored conversations: Enter opens one, R renames it, Delete deletes it."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "rename", "Rename"),
         Binding("delete,d", "delete", "Delete"),
     ]

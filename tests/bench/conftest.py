@@ -1,4 +1,5 @@
-"""A tiny C2-shaped mix shared by the offline and online end-to-end tests, and one `localchat serve`."""
+"""A tiny C2-shaped mix shared by the offline and online end-to-end tests, and one
+`localchat serve`."""
 
 from __future__ import annotations
 
@@ -16,21 +17,24 @@ API_KEY = "bench-key"
 
 @pytest.fixture(scope="module")
 def module_cache_dir(tmp_path_factory):
-    """A LOCALCHAT_CACHE_DIR of the module's own (random GGUF files and their converted tokenizers)."""
+    """A LOCALCHAT_CACHE_DIR of the module's own (random GGUF files and their converted
+    tokenizers)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         yield
 
 
 def run_bench(*args: str) -> str:
-    """Run `localchat bench ARGS` in this process; returns its output, failing on a non-zero exit."""
+    """Run `localchat bench ARGS` in this process; returns its output, failing on a non-zero
+    exit."""
     result = CliRunner().invoke(app, ["bench", "--no-progress", *args])
     assert result.exit_code == 0, f"exit {result.exit_code}:\n{result.output}\n{result.exception!r}"
     return result.output
 
 
 def check_figures(fig: dict, *, requests: int) -> None:
-    """Sane and self-consistent: every request answered in full, times positive, rates match counts."""
+    """Sane and self-consistent: every request answered in full, times positive, rates match
+    counts."""
     assert fig["requests"] == fig["completed"] == requests and fig["failures"] == 0
     assert fig["output_tokens"] == fig["requested_output_tokens"] > 0
     assert fig["prompt_tokens"] > 0 and fig["duration_s"] > 0

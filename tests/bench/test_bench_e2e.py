@@ -1,5 +1,5 @@
-"""End to end on the default model: a tiny offline run with its peers, a tiny chat run, and a tiny online
-run against a real `localchat serve`, each checked for sane, self-consistent figures."""
+"""End to end on the default model: a tiny offline run with its peers, a tiny chat run, and a tiny
+online run against a real `localchat serve`, each checked for sane, self-consistent figures."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""C4 plumbing on a tiny random file: each system in its own process, load time and peak RSS in the JSON,
-failures and memory exhaustion reported as a system's failure, never as a traceback."""
+"""C4 plumbing on a tiny random file: each system in its own process, load time and peak RSS in the
+JSON, failures and memory exhaustion reported as a system's failure, never as a traceback."""
 
 from __future__ import annotations
 
@@ -109,9 +109,8 @@ def test_a_failing_child_is_a_failed_result(tmp_path):
 
 
 def test_the_memory_guard_stops_the_child(tiny_file, monkeypatch):
-    monkeypatch.setattr(
-        isolated, "memory_floor", lambda: 1 << 60
-    )  # "no memory left" from the first poll
+    # "no memory left" from the first poll
+    monkeypatch.setattr(isolated, "memory_floor", lambda: 1 << 60)
     result = isolated.run_isolated(_spec(tiny_file), "localchat")
     assert "available memory fell below" in result.records[0].error
 

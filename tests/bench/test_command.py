@@ -1,4 +1,5 @@
-"""The command's wiring without a model: flags reach the runner, the JSON records the command line."""
+"""The command's wiring without a model: flags reach the runner, the JSON records the command
+line."""
 
 from __future__ import annotations
 

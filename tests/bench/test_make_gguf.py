@@ -1,5 +1,6 @@
-"""Random-weight GGUF files: every quantization type round-trips through gguf's reader with the right types,
-shapes and metadata, dequantizes to sane values, and loads and generates in localchat."""
+"""Random-weight GGUF files: every quantization type round-trips through gguf's reader with the
+right types, shapes and metadata, dequantizes to sane values, and loads and generates in
+localchat."""
 
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ def tokenizer_fields(default_gguf):
 
 
 def _expected_type(name: str, quant: str) -> str:
-    """The mix written out by hand: for 2 layers, llama.cpp's *_K_M rule gives layer 1 (the last eighth)
-    Q6_K for attn_v and ffn_down; the output is Q6_K; 1-D tensors are F32."""
+    """The mix written out by hand: for 2 layers, llama.cpp's *_K_M rule gives layer 1 (the last
+    eighth) Q6_K for attn_v and ffn_down; the output is Q6_K; 1-D tensors are F32."""
     if not name.endswith(".weight") or "norm" in name:
         return "F32"
     if quant in ("q4_k_m", "q5_k_m") and (
@@ -133,8 +134,8 @@ def test_every_quantization_round_trips(quant, tiny_config, tokenizer_fields, tm
 
 
 def test_the_8b_q4_k_m_mix_matches_llama_cpp():
-    """llama.cpp's quantize, on Llama-3.1-8B at Q4_K_M, logs 193 q4_K and 33 q6_K tensors, and 65 f32
-    ones besides rope_freqs (which these files leave out)."""
+    """llama.cpp's quantize, on Llama-3.1-8B at Q4_K_M, logs 193 q4_K and 33 q6_K tensors, and 65
+    f32 ones besides rope_freqs (which these files leave out)."""
     shape = replace(PRESETS["llama-8b"], vocab_size=49152)
     types = {spec.name: qtype.name for spec, qtype in plan(shape, "q4_k_m")}
     assert Counter(types.values()) == {"Q4_K": 193, "Q6_K": 33, "F32": 65}
@@ -146,8 +147,8 @@ def test_the_8b_q4_k_m_mix_matches_llama_cpp():
 
 
 def test_k_quants_fall_back_like_llama_cpp_on_odd_rows():
-    """SmolLM2's rows of 576 are not whole 256-wide super-blocks: Q4_K -> Q5_0, Q6_K -> Q8_0; the tied
-    embedding is the output, so it gets the output's type."""
+    """SmolLM2's rows of 576 are not whole 256-wide super-blocks: Q4_K -> Q5_0, Q6_K -> Q8_0; the
+    tied embedding is the output, so it gets the output's type."""
     shape = replace(PRESETS["smollm2-135m"], vocab_size=49152)
     types = {spec.name: qtype.name for spec, qtype in plan(shape, "q4_k_m")}
     assert types["blk.0.attn_q.weight"] == "Q5_0" and types["token_embd.weight"] == "Q8_0"
@@ -181,9 +182,8 @@ def test_qwen_shapes_carry_their_extra_tensors(tmp_path):
 def test_the_file_loads_and_generates_in_localchat(arch, quant, tmp_path, default_gguf):
     from localchat import LLM, SamplingParams
 
-    head_dim = (
-        128 if arch == "qwen3" else None
-    )  # qwen3: head_dim != hidden / heads, as in Qwen3 itself
+    # qwen3: head_dim != hidden / heads, as in Qwen3 itself
+    head_dim = 128 if arch == "qwen3" else None
     shape = ModelShape(
         f"tiny-{arch}",
         arch,

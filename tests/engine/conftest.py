@@ -40,7 +40,8 @@ def parity_prompts(llm):
 
 @pytest.fixture(scope="session")
 def hf_greedy(hf_model, parity_prompts):
-    """HF greedy continuation of each prompt, run alone (no padding), EOS banned like min_tokens does."""
+    """HF greedy continuation of each prompt, run alone (no padding), EOS banned like min_tokens
+    does."""
     outputs = []
     with torch.no_grad():
         for ids in parity_prompts:

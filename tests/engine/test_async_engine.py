@@ -1,4 +1,5 @@
-"""AsyncEngine: streamed deltas, many concurrent consumers, cancellation frees blocks, clean shutdown."""
+"""AsyncEngine: streamed deltas, many concurrent consumers, cancellation frees blocks, clean
+shutdown."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ async def test_many_concurrent_consumers_get_what_each_prompt_gets_alone(engine,
     ]
     params = SamplingParams(temperature=0, max_tokens=16)
     results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
-    for prompt, (text, token_ids, finish) in zip(prompts, results):
+    for prompt, (text, token_ids, finish) in zip(prompts, results, strict=True):
         alone = llm.generate([prompt], params)[0]
         assert (text, token_ids, finish) == (
             alone.text,
@@ -141,7 +142,8 @@ async def test_model_info_and_the_event_loops_own_tokenizer(engine, llm):
     assert (
         info.eos_token_ids == tuple(sorted(llm.engine.eos_token_ids)) and info.load_format == "auto"
     )
-    # the event loop never shares the engine thread's Rust tokenizer (concurrent use can fail "Already borrowed")
+    # the event loop never shares the engine thread's Rust tokenizer (concurrent use can fail
+    # "Already borrowed")
     assert engine.tokenizer is not engine.engine.tokenizer
     assert engine.tokenizer._tokenizer is not engine.engine.tokenizer._tokenizer
     assert engine.tokenize("Hello world") == llm.engine.tokenize("Hello world")

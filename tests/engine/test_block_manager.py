@@ -31,7 +31,7 @@ def test_prefix_hit_reuses_full_blocks_but_never_the_last_token():
     (first,) = make_seq(range(10), "a")
     admit(bm, first)
     bm.free(first)
-    (second,) = make_seq(list(range(10)) + [99, 98], "b")
+    (second,) = make_seq([*range(10), 99, 98], "b")
     assert admit(bm, second) == 8  # two full blocks of the shared 10-token prefix
     assert second.block_table[:2] == first_blocks_of(bm, range(8))
     # A prompt that is exactly the cached blocks still computes its last token.
@@ -70,22 +70,18 @@ def test_freed_cached_blocks_are_evicted_last_tail_first_and_lose_their_hash_whe
     admit(bm, a)
     assert a.block_table == [0, 1, 2]
     bm.free(a)
-    (b,) = make_seq(
-        range(100, 103), "b"
-    )  # one block: a's unhashed one goes first, before a fresh one
+    # one block: a's unhashed one goes first, before a fresh one
+    (b,) = make_seq(range(100, 103), "b")
     admit(bm, b)
     assert b.block_table == [2] and len(bm.hash_to_block) == 2
-    (c,) = make_seq(
-        range(200, 207), "c"
-    )  # two blocks: the fresh ones (3, 4) before any cached block
+    # two blocks: the fresh ones (3, 4) before any cached block
+    (c,) = make_seq(range(200, 207), "c")
     admit(bm, c)
     assert c.block_table == [3, 4] and set(bm.hash_to_block.values()) == {0, 1, 3}
-    bm.free(
-        c
-    )  # free list now: c's unhashed 4, then cached blocks least recently freed first: 1, 0, 3
-    (e,) = make_seq(
-        range(300, 307), "e"
-    )  # two blocks: 4, then a's tail block 1 (its head 0 outlives it)
+    # free list now: c's unhashed 4, then cached blocks least recently freed first: 1, 0, 3
+    bm.free(c)
+    # two blocks: 4, then a's tail block 1 (its head 0 outlives it)
+    (e,) = make_seq(range(300, 307), "e")
     admit(bm, e)
     assert e.block_table == [4, 1]
     assert set(bm.hash_to_block.values()) == {0, 3, 4}  # block 1 lost a's hash when it was reused
@@ -121,13 +117,11 @@ def test_prefix_query_counters_count_prompt_tokens_and_hits_once_per_sequence():
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10, 0)
     a.num_computed_tokens = a.num_tokens
     scheduler.finish(a)
-    (b,) = make_seq(list(range(10)) + [50, 51], "b")
+    (b,) = make_seq([*range(10), 50, 51], "b")
     scheduler.add(b)
     scheduler.schedule()
-    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (
-        22,
-        8,
-    )  # b's 12 tokens, 8 of them cached
+    # b's 12 tokens, 8 of them cached
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (22, 8)
     assert b.num_cached_tokens == 8
     scheduler.schedule()  # b runs on: nothing is counted twice
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (22, 8)

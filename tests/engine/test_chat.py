@@ -39,7 +39,8 @@ def test_override_template_file_and_kwargs(llm, tmp_path):
     path = tmp_path / "t.jinja"
     path.write_text(
         "{% for m in messages %}[{{ m['role'] }}|{{ m['content'] | tojson }}]{% endfor %}"
-        "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{{ eos_token }}"
+        "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+        "{{ eos_token }}"
     )
     template = ChatTemplate.for_tokenizer(llm.tokenizer, str(path))
     text = template.render(
@@ -69,14 +70,16 @@ def test_second_turn_reuses_the_first_turns_blocks(llm):
     turn1 = [{"role": "user", "content": "Describe a cat in three sentences."}]
     first = llm.chat(turn1, params)[0]
     history_ids = first.prompt_token_ids + first.token_ids
-    turn2 = turn1 + [
+    turn2 = [
+        *turn1,
         {"role": "assistant", "content": first.text},
         {"role": "user", "content": "Now describe a dog the same way."},
     ]
     second = llm.chat(turn2, params)[0]
     prompt2 = second.prompt_token_ids
     common = next(
-        (i for i, (a, b) in enumerate(zip(history_ids, prompt2)) if a != b), len(history_ids)
+        (i for i, (a, b) in enumerate(zip(history_ids, prompt2, strict=False)) if a != b),
+        len(history_ids),
     )
     assert common >= len(first.prompt_token_ids)  # turn 2 starts with all of turn 1's prompt
     block = llm.engine.config.block_size

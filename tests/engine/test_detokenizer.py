@@ -1,4 +1,5 @@
-"""Incremental detokenization: deltas add up to the final text; stop strings are cut and never leak."""
+"""Incremental detokenization: deltas add up to the final text; stop strings are cut and never
+leak."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def stream(tokenizer, text, **params):
 
 
 def test_deltas_concatenate_to_the_text_without_replacement_characters(tokenizer):
-    text = "Grüße aus Köln! 你好，世界 😀🎉 naïve café — fin."
+    text = "Grüße aus Köln! 你好，世界 😀🎉 naïve café — fin."  # noqa: RUF001 - CJK comma on purpose
     deltas, _, final = stream(tokenizer, text)
     assert "".join(deltas) == final == text
     assert all("\ufffd" not in d for d in deltas)

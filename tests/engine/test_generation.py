@@ -61,7 +61,8 @@ def test_filters_that_keep_one_token_equal_greedy(llm, filters):
 def test_penalties_change_a_repetitive_greedy_output(llm):
     prompt = llm.engine.tokenize("1, 2, 3, 4, 5, 6, 7, 8,")
     plain = gen(llm, prompt, temperature=0, max_tokens=24, ignore_eos=True).token_ids
-    # (presence_penalty's exact effect is checked in test_sampler.py; on digits it is too weak to show here)
+    # (presence_penalty's exact effect is checked in test_sampler.py; on digits it is too weak to
+    # show here)
     for penalty in ({"repetition_penalty": 1.8}, {"frequency_penalty": 1.5}):
         penalized = gen(
             llm, prompt, temperature=0, max_tokens=24, ignore_eos=True, **penalty
@@ -116,7 +117,7 @@ def test_logprobs_with_alternatives(llm):
     out = gen(llm, chat_ids(llm), temperature=0, max_tokens=8, logprobs=5)
     logprobs = out.outputs[0].logprobs
     assert len(logprobs) == len(out.token_ids) == 8
-    for token, lp in zip(out.token_ids, logprobs):
+    for token, lp in zip(out.token_ids, logprobs, strict=True):
         assert lp.token_id == token and lp.rank == 1 and len(lp.top) == 5
         assert lp.top[0][0] == token and abs(lp.top[0][1] - lp.logprob) < 1e-5 and lp.logprob <= 0
 
@@ -129,7 +130,8 @@ def test_n_samples_share_the_prompt(llm):
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
     full_blocks = (len(prompt) - 1) // 16 * 16
-    # samples 2 and 3 took all of sample 1's full prompt blocks (sample 1 may have found a cached prefix)
+    # samples 2 and 3 took all of sample 1's full prompt blocks (sample 1 may have found a cached
+    # prefix)
     assert bm.prefix_cache_hits - hits_before == out.num_cached_tokens + 2 * full_blocks
     assert bm.num_free_blocks == bm.num_blocks
 
@@ -177,9 +179,8 @@ def test_prompt_logprobs_cover_every_prompt_token_across_chunks_and_cached_prefi
     assert len(ids) > llm.engine.scheduler.max_num_batched_tokens
     gen(llm, ids, temperature=0, max_tokens=1)  # the prompt's blocks are now in the prefix cache
     out = gen(llm, ids, temperature=0, max_tokens=2, prompt_logprobs=3)
-    assert (
-        out.num_cached_tokens == 0
-    )  # every position's logits were computed, none taken from the cache
+    # every position's logits were computed, none taken from the cache
+    assert out.num_cached_tokens == 0
     reference = llm.engine.prompt_logits(ids).log_softmax(dim=-1)
     entries = out.prompt_logprobs
     assert len(entries) == len(ids) and entries[0] is None

@@ -1,5 +1,6 @@
-"""Loading: GGUF vs a safetensors checkpoint of the same weights, our forward passes vs transformers'
-for each supported architecture (tiny random models), dummy weights, and clear errors."""
+"""Loading: GGUF vs a safetensors checkpoint of the same weights, our forward passes vs
+transformers' for each supported architecture (tiny random models), dummy weights, and clear
+errors."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ from localchat.config import EngineConfig
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.utils import parse_memory_size
 
-# Copies of ../shared/models/*/config.json (the architectures we have no weights for), so a clean checkout
-# has them.
+# Copies of ../shared/models/*/config.json (the architectures we have no weights for), so a clean
+# checkout has them.
 SHARED_MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 
 
 @pytest.mark.slow
 def test_gguf_and_safetensors_checkpoints_give_the_same_logits(float_llm, hf_model, tmp_path):
-    """hf_model holds transformers' own dequantization of the GGUF; saved as safetensors, it must load
-    into the same logits as our GGUF path (which un-permutes Q/K itself)."""
+    """hf_model holds transformers' own dequantization of the GGUF; saved as safetensors, it must
+    load into the same logits as our GGUF path (which un-permutes Q/K itself)."""
     from safetensors.torch import save_file
 
     state = {
@@ -43,7 +44,8 @@ def test_gguf_and_safetensors_checkpoints_give_the_same_logits(float_llm, hf_mod
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     with torch.no_grad():
         reference = hf_model(torch.tensor([ids])).logits[0].float()
-    # different matmul libraries (oneDNN here, MKL in transformers): float32 rounding, logits up to ~30
+    # different matmul libraries (oneDNN here, MKL in transformers): float32 rounding, logits up to
+    # ~30
     torch.testing.assert_close(ours, reference, rtol=1e-3, atol=1e-3)
 
 
@@ -140,7 +142,7 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
     )
-    with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(UnsupportedModelError, match=r"LlamaForCausalLM.*Qwen3ForCausalLM"):
         LLM(str(tmp_path), load_format="dummy")
 
 

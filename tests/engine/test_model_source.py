@@ -66,5 +66,5 @@ def test_unknown_paths_are_named(bad):
 
 
 def test_directory_without_config(tmp_path):
-    with pytest.raises(ModelNotFoundError, match="no config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"no config\.json"):
         resolve_model(str(tmp_path))

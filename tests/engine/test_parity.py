@@ -1,5 +1,5 @@
-"""Greedy output of the engine on float32 weights equals Hugging Face transformers token for token, whatever
-the batching. (The quantized path is checked against the float32 one in tests/quant.)"""
+"""Greedy output of the engine on float32 weights equals Hugging Face transformers token for token,
+whatever the batching. (The quantized path is checked against the float32 one in tests/quant.)"""
 
 from __future__ import annotations
 
@@ -21,11 +21,16 @@ def generate_ids(llm, prompts):
     return [out.token_ids for out in llm.generate(prompts, greedy_params())]
 
 
+def _first_difference(a: list[int], e: list[int]) -> int:
+    """The first position where the token ids differ (or where the shorter list ends)."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, e, strict=False)) if x != y), min(len(a), len(e))
+    )
+
+
 def assert_same(actual, expected):
-    for index, (a, e) in enumerate(zip(actual, expected)):
-        assert a == e, (
-            f"prompt {index} diverges at token {next(i for i, (x, y) in enumerate(zip(a, e)) if x != y)}"
-        )
+    for index, (a, e) in enumerate(zip(actual, expected, strict=False)):
+        assert a == e, f"prompt {index} diverges at token {_first_difference(a, e)}"
     assert len(actual) == len(expected)
 
 
@@ -59,8 +64,8 @@ def test_chunked_prefill_keeps_outputs(parity_prompts, hf_greedy):
         batch = original()
         chunked.extend(
             n
-            for seq, n in zip(batch.seqs, batch.num_new_tokens)
-            if 1 < n and seq.num_computed_tokens + n < seq.num_prompt_tokens
+            for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+            if n > 1 and seq.num_computed_tokens + n < seq.num_prompt_tokens
         )
         assert batch.num_tokens <= 16
         return batch

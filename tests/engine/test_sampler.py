@@ -117,7 +117,8 @@ def test_unseeded_rows_draw_independently():
         tuple(sample(flat, [seq_with(SamplingParams()), seq_with(SamplingParams())]).token_ids)
         for _ in range(120)
     ]
-    # independent rows agree 1 time in VOCAB (about 20 of 120); rows sharing a draw would always agree
+    # independent rows agree 1 time in VOCAB (about 20 of 120); rows sharing a draw would always
+    # agree
     assert sum(a == b for a, b in pairs) < 45
     assert len(set(pairs)) > 15
 
@@ -130,11 +131,11 @@ def test_logprobs_report_the_chosen_token_and_sorted_alternatives():
     assert lp.token_id == 1 and lp.rank == 1
     assert abs(lp.logprob - expected[1].item()) < 1e-6
     assert [t for t, _ in lp.top] == [1, 2, 3]
-    assert all(a >= b for (_, a), (_, b) in zip(lp.top, lp.top[1:]))
+    assert all(a >= b for (_, a), (_, b) in zip(lp.top, lp.top[1:], strict=False))
     assert sample(logits, [seq_with(SamplingParams(temperature=0))]).logprobs == [None]
 
 
-# --- the fast paths against the full-sort definition -------------------------------------------------------
+# --- the fast paths against the full-sort definition ----------------------------------------------
 
 
 def expected_probs(
@@ -165,15 +166,12 @@ def kept_sets(logits: torch.Tensor, params: list[SamplingParams]):
 def test_top_p_candidates_keep_the_full_sort_set_when_enough_and_when_not(monkeypatch):
     monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", (16, 64))
     vocab = 1000
-    peaked = (
-        torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 6
-    )  # top-p set of a few tokens
-    medium = (
-        torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 2.2
-    )  # needs the 64 candidates
-    flat = (
-        torch.randn(vocab, generator=torch.Generator().manual_seed(2)) * 0.1
-    )  # needs the full sort
+    # top-p set of a few tokens
+    peaked = torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 6
+    # needs the 64 candidates
+    medium = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 2.2
+    # needs the full sort
+    flat = torch.randn(vocab, generator=torch.Generator().manual_seed(2)) * 0.1
     cases = [(peaked, 16), (medium, 64), (flat, vocab)]
     for row, width in cases:
         expected = set(expected_probs(row, 0.7, top_p=0.9).nonzero().squeeze(1).tolist())
@@ -199,7 +197,7 @@ def test_top_k_and_top_p_together_match_the_full_sort():
         SamplingParams(temperature=0.0),
     ]
     kept, _ = kept_sets(logits, params)
-    for row, p, got in zip(logits, params[:3], kept):
+    for row, p, got in zip(logits, params[:3], kept, strict=False):
         assert got == set(
             expected_probs(row, p.temperature, p.top_k, p.top_p).nonzero().squeeze(1).tolist()
         )
@@ -233,7 +231,7 @@ def test_sampled_frequencies_follow_the_definition():
 
 def test_a_mixed_batch_gives_each_row_its_own_distribution():
     row = [1.0, 2.0, 1.5, 0.2, -1.0, 0.7]
-    settings = SETTINGS + [{"temperature": 0.0}]
+    settings = [*SETTINGS, {"temperature": 0.0}]
     seqs = [
         seq_with(SamplingParams(**settings[i % len(settings)])) for i in range(600 * len(settings))
     ]
@@ -256,7 +254,7 @@ def test_seeded_sequences_of_draws_do_not_depend_on_the_batch_or_its_filters():
         others = [seq_with(p) for p in companions]
         picks = []
         for step in range(6):
-            picks.append(sample([rows[step]] * (1 + len(others)), [seq] + others).token_ids[0])
+            picks.append(sample([rows[step]] * (1 + len(others)), [seq, *others]).token_ids[0])
             seq.append_token(picks[-1])
         return picks
 
@@ -283,7 +281,7 @@ def test_top_k_above_the_vocabulary_filters_nothing():
     assert (got - expected_probs(torch.tensor(row))).abs().max() < 0.035
 
 
-# --- penalties against the dense definition ---------------------------------------------------------------
+# --- penalties against the dense definition -------------------------------------------------------
 
 
 def dense_penalties(logits: torch.Tensor, seqs) -> torch.Tensor:
@@ -342,10 +340,11 @@ def test_grouped_topk_equals_torch_topk_even_with_ties():
         (2, 1000, 8),
         (1, 8192, 64),
     ]:
+        # many ties
         for logits in (
             torch.randn(rows, vocab, generator=gen),
             torch.randint(0, 50, (rows, vocab), generator=gen).float(),
-        ):  # many ties
+        ):
             values, ids = fast_topk(logits, k)
             assert torch.equal(values, logits.topk(k, dim=-1).values)
             assert torch.equal(logits.gather(1, ids), values)
@@ -361,8 +360,9 @@ def lm_shaped_logits(rows: int, vocab: int, gen: torch.Generator) -> torch.Tenso
 
 
 def test_seeded_picks_survive_last_digit_changes_of_the_logits():
-    # kernels may give another batch size logits that differ by ~1e-3. A seeded pick should move only near a
-    # tie of p / q: here in 0 to 1 of 300 rows, where an inverse-CDF draw over the vocabulary moved in 34
+    # kernels may give another batch size logits that differ by ~1e-3. A seeded pick should move
+    # only near a tie of p / q: here in 0 to 1 of 300 rows, where an inverse-CDF draw over the
+    # vocabulary moved in 34
     rows, vocab, gen = 300, 8192, torch.Generator().manual_seed(6)
     logits = lm_shaped_logits(rows, vocab, gen) * 0.7
     nudged = logits + (torch.rand(rows, vocab, generator=gen) - 0.5) * 0.02

@@ -16,8 +16,9 @@ def add(scheduler, tokens, request_id, n=1):
 
 
 def run_step(scheduler, batch, sampled=7):
-    """What the engine does after the model ran: advance and append a token where one was sampled."""
-    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+    """What the engine does after the model ran: advance and append a token where one was
+    sampled."""
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
         seq.num_computed_tokens += num_new
         if seq.num_computed_tokens == seq.num_tokens:
             seq.append_token(sampled)
@@ -58,8 +59,8 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later():
     run_step(scheduler, batch)
     scheduler.finish(old)
     batch = scheduler.schedule()
-    # new comes back: its first block survived in the prefix cache (old took the tail block), the rest
-    # (prompt and the token it had sampled) is recomputed.
+    # new comes back: its first block survived in the prefix cache (old took the tail block), the
+    # rest (prompt and the token it had sampled) is recomputed.
     assert batch.seqs == [new] and new.num_computed_tokens == 4 and batch.num_new_tokens == [5]
     assert scheduler.num_preemptions == 1 and new.num_preemptions == 1
 

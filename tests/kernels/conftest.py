@@ -1,5 +1,5 @@
-"""Kernel tests run on the CPU through Triton's interpreter (set before triton is imported), or on a GPU
-with LOCALCHAT_KERNEL_DEVICE=cuda (benchmarks/gpu_check.py), where they also cover bfloat16."""
+"""Kernel tests run on the CPU through Triton's interpreter (set before triton is imported), or on a
+GPU with LOCALCHAT_KERNEL_DEVICE=cuda (benchmarks/gpu_check.py), where they also cover bfloat16."""
 
 import os
 

@@ -1,8 +1,10 @@
-"""Compile the kernels for sm_90 (H100/H200) without a GPU, with the launch configs the wrappers use on CUDA.
+"""Compile the kernels for sm_90 (H100/H200) without a GPU, with the launch configs the wrappers use
+on CUDA.
 
-The interpreter runs kernels as Python, so it misses errors only the compiler sees (dot shapes and dtypes,
-layouts, constexpr misuse). Run as a script with TRITON_INTERPRET unset (test_triton_kernels.py does);
-it needs only Triton's bundled ptxas. Exits non-zero on the first kernel that fails to build.
+The interpreter runs kernels as Python, so it misses errors only the compiler sees (dot shapes and
+dtypes, layouts, constexpr misuse). Run as a script with TRITON_INTERPRET unset
+(test_triton_kernels.py does); it needs only Triton's bundled ptxas. Exits non-zero on the first
+kernel that fails to build.
 """
 
 import os
@@ -29,8 +31,8 @@ TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
-    """Compile fn; unnamed scalar args are i32 (fp32 for scale/eps); pointers and strides 16-divisible, as the JIT
-    specializes them in practice."""
+    """Compile fn; unnamed scalar args are i32 (fp32 for scale/eps); pointers and strides
+    16-divisible, as the JIT specializes them in practice."""
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:

@@ -1,5 +1,6 @@
-"""The whole engine with every kernel swapped for its Triton version (run by the interpreter): a mixed
-batch with chunked prefill, a cached prefix and decodes gives the same tokens and logits as the references."""
+"""The whole engine with every kernel swapped for its Triton version (run by the interpreter): a
+mixed batch with chunked prefill, a cached prefix and decodes gives the same tokens and logits as
+the references."""
 
 from __future__ import annotations
 
@@ -35,9 +36,8 @@ def run(model: str, prompts: list[list[int]]):
         model, max_model_len=256, kv_cache_memory="4MiB", max_num_batched_tokens=24, block_size=8
     )
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-    assert (
-        llm.engine.block_manager.prefix_cache_hits >= 16
-    )  # the second prompt reused the first's blocks
+    # the second prompt reused the first's blocks
+    assert llm.engine.block_manager.prefix_cache_hits >= 16
     return [o.token_ids for o in outputs], llm.engine.prompt_logits(
         prompts[0] + outputs[0].token_ids
     )
@@ -47,8 +47,8 @@ def test_triton_kernels_in_the_engine_match_the_references(tiny_model, monkeypat
     generator = torch.Generator().manual_seed(2)
     shared = torch.randint(0, 512, (17,), generator=generator).tolist()
     prompts = [
-        shared + [5, 6],
-        shared + [7],
+        [*shared, 5, 6],
+        [*shared, 7],
         torch.randint(0, 512, (40,), generator=generator).tolist(),
         [3],
     ]

@@ -1,7 +1,7 @@
 """The Triton kernels, run by Triton's interpreter on the CPU, against their torch references.
 
-float32 is compared tightly, float16 loosely (the interpreter's bfloat16 is broken, so it is not covered).
-Shapes are small: the interpreter runs every program in Python.
+float32 is compared tightly, float16 loosely (the interpreter's bfloat16 is broken, so it is not
+covered). Shapes are small: the interpreter runs every program in Python.
 """
 
 import os
@@ -48,7 +48,8 @@ ATTN_TOL = {
     torch.float16: dict(atol=1e-2, rtol=1e-2),
     torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
 }
-# The interpreter's bfloat16 arithmetic is broken (Triton issues #4972, #11584): bfloat16 only on a GPU.
+# The interpreter's bfloat16 arithmetic is broken (Triton issues #4972, #11584): bfloat16 only on a
+# GPU.
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks the CPU dispatch and the interpreter")
 
@@ -58,7 +59,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-# --- store_kv_cache ---------------------------------------------------------------------------------------
+# --- store_kv_cache -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,7 +81,7 @@ def test_store_kv_cache(dtype, num_kv_heads, head_dim):
     torch.testing.assert_close(caches[1], expected[1], atol=0, rtol=0)
 
 
-# --- rms_norm -----------------------------------------------------------------------------------------------
+# --- rms_norm -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,7 +99,7 @@ def test_rms_norm(dtype, hidden, with_residual):
     torch.testing.assert_close(got, expected, **TOL[dtype])
 
 
-# --- rotary -------------------------------------------------------------------------------------------------
+# --- rotary ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -120,7 +121,7 @@ def test_rotary(dtype, head_dim, rotary_dim):
     torch.testing.assert_close(qkv, before, atol=0, rtol=0)  # inputs untouched
 
 
-# --- silu_and_mul -------------------------------------------------------------------------------------------
+# --- silu_and_mul ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -130,16 +131,18 @@ def test_silu_and_mul(dtype, d):
     torch.testing.assert_close(silu_and_mul_triton(x), silu_and_mul_ref(x), **TOL[dtype])
 
 
-# --- paged attention ----------------------------------------------------------------------------------------
+# --- paged attention ------------------------------------------------------------------------------
 
 
 def make_batch(seqs, num_kv_heads, head_dim, dtype, block_size=16, spare_blocks=3):
-    """A pool holding every sequence's keys, and AttentionMetadata describing the batch, per its docstring.
+    """A pool holding every sequence's keys, and AttentionMetadata describing the batch, per its
+    docstring.
 
     seqs: (seq_len, query_len) per sequence, decodes (query_len 1) first. Each sequence gets random,
-    non-contiguous blocks; rows of block_tables are padded with -1. Returns (k_cache, v_cache, md, poisoned):
-    poisoned are copies of the caches with NaN in every slot no query may read (unallocated blocks and the
-    tail of each sequence's last block), to catch a kernel reading past a sequence's keys.
+    non-contiguous blocks; rows of block_tables are padded with -1. Returns (k_cache, v_cache, md,
+    poisoned): poisoned are copies of the caches with NaN in every slot no query may read
+    (unallocated blocks and the tail of each sequence's last block), to catch a kernel reading past
+    a sequence's keys.
     """
     num_decodes = sum(1 for seq_len, q_len in seqs if q_len == 1 and seq_len >= 1)
     assert all(q_len == 1 for _, q_len in seqs[:num_decodes])
@@ -152,7 +155,7 @@ def make_batch(seqs, num_kv_heads, head_dim, dtype, block_size=16, spare_blocks=
     v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
     readable = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     slot_mapping, query_start_loc = [], [0]
-    for i, ((seq_len, q_len), n) in enumerate(zip(seqs, blocks_per_seq)):
+    for i, ((seq_len, q_len), n) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
         blocks, order = order[:n], order[n:]
         block_tables[i, :n] = torch.tensor(blocks, dtype=torch.int32)
         slots = [
@@ -217,11 +220,11 @@ def test_decode_non_power_of_two_heads():
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (4, 2), (8, 1)])
 def test_prefill(num_q_heads, num_kv_heads):
-    # Whole prompts: query length == sequence length (a prefill of 1 token goes through the prefill kernel).
+    # Whole prompts: query length == sequence length (a prefill of 1 token goes through the prefill
+    # kernel).
     seqs = [(n, n) for n in [15, 16, 17, 33]] + [(1, 1)]
-    seqs = (
-        seqs[-1:] + seqs[:-1]
-    )  # a 1-token prompt is a decode by the batch's definition: put it first
+    # a 1-token prompt is a decode by the batch's definition: put it first
+    seqs = seqs[-1:] + seqs[:-1]
     check_attention(seqs, num_q_heads, num_kv_heads, 64, torch.float32)
 
 
@@ -232,7 +235,8 @@ def test_prefill_head_dim_128(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_chunked_prefill_with_cached_prefix(dtype):
-    # Prefixes (cache hits or earlier chunks) already in the pool; only the last chunk's queries are given.
+    # Prefixes (cache hits or earlier chunks) already in the pool; only the last chunk's queries are
+    # given.
     seqs = [(40, 7), (33, 17), (48, 16), (20, 1)]
     check_attention(seqs[-1:] + seqs[:-1], 4, 2, 64, dtype)  # (20, 1) is a decode: first
     check_attention([(40, 7), (33, 17), (48, 16)], 8, 1, 64, dtype)
@@ -255,7 +259,7 @@ def test_head_dim_not_power_of_two():
     check_attention([(17, 1), (33, 1), (40, 9), (17, 17)], 4, 2, 80, torch.float32)
 
 
-# --- the compiled kernels -------------------------------------------------------------------------------------
+# --- the compiled kernels -------------------------------------------------------------------------
 
 
 @cpu_only
@@ -275,12 +279,13 @@ def test_kernels_build_for_sm90():
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-# --- dispatch -----------------------------------------------------------------------------------------------
+# --- dispatch -------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def fresh_dispatch():
-    """use_triton caches its environment check; clear it around a test that changes the environment."""
+    """use_triton caches its environment check; clear it around a test that changes the
+    environment."""
     dispatch._triton_on_cpu.cache_clear()
     yield
     dispatch._triton_on_cpu.cache_clear()
@@ -305,7 +310,8 @@ def _forbid_triton(monkeypatch):
 @cpu_only
 @pytest.mark.parametrize("interpret", [None, "1"])
 def test_dispatch_uses_references_on_cpu(monkeypatch, fresh_dispatch, interpret):
-    # Without LOCALCHAT_TRITON_ON_CPU=1, CPU tensors take the references, with or without the interpreter.
+    # Without LOCALCHAT_TRITON_ON_CPU=1, CPU tensors take the references, with or without the
+    # interpreter.
     monkeypatch.delenv("LOCALCHAT_TRITON_ON_CPU", raising=False)
     if interpret is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -1,8 +1,8 @@
-"""triton_quant_linear against PackedWeight.dequantize(), on the CPU interpreter (float32, float16) or, with
-LOCALCHAT_KERNEL_DEVICE=cuda, on a GPU (bfloat16 as well).
+"""triton_quant_linear against PackedWeight.dequantize(), on the CPU interpreter (float32, float16)
+or, with LOCALCHAT_KERNEL_DEVICE=cuda, on a GPU (bfloat16 as well).
 
-Shapes are small (the interpreter runs every program in Python) but cross the interpreter's tiles: 16 rows,
-32 columns, 64 weights of K per step, and two K splits when M <= 16.
+Shapes are small (the interpreter runs every program in Python) but cross the interpreter's tiles:
+16 rows, 32 columns, 64 weights of K per step, and two K splits when M <= 16.
 """
 
 import os
@@ -50,7 +50,8 @@ def check(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = Non
 
 
 def symmetric_u8(n: int, k: int, group: int, zero_point: int) -> PackedWeight:
-    """A symmetric u8 weight built by hand, like Q6_K (group 16, zero point 32) or Q8_0 (group 32, 128)."""
+    """A symmetric u8 weight built by hand, like Q6_K (group 16, zero point 32) or Q8_0 (group 32,
+    128)."""
     codes = torch.randint(0, 2 * zero_point, (n, k), dtype=torch.uint8)
     scales = (torch.rand(n, k // group) * 0.02 + 0.001).to(torch.float16)
     return PackedWeight("u8", codes, scales, None, group, zero_point=zero_point, source_type="Q6_K")
@@ -99,8 +100,8 @@ def test_symmetric_u8_group32():
 
 
 def test_nibble_order():
-    # One non-zero code at each position of the first group: weight j sits in byte j's low nibble, weight j + 16
-    # in its high nibble. x = identity picks the weight's columns back out, exactly.
+    # One non-zero code at each position of the first group: weight j sits in byte j's low nibble,
+    # weight j + 16 in its high nibble. x = identity picks the weight's columns back out, exactly.
     k = 64
     codes = torch.zeros(k, k, dtype=torch.uint8)
     codes[torch.arange(k), torch.arange(k)] = torch.arange(k, dtype=torch.uint8) % 15 + 1
@@ -143,8 +144,8 @@ def test_interpreter_config_splits_k():
 @pytest.mark.parametrize("u4", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_launch_configs(monkeypatch, u4, dtype):
-    # An H200's 132 SMs: decode splits K to fill them, prefill does not; no split is empty, and a K step
-    # covers whole 32-groups.
+    # An H200's 132 SMs: decode splits K to fill them, prefill does not; no split is empty, and a K
+    # step covers whole 32-groups.
     monkeypatch.setattr(tql, "_num_sms", lambda index: 132)
     cuda = torch.device("cuda", 0)
     for m in (1, 16, 17, 64, 512, 4096):
@@ -153,9 +154,8 @@ def test_gpu_launch_configs(monkeypatch, u4, dtype):
             k_blocks = -(-k // c["block_k"])
             assert c["block_k"] % 32 == 0 and (c["splits"] - 1) * c["blocks_per_split"] < k_blocks
             assert c["splits"] * c["blocks_per_split"] >= k_blocks
-            if (
-                m >= 512 and n >= 4096
-            ):  # a tile for every SM already (a narrow N still splits its long K)
+            # a tile for every SM already (a narrow N still splits its long K)
+            if m >= 512 and n >= 4096:
                 assert c["splits"] == 1
     assert tql._launch_config(1, 4096, 4096, u4, dtype, cuda)["splits"] > 1
 
@@ -170,11 +170,14 @@ from triton.compiler import ASTSource
 from localchat.kernels import triton_quant_linear as tql
 
 def build(fn, pointers, constexprs, num_warps=4, num_stages=2):
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in fn.arg_names}
-    # Pointers and the weight/scale row strides are 16-divisible in practice; the JIT specializes them so.
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32")
+                 for name in fn.arg_names}
+    # Pointers and the weight/scale row strides are 16-divisible in practice; the JIT specializes
+    # them so.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name in pointers or name in ("stride_xm", "stride_qn", "stride_om", "K")}
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs),
+                            target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=num_warps, num_stages=num_stages))
     return kernel
 
@@ -183,23 +186,28 @@ def spills(kernel):
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(kernel.asm["ptx"])
-        info = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.o")],
-                              capture_output=True, text=True, check=True).stderr
+        command = [get_ptxas(90).path, "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.o")]
+        info = subprocess.run(command, capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", info).group(1)
     return int(re.search(r"(\d+) bytes spill stores", info).group(1)), int(regs)
 
 for dtype, t in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):  # float16 builds like bfloat16
     for m in (1, 32, 512):
-        for u4, group, has_mins in ((True, 32, True), (True, 32, False), (False, 16, False), (False, 32, True)):
+        for u4, group, has_mins in (
+            (True, 32, True), (True, 32, False), (False, 16, False), (False, 32, True)
+        ):
             block_m, block_n, block_k, warps, stages = tql._tiles(m, True, u4, dtype)
-            pointers = {"x_ptr": f"*{t}", "q_ptr": "*u8", "scales_ptr": "*fp16", "mins_ptr": "*fp16",
-                        "bias_ptr": f"*{t}", "out_ptr": "*fp32" if m == 1 else f"*{t}"}
+            pointers = {"x_ptr": f"*{t}", "q_ptr": "*u8", "scales_ptr": "*fp16",
+                        "mins_ptr": "*fp16", "bias_ptr": f"*{t}",
+                        "out_ptr": "*fp32" if m == 1 else f"*{t}"}
             kernel = build(tql._quant_linear_kernel, pointers, dict(
-                U4=u4, GROUP=group, HAS_MINS=has_mins, HAS_BIAS=m != 1, PARTIAL=m == 1, BLOCK_M=block_m,
-                BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, DOT_PRECISION="tf32x3" if t == "fp32" else "tf32"),
+                U4=u4, GROUP=group, HAS_MINS=has_mins, HAS_BIAS=m != 1, PARTIAL=m == 1,
+                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
+                DOT_PRECISION="tf32x3" if t == "fp32" else "tf32"),
                 num_warps=warps, num_stages=stages)
             spilled, regs = spills(kernel)
-            print(t, m, "u4" if u4 else "u8", group, has_mins, "spill bytes", spilled, "registers", regs)
+            print(t, m, "u4" if u4 else "u8", group, has_mins,
+                  "spill bytes", spilled, "registers", regs)
             assert spilled == 0, f"{t} m={m} u4={u4} group={group} spills {spilled} bytes"
 build(tql._reduce_splits_kernel, {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"},
       dict(SPLITS=8, HAS_BIAS=True, BLOCK=1024))
@@ -209,7 +217,8 @@ print("built for sm_90")
 
 @cpu_only
 def test_kernel_builds_for_sm90():
-    # The interpreter never compiles; build the GPU launch configs for an H100/H200 in a process without it.
+    # The interpreter never compiles; build the GPU launch configs for an H100/H200 in a process
+    # without it.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).parents[2]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))

@@ -21,8 +21,8 @@ MAX_WAITING = 4
 
 @pytest.fixture(scope="session")
 def server(default_gguf, tmp_path_factory):
-    """The server process. At the end it gets SIGTERM while a stream runs: the stream must still finish
-    (data: [DONE]) and the process exit with status 0."""
+    """The server process. At the end it gets SIGTERM while a stream runs: the stream must still
+    finish (data: [DONE]) and the process exit with status 0."""
     log_path = tmp_path_factory.mktemp("server") / "serve.log"
     args = [
         "--max-model-len",

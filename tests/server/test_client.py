@@ -1,4 +1,5 @@
-"""localchat.client against the real server: Client and AsyncClient, plain and streamed, and errors."""
+"""localchat.client against the real server: Client and AsyncClient, plain and streamed, and
+errors."""
 
 from __future__ import annotations
 

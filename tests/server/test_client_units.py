@@ -1,5 +1,5 @@
-"""localchat.client without a server: the one api_base rule, the Bearer header, OpenAI error bodies and the
-SSE stream, through httpx's MockTransport."""
+"""localchat.client without a server: the one api_base rule, the Bearer header, OpenAI error bodies
+and the SSE stream, through httpx's MockTransport."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ async def test_async_stream_reasoning_usage_and_error_chunks():
 async def test_unreachable_server_is_an_api_connection_error():
     async with AsyncClient("http://127.0.0.1:9", timeout=2.0) as client:
         assert await client.health() is False
-        with pytest.raises(APIConnectionError, match="cannot reach http://127.0.0.1:9"):
+        with pytest.raises(APIConnectionError, match=r"cannot reach http://127\.0\.0\.1:9"):
             await client.models()
         with pytest.raises(APIConnectionError):
             [d async for d in client.complete("x", stream=True)]

@@ -1,4 +1,5 @@
-"""Bad input gets its status and an OpenAI error body, never a 500; the server keeps serving afterwards."""
+"""Bad input gets its status and an OpenAI error body, never a 500; the server keeps serving
+afterwards."""
 
 from __future__ import annotations
 

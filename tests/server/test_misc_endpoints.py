@@ -53,9 +53,8 @@ def test_tokenize_detokenize(http):
     ).json()
     assert chat["count"] > result["count"]
     text = http.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
-    assert "Hello world" in text and text.rstrip().endswith(
-        "assistant"
-    )  # the generation prompt is there
+    # the generation prompt is there
+    assert "Hello world" in text and text.rstrip().endswith("assistant")
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
     assert (
         http.post("/tokenize", json={"messages": [{"role": "user", "content": parts}]}).json()[

@@ -1,4 +1,5 @@
-"""The openai package against a real server: structure and token accounting of chat and completions."""
+"""The openai package against a real server: structure and token accounting of chat and
+completions."""
 
 from __future__ import annotations
 
@@ -156,9 +157,8 @@ def test_chat_logprobs(openai_client):
     for entry in content:
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
         assert entry.bytes == list(entry.token.encode())
-        assert entry.logprob == pytest.approx(
-            max(t.logprob for t in entry.top_logprobs), abs=1e-4
-        )  # greedy
+        # greedy
+        assert entry.logprob == pytest.approx(max(t.logprob for t in entry.top_logprobs), abs=1e-4)
     chunks = _stream_chat(openai_client, logprobs=True, top_logprobs=1, **GREEDY)
     streamed = [
         e.token
@@ -178,7 +178,9 @@ def test_completion_logprobs(openai_client):
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
     assert "".join(logprobs.tokens) == choice.text
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(6)]
-    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+    for token, logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
         assert token in top and 1 <= len(top) <= 3 and logprob <= 0
 
 
@@ -210,8 +212,8 @@ def test_echo_and_token_prompts(openai_client, http):
 
 @pytest.mark.parametrize("top", [0, 2])
 def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
-    """OpenAI's legacy `echo` + `logprobs`: the prompt's tokens come first, the first without a logprob,
-    each scored as log_softmax of the model's own logits at the position before it."""
+    """OpenAI's legacy `echo` + `logprobs`: the prompt's tokens come first, the first without a
+    logprob, each scored as log_softmax of the model's own logits at the position before it."""
     prompt = "The capital of France is Paris, and the capital of Italy is"
     ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
     reference = llm.engine.prompt_logits(ids).log_softmax(dim=-1)
@@ -226,10 +228,8 @@ def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
     for position in range(1, len(ids)):
         expected = reference[position - 1, ids[position]].item()
         assert logprobs.token_logprobs[position] == pytest.approx(expected, abs=1e-3)
-        assert len(logprobs.top_logprobs[position]) in (
-            top,
-            top + 1,
-        )  # the chosen token, if not among the top
+        # the chosen token, if not among the top
+        assert len(logprobs.top_logprobs[position]) in (top, top + 1)
     assert logprobs.text_offset == [
         sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))
     ]
@@ -258,10 +258,12 @@ def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
 
 
 def test_server_greedy_output_equals_the_offline_llm(openai_client):
-    """The same prompts through the server and through `LLM` in a process with the server's thread count
-    (float sums, and so near-tied greedy picks, depend on it), each prompt new to the server's prefix cache
-    (a cached prefix changes how attention is computed): the replies are the same, token for token."""
-    # a system message of its own: the default one's first block is in the server's cache from other tests
+    """The same prompts through the server and through `LLM` in a process with the server's thread
+    count (float sums, and so near-tied greedy picks, depend on it), each prompt new to the server's
+    prefix cache (a cached prefix changes how attention is computed): the replies are the same,
+    token for token."""
+    # a system message of its own: the default one's first block is in the server's cache from other
+    # tests
     messages = [
         {"role": "system", "content": "You answer as a marine biologist would."},
         {"role": "user", "content": "Name three animals that live in the sea."},

@@ -1,4 +1,5 @@
-"""Raw SSE over httpx: the wire format, concurrency, client disconnects and the waiting-queue bound."""
+"""Raw SSE over httpx: the wire format, concurrency, client disconnects and the waiting-queue
+bound."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_sse_wire_format(http):
     chunks, usage_chunk = events[:-2], events[-2]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["object"] == "chat.completion.chunk" and c["usage"] is None for c in chunks)
-    assert len({c["id"] for c in chunks + [usage_chunk]}) == 1
+    assert len({c["id"] for c in [*chunks, usage_chunk]}) == 1
     assert [c["choices"][0]["finish_reason"] is not None for c in chunks] == [False] * (
         len(chunks) - 1
     ) + [True]
@@ -95,8 +96,8 @@ async def test_16_concurrent_streams_equal_their_solo_runs(http, base_url, wait_
     wait_idle()
 
 
-# Far more tokens than the test needs to see: the request is still running when the client hangs up, on
-# any machine (the server's context is 1024 tokens).
+# Far more tokens than the test needs to see: the request is still running when the client hangs up,
+# on any machine (the server's context is 1024 tokens).
 LONG = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True}
 ABORTED = 'localchat_request_success_total{finished_reason="abort"}'
 
@@ -104,11 +105,13 @@ ABORTED = 'localchat_request_success_total{finished_reason="abort"}'
 def test_stream_disconnect_aborts(base_url, metrics, wait_idle):
     aborted_before = metrics()[ABORTED]
     generated_before = metrics()["localchat_generation_tokens_total"]
-    with httpx.Client(base_url=base_url, headers=AUTH, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    break  # one chunk, then hang up
+    with (
+        httpx.Client(base_url=base_url, headers=AUTH, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response,
+    ):
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
     after = wait_idle(timeout=10)
     assert after[ABORTED] == aborted_before + 1
     assert after["localchat_generation_tokens_total"] - generated_before < LONG["max_tokens"]
@@ -134,7 +137,8 @@ async def test_non_streamed_disconnect_aborts(base_url, metrics, wait_idle):
 
 
 async def test_waiting_queue_bound_gives_503(base_url, metrics, wait_idle):
-    """Fill the batch and the waiting queue, then one more request is refused with 503 and Retry-After."""
+    """Fill the batch and the waiting queue, then one more request is refused with 503 and
+    Retry-After."""
     body = {"prompt": "Tell me a story.", "max_tokens": 200, "ignore_eos": True, "stream": True}
     started = asyncio.Event()
 

@@ -1,5 +1,5 @@
-"""The event loop tokenizes while the engine thread encodes prompts and steps DecodeStreams: neither may
-disturb the other (a shared Rust tokenizer can fail with "Already borrowed" or mix up state)."""
+"""The event loop tokenizes while the engine thread encodes prompts and steps DecodeStreams: neither
+may disturb the other (a shared Rust tokenizer can fail with "Already borrowed" or mix up state)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ async def _stream_text(client: httpx.AsyncClient, prompt: str) -> str:
 
 
 async def _hammer(client: httpx.AsyncClient, expected: list[int], done: asyncio.Event) -> int:
-    """/tokenize, /tokenize with messages and /detokenize in a loop until `done`; returns the rounds made."""
+    """/tokenize, /tokenize with messages and /detokenize in a loop until `done`; returns the rounds
+    made."""
     rounds = 0
     messages = [{"role": "user", "content": HAMMER_TEXT}]
     while not done.is_set():

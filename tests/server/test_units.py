@@ -1,4 +1,5 @@
-"""Fast tests without a model: the app over a scripted fake engine (engine failures), and pure helpers."""
+"""Fast tests without a model: the app over a scripted fake engine (engine failures), and pure
+helpers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""TUI fixtures: a private data directory for every test, one AsyncEngine on the default model shared by the
-end-to-end tests, and helpers to build the app and wait on it."""
+"""TUI fixtures: a private data directory for every test, one AsyncEngine on the default model
+shared by the end-to-end tests, and helpers to build the app and wait on it."""
 
 from __future__ import annotations
 

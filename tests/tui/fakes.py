@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from localchat.tui.backends import BackendStats, ChatBackend, ChatRequest, ReplyDelta
 from localchat.tui.thinking import ThinkSplitter
@@ -20,11 +20,12 @@ Call it as `add(2, 3)`."""
 
 
 class FakeBackend(ChatBackend):
-    """Answers with the next scripted reply (or echoes the last message); counts 1 token per 4 characters.
+    """Answers with the next scripted reply (or echoes the last message); counts 1 token per 4
+    characters.
 
-    `delay` seconds pass between pieces; `hold` (an Event) makes the stream wait before each piece, and
-    `stall_after=N` stops it after N pieces until it is closed, so a test can stop a reply midway. Every
-    request is kept in `requests`."""
+    `delay` seconds pass between pieces; `hold` (an Event) makes the stream wait before each piece,
+    and `stall_after=N` stops it after N pieces until it is closed, so a test can stop a reply
+    midway. Every request is kept in `requests`."""
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class FakeBackend(ChatBackend):
     def _text(request: ChatRequest) -> str:
         return "\n".join(f"<{m['role']}>{m['content']}" for m in request.messages) + "\n<assistant>"
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplyDelta]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[ReplyDelta, None]:
         self.requests.append(request)
         if self.fail:
             raise RuntimeError(self.fail)

@@ -1,4 +1,5 @@
-"""The chat app on the real in-process engine (the default model, one engine for all these tests)."""
+"""The chat app on the real in-process engine (the default model, one engine for all these
+tests)."""
 
 from __future__ import annotations
 

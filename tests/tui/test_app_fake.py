@@ -1,5 +1,5 @@
-"""The chat app on a deterministic fake backend: keys, slash commands, context fitting, thinking, errors,
-persistence of the conversation list, export."""
+"""The chat app on a deterministic fake backend: keys, slash commands, context fitting, thinking,
+errors, persistence of the conversation list, export."""
 
 from __future__ import annotations
 

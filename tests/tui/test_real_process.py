@@ -1,6 +1,6 @@
-"""The real `localchat chat` process on the default model: killed with SIGKILL mid-reply and reopened with
---resume (in a private tmux server, whose `capture-pane` gives the screen as text); --no-history keeps no file;
-old turns are left out by the real tokenizer's count."""
+"""The real `localchat chat` process on the default model: killed with SIGKILL mid-reply and
+reopened with --resume (in a private tmux server, whose `capture-pane` gives the screen as text);
+--no-history keeps no file; old turns are left out by the real tokenizer's count."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def test_killed_mid_reply_and_resumed_shows_the_message_and_the_partial_reply(
         _until(lambda: "Chat with" in tmux.screen(), 120, "the chat to start")
         tmux.tmux("send-keys", "-t", "chat", "-l", PROMPT)
         tmux.tmux("send-keys", "-t", "chat", "Enter")
-        # the reply is stored as it streams: kill the process once part of it is on disk and it is still writing
+        # the reply is stored as it streams: kill the process once part of it is on disk and it is
+        # still writing
         rows = _until(
             lambda: (r := _rows(db_path)) and len(r) == 2 and r[1][1].strip() and r,
             300,
@@ -143,7 +144,8 @@ def test_no_history_writes_no_database(data_dir, default_gguf):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_old_turns_are_left_out_by_the_real_tokenizer(chat_engine):
-    """max_model_len 2048 with 1,500 tokens kept for the reply: the history must fit in 548 tokens."""
+    """max_model_len 2048 with 1,500 tokens kept for the reply: the history must fit in 548
+    tokens."""
     backend = EngineBackend(engine=chat_engine)
     await backend.start()
     session = ChatSession(backend, ConversationStore(None), greedy_conversation(max_tokens=1500))
@@ -165,9 +167,8 @@ async def test_old_turns_are_left_out_by_the_real_tokenizer(chat_engine):
     )
     assert plan.prompt_tokens + 1500 <= 2048
     earlier = max(i for i in session.conversation.user_indices() if i < session.context_start)
-    assert (
-        await backend.count_prompt_tokens(session.request(earlier)) + 1500 > 2048
-    )  # dropped only what it had to
+    # dropped only what it had to
+    assert await backend.count_prompt_tokens(session.request(earlier)) + 1500 > 2048
     plan.request.sampling["max_tokens"] = 2
     deltas = [
         delta async for delta in backend.stream(plan.request)

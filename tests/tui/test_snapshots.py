@@ -1,4 +1,5 @@
-"""Pictures of the main screen, the help screen and a conversation with a code block, on the fake backend.
+"""Pictures of the main screen, the help screen and a conversation with a code block, on the fake
+backend.
 
 Update them after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update`."""
 

@@ -1,4 +1,5 @@
-"""The TUI's pieces without a screen: thinking split, slash-command parsing, the store, the SSE client."""
+"""The TUI's pieces without a screen: thinking split, slash-command parsing, the store, the SSE
+client."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`localchat chat --url` against a real `localchat serve` process, and the pipe mode as a subprocess."""
+"""`localchat chat --url` against a real `localchat serve` process, and the pipe mode as a
+subprocess."""
 
 from __future__ import annotations
 
@@ -60,9 +61,8 @@ async def test_url_mode_chats_with_a_real_server(server_url):
         assert second.meta["cached_tokens"] > 0  # the server's prefix cache, reported in usage
         await send(pilot, "/prompt")
         assert isinstance(app.screen, TextScreen)
-        assert (
-            "<|im_start|>user\nHello there!<|im_end|>" in app.screen.text
-        )  # rendered by the server
+        # rendered by the server
+        assert "<|im_start|>user\nHello there!<|im_end|>" in app.screen.text
         await pilot.press("escape")
 
         await send(pilot, "/set max_tokens 200")

@@ -1,4 +1,5 @@
-"""Rotary embedding tables: inverse frequencies (default or llama3-scaled) and a cos/sin cache by position."""
+"""Rotary embedding tables: inverse frequencies (default or llama3-scaled) and a cos/sin cache by
+position."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from localchat.errors import UnsupportedModelError
 
 
 def rope_parameters(config) -> tuple[float, dict | None]:
-    """(rope_theta, scaling dict or None) from an HF config, old (`rope_scaling`) or new (`rope_parameters`)."""
+    """(rope_theta, scaling dict or None) from an HF config, old (`rope_scaling`) or new
+    (`rope_parameters`)."""
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
         theta = float(params["rope_theta"])
@@ -23,7 +25,8 @@ def rope_parameters(config) -> tuple[float, dict | None]:
 
 
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Float32 inverse frequencies, computed with the same expression as Hugging Face so tables match."""
+    """Float32 inverse frequencies, computed with the same expression as Hugging Face so tables
+    match."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(dtype=torch.float) / rotary_dim
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
@@ -39,7 +42,8 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> 
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between.
+    # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in
+    # between.
     factor = scaling["factor"]
     low_freq_factor, high_freq_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_context_len = scaling["original_max_position_embeddings"]
