@@ -22,7 +22,7 @@ from typing import Self
 
 import httpx
 
-from localchat.sse import DONE, sse_chunk
+from localchat.sse import sse_chunk
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
@@ -153,7 +153,7 @@ def _deltas(line: str) -> list[Delta] | None:
     chunk = sse_chunk(line)
     if chunk is None:
         return []
-    if chunk == DONE:
+    if isinstance(chunk, str):  # DONE: sse_chunk's JSON chunks are objects
         return None
     if "error" in chunk:
         error = chunk["error"]

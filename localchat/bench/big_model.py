@@ -22,14 +22,15 @@ from localchat.errors import InvalidParameterError, LocalchatError
 
 DEFAULT_THREADS = 2  # DESIGN.md: C4 runs on 2 threads
 RANDOM_FILE_VERSION = 1  # bump when make_gguf writes different files, so a cached one is made again
-_NORMAL_TOKEN = (
-    1  # GGUF tokenizer.ggml.token_type of an ordinary token (not control, byte, unused ...)
-)
+# GGUF tokenizer.ggml.token_type of an ordinary token (not control, byte, unused ...)
+_NORMAL_TOKEN = 1
 
 
 def random_file_path(workload: Workload) -> Path:
     from localchat.engine.model_cache import cache_root
 
+    if workload.random_gguf is None:
+        raise ValueError(f"{workload.name} names no random-weight file")
     preset, quant = workload.random_gguf
     return cache_root() / "bench" / f"random-{preset}-{quant}-v{RANDOM_FILE_VERSION}.gguf"
 
@@ -167,8 +168,9 @@ def _compare(outcome: BenchOutcome, workload: Workload) -> None:
     for key, name in (("peak_rss_mib", "peak RSS"), ("load_s", "load time")):
         if ours.get(key) and peer.get(key):
             parts.append(f"{name} {ours[key] / peer[key]:.2f}x")
-    ttft = (ours.get("ttft_ms") or {}).get("mean"), (peer.get("ttft_ms") or {}).get("mean")
-    if all(ttft):
-        parts.append(f"TTFT {ttft[0] / ttft[1]:.2f}x")
+    ours_ttft = (ours.get("ttft_ms") or {}).get("mean")
+    peer_ttft = (peer.get("ttft_ms") or {}).get("mean")
+    if ours_ttft and peer_ttft:
+        parts.append(f"TTFT {ours_ttft / peer_ttft:.2f}x")
     if parts:
         outcome.notes.append(f"localchat / llama.cpp (lower is better): {', '.join(parts)}")

@@ -17,9 +17,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localchat.bench.records import RunResult
 from localchat.bench.workloads import BenchRequest
+
+if TYPE_CHECKING:
+    from localchat.config import EngineConfig
 
 WARMUP_TOKENS = list(range(100, 108))
 
@@ -34,7 +38,7 @@ class IsolatedSpec:
     requests: list[BenchRequest]
     num_threads: int
     n_ctx: int
-    config: object | None = None
+    config: EngineConfig | None = None
 
 
 def peak_rss_bytes() -> int:
@@ -69,6 +73,7 @@ def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]
     from localchat.bench.offline import run_engine, warm_up
     from localchat.engine.llm_engine import LLMEngine
 
+    assert spec.config is not None  # the parent gives the localchat child its EngineConfig
     config = replace(spec.config, model=spec.gguf_path, num_threads=spec.num_threads)
     start = time.perf_counter()
     engine = LLMEngine(config)

@@ -18,7 +18,7 @@ from localchat.bench.workloads import BenchRequest
 class _StepClock:
     """A transformers streamer that only records when each decoding step's tokens came out."""
 
-    def __init__(self, on_step=None):
+    def __init__(self, on_step=None) -> None:
         self.times: list[float] = []
         self._prompt_seen = False
         self._on_step = on_step

@@ -84,8 +84,10 @@ def tensor_type(spec: TensorSpec, quant: str, shape: ModelShape) -> GGMLQuantiza
     qtype = QUANTS[quant][0]
     if quant in _MIXED:
         output = spec.kind == "output" or (spec.kind == "token_embd" and shape.tie_word_embeddings)
-        more_bits = spec.kind in ("attn_v", "ffn_down") and _use_more_bits(
-            spec.layer, shape.num_layers
+        more_bits = (
+            spec.kind in ("attn_v", "ffn_down")
+            and spec.layer is not None
+            and _use_more_bits(spec.layer, shape.num_layers)
         )
         if output or more_bits:
             qtype = T.Q6_K

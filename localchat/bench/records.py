@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,7 @@ def figures(result: RunResult, kind: str) -> dict:
     prompt_tokens = sum(r.prompt_len for r in ok)
     output_tokens = sum(r.output_tokens for r in ok)
     duration = result.duration
-    out = {
+    out: dict[str, Any] = {
         "requests": len(result.records),
         "completed": len(ok),
         "failures": len(result.records) - len(ok),

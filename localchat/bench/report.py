@@ -11,6 +11,7 @@ import shlex
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -114,7 +115,7 @@ def _cpu_name() -> str:
 
 
 def machine_info() -> dict:
-    info = {
+    info: dict[str, Any] = {
         "platform": platform.platform(),
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from localchat.bench import progress
 from localchat.bench.records import RunResult, figures, ratio
 from localchat.bench.workloads import (
+    BenchRequest,
     Workload,
     allowed_token_ids,
     random_requests,
@@ -108,20 +109,22 @@ def run_offline(
     outcome = BenchOutcome(target.name, notes=notes)
     chat = workload.kind == "chat"
     total = workload.num_requests * workload.output_len[0]
+    messages: list[str] = []
+    requests: list[BenchRequest] = []
     if chat:
-        prompts_or_requests = user_messages(workload, engine.tokenizer, config.seed)
+        messages = user_messages(workload, engine.tokenizer, config.seed)
     else:
         token_ids = allowed_token_ids(engine.model_info.vocab_size, engine.tokenizer)
-        prompts_or_requests = random_requests(workload, token_ids, config.seed)
-        total = sum(r.output_len for r in prompts_or_requests)
+        requests = random_requests(workload, token_ids, config.seed)
+        total = sum(r.output_len for r in requests)
     warm_up(engine, list(range(100, 108)))
     with progress.token_progress(show_progress, "localchat", total) as advance:
         if chat:
             result, chat_prompts = run_engine_chat(
-                engine, prompts_or_requests, workload.output_len[0], advance
+                engine, messages, workload.output_len[0], advance
             )
         else:
-            result = run_engine(engine, prompts_or_requests, advance)
+            result = run_engine(engine, requests, advance)
     ours = outcome.add("localchat", result, workload.kind)
     del engine
     _release_memory()
@@ -130,7 +133,7 @@ def run_offline(
             peer_name,
             target,
             workload,
-            chat_prompts if chat else prompts_or_requests,
+            chat_prompts if chat else requests,
             hf_batch_size=hf_batch_size,
             gguf=gguf,
             show_progress=show_progress,
@@ -166,13 +169,13 @@ def _run_peer(
     else:
         n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in work) + 8
     with progress.status(show_progress, "loading the model in llama.cpp ..."):
-        peer = LlamaCppPeer(path, target.num_threads, n_ctx)
-        peer.warm_up()
+        llama = LlamaCppPeer(path, target.num_threads, n_ctx)
+        llama.warm_up()
     with progress.token_progress(show_progress, "llama.cpp", total) as advance:
         return (
-            peer.run_chat(work, workload.output_len[0], advance)
+            llama.run_chat(work, workload.output_len[0], advance)
             if chat
-            else peer.run(work, advance)
+            else llama.run(work, advance)
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from typing import Any
 
 from localchat.errors import InvalidParameterError
 
@@ -132,7 +133,7 @@ def select_workload(
         raise InvalidParameterError(
             f"--workload must be one of {', '.join(WORKLOADS)}, got {name!r}", param="workload"
         )
-    changes = {}
+    changes: dict[str, Any] = {}
     if num_requests is not None:
         changes["num_requests"] = num_requests
     for field, value in (("input_len", input_len), ("output_len", output_len)):

@@ -207,12 +207,12 @@ class AsyncEngine:
         request_id: str | None = None,
     ) -> RequestStream:
         """Validate and queue a request; raises its LocalchatError here, before any output."""
-        self._check_alive()
-        capacity = self.engine.scheduler.max_num_seqs + (self.max_waiting or 0)
+        engine = self._check_alive()
+        capacity = engine.scheduler.max_num_seqs + (self.max_waiting or 0)
         if self.max_waiting is not None and len(self._streams) >= capacity:
             raise QueueFullError(
                 f"too many requests are waiting (more than {self.max_waiting} beyond the "
-                f"{self.engine.scheduler.max_num_seqs} running); retry later"
+                f"{engine.scheduler.max_num_seqs} running); retry later"
             )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
@@ -243,18 +243,20 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> EngineStats | None:
+        """The engine's figures as of its last step; None until it has loaded."""
         if self._stats is None and self.engine is not None:
             self._stats = self.engine.stats()
         return self._stats
 
-    def _check_alive(self) -> None:
+    def _check_alive(self) -> LLMEngine:
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self.error}")
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
         if self.engine is None:
             raise EngineDeadError("the engine is not started")
+        return self.engine
 
     # --- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -270,11 +272,11 @@ class AsyncEngine:
         self._ready.set()
         try:
             while True:
-                if not self._handle_commands(block=not self.engine.has_unfinished()):
+                if not self._handle_commands(engine, block=not engine.has_unfinished()):
                     break
-                outputs = self.engine.step() if self.engine.has_unfinished() else []
+                outputs = engine.step() if engine.has_unfinished() else []
                 # before delivering, so consumers see the step's state
-                self._stats = self.engine.stats()
+                self._stats = engine.stats()
                 self._deliver(outputs)
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
@@ -283,7 +285,7 @@ class AsyncEngine:
             return
         self._fail_all(EngineDeadError("the engine shut down"))
 
-    def _handle_commands(self, block: bool) -> bool:
+    def _handle_commands(self, engine: LLMEngine, block: bool) -> bool:
         """Run queued commands (waiting for one when idle); False once asked to stop."""
         while True:
             try:
@@ -293,21 +295,22 @@ class AsyncEngine:
             block = False
             match command:
                 case _Stop():
-                    for request_id in list(self.engine.requests):
-                        self.engine.abort(request_id)
+                    for request_id in list(engine.requests):
+                        engine.abort(request_id)
                     return False
                 case _Add():
-                    self._add(command)
+                    self._add(engine, command)
                 case _Abort(request_id):
-                    output = self.engine.abort(request_id)
+                    output = engine.abort(request_id)
                     if output is not None:
-                        self._stats = self.engine.stats()
+                        self._stats = engine.stats()
                         self._deliver([output])
 
-    def _add(self, command: _Add) -> None:
+    def _add(self, engine: LLMEngine, command: _Add) -> None:
         stream = self._streams.get(command.request_id)
+        result: list[int] | LocalchatError
         try:
-            request = self.engine.add_request(command.request_id, command.prompt, command.params)
+            request = engine.add_request(command.request_id, command.prompt, command.params)
             result = request.prompt_token_ids
         except LocalchatError as exc:
             result = exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceABC
+from typing import cast
 
 from localchat.config import EngineConfig
 from localchat.engine.llm_engine import LLMEngine
@@ -60,16 +61,19 @@ class LLM:
         continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Generate a reply for one conversation (a list of messages) or each of several."""
+        # one conversation or several, told by the first item
         if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]
-        prompts = [
+            batch = [conversations]
+        else:  # mypy narrows only the positive isinstance test on an item
+            batch = cast(list[list[dict]], conversations)
+        prompts: list[Prompt] = [
             self.render_chat(
                 c,
                 chat_template_kwargs=chat_template_kwargs,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
             )
-            for c in conversations
+            for c in batch
         ]
         return self.generate(prompts, sampling_params)
 

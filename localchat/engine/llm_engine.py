@@ -81,11 +81,9 @@ class LLMEngine:
             progress("allocating the KV cache")
         num_blocks = runtime.num_kv_blocks(self.runner)
         self.runner.allocate_kv_cache(num_blocks)
-        if not config.enforce_eager and self.runner.capture_cuda_graphs():
-            logger.info(
-                "captured CUDA graphs for decode batches up to %d",
-                self.runner.graphs.max_batch_size,
-            )
+        graphs = None if config.enforce_eager else self.runner.capture_cuda_graphs()
+        if graphs is not None:
+            logger.info("captured CUDA graphs for decode batches up to %d", graphs.max_batch_size)
         self.model_info = _model_info(runtime, self.runner.spec.vocab_size)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
@@ -208,14 +206,15 @@ class LLMEngine:
             seq.logprobs.append(logprob)
         params = seq.params
         may_stop = seq.num_output_tokens >= params.min_tokens
-        finish_reason = stop_reason = None
+        finish_reason: str | None = None
+        stop_reason: int | str | None = None
+        stop_token_ids = params.stop_token_ids or ()
         stop_token = may_stop and (
-            token_id in params.stop_token_ids
-            or (not params.ignore_eos and token_id in self.eos_token_ids)
+            token_id in stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
         )
         if stop_token:
             finish_reason = "stop"
-            stop_reason = token_id if token_id in params.stop_token_ids else None
+            stop_reason = token_id if token_id in stop_token_ids else None
         if seq.detokenizer is not None and not (
             stop_token and not params.include_stop_str_in_output
         ):

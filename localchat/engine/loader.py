@@ -62,7 +62,7 @@ def eos_token_ids(files: ModelFiles, hf_config) -> set[int]:
     return ids
 
 
-def load_tokenizer(path: Path):
+def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))

@@ -16,7 +16,7 @@ from localchat.engine.forward_context import (
     forward_context,
 )
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
-from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.models.decoder import Attention, DecoderForCausalLM
 from localchat.engine.prompt_logprobs import fill_prompt_logprobs
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from localchat.engine.sampling_params import SamplingParams
@@ -76,17 +76,20 @@ class ModelRunner:
         """Make `pool` the KV pool and give each layer its views (None releases the pool)."""
         self.kv_cache = pool
         for index, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            assert isinstance(attn, Attention)  # nn.Module attributes are typed Tensor | Module
             empty = torch.empty(0)
-            layer.self_attn.k_cache = empty if pool is None else pool[0, index]
-            layer.self_attn.v_cache = empty if pool is None else pool[1, index]
+            attn.k_cache = empty if pool is None else pool[0, index]
+            attn.v_cache = empty if pool is None else pool[1, index]
 
-    def capture_cuda_graphs(self) -> bool:
-        """Capture decode graphs (CUDA with Triton only; the reference kernels synchronize)."""
+    def capture_cuda_graphs(self) -> DecodeGraphs | None:
+        """Capture decode graphs (CUDA with Triton only; the reference kernels synchronize); None
+        where they are not used."""
         if self.device.type != "cuda" or not triton_available():
-            return False
+            return None
         max_blocks = -(-self.max_model_len // self.block_size)
         self.graphs = DecodeGraphs(self, min(self.max_num_seqs, 512), max_blocks)
-        return True
+        return self.graphs
 
     @torch.inference_mode()
     def profile_peak_memory(self, num_tokens: int) -> int:

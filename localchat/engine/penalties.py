@@ -130,10 +130,16 @@ class Penalties:
         """Penalize [rows, vocab] float32 logits in place: repetition first (divide positive logits,
         multiply negative ones), then frequency (times the count) and presence (once)."""
         flat = logits.view(-1)
-        if self.seen is not None:
+        # from_seqs sets seen with repetition, and counted with counts, frequency and presence
+        if self.seen is not None and self.repetition is not None:
             values, factor = flat[self.seen], self._per_index(self.repetition, self.seen)
             flat[self.seen] = torch.where(values > 0, values / factor, values * factor)
-        if self.counted is not None:
+        if (
+            self.counted is not None
+            and self.counts is not None
+            and self.frequency is not None
+            and self.presence is not None
+        ):
             frequency = self._per_index(self.frequency, self.counted)
             presence = self._per_index(self.presence, self.counted)
             flat[self.counted] = flat[self.counted] - frequency * self.counts - presence

@@ -7,10 +7,14 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from localchat.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from localchat.engine.detokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -67,7 +71,8 @@ class Sequence:
             self.generator = torch.Generator().manual_seed(
                 (self.params.seed + index * 1_000_003) % 2**63
             )
-        self.detokenizer = None  # set by the engine when a tokenizer exists
+        # set by the engine when it has a tokenizer
+        self.detokenizer: IncrementalDetokenizer | None = None
         self.first_token_time: float | None = None
 
     @property

@@ -33,7 +33,10 @@ class Tracker:
     __slots__ = ("done", "last", "metrics", "reason")
 
     def __init__(self, metrics: ServerMetrics):
-        self.metrics, self.last, self.reason, self.done = metrics, None, None, False
+        self.metrics = metrics
+        self.last: float | None = None
+        self.reason: str | None = None
+        self.done = False
 
     def on_delta(self, delta: RequestOutput) -> None:
         now = time.monotonic()

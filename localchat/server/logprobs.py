@@ -21,7 +21,7 @@ def _finite(value: float) -> float:
 class TokenStrings:
     """The text of single token ids, cached across requests."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 

@@ -70,6 +70,7 @@ async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]
             continue_final_message=data.continue_final_message,
         )
     else:
+        assert data.prompt is not None  # exactly one of the two, as checked above
         tokens = server.engine.tokenize(data.prompt, add_special_tokens=data.add_special_tokens)
     body = {
         "tokens": tokens,

@@ -79,7 +79,7 @@ def server_of(request: Request) -> ServerState:
     return request.app.state.server
 
 
-def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+def require_api_key(connection: ASGIConnection, _handler: BaseRouteHandler) -> None:
     """Litestar guard: `Authorization: Bearer KEY`, compared in constant time, when a key is set."""
     expected = connection.app.state.server.api_key
     if expected is None:

@@ -154,11 +154,12 @@ class ChatScreen(ChatCore):
         if args:
             await apply(args)
         else:
-            current = (
-                self.store.load(target).title
-                if target is not None
-                else self.session.conversation.title
-            )
+            conversation = self.session.conversation
+            if target is not None:
+                stored = self.store.load(target)
+                assert stored is not None  # the chat list offers only stored conversations
+                conversation = stored
+            current = conversation.title
             self.app.push_screen(InputScreen("Rename the conversation", current), apply)
 
     async def on_chat_list_action(self, event: ChatList.Action) -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from localchat.cli_options import engine_options, stdin_is_tty
 from localchat.errors import EmptyPromptError
+
+if TYPE_CHECKING:
+    from localchat.tui.backends import ChatBackend
 
 
 @engine_options
@@ -73,6 +76,7 @@ def chat(
         settings["max_tokens"] = max_tokens
     SamplingParams(**settings)  # a bad flag is reported before anything loads
     conversation = Conversation(system_prompt=system, settings=settings, think=think)
+    backend: ChatBackend
     if url:
         from localchat.tui.http_backend import OpenAIBackend
 

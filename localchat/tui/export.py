@@ -10,7 +10,9 @@ from localchat.tui.backends import ChatBackend
 from localchat.tui.conversation import Conversation
 
 
-def settings_text(conversation: Conversation, backend: ChatBackend, store_path: Path | None) -> str:
+def settings_text(
+    conversation: Conversation, backend: ChatBackend, store_path: str | Path | None
+) -> str:
     """The /show text: the model, the conversation, its system prompt and sampling settings."""
     think = "default" if conversation.think is None else ("on" if conversation.think else "off")
     lines = [

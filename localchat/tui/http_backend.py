@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 import httpx
 
-from localchat.client import APIError, AsyncClient, Delta
+from localchat.client import APIError, AsyncClient, Usage
 from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyDelta, ReplyTimer
 from localchat.tui.thinking import ThinkSplitter
@@ -89,16 +90,15 @@ class OpenAIBackend(ChatBackend):
         has none."""
         if not self._has_tokenize:
             return None
+        extra: dict[str, Any] = {}
+        if request.chat_template_kwargs:
+            extra["chat_template_kwargs"] = request.chat_template_kwargs
         try:
             answer = await self.client.tokenize(
                 messages=request.messages,
                 model=self.model_name,
                 add_generation_prompt=True,
-                **(
-                    {"chat_template_kwargs": request.chat_template_kwargs}
-                    if request.chat_template_kwargs
-                    else {}
-                ),
+                **extra,
             )
         except APIError as exc:
             self._has_tokenize = exc.status not in _NO_TOKENIZE
@@ -135,7 +135,7 @@ class OpenAIBackend(ChatBackend):
         try:
             async for delta in deltas:
                 if delta.usage is not None:
-                    yield self._usage_delta(delta, timer)
+                    yield self._usage_delta(delta.usage, timer)
                     continue
                 thinking, text = splitter.feed(delta.text)
                 if delta.finish_reason is not None:
@@ -156,8 +156,7 @@ class OpenAIBackend(ChatBackend):
             await deltas.aclose()
 
     @staticmethod
-    def _usage_delta(delta: Delta, timer: ReplyTimer) -> ReplyDelta:
-        usage = delta.usage
+    def _usage_delta(usage: Usage, timer: ReplyTimer) -> ReplyDelta:
         return ReplyDelta(
             completion_tokens=usage.completion_tokens or timer.tokens,
             prompt_tokens=usage.prompt_tokens,

@@ -39,7 +39,9 @@ class StreamingText(Static):
     def show(self, text: str) -> None:
         self.update(text, layout=False)
         width = self.size.width
-        height = self.visual.get_height(self.styles, width) if width else -1
+        # Textual's own Widget passes its styles here too; get_height is annotated as taking the
+        # RulesMap TypedDict, which RenderStyles is not
+        height = self.visual.get_height(self.styles, width) if width else -1  # type: ignore[arg-type]
         if height != self._height or height < 0:
             self._height = height
             self.refresh(layout=True)
@@ -89,7 +91,7 @@ class AssistantMessage(Vertical):
         self.tail = StreamingText(classes="tail")
         self.tail.display = False
         self.meta = Static(
-            self._meta_text(message) if done else "waiting for the first token…",
+            self._meta_text(message) if message is not None else "waiting for the first token…",
             markup=False,
             classes="meta",
         )

@@ -80,17 +80,21 @@ class InputScreen(ModalScreen[str | None]):
                 yield Input(self.text, id="input-line")
 
     def on_mount(self) -> None:
-        widget = self.query_one("#input-text" if self.multiline else "#input-line")
-        widget.focus()
         if self.multiline:
-            widget.move_cursor(widget.document.end)
+            area = self.query_one("#input-text", TextArea)
+            area.focus()
+            area.move_cursor(area.document.end)
+        else:
+            self.query_one("#input-line", Input).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
 
     def action_accept(self) -> None:
-        widget = self.query_one("#input-text" if self.multiline else "#input-line")
-        self.dismiss(widget.text if self.multiline else widget.value)
+        if self.multiline:
+            self.dismiss(self.query_one("#input-text", TextArea).text)
+        else:
+            self.dismiss(self.query_one("#input-line", Input).value)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -96,6 +96,7 @@ class ConversationStore:
                         conversation.id,
                     ),
                 )
+        assert conversation.id is not None  # the row the INSERT made, or the one updated
         return conversation.id
 
     def load(self, conversation_id: int) -> Conversation | None:

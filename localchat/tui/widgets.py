@@ -23,7 +23,7 @@ class PromptBox(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs) -> None:
         kwargs.setdefault("placeholder", "Message  (Enter sends · Shift+Enter new line · /help)")
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
         self.prompts: list[str] = []
