@@ -1,7 +1,8 @@
 """Projections with PackedWeight weights: the C++ VNNI kernel on the CPU, Triton on CUDA, torch otherwise.
 
 A fused projection (q/k/v, gate/up) whose parts came in different layouts (Q4_K_M files store attn_v as
-Q6_K next to Q4_K q/k) is a tuple of PackedWeights: each runs on its own and the outputs are concatenated.
+Q6_K next to Q4_K q/k), or whose parts are large (an 8B model's), is a tuple of PackedWeights: each runs on
+its own and the outputs are concatenated.
 """
 
 from __future__ import annotations
@@ -99,10 +100,16 @@ def quant_linear(
     return out.reshape(*lead, out.shape[-1])
 
 
+# Parts larger than this together stay a tuple: stacking copies them (seconds of an 8B model's load), and
+# one kernel call per part costs nothing next to their arithmetic.
+FUSE_MAX_BYTES = 32 << 20
+
+
 def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
-    """One PackedWeight with the parts' rows stacked, when their layouts allow it; otherwise a tuple."""
+    """One PackedWeight with the parts' rows stacked, when their layouts allow it and they are small;
+    otherwise a tuple."""
     first = parts[0]
-    same = all(
+    same = sum(p.nbytes for p in parts) <= FUSE_MAX_BYTES and all(
         p.layout == first.layout
         and p.group_size == first.group_size
         and p.in_features == first.in_features
