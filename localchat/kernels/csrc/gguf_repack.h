@@ -119,9 +119,14 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, uint8_t* codes, at
         uint8_t* out = codes + b * 256 + half * 128;
         const uint8_t* l = ql + half * 64;
         const uint8_t* h = qh + half * 32;
-        for (int p = 0; p < 128; ++p) {
-          const uint8_t low = p < 64 ? (l[p] & 0x0F) : (l[p - 64] >> 4);
-          out[p] = low | (((h[p % 32] >> (2 * (p / 32))) & 3) << 4);
+        // weight 32q + i: the low 4 bits from ql (q = 0, 1: low nibbles; 2, 3: high nibbles of the same
+        // bytes), the top 2 from bits 2q, 2q + 1 of qh[i]
+        for (int q = 0; q < 4; ++q) {
+          const uint8_t* low = l + (q & 1) * 32;
+          const int low_shift = (q >> 1) * 4, high_shift = 2 * q;
+          for (int i = 0; i < 32; ++i) {
+            out[32 * q + i] = ((low[i] >> low_shift) & 0x0F) | (((h[i] >> high_shift) & 3) << 4);
+          }
         }
       }
       break;
