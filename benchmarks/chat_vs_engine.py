@@ -1,15 +1,16 @@
 """The tok/s a user sees in `localchat chat` against what the engine makes alone (issue 9, item 4).
 
-Both run in one process on one AsyncEngine (the default model unless MODEL is given), on the same prompt and
-settings: the chat's default sampling (temperature 0.7, top_p 0.95), a fixed seed, `--max-tokens` new tokens
-with ignore_eos. "Engine alone" consumes `AsyncEngine.generate` on the event loop and does nothing else; "chat"
-is the real ChatApp on the in-process backend, driven headless by Textual's Pilot (it composes, lays out and
-renders every frame; only the terminal write is skipped). Runs alternate, engine first, to spread machine
-noise over both. Decode tok/s is (tokens - 1) / (last token time - first token time) as the event loop sees
-the tokens, which is also what the chat's status bar shows.
+Both run in one process on one AsyncEngine (the default model unless MODEL is given), on the same
+prompt and settings: the chat's default sampling (temperature 0.7, top_p 0.95), a fixed seed,
+`--max-tokens` new tokens with ignore_eos. "Engine alone" consumes `AsyncEngine.generate` on the
+event loop and does nothing else; "chat" is the real ChatApp on the in-process backend, driven
+headless by Textual's Pilot (it composes, lays out and renders every frame; only the terminal write
+is skipped). Runs alternate, engine first, to spread machine noise over both. Decode tok/s is
+(tokens - 1) / (last token time - first token time) as the event loop sees the tokens, which is also
+what the chat's status bar shows.
 
-The event loop thread's CPU time per token is the UI's cost: on a 2-core machine every millisecond of it is
-taken from the engine's threads (torch's intra-op pool and the GIL).
+The event loop thread's CPU time per token is the UI's cost: on a 2-core machine every millisecond
+of it is taken from the engine's threads (torch's intra-op pool and the GIL).
 
     python benchmarks/chat_vs_engine.py [--rounds 3] [--max-tokens 256] [--threads N] [MODEL]
 """
@@ -96,11 +97,14 @@ async def chat(engine, settings: dict, size: tuple[int, int]) -> Run:
 
 def _summary(name: str, runs: list[Run]) -> str:
     speeds = ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
+    speed = statistics.median(r.tokens_per_s for r in runs)
+    loop_ms = statistics.median(r.loop_cpu_ms_per_token for r in runs)
+    loop_percent = statistics.median(r.loop_cpu_ms_per_token * r.tokens_per_s / 10 for r in runs)
+    process = statistics.median(r.process_cpu_share for r in runs)
     return (
-        f"{name:<12} tok/s median {statistics.median(r.tokens_per_s for r in runs):6.2f} ({speeds})  "
-        f"loop CPU {statistics.median(r.loop_cpu_ms_per_token for r in runs):5.2f} ms/token "
-        f"({statistics.median(r.loop_cpu_ms_per_token * r.tokens_per_s / 10 for r in runs):.1f}% of a core)  "
-        f"process CPU {statistics.median(r.process_cpu_share for r in runs):.2f} cores"
+        f"{name:<12} tok/s median {speed:6.2f} ({speeds})  "
+        f"loop CPU {loop_ms:5.2f} ms/token ({loop_percent:.1f}% of a core)  "
+        f"process CPU {process:.2f} cores"
     )
 
 
@@ -118,8 +122,9 @@ async def main(args: argparse.Namespace) -> None:
     settings = {**DEFAULT_SETTINGS, "max_tokens": args.max_tokens, "ignore_eos": True, "seed": 0}
     try:
         print(
-            f"model {engine.model_name}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
-            f"{args.max_tokens} tokens, temperature {settings['temperature']}, top_p {settings['top_p']}",
+            f"model {engine.model_name}, torch threads {torch.get_num_threads()}, "
+            f"{os.cpu_count()} CPUs, {args.max_tokens} tokens, "
+            f"temperature {settings['temperature']}, top_p {settings['top_p']}",
             flush=True,
         )
         await engine_alone(engine, {**settings, "max_tokens": 32})  # warm up
@@ -129,8 +134,9 @@ async def main(args: argparse.Namespace) -> None:
             alone.append(await engine_alone(engine, settings))
             in_chat.append(await chat(engine, settings, (args.width, args.height)))
             print(
-                f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, chat {in_chat[-1].tokens_per_s:.2f} "
-                f"tok/s; event loop CPU {alone[-1].loop_cpu_ms_per_token:.2f} / "
+                f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, "
+                f"chat {in_chat[-1].tokens_per_s:.2f} tok/s; "
+                f"event loop CPU {alone[-1].loop_cpu_ms_per_token:.2f} / "
                 f"{in_chat[-1].loop_cpu_ms_per_token:.2f} ms per token",
                 flush=True,
             )

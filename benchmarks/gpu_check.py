@@ -1,13 +1,16 @@
-"""One-shot GPU check for the Triton/CUDA path: kernel tests, the quantized (W4A16/W8A16) linear against its
-reference and a bf16 matmul, logits parity with HF transformers, and the G1/G2 workloads of DESIGN.md for
-localchat and HF in the same run, printed as one table.
+"""One-shot GPU check for the Triton/CUDA path: kernel tests, the quantized (W4A16/W8A16) linear
+against its reference and a bf16 matmul, logits parity with HF transformers, and the G1/G2 workloads
+of DESIGN.md for localchat and HF in the same run, printed as one table.
 
-    python benchmarks/gpu_check.py                    # on a CUDA machine (about 5 minutes on an H200)
-    python benchmarks/gpu_check.py --device cpu --tiny   # dry run of every step on the CPU, tiny model
-    python benchmarks/gpu_check.py --quant-linear-only   # just the quantized linear (under a minute)
+    # on a CUDA machine (about 5 minutes on an H200)
+    python benchmarks/gpu_check.py
+    # dry run of every step on the CPU, tiny model
+    python benchmarks/gpu_check.py --device cpu --tiny
+    # just the quantized linear (under a minute)
+    python benchmarks/gpu_check.py --quant-linear-only
 
-Weights are random (the qwen3-0.6b config from ../shared/models), drawn once by transformers and saved,
-so both engines load the very same bf16 weights from disk.
+Weights are random (the qwen3-0.6b config from ../shared/models), drawn once by transformers and
+saved, so both engines load the very same bf16 weights from disk.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ QUANT_ROWS = (1, 16, 512)
 
 
 def packed_weight_for(layout: str, group: int, n: int, k: int, device: str):
-    """u4: asymmetric int4 (Q4_K-like, quantize_weight); u8 group 16: symmetric around 32 (Q6_K-like)."""
+    """u4: asymmetric int4 (Q4_K-like, quantize_weight); u8 group 16: symmetric around 32
+    (Q6_K-like)."""
     import torch
 
     from localchat.kernels.packed_weight import PackedWeight, quantize_weight
@@ -84,7 +88,8 @@ def packed_weight_for(layout: str, group: int, n: int, k: int, device: str):
 
 
 def seconds(fn, device: str) -> float:
-    """Median time of fn: triton's do_bench on CUDA (clears L2 between runs), a few calls on the CPU."""
+    """Median time of fn: triton's do_bench on CUDA (clears L2 between runs), a few calls on the
+    CPU."""
     if device == "cuda":
         import triton.testing
 
@@ -98,9 +103,10 @@ def seconds(fn, device: str) -> float:
 
 
 def quant_linear_check(device: str, tiny: bool) -> list[dict]:
-    """triton_quant_linear at real projection shapes: error against x.float() @ dequantize().T (relative to
-    max |x| @ |W|.T), time against F.linear of the dequantized weight in the activation dtype, and the weight's
-    bytes per second at M = 1. On the CPU (tiny) it runs under Triton's interpreter: a dry run, not a timing."""
+    """triton_quant_linear at real projection shapes: error against x.float() @ dequantize().T
+    (relative to max |x| @ |W|.T), time against F.linear of the dequantized weight in the activation
+    dtype, and the weight's bytes per second at M = 1. On the CPU (tiny) it runs under Triton's
+    interpreter: a dry run, not a timing."""
     import torch
     import torch.nn.functional as F
 
@@ -159,7 +165,10 @@ def quant_linear_rows(
         if r["m"] == 1:
             ours += f", {r['weight_bytes'] / r['seconds'] / 1e9:,.0f} GB/s"
             theirs += f", {r['dense_bytes'] / r['dense_seconds'] / 1e9:,.0f} GB/s"
-        verdict = f"{'ok' if passed else 'FAILED'}, err {r['rel_error']:.1e}, {r['dense_seconds'] / r['seconds']:.2f}x"
+        verdict = (
+            f"{'ok' if passed else 'FAILED'}, err {r['rel_error']:.1e}, "
+            f"{r['dense_seconds'] / r['seconds']:.2f}x"
+        )
         rows.append(
             (
                 f"quant linear {r['layout']}/g{r['group']} {r['n']}x{r['k']} M={r['m']}",
@@ -172,8 +181,9 @@ def quant_linear_rows(
 
 
 def quant_linear_step(device: str, tiny: bool) -> tuple[list[dict], str]:
-    """Runs quant_linear_check in a child process (on the CPU under TRITON_INTERPRET=1, which must be set
-    before the kernel module is imported). Returns the results and, on failure, the child's output."""
+    """Runs quant_linear_check in a child process (on the CPU under TRITON_INTERPRET=1, which must
+    be set before the kernel module is imported). Returns the results and, on failure, the child's
+    output."""
     env = {**os.environ}
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
@@ -206,10 +216,10 @@ def quant_linear_step(device: str, tiny: bool) -> tuple[list[dict], str]:
 
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:
     header = ("check", "localchat", "peer", "verdict")
-    width = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+    width = [max(len(r[i]) for r in [*rows, header]) for i in range(4)]
     print()
-    for row in [header] + rows:
-        print(" | ".join(cell.ljust(w) for cell, w in zip(row, width)))
+    for row in [header, *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, width, strict=True)))
 
 
 def make_model(directory: Path, tiny: bool, dtype, device: str) -> None:
@@ -235,7 +245,8 @@ def make_model(directory: Path, tiny: bool, dtype, device: str) -> None:
 
 
 def parity(directory: Path, device: str, dtype_name: str) -> dict:
-    """Engine logits vs HF logits on the same weights: max/mean abs difference and top-1 agreement."""
+    """Engine logits vs HF logits on the same weights: max/mean abs difference and top-1
+    agreement."""
     import torch
     from transformers import AutoModelForCausalLM
 

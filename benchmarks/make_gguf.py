@@ -1,10 +1,13 @@
-"""Write a random-weight GGUF of a model shape in a quantization mix, with the default model's tokenizer.
+r"""Write a random-weight GGUF of a model shape in a quantization mix, with the default model's
+tokenizer.
 
     python benchmarks/make_gguf.py llama-8b /tmp/llama-8b-q4_k_m.gguf --quant q4_k_m
-    python benchmarks/make_gguf.py ../shared/models/qwen3-0.6b/config.json /tmp/qwen3.gguf --quant q8_0
+    python benchmarks/make_gguf.py ../shared/models/qwen3-0.6b/config.json /tmp/qwen3.gguf \
+        --quant q8_0
 
-SHAPE is a preset (llama-8b, llama-1b, smollm2-135m) or an HF config.json (Llama, Qwen2, Qwen3). The logic
-lives in localchat.bench.random_gguf (`write_random_gguf`), which `localchat bench --workload c4` uses too.
+SHAPE is a preset (llama-8b, llama-1b, smollm2-135m) or an HF config.json (Llama, Qwen2, Qwen3). The
+logic lives in localchat.bench.random_gguf (`write_random_gguf`), which
+`localchat bench --workload c4` uses too.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shape = resolve_shape(args.shape)
         print(
-            f"{shape.name} ({shape.arch}, {shape.num_layers} layers, hidden {shape.hidden_size}) in {args.quant}",
+            f"{shape.name} ({shape.arch}, {shape.num_layers} layers, "
+            f"hidden {shape.hidden_size}) in {args.quant}",
             file=sys.stderr,
         )
         path = write_random_gguf(
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"\nwrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - start:.1f} s",
+        f"\nwrote {path} ({path.stat().st_size / 2**30:.2f} GiB) "
+        f"in {time.perf_counter() - start:.1f} s",
         file=sys.stderr,
     )
     return 0

@@ -1,14 +1,15 @@
-"""Quality of the quantized CPU path, with numbers: logits against the float32 path, and perplexity against
-llama.cpp on the same GGUF file and the same token ids.
+"""Quality of the quantized CPU path, with numbers: logits against the float32 path, and perplexity
+against llama.cpp on the same GGUF file and the same token ids.
 
     python benchmarks/quality.py [MODEL.gguf] [--text FILE] [--window 512] [--json OUT]
 
-- Logits: our quantized engine (the default) against our float32 path (the GGUF dequantized, which equals
-  transformers token for token): top-1 agreement and max/mean KL(float || quantized) over every position
-  of the first window.
+- Logits: our quantized engine (the default) against our float32 path (the GGUF dequantized, which
+  equals transformers token for token): top-1 agreement and max/mean KL(float || quantized) over
+  every position of the first window.
 - Perplexity: non-overlapping windows of `--window` tokens of the text (default: the Declaration of
-  Independence, public domain, benchmarks/data/declaration.txt); each token after the first of a window
-  is scored. The same token ids go to llama.cpp (llama-cpp-python, `logits_all`), so tokenizers play no part.
+  Independence, public domain, benchmarks/data/declaration.txt); each token after the first of a
+  window is scored. The same token ids go to llama.cpp (llama-cpp-python, `logits_all`), so
+  tokenizers play no part.
 """
 
 from __future__ import annotations

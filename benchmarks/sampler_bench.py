@@ -1,13 +1,17 @@
-"""Per-call cost of the sampler (SamplingBatch.from_seqs + Sampler) at batch 1 and 32, over SmolLM2's vocabulary.
+"""Per-call cost of the sampler (SamplingBatch.from_seqs + Sampler) at batch 1 and 32, over
+SmolLM2's vocabulary.
 
-    python benchmarks/sampler_bench.py                  # the sampler as it is
-    python benchmarks/sampler_bench.py --compare-ref    # before/after table against the pre-issue-9 sampler
+    # the sampler as it is
+    python benchmarks/sampler_bench.py
+    # before/after table against the pre-issue-9 sampler
+    python benchmarks/sampler_bench.py --compare-ref
 
-Logits are random but shaped like the default model's: sorted, they fall off as about -c*ln(1 + rank) with c
-drawn in [1.2, 2.5] per row, as SmolLM2's do on chat replies (their top-p 0.95 set at temperature 0.7: median
-3 tokens, 90th percentile 22, never above 256 in 370 steps). The `flat` line is the worst case, logits with no
-peak, where top-p needs the full sort. Each call appends a token to its sequences, as the engine does, so the
-penalties see growing outputs over a 1,000-token prompt. Times are medians over --calls calls, in microseconds.
+Logits are random but shaped like the default model's: sorted, they fall off as about
+-c*ln(1 + rank) with c drawn in [1.2, 2.5] per row, as SmolLM2's do on chat replies (their top-p
+0.95 set at temperature 0.7: median 3 tokens, 90th percentile 22, never above 256 in 370 steps). The
+`flat` line is the worst case, logits with no peak, where top-p needs the full sort. Each call
+appends a token to its sequences, as the engine does, so the penalties see growing outputs over a
+1,000-token prompt. Times are medians over --calls calls, in microseconds.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ SETTINGS: dict[str, dict] = {
 
 
 def lm_like_logits(rows: int, gen: torch.Generator, flat: bool = False) -> torch.Tensor:
-    """Rows whose sorted values fall off like a language model's: -c*ln(1 + rank) + noise, ids shuffled."""
+    """Rows whose sorted values fall off like a language model's: -c*ln(1 + rank) + noise, ids
+    shuffled."""
     if flat:
         return torch.randn(rows, VOCAB, generator=gen)
     ranks = torch.arange(VOCAB, dtype=torch.float32)
@@ -81,16 +86,17 @@ def time_calls(
     calls: int,
     rounds: int = 4,
 ) -> dict[str, float]:
-    """Median microseconds per call of each variant's sample(logits, seqs). The variants take turns in blocks
-    of calls / rounds (so that they share whatever else the machine is doing, and neither runs on the caches
-    the other left). Each appends its sampled tokens to its own sequences, as the engine does."""
+    """Median microseconds per call of each variant's sample(logits, seqs). The variants take turns
+    in blocks of calls / rounds (so that they share whatever else the machine is doing, and neither
+    runs on the caches the other left). Each appends its sampled tokens to its own sequences, as the
+    engine does."""
     seqs = {label: make_seqs(batch, params, gen) for label in variants}
     times: dict[str, list[float]] = {label: [] for label in variants}
     for (
         label,
         sample_fn,
     ) in variants.items():  # warm up; the first steps of a sequence are not typical either
-        for seq, token in zip(seqs[label], sample_fn(logits_pool[0], seqs[label])):
+        for seq, token in zip(seqs[label], sample_fn(logits_pool[0], seqs[label]), strict=True):
             seq.append_token(token)
     for round_ in range(rounds):
         for label, sample_fn in variants.items():
@@ -99,7 +105,7 @@ def time_calls(
                 start = time.perf_counter()
                 tokens = sample_fn(logits, seqs[label])
                 times[label].append((time.perf_counter() - start) * 1e6)
-                for seq, token in zip(seqs[label], tokens):
+                for seq, token in zip(seqs[label], tokens, strict=True):
                     seq.append_token(token)
     return {label: statistics.median(t) for label, t in times.items()}
 
@@ -151,7 +157,8 @@ def main() -> None:
         f"{max(args.calls // 8, 10)} above; microseconds per call"
     )
     print(
-        f"top-p 0.95 set at temperature 0.7 on these logits: median {sizes[32]}, max {sizes[-1]} tokens"
+        f"top-p 0.95 set at temperature 0.7 on these logits: median {sizes[32]}, "
+        f"max {sizes[-1]} tokens"
     )
     header = f"{'setting':32s} {'batch':>5s} {'new':>9s}"
     if args.compare_ref:
@@ -162,7 +169,8 @@ def main() -> None:
             continue
         params = SamplingParams(**setting)
         for batch in args.batch:
-            # fresh rows for most calls: outputs, and so penalties, spread over the vocabulary as in a reply
+            # fresh rows for most calls: outputs, and so penalties, spread over the vocabulary as in
+            # a reply
             pool = [
                 lm_like_logits(batch, gen, flat=name.startswith("flat"))
                 for _ in range(64 if batch == 1 else 8)
@@ -178,7 +186,7 @@ def main() -> None:
             print(line, flush=True)
 
 
-# --- the sampler before issue 9, kept as the reference for --compare-ref -------------------------------------
+# --- the sampler before issue 9, kept as the reference for --compare-ref --------------------------
 
 
 @dataclass
@@ -199,7 +207,8 @@ class _RefSamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         temperature = torch.tensor(
-            [0.0 if g else p.temperature for g, p in zip(greedy, params)], dtype=torch.float32
+            [0.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)],
+            dtype=torch.float32,
         )
         top_k = top_p = min_p = None
         if not all_greedy and any(p.top_k > 0 for p in params):
@@ -220,7 +229,10 @@ class _RefSamplingBatch:
         penalties = (
             _ref_penalty_tensors(seqs, vocab_size) if any(p.has_penalties for p in params) else None
         )
-        to = lambda t: None if t is None else t.to(device, non_blocking=True)
+
+        def to(t):
+            return None if t is None else t.to(device, non_blocking=True)
+
         return cls(
             temperature=to(temperature),
             top_k=to(top_k),
@@ -326,7 +338,7 @@ class _RefSampler:
                     tokens[row],
                     chosen[row],
                     ranks[row],
-                    list(zip(top_ids[row][:k], top_values[row][:k])),
+                    list(zip(top_ids[row][:k], top_values[row][:k], strict=True)),
                 )
             )
         return result

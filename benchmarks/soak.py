@@ -1,14 +1,18 @@
-"""Soak test: many clients against one `localchat serve` on 127.0.0.1, reporting the server's RSS over time.
+"""Soak test: many clients against one `localchat serve` on 127.0.0.1, reporting the server's RSS
+over time.
 
-Each client loops until the time or request budget is spent, cycling through full streams, streams dropped
-after a few chunks, whole completions, malformed requests and /tokenize calls. Every `--every` seconds a
-line gives the server's RSS and the requests done. At the end, requests still running get `--grace` seconds,
-then are cut (counted apart, not as errors); the RSS at ready, the peak and the last, and the error count are
-printed. It stops by itself.
+Each client loops until the time or request budget is spent, cycling through full streams, streams
+dropped after a few chunks, whole completions, malformed requests and /tokenize calls. Every
+`--every` seconds a line gives the server's RSS and the requests done. At the end, requests still
+running get `--grace` seconds, then are cut (counted apart, not as errors); the RSS at ready, the
+peak and the last, and the error count are printed. It stops by itself.
 
-    python benchmarks/soak.py                          # 64 clients, 10 minutes, its own server (default model)
-    python benchmarks/soak.py --duration 180 --clients 64 -- --max-num-seqs 64   # args after -- go to serve
-    python benchmarks/soak.py --url http://127.0.0.1:8000 --pid 1234             # an already running server
+    # 64 clients, 10 minutes, its own server (default model)
+    python benchmarks/soak.py
+    # args after -- go to serve
+    python benchmarks/soak.py --duration 180 --clients 64 -- --max-num-seqs 64
+    # an already running server
+    python benchmarks/soak.py --url http://127.0.0.1:8000 --pid 1234
 """
 
 from __future__ import annotations
@@ -150,7 +154,8 @@ async def soak(
     ready = rss_mib(pid)
     samples = [(0.0, ready)]
     print(
-        f"{'t (s)':>7} {'RSS MiB':>8} {'requests':>9} {'errors':>6}   (RSS at ready: {ready:.0f} MiB)",
+        f"{'t (s)':>7} {'RSS MiB':>8} {'requests':>9} {'errors':>6}   "
+        f"(RSS at ready: {ready:.0f} MiB)",
         flush=True,
     )
     tasks = [
@@ -167,7 +172,8 @@ async def soak(
             await asyncio.gather(*tasks, return_exceptions=True)
         samples.append((time.monotonic() - start, rss_mib(pid)))
         print(
-            f"{samples[-1][0]:7.0f} {samples[-1][1]:8.0f} {counts.total:9d} {len(counts.errors):6d}",
+            f"{samples[-1][0]:7.0f} {samples[-1][1]:8.0f} "
+            f"{counts.total:9d} {len(counts.errors):6d}",
             flush=True,
         )
     await asyncio.sleep(2)  # let aborts of the last dropped streams land
@@ -183,15 +189,19 @@ async def soak(
     peak = max(rss for _, rss in samples)
     final = rss_mib(pid)
     print(
-        f"\nrequests {counts.done}, errors {len(counts.errors)}, cut at the end {cut}, KV usage after {usage}"
+        f"\nrequests {counts.done}, errors {len(counts.errors)}, cut at the end {cut}, "
+        f"KV usage after {usage}"
     )
     print(
-        f"RSS: ready {ready:.0f} MiB, peak {peak:.0f} MiB (+{peak - ready:.0f}), end {final:.0f} MiB "
-        f"(+{final - ready:.0f}) after {time.monotonic() - start:.0f} s with {clients} clients"
+        f"RSS: ready {ready:.0f} MiB, peak {peak:.0f} MiB (+{peak - ready:.0f}), "
+        f"end {final:.0f} MiB (+{final - ready:.0f}) "
+        f"after {time.monotonic() - start:.0f} s with {clients} clients"
     )
-    # the KV pool is allocated untouched: its pages join the RSS as blocks are first used, up to its size
+    # the KV pool is allocated untouched: its pages join the RSS as blocks are first used, up to its
+    # size
     print(
-        "(RSS grows by the KV pool's pages as blocks are first used: up to --kv-cache-memory, 1 GiB on a CPU)"
+        "(RSS grows by the KV pool's pages as blocks are first used: up to --kv-cache-memory, "
+        "1 GiB on a CPU)"
     )
     for error in sorted(set(counts.errors))[:10]:
         print("  error:", error)

@@ -1,7 +1,8 @@
 """Repack GGUF (ggml) quantized blocks into PackedWeight layouts, keeping the file's integer codes.
 
-ggml stores a quantized [out, in] tensor as rows of blocks; each block interleaves its scales with its codes.
-We split them into one code array and float16 scale/min arrays (kernels/packed_weight.py):
+ggml stores a quantized [out, in] tensor as rows of blocks; each block interleaves its scales with
+its codes. We split them into one code array and float16 scale/min arrays
+(kernels/packed_weight.py):
 
 | ggml type | block (weights, bytes) | layout | value |
 |---|---|---|---|
@@ -14,8 +15,9 @@ We split them into one code array and float16 scale/min arrays (kernels/packed_w
 | Q5_K | 256, 176 | u8 | (d * sc) * q - dmin * mn, per 32 |
 | Q6_K | 256, 210 | u8, group 16 | (d * sc) * (q - 32), per 16 |
 
-Q4_0, Q4_1, Q5_x and Q8_0 repack exactly. For K-quants, the product of the super-block scale and a 6- or
-8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's scale).
+Q4_0, Q4_1, Q5_x and Q8_0 repack exactly. For K-quants, the product of the super-block scale and a
+6- or 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
+scale).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def _f16(field: torch.Tensor) -> torch.Tensor:
 
 
 def _codes(field: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows, blocks, n] uint8 (a strided slice of the blocks) -> [rows, blocks * n], copied once."""
+    """[rows, blocks, n] uint8 (a strided slice of the blocks) -> [rows, blocks * n], copied
+    once."""
     return field.reshape(rows, -1).contiguous()
 
 
@@ -73,7 +76,8 @@ def _k_group_params(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torc
 
 
 def _k_low_codes(qs: torch.Tensor, rows: int) -> torch.Tensor:
-    """Q4_K/Q5_K low 4 bits [rows, in]: each 32-byte chunk holds sub-block 2j in its low nibbles, 2j+1 high."""
+    """Q4_K/Q5_K low 4 bits [rows, in]: each 32-byte chunk holds sub-block 2j in its low nibbles,
+    2j+1 high."""
     lo, hi = _nibbles(qs.reshape(rows, -1, 4, 32))
     return torch.stack((lo, hi), dim=3).reshape(rows, -1)
 
@@ -97,8 +101,9 @@ def repack(
     data: np.ndarray, qtype: T, shape: tuple[int, int], order: torch.Tensor | None = None
 ) -> PackedWeight:
     """A PackedWeight from one GGUF tensor's raw blocks; `shape` is (out, in) (numpy order). With
-    `order`, output row r is the file's row order[r]. Runs the C++ repack (kernels/csrc/gguf_repack.h)
-    when the CPU kernels are built, else the torch reference below; the two are equal bit for bit."""
+    `order`, output row r is the file's row order[r]. Runs the C++ repack
+    (kernels/csrc/gguf_repack.h) when the CPU kernels are built, else the torch reference below; the
+    two are equal bit for bit."""
     rows = shape[0]
     raw = _bytes(data).reshape(rows, -1)
     ext = cpu_kernels()
@@ -197,6 +202,7 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
 
 
 def dense(data: np.ndarray, qtype: T, shape: tuple[int, ...]) -> torch.Tensor:
-    """An F32/F16/BF16 tensor as a torch tensor of its own dtype (a copy: the mapped file is read-only)."""
+    """An F32/F16/BF16 tensor as a torch tensor of its own dtype (a copy: the mapped file is
+    read-only)."""
     dtype = DENSE_TYPES[qtype]
     return _bytes(data).view(dtype).reshape(shape).clone()

@@ -1,4 +1,5 @@
-"""Kernels: each op has a torch reference (CPU) and a Triton kernel (CUDA) with the same signature."""
+"""Kernels: each op has a torch reference (CPU) and a Triton kernel (CUDA) with the same
+signature."""
 
 from localchat.kernels.activation import silu_and_mul
 from localchat.kernels.attention import paged_attention

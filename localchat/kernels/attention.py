@@ -1,7 +1,8 @@
-"""Paged attention over a mixed batch: decodes and (chunked) prefills, keys read from the block pool.
+"""Paged attention over a mixed batch: decodes and (chunked) prefills, keys read from the block
+pool.
 
-Every query attends causally to its own sequence's keys, all of which (cached prefix, earlier chunks and
-this step's tokens) are already in the pool: the layer stores this step's keys before attending.
+Every query attends causally to its own sequence's keys, all of which (cached prefix, earlier chunks
+and this step's tokens) are already in the pool: the layer stores this step's keys before attending.
 """
 
 from __future__ import annotations
@@ -63,23 +64,23 @@ def paged_attention_ref(
     md: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D] -> out [T, Hq, D]. GQA when Hq > Hkv."""
+    """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D] -> out [T, Hq, D].
+    GQA when Hq > Hkv."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     plan = _plan(md, block_size)
     nd = md.num_decodes
-    out = (
-        torch.empty_like(q) if nd < q.shape[0] else None
-    )  # an all-decode batch needs no extra copy
+    # An all-decode batch needs no extra copy.
+    out = torch.empty_like(q) if nd < q.shape[0] else None
     if nd:
-        shape = (*plan.decode_slots.shape, num_kv_heads, head_dim)
-        flat_slots = (
-            plan.decode_slots.flatten()
-        )  # index_select: advanced indexing scans the whole pool
-        keys = (
-            k_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
-        )  # [nd, Hkv, L, D]
+        decode_slots = plan.decode_slots
+        assert decode_slots is not None  # _plan sets it whenever there are decodes
+        shape = (*decode_slots.shape, num_kv_heads, head_dim)
+        # index_select: advanced indexing scans the whole pool
+        flat_slots = decode_slots.flatten()
+        # [nd, Hkv, L, D]
+        keys = k_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
         values = v_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
         queries = q[:nd].unsqueeze(2)  # [nd, Hq, 1, D]
         decoded = F.scaled_dot_product_attention(
@@ -88,6 +89,7 @@ def paged_attention_ref(
         if out is None:
             return decoded
         out[:nd] = decoded
+    assert out is not None  # no decodes: every token is a prefill's
     for q_start, q_end, slots, prefix_len in plan.prefills:
         keys = k_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
         values = v_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)
@@ -106,7 +108,8 @@ _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def _attend_after_prefix(queries, keys, values, prefix_len: int, scale: float) -> torch.Tensor:
-    """Causal attention of the last q_len positions over L keys, the first prefix_len of them cached.
+    """Causal attention of the last q_len positions over L keys, the first prefix_len of them
+    cached.
 
     Every query sees the whole prefix, so that part needs no mask: it runs as one unmasked flash
     attention (query heads grouped per KV head), the new part as a small causal one, and the two are

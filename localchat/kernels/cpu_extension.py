@@ -1,8 +1,9 @@
 """Build and load our C++ CPU kernels (kernels/csrc/*.cpp) once per machine, at first use.
 
-The build takes about a minute on 2 cores and is cached by torch (keyed by the source and the flags), so
-later starts load it in milliseconds. It compiles for this CPU (-march=native); without a C++ compiler, or
-if the build fails, `cpu_kernels()` returns None and callers fall back to torch ops.
+The build takes about a minute on 2 cores and is cached by torch (keyed by the source and the
+flags), so later starts load it in milliseconds. It compiles for this CPU (-march=native); without a
+C++ compiler, or if the build fails, `cpu_kernels()` returns None and callers fall back to torch
+ops.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ _failed: str | None = None
 
 
 def _cpu_signature() -> str:
-    """The CPU's feature flags, so a cache shared between machines never loads code built for another CPU."""
+    """The CPU's feature flags, so a cache shared between machines never loads code built for
+    another CPU."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):

@@ -1,6 +1,7 @@
-"""The CPU fast path for a batch of decodes: rotary, KV store and paged attention in one C++ call per layer
-(kernels/csrc/decode_attention.h). It applies only to all-decode float32 batches on the CPU; everything
-else takes the per-op path (kernels/rotary.py, kv_cache.py, attention.py), which it must equal."""
+"""The CPU fast path for a batch of decodes: rotary, KV store and paged attention in one C++ call
+per layer (kernels/csrc/decode_attention.h). It applies only to all-decode float32 batches on the
+CPU; everything else takes the per-op path (kernels/rotary.py, kv_cache.py, attention.py), which it
+must equal."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def fused_decode_attention(
     head_dim: int,
     scale: float,
 ) -> torch.Tensor | None:
-    """Attention output [T, num_heads * head_dim] for an all-decode batch, or None when the fast path
-    does not apply (the caller then runs the per-op path). `qkv` is rotated in place."""
+    """Attention output [T, num_heads * head_dim] for an all-decode batch, or None when the fast
+    path does not apply (the caller then runs the per-op path). `qkv` is rotated in place."""
     if (
         qkv.device.type != "cpu"
         or qkv.dtype != torch.float32

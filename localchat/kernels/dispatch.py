@@ -1,7 +1,8 @@
 """Choose between a Triton kernel and its torch reference for a tensor.
 
-CUDA tensors take the Triton kernels when Triton is importable; CPU tensors take the references, unless
-LOCALCHAT_TRITON_ON_CPU=1 together with TRITON_INTERPRET=1 (how the tests run the kernels here).
+CUDA tensors take the Triton kernels when Triton is importable; CPU tensors take the references,
+unless LOCALCHAT_TRITON_ON_CPU=1 together with TRITON_INTERPRET=1 (how the tests run the kernels
+here).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ def store_kv_cache_ref(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """key/value: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]; slot -1 = skip (padding)."""
+    """key/value: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]; slot -1 = skip
+    (padding)."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)

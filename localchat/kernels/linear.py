@@ -1,5 +1,6 @@
-"""Dense projections. On the CPU, weights are repacked once for oneDNN, whose small-batch matmuls read
-weights at close to memory speed; the default path (MKL sgemv/sgemm) runs at half that on some CPUs."""
+"""Dense projections. On the CPU, weights are repacked once for oneDNN, whose small-batch matmuls
+read weights at close to memory speed; the default path (MKL sgemv/sgemm) runs at half that on some
+CPUs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias, for a plain, a oneDNN-packed (pack_weight) or a quantized (PackedWeight) weight."""
+    """x @ weight.T + bias, for a plain, a oneDNN-packed (pack_weight) or a quantized (PackedWeight)
+    weight."""
     if isinstance(weight, (PackedWeight, tuple)):
         return quant_linear(x, weight, bias)
     if weight.is_mkldnn:
@@ -34,7 +36,8 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
 
 
 def linear_silu_and_mul(gate_up: torch.Tensor, weight) -> torch.Tensor:
-    """silu(gate) * up @ weight.T for a fused [gate | up] input; fused into the quantized CPU kernel."""
+    """silu(gate) * up @ weight.T for a fused [gate | up] input; fused into the quantized CPU
+    kernel."""
     if isinstance(weight, (PackedWeight, tuple)):
         return quant_linear(gate_up, weight, silu_and_mul=True)
     return linear(silu_and_mul(gate_up), weight)

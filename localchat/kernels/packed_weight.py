@@ -2,16 +2,16 @@
 
 Every GGUF block type is repacked into one of two layouts, keeping the file's integer codes:
 
-- ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input dimension,
-  byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble (ggml's order).
-  ``qweight`` is uint8 [out, in // 2]. Q4_0, Q4_1 and Q4_K land here.
-- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1, Q5_K and
-  Q6_K land here (5- and 6-bit codes are stored in a byte: exact, but larger than the file).
+- ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
+  dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
+  (ggml's order). ``qweight`` is uint8 [out, in // 2]. Q4_0, Q4_1 and Q4_K land here.
+- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1, Q5_K
+  and Q6_K land here (5- and 6-bit codes are stored in a byte: exact, but larger than the file).
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
-``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are float16
-[out, in // group_size]; group_size is 32 (16 for Q6_K). The only loss against the file is rounding a
-K-quant's scale product (super-block scale x 6-bit sub-scale) to float16.
+``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
+float16 [out, in // group_size]; group_size is 32 (16 for Q6_K). The only loss against the file is
+rounding a K-quant's scale product (super-block scale x 6-bit sub-scale) to float16.
 """
 
 from __future__ import annotations
@@ -75,33 +75,32 @@ class PackedWeight:
         mins = 0 if self.mins is None else self.mins.nbytes
         return self.qweight.nbytes + self.scales.nbytes + mins
 
-    def to(self, device: torch.device | str) -> "PackedWeight":
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    def to(self, device: torch.device | str) -> PackedWeight:
         return PackedWeight(
             self.layout,
-            move(self.qweight),
-            move(self.scales),
-            move(self.mins),
+            self.qweight.to(device),
+            self.scales.to(device),
+            None if self.mins is None else self.mins.to(device),
             self.group_size,
             self.zero_point,
             self.source_type,
         )
 
-    def select_rows(self, index: torch.Tensor) -> "PackedWeight":
+    def select_rows(self, index: torch.Tensor) -> PackedWeight:
         """The weight with its output rows reordered/selected by `index`."""
-        pick = lambda t: None if t is None else t[index].contiguous()  # noqa: E731
         return PackedWeight(
             self.layout,
-            pick(self.qweight),
-            pick(self.scales),
-            pick(self.mins),
+            self.qweight[index].contiguous(),
+            self.scales[index].contiguous(),
+            None if self.mins is None else self.mins[index].contiguous(),
             self.group_size,
             self.zero_point,
             self.source_type,
         )
 
     def offsets(self) -> torch.Tensor:
-        """The additive term of each group (mins, or -zero_point * scales for symmetric types), float16."""
+        """The additive term of each group (mins, or -zero_point * scales for symmetric types),
+        float16."""
         return (
             self.mins
             if self.mins is not None
@@ -119,7 +118,8 @@ class PackedWeight:
     def dequantize(
         self, rows: torch.Tensor | slice | None = None, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
-        """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every kernel."""
+        """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every
+        kernel."""
         codes = self.codes(rows).to(torch.float32)
         scales = (self.scales if rows is None else self.scales[rows]).to(torch.float32)
         codes = codes.reshape(*codes.shape[:-1], scales.shape[-1], self.group_size)
@@ -138,8 +138,8 @@ def pack_u4(codes: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:
-    """Weight-only group-wise quantization of a dense [out, in] weight (asymmetric, round to nearest),
-    for checkpoints without quantized weights (`--quantization int4|int8`)."""
+    """Weight-only group-wise quantization of a dense [out, in] weight (asymmetric, round to
+    nearest), for checkpoints without quantized weights (`--quantization int4|int8`)."""
     out_features, in_features = weight.shape
     if in_features % group_size:
         raise ValueError(

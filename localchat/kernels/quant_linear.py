@@ -1,8 +1,9 @@
-"""Projections with PackedWeight weights: the C++ VNNI kernel on the CPU, Triton on CUDA, torch otherwise.
+"""Projections with PackedWeight weights: the C++ VNNI kernel on the CPU, Triton on CUDA, torch
+otherwise.
 
-A fused projection (q/k/v, gate/up) whose parts came in different layouts (Q4_K_M files store attn_v as
-Q6_K next to Q4_K q/k), or whose parts are large (an 8B model's), is a tuple of PackedWeights: each runs on
-its own and the outputs are concatenated.
+A fused projection (q/k/v, gate/up) whose parts came in different layouts (Q4_K_M files store attn_v
+as Q6_K next to Q4_K q/k), or whose parts are large (an 8B model's), is a tuple of PackedWeights:
+each runs on its own and the outputs are concatenated.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from localchat.kernels.packed_weight import PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
-# From this many rows on, the CPU path dequantizes the weight and runs a float GEMM (measured crossover).
+# From this many rows on, the CPU path dequantizes the weight and runs a float GEMM (measured
+# crossover).
 DENSE_MIN_ROWS = int(os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "32"))
-# Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the float32
-# path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of positions.
+# Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the
+# float32 path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of
+# positions.
 PRECISE_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "") in ("", "0")
 
 
@@ -41,8 +44,8 @@ def _one(
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
     bits = weight.bits
     if ext is not None and x.shape[0] >= DENSE_MIN_ROWS:
-        # a prefill chunk or a large batch: dequantizing once and running one float GEMM is faster than
-        # integer dot products row by row (the weight is read once either way)
+        # a prefill chunk or a large batch: dequantizing once and running one float GEMM is faster
+        # than integer dot products row by row (the weight is read once either way)
         dense = ext.dequantize(
             weight.qweight, weight.scales, weight.mins, bits, weight.group_size, weight.zero_point
         )
@@ -96,18 +99,20 @@ def quant_linear(
     else:
         sizes = [part.shape[0] for part in weight]
         biases = [None] * len(weight) if bias is None else bias.split(sizes)
-        out = torch.cat([_one(x2, part, b, False) for part, b in zip(weight, biases)], dim=-1)
+        out = torch.cat(
+            [_one(x2, part, b, False) for part, b in zip(weight, biases, strict=True)], dim=-1
+        )
     return out.reshape(*lead, out.shape[-1])
 
 
-# Parts larger than this together stay a tuple: stacking copies them (seconds of an 8B model's load), and
-# one kernel call per part costs nothing next to their arithmetic.
+# Parts larger than this together stay a tuple: stacking copies them (seconds of an 8B model's
+# load), and one kernel call per part costs nothing next to their arithmetic.
 FUSE_MAX_BYTES = 32 << 20
 
 
 def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
-    """One PackedWeight with the parts' rows stacked, when their layouts allow it and they are small;
-    otherwise a tuple."""
+    """One PackedWeight with the parts' rows stacked, when their layouts allow it and they are
+    small; otherwise a tuple."""
     first = parts[0]
     same = sum(p.nbytes for p in parts) <= FUSE_MAX_BYTES and all(
         p.layout == first.layout

@@ -1,4 +1,5 @@
-"""Rotary position embedding in the neox layout (halves rotated), applied to q and k in place of a copy."""
+"""Rotary position embedding in the neox layout (halves rotated), applied to q and k in place of a
+copy."""
 
 from __future__ import annotations
 

@@ -1,17 +1,18 @@
 """Triton kernels: paged attention over a mixed batch of decodes and (chunked) prefills.
 
-Keys and values are read from the block pool through each sequence's block table, one token row at a time,
-so the key tile size (BLOCK_N) is independent of the pool's block size. Scores are kept in the log2 domain
-(scaled by scale * log2(e)) so the online softmax can use exp2.
+Keys and values are read from the block pool through each sequence's block table, one token row at a
+time, so the key tile size (BLOCK_N) is independent of the pool's block size. Scores are kept in the
+log2 domain (scaled by scale * log2(e)) so the online softmax can use exp2.
 
-- Decodes (the first md.num_decodes sequences, one query each): one program per (sequence, kv head, split).
-  All GROUP = Hq / Hkv query heads of a kv head are packed as the rows of one tile, so each K/V tile is read
-  once. With a small batch, each sequence's keys are cut into NUM_SPLITS contiguous ranges (flash-decoding);
-  a second kernel merges the partial (acc, max, sum) results. The grid depends only on num_decodes, Hkv and
-  the split count, never on the context lengths (read from md.seq_lens on the device): CUDA-graph friendly.
-- Prefills (the remaining sequences): one program per (query tile, sequence, kv head); the rows of a tile are
-  (query token, head of the group) pairs. Key tiles wholly below the tile's first query position need no
-  mask; only the tiles on the diagonal apply the causal mask.
+- Decodes (the first md.num_decodes sequences, one query each): one program per (sequence, kv head,
+  split). All GROUP = Hq / Hkv query heads of a kv head are packed as the rows of one tile, so each
+  K/V tile is read once. With a small batch, each sequence's keys are cut into NUM_SPLITS contiguous
+  ranges (flash-decoding); a second kernel merges the partial (acc, max, sum) results. The grid
+  depends only on num_decodes, Hkv and the split count, never on the context lengths (read from
+  md.seq_lens on the device): CUDA-graph friendly.
+- Prefills (the remaining sequences): one program per (query tile, sequence, kv head); the rows of a
+  tile are (query token, head of the group) pairs. Key tiles wholly below the tile's first query
+  position need no mask; only the tiles on the diagonal apply the causal mask.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _load_kv_tile(
     BLOCK_D: tl.constexpr,
     MASK_N: tl.constexpr,
 ):
-    """Gather the [BLOCK_N, BLOCK_D] K or V rows of tokens offs_n from their pages (zeros where masked)."""
+    """Gather the [BLOCK_N, BLOCK_D] K or V rows of tokens offs_n from their pages (zeros where
+    masked)."""
     if MASK_N:
         page = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
     else:
@@ -73,7 +75,8 @@ def _online_softmax_step(
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Fold one key tile into the running (acc, row max m_i, row sum l_i), all float32, log2 domain."""
+    """Fold one key tile into the running (acc, row max m_i, row sum l_i), all float32, log2
+    domain."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(score_mask, s, float("-inf"))
@@ -121,7 +124,8 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # This split's keys: a contiguous, BLOCK_N-aligned range (empty for the splits past a short context).
+    # This split's keys: a contiguous, BLOCK_N-aligned range (empty for the splits past a short
+    # context).
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
@@ -215,14 +219,13 @@ def _decode_reduce_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     offs_s = tl.arange(0, BLOCK_S)
-    s_mask = (offs_s < NUM_SPLITS) & (
-        offs_s * split_len < seq_len
-    )  # splits that saw at least one key
+    # splits that saw at least one key
+    s_mask = (offs_s < NUM_SPLITS) & (offs_s * split_len < seq_len)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     part = (seq.to(tl.int64) * NUM_Q_HEADS + head) * NUM_SPLITS + offs_s
     m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
-    l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
+    l_part = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
     acc = tl.load(
         part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
@@ -231,7 +234,7 @@ def _decode_reduce_kernel(
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.math.exp2(m - m_max)  # rescale every split to the common max
-    total = tl.sum(l * w, 0)
+    total = tl.sum(l_part * w, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(total, 1e-30)
     tl.store(
         out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
@@ -393,7 +396,8 @@ def _num_sms(device_index: int) -> int:
 def _decode_num_splits(num_decodes: int, num_kv_heads: int, device: torch.device) -> int:
     """Enough (sequence, kv head, split) programs to fill the GPU twice over; at most 16 splits.
 
-    Depends only on the batch shape, so a CUDA graph captured for a batch size stays valid for any lengths.
+    Depends only on the batch shape, so a CUDA graph captured for a batch size stays valid for any
+    lengths.
     """
     num_sms = (
         _num_sms(device.index if device.index is not None else torch.cuda.current_device())
@@ -406,7 +410,8 @@ def _decode_num_splits(num_decodes: int, num_kv_heads: int, device: torch.device
 def _partials(
     md: AttentionMetadata, shape: tuple[int, int, int], head_dim: int, device: torch.device
 ):
-    """Split-K scratch (acc [*shape, D], max and sum [*shape]), float32, shared by a step's layers via md.scratch.
+    """Split-K scratch (acc [*shape, D], max and sum [*shape]), float32, shared by a step's layers
+    via md.scratch.
 
     Layers run one after another on one stream, so one set of buffers serves them all.
     """
@@ -424,11 +429,12 @@ def _partials(
 def _launch_config(dtype: torch.dtype, head_dim: int, on_gpu: bool) -> dict:
     """Tiles and warps: decode (BLOCK_N, warps), prefill (BLOCK_M, BLOCK_N, warps, stages).
 
-    Untuned on hardware; chosen so that the sm_90 builds spill no (or, float32 with D > 128, few) registers.
+    Untuned on hardware; chosen so that the sm_90 builds spill no (or, float32 with D > 128, few)
+    registers.
 
-    float32 uses 3xTF32 tensor-core dots (about float32 accuracy): Triton's exact float32 ("ieee") dot runs
-    on FMA units with tiles too large for the register file. Prefill rows are (query, head) pairs.
-    On the CPU interpreter, small tiles let short test sequences span several tiles.
+    float32 uses 3xTF32 tensor-core dots (about float32 accuracy): Triton's exact float32 ("ieee")
+    dot runs on FMA units with tiles too large for the register file. Prefill rows are (query, head)
+    pairs. On the CPU interpreter, small tiles let short test sequences span several tiles.
     """
     if not on_gpu:
         return dict(precision="ieee", decode=(16, 4), prefill=(16, 16, 4, 1))
@@ -451,11 +457,12 @@ def paged_attention_triton(
     scale: float,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D] -> out [T, Hq, D] in q.dtype (float32 math).
+    """q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D] -> out [T, Hq, D] in q.dtype (float32
+    math).
 
-    Launch sizes come from host values in md only (no device sync). num_splits overrides the decode split
-    count (tests); by default it follows the batch shape (see _decode_num_splits). Rows of `out` past
-    query_start_loc[-1] (padding tokens, if any) are left uninitialized.
+    Launch sizes come from host values in md only (no device sync). num_splits overrides the decode
+    split count (tests); by default it follows the batch shape (see _decode_num_splits). Rows of
+    `out` past query_start_loc[-1] (padding tokens, if any) are left uninitialized.
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]

@@ -26,7 +26,8 @@ def _store_kv_cache_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # One program per token copies all of its Hkv * D values; BLOCK is that width padded to a power of two.
+    # One program per token copies all of its Hkv * D values; BLOCK is that width padded to a power
+    # of two.
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:  # padding token: nothing to store
@@ -53,9 +54,11 @@ def store_kv_cache_triton(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store key/value [T, Hkv, D] into caches [num_blocks, block_size, Hkv, D] at slot_mapping [T]; -1 = skip.
+    """Store key/value [T, Hkv, D] into caches [num_blocks, block_size, Hkv, D] at
+    slot_mapping [T]; -1 = skip.
 
-    key/value may be strided views (e.g. slices of a fused qkv output) as long as their last dim is contiguous.
+    key/value may be strided views (e.g. slices of a fused qkv output) as long as their last dim is
+    contiguous.
     """
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:

@@ -1,20 +1,24 @@
 """Triton kernel: x @ W.T (+ bias) for a PackedWeight (W4A16 / W8A16), dequantizing inside the GEMM.
 
-The dense weight is never materialised: each tile loads the uint8 codes, unpacks them, applies the group's
-float16 scale and min (or zero point) in float32 and feeds the result, in x's dtype, to tl.dot with a float32
-accumulator. Device memory per parameter, as the weight is stored (PackedWeight.nbytes):
+The dense weight is never materialised: each tile loads the uint8 codes, unpacks them, applies the
+group's float16 scale and min (or zero point) in float32 and feeds the result, in x's dtype, to
+tl.dot with a float32 accumulator. Device memory per parameter, as the weight is stored
+(PackedWeight.nbytes):
 
-- ``u4`` (Q4_0, Q4_1, Q4_K, int4): 0.5 byte of code + 4 bytes of scale and min per 32 weights = 0.625 B
-  (0.5625 B when symmetric). A 70B Llama in u4 is about 44 GB; Q4_K_M, whose Q6_K tensors (about a sixth
-  of the weights) land in ``u8``, about 50 GB: either fits on one 141 GB H200 with room for the KV cache.
+- ``u4`` (Q4_0, Q4_1, Q4_K, int4): 0.5 byte of code + 4 bytes of scale and min per 32 weights =
+  0.625 B (0.5625 B when symmetric). A 70B Llama in u4 is about 44 GB; Q4_K_M, whose Q6_K tensors
+  (about a sixth of the weights) land in ``u8``, about 50 GB: either fits on one 141 GB H200 with
+  room for the KV cache.
 - ``u8`` (Q8_0, Q5_*, Q6_K, int8): 1 byte + 2 (symmetric) or 4 bytes per group = 1.0625 to 1.125 B.
 
-Packed u4 bytes hold weights j and j + 16 of a 32-group. Rather than interleaving the nibbles back into
-order, the kernel splits the reduction: low nibbles meet the x columns g*32 + j, high nibbles g*32 + 16 + j,
-so one K step is two dots over half as many columns, and no register shuffle is needed.
+Packed u4 bytes hold weights j and j + 16 of a 32-group. Rather than interleaving the nibbles back
+into order, the kernel splits the reduction: low nibbles meet the x columns g*32 + j, high nibbles
+g*32 + 16 + j, so one K step is two dots over half as many columns, and no register shuffle is
+needed.
 
-Small M (decode) uses 16-row tiles and split-K so the GPU has enough programs to read the weight at memory
-speed; the float32 partial sums are added, the bias applied and the result cast by a second small kernel.
+Small M (decode) uses 16-row tiles and split-K so the GPU has enough programs to read the weight at
+memory speed; the float32 partial sums are added, the bias applied and the result cast by a second
+small kernel.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def _quant_linear_kernel(
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # Programs that run together share weight tiles (GROUP_M row tiles per column tile) for L2 reuse.
+    # Programs that run together share weight tiles (GROUP_M row tiles per column tile) for L2
+    # reuse.
     pid, split = tl.program_id(0), tl.program_id(1)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * tiles_n
@@ -91,7 +96,8 @@ def _quant_linear_kernel(
     last = tl.minimum(first + blocks_per_split, k_blocks)
     for kb in range(first, last):
         if U4:
-            # Byte p of the row holds weights k_lo = (p // 16) * 32 + p % 16 (low nibble) and k_lo + 16 (high).
+            # Byte p of the row holds weights k_lo = (p // 16) * 32 + p % 16 (low nibble)
+            # and k_lo + 16 (high).
             p = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
             k_lo = (p // 16) * 32 + p % 16
             valid = k_lo < K  # K is a multiple of 32: a group is wholly in or out
@@ -143,7 +149,8 @@ def _reduce_splits_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # Sums the split-K partials in a fixed order (deterministic, unlike atomics), adds the bias, casts.
+    # Sums the split-K partials in a fixed order (deterministic, unlike atomics), adds the bias,
+    # casts.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -161,11 +168,11 @@ def _num_sms(index: int) -> int:
 
 
 def _tiles(m: int, on_gpu: bool, u4: bool, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for m rows. Untuned on hardware; chosen so that the sm_90
-    builds spill no registers for 16-bit activations (the test builds them).
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for m rows. Untuned on hardware; chosen so that
+    the sm_90 builds spill no registers for 16-bit activations (the test builds them).
 
-    A K step reads the same bytes of code in both layouts (twice the weights in u4); float32 halves it.
-    On the CPU interpreter, small tiles make short test shapes cross tile boundaries.
+    A K step reads the same bytes of code in both layouts (twice the weights in u4); float32 halves
+    it. On the CPU interpreter, small tiles make short test shapes cross tile boundaries.
     """
     if not on_gpu:
         return 16, 32, 64, 4, 1
@@ -182,15 +189,16 @@ def _launch_config(
 ) -> dict:
     """Tiles, dot precision and split-K for an [m, k] x [k, n] product.
 
-    Depends only on the shapes, so a CUDA graph captured for a batch size stays valid. Splits K (at most 16
-    ways) until the GPU has enough programs; on the interpreter, until there are 4, to exercise the reduction.
+    Depends only on the shapes, so a CUDA graph captured for a batch size stays valid. Splits K (at
+    most 16 ways) until the GPU has enough programs; on the interpreter, until there are 4, to
+    exercise the reduction.
     """
     on_gpu = device.type == "cuda"
     block_m, block_n, block_k, warps, stages = _tiles(m, on_gpu, u4, dtype)
     if on_gpu:
         precision = "tf32x3" if dtype == torch.float32 else "tf32"  # 3xTF32: about float32 accuracy
-        # Small M is memory-bound: several programs per SM keep loads in flight. A prefill tile is compute-bound,
-        # and splitting K would only add float32 traffic once every SM has a tile.
+        # Small M is memory-bound: several programs per SM keep loads in flight. A prefill tile is
+        # compute-bound, and splitting K would only add float32 traffic once every SM has a tile.
         per_sm = 4 if m <= 64 else 1
         target = per_sm * _num_sms(
             device.index if device.index is not None else torch.cuda.current_device()
@@ -217,10 +225,11 @@ def _launch_config(
 def triton_quant_linear(
     x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] (float16, bfloat16 or float32) @ weight.dequantize().T (+ bias [N]) -> [..., N] in x.dtype.
+    """x [..., K] (float16, bfloat16 or float32) @ weight.dequantize().T (+ bias [N]) -> [..., N] in
+    x.dtype.
 
-    weight is a PackedWeight [N, K] on x's device; the product accumulates in float32. Any M (leading
-    dims flattened), any N, K as the weight's.
+    weight is a PackedWeight [N, K] on x's device; the product accumulates in float32. Any M
+    (leading dims flattened), any N, K as the weight's.
     """
     out_features, in_features = weight.shape
     if x.dtype not in DTYPES:

@@ -1,4 +1,5 @@
-"""Triton kernel: rotary position embedding in the neox layout (rotate the two halves of rotary_dim)."""
+"""Triton kernel: rotary position embedding in the neox layout (rotate the two halves of
+rotary_dim)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _rotate_heads(
     BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
 ):
-    # All heads of one token: [BLOCK_H, BLOCK_HALF] tiles of each half, rotated with the token's cos/sin.
+    # All heads of one token: [BLOCK_H, BLOCK_HALF] tiles of each half, rotated with the token's
+    # cos/sin.
     heads = tl.arange(0, BLOCK_H)[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < num_heads) & (offs < HALF)
@@ -66,7 +68,8 @@ def _rotary_kernel(
     # One program per token handles q and k, so cos/sin are loaded once for all heads.
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)[None, :]
-    # cos/sin are rounded to the activation dtype first, as the reference does, then math is in float32.
+    # cos/sin are rounded to the activation dtype first, as the reference does, then math is in
+    # float32.
     act_ty = q_out_ptr.dtype.element_ty
     cos = (
         tl.load(cos_ptr + token * stride_ct + offs, mask=offs < HALF, other=0.0)

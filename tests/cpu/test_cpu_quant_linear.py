@@ -19,7 +19,8 @@ def ext():
 
 
 def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) -> torch.Tensor:
-    """What the one-level kernel computes: x rounded to int8 per 32 values (scale amax / 127), exactly."""
+    """What the one-level kernel computes: x rounded to int8 per 32 values (scale amax / 127),
+    exactly."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
     codes = torch.where(scale > 0, blocks / torch.where(scale > 0, scale, 1), 0).round()
@@ -27,7 +28,8 @@ def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) 
 
 
 def rounding_bound(x: torch.Tensor, weight: PackedWeight, step: float) -> torch.Tensor:
-    """|W| @ e: the most that rounding each activation to `step` x (its 32-block's amax / 127) can move y."""
+    """|W| @ e: the most that rounding each activation to `step` x (its 32-block's amax / 127) can
+    move y."""
     blocks = x.float().abs().reshape(x.shape[0], -1, 32)
     error = (blocks.amax(dim=-1, keepdim=True) / 127 * step).expand_as(blocks).reshape(x.shape)
     return error @ weight.dequantize().abs().T
@@ -85,13 +87,15 @@ def test_kernel_matches_references(ext, shape, rows):
             # two int8 levels: each activation within 1/512 of a step of 1/127 of its block's amax
             bound = rounding_bound(x, w, 1 / 512) * 1.01 + 1e-6 * scale
             assert ((precise - exact).abs() <= bound).all(), f"{name} precise vnni={vnni}"
-        # int8 activations are measurably coarser than two levels: the precise path is not the same code
+        # int8 activations are measurably coarser than two levels: the precise path is not the same
+        # code
         assert (got - exact).abs().max() > 10 * (precise - exact).abs().max()
 
 
 def test_vnni_and_portable_paths_are_exact_on_representable_values(ext):
-    """Activations whose blocks peak at 127 quantize to themselves, and power-of-two scales multiply exactly:
-    both paths must then give the float64 result exactly (a lane or group mix-up cannot hide)."""
+    """Activations whose blocks peak at 127 quantize to themselves, and power-of-two scales multiply
+    exactly: both paths must then give the float64 result exactly (a lane or group mix-up cannot
+    hide)."""
     generator = torch.Generator().manual_seed(3)
     w = symmetric_u8(64, 256, 16, 32)
     w = PackedWeight(

@@ -1,4 +1,5 @@
-"""The fused CPU decode step (rotary + KV store + paged attention) equals the per-op reference path."""
+"""The fused CPU decode step (rotary + KV store + paged attention) equals the per-op reference
+path."""
 
 from __future__ import annotations
 

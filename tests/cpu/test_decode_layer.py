@@ -1,6 +1,7 @@
-"""The whole-layer C++ decode path (engine/models/cpu_decode.py) on the shapes that used to fall back to
-per-op layers: a Q4_K_M file whose q/k (Q4_K) and v (Q6_K) cannot be fused into one PackedWeight, and
-Qwen3's per-head q/k norms. Each must give the per-op path's reply and logprobs."""
+"""The whole-layer C++ decode path (engine/models/cpu_decode.py) on the shapes that used to fall
+back to per-op layers: a Q4_K_M file whose q/k (Q4_K) and v (Q6_K) cannot be fused into one
+PackedWeight, and Qwen3's per-head q/k norms. Each must give the per-op path's reply and
+logprobs."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def test_mixed_types_and_qk_norms_run_the_whole_layer_path(mixed_llm):
     assert any(isinstance(w, tuple) for w in kinds), "the file should mix Q4_K and Q6_K in some qkv"
     fused, per_op = _run(mixed_llm, True), _run(mixed_llm, False)
     assert fused.token_ids == per_op.token_ids
-    # activations are rounded to int8 codes, so a rounding-level difference between the two paths can move
-    # a code by one step: the logprobs agree to about 1e-3, where a wrong layer would be off by whole units
+    # activations are rounded to int8 codes, so a rounding-level difference between the two paths
+    # can move a code by one step: the logprobs agree to about 1e-3, where a wrong layer would be
+    # off by whole units
     for a, b in zip(fused.outputs[0].logprobs, per_op.outputs[0].logprobs, strict=True):
         assert abs(a.logprob - b.logprob) < 5e-3

@@ -1,4 +1,5 @@
-"""Every GGUF quantized type repacks into a PackedWeight that dequantizes exactly as gguf-py does."""
+"""Every GGUF quantized type repacks into a PackedWeight that dequantizes exactly as gguf-py
+does."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ _F16_FIELDS = {
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random codes and sub-scales with sane float16 super-block scales, as [rows, row_bytes] uint8."""
+    """Random codes and sub-scales with sane float16 super-block scales, as [rows, row_bytes]
+    uint8."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
@@ -97,5 +99,5 @@ def test_a_damaged_file_is_named_not_a_traceback(default_gguf, tmp_path, damage)
         path.write_bytes(data[: len(data) // 2])
     else:
         path.write_text("hello, I am not a GGUF file\n")
-    with pytest.raises(InvalidModelFileError, match="model.gguf is not a readable GGUF file"):
+    with pytest.raises(InvalidModelFileError, match=r"model\.gguf is not a readable GGUF file"):
         LLM(str(path))

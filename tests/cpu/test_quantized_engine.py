@@ -1,5 +1,5 @@
-"""The engine on quantized weights: the default GGUF stays quantized and follows the float32 path; dense
-checkpoints quantize with --quantization; bad combinations are named."""
+"""The engine on quantized weights: the default GGUF stays quantized and follows the float32 path;
+dense checkpoints quantize with --quantization; bad combinations are named."""
 
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ def test_requantizing_a_gguf_is_refused(default_gguf):
 
 
 def test_whole_layer_decode_path_equals_the_per_op_path(llm):
-    """A single decode runs each layer as one C++ call; turning that off must not change a greedy reply
-    (and the per-token logprobs agree to float rounding)."""
+    """A single decode runs each layer as one C++ call; turning that off must not change a greedy
+    reply (and the per-token logprobs agree to float rounding)."""
     model = llm.engine.runner.model
     assert model.cpu_decode is not None and model.cpu_decode.num_layers == len(model.layers)
     ids = llm.render_chat([{"role": "user", "content": "Describe a lighthouse at night."}])
@@ -113,7 +113,7 @@ def test_whole_layer_decode_path_equals_the_per_op_path(llm):
     finally:
         model.cpu_decode = saved
     assert fused.token_ids == per_op.token_ids
-    # activation codes are rounded, so a float-rounding difference can move one by a step (about 1e-3 on a
-    # logprob after 30 layers); a wrong layer would be off by whole units
+    # activation codes are rounded, so a float-rounding difference can move one by a step (about
+    # 1e-3 on a logprob after 30 layers); a wrong layer would be off by whole units
     for a, b in zip(fused.outputs[0].logprobs, per_op.outputs[0].logprobs, strict=True):
         assert abs(a.logprob - b.logprob) < 5e-3
