@@ -1,8 +1,10 @@
-"""Read a GGUF file with the `gguf` package: an HF config from its metadata, and its tensors under Hugging
-Face names (llama.cpp's rotary row permutation of Q/K undone), quantized ones kept as PackedWeights."""
+"""Read a GGUF file with the `gguf` package: an HF config from its metadata, and its tensors under
+Hugging Face names (llama.cpp's rotary row permutation of Q/K undone), quantized ones kept as
+PackedWeights."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,8 @@ from localchat.engine.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, dense, re
 from localchat.errors import InvalidModelFileError, UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
 
-# GGUF architecture -> (HF config class name, HF architecture, Q/K rows permuted by llama.cpp's converter)
+# GGUF architecture -> (HF config class name, HF architecture, Q/K rows permuted by llama.cpp's
+# converter)
 _ARCHES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", True),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", False),
@@ -63,7 +66,8 @@ class GGUFCheckpoint:
         self.arch = self.field("general.architecture")
         if self.arch not in _ARCHES:
             raise UnsupportedModelError(
-                f"{self.path.name}: GGUF architecture {self.arch!r} is not supported; supported: {', '.join(_ARCHES)}"
+                f"{self.path.name}: GGUF architecture {self.arch!r} is not supported; "
+                f"supported: {', '.join(_ARCHES)}"
             )
 
     def field(self, key: str, default=None):
@@ -107,9 +111,9 @@ class GGUFCheckpoint:
         return config
 
     def tensor_index(self) -> dict:
-        """What loading the weights needs, as JSON: the tensors' names, types, shapes and byte ranges, and
-        the head counts for un-permuting Q/K. Reading it back skips parsing the file's metadata (the
-        tokenizer's arrays take seconds in gguf-py)."""
+        """What loading the weights needs, as JSON: the tensors' names, types, shapes and byte
+        ranges, and the head counts for un-permuting Q/K. Reading it back skips parsing the file's
+        metadata (the tokenizer's arrays take seconds in gguf-py)."""
         num_heads = self._arch_field("attention.head_count")
         return {
             "arch": self.arch,
@@ -131,9 +135,9 @@ class GGUFCheckpoint:
 def gguf_weights(
     path: Path, index: dict, dequantize: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
-    """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized types
-    as PackedWeights (their codes kept), F32/F16/BF16 as tensors; with `dequantize`, all as float32
-    tensors (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
+    """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized
+    types as PackedWeights (their codes kept), F32/F16/BF16 as tensors; with `dequantize`, all as
+    float32 tensors (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -169,7 +173,7 @@ def gguf_weights(
         else:
             weight = repack(raw, qtype, shape, order)
             order = None  # applied while repacking
-        if order is not None:
+        if order is not None and isinstance(weight, torch.Tensor):
             weight = weight[order].contiguous()
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
             weight = weight.float()
@@ -178,16 +182,15 @@ def gguf_weights(
 
 
 def _release(data: np.memmap, offset: int, nbytes: int) -> None:
-    """Drop a tensor's file pages from this process once it is repacked (they stay in the page cache), so
-    loading a big model does not count the whole file on top of the weights in its peak memory."""
+    """Drop a tensor's file pages from this process once it is repacked (they stay in the page
+    cache), so loading a big model does not count the whole file on top of the weights in its peak
+    memory."""
     handle = getattr(data, "_mmap", None)
     if handle is None or not hasattr(mmap, "MADV_DONTNEED"):
         return
     start = offset - offset % mmap.PAGESIZE
-    try:
+    with contextlib.suppress(OSError, ValueError):
         handle.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
-    except (OSError, ValueError):
-        pass
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -200,7 +203,8 @@ def _hf_name(gguf_name: str) -> str | None:
 
 
 def _unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
-    """Row order that inverts llama.cpp's permutation, which interleaves each head's two rotary halves."""
+    """Row order that inverts llama.cpp's permutation, which interleaves each head's two rotary
+    halves."""
     return (
         torch.arange(rows).reshape(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
     )

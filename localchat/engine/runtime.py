@@ -1,5 +1,5 @@
-"""EngineRuntime: everything loaded and decided before the first step (device, dtype, model, tokenizer,
-context length, batch limits, KV pool size)."""
+"""EngineRuntime: everything loaded and decided before the first step (device, dtype, model,
+tokenizer, context length, batch limits, KV pool size)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from localchat.engine.loader import (
     model_files,
 )
 from localchat.engine.model_source import resolve_model
+from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.utils import format_bytes
@@ -37,7 +38,7 @@ class EngineRuntime:
     config: EngineConfig
     files: ModelFiles
     hf_config: object
-    model: torch.nn.Module
+    model: DecoderForCausalLM
     tokenizer: object | None
     chat_template: ChatTemplate | None
     device: torch.device
@@ -54,7 +55,7 @@ class EngineRuntime:
     @classmethod
     def load(
         cls, config: EngineConfig, progress: Callable[[str], None] | None = None
-    ) -> "EngineRuntime":
+    ) -> EngineRuntime:
         """Load everything; `progress` hears a short line at each stage (for a loading screen)."""
         say = progress or (lambda message: None)
         device = _pick_device(config.device)
@@ -123,6 +124,8 @@ class EngineRuntime:
         """Blocks that fit the KV budget; the budget must hold at least one full-length sequence."""
         per_block = runner.bytes_per_block()
         if self.config.kv_cache_memory is not None:
+            # a size string is parsed to bytes in EngineConfig.__post_init__
+            assert isinstance(self.config.kv_cache_memory, int)
             budget = self.config.kv_cache_memory
         elif self.device.type == "cuda":
             budget = _cuda_kv_budget(
@@ -134,9 +137,11 @@ class EngineRuntime:
         needed = -(-self.max_model_len // self.config.block_size)
         if num_blocks < needed:
             raise InvalidParameterError(
-                f"the KV cache ({format_bytes(budget)}, {num_blocks} blocks of {self.config.block_size} tokens) "
-                f"cannot hold one sequence of max_model_len={self.max_model_len} tokens ({needed} blocks, "
-                f"{format_bytes(needed * per_block)}); raise --kv-cache-memory or lower --max-model-len",
+                f"the KV cache ({format_bytes(budget)}, {num_blocks} blocks of "
+                f"{self.config.block_size} tokens) cannot hold one sequence of "
+                f"max_model_len={self.max_model_len} tokens ({needed} blocks, "
+                f"{format_bytes(needed * per_block)}); raise --kv-cache-memory or lower "
+                "--max-model-len",
                 param="kv_cache_memory",
             )
         logger.info("KV cache: %d blocks (%s)", num_blocks, format_bytes(num_blocks * per_block))
@@ -186,23 +191,24 @@ def _max_model_len(
             if fits * config.block_size < length:
                 length = max(fits * config.block_size, config.block_size)
                 logger.info(
-                    "max_model_len %d: what the default KV cache (%s) holds; raise --kv-cache-memory "
-                    "for more",
+                    "max_model_len %d: what the default KV cache (%s) holds; raise "
+                    "--kv-cache-memory for more",
                     length,
                     format_bytes(CPU_DEFAULT_KV_MEMORY),
                 )
         return length
     if config.max_model_len > model_max:
         raise InvalidParameterError(
-            f"max_model_len={config.max_model_len} exceeds the model's context of {model_max} tokens",
+            f"max_model_len={config.max_model_len} exceeds the model's context of "
+            f"{model_max} tokens",
             param="max_model_len",
         )
     return config.max_model_len
 
 
 def _cuda_kv_budget(runner, utilization: float, num_tokens: int) -> int:
-    """What `utilization` of the GPU leaves for KV blocks after the weights, the peak activations of a
-    profiling pass over a full step, and whatever other processes and the CUDA context hold."""
+    """What `utilization` of the GPU leaves for KV blocks after the weights, the peak activations of
+    a profiling pass over a full step, and whatever other processes and the CUDA context hold."""
     peak = runner.profile_peak_memory(num_tokens)
     free, total = torch.cuda.mem_get_info()
     held_elsewhere = (total - free) - torch.cuda.memory_reserved()

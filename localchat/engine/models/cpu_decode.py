@@ -1,9 +1,10 @@
-"""The CPU fast path for a single decode token: all decoder layers and the final norm as one C++ call
-(kernels/csrc/decode_layer.h), in one OpenMP parallel region whose threads meet at barriers between steps.
+"""The CPU fast path for a single decode token: all decoder layers and the final norm as one C++
+call (kernels/csrc/decode_layer.h), in one OpenMP parallel region whose threads meet at barriers
+between steps.
 
-It applies when the model runs float32 on a CPU with the VNNI kernels and every projection is quantized
-(one PackedWeight, or several whose rows stack, as a Q4_K_M file's Q4_K q/k and Q6_K v do); otherwise the
-layers run op by op. Qwen3's per-head q/k norms run inside the layer.
+It applies when the model runs float32 on a CPU with the VNNI kernels and every projection is
+quantized (one PackedWeight, or several whose rows stack, as a Q4_K_M file's Q4_K q/k and Q6_K v
+do); otherwise the layers run op by op. Qwen3's per-head q/k norms run inside the layer.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from localchat.kernels.quant_linear import PRECISE_ACTIVATIONS
 
 
 def _parts(weight: PackedWeight | tuple[PackedWeight, ...]) -> list[PackedWeight]:
-    """A projection's PackedWeights: one, or several whose rows stack (q, k, v stored in different types)."""
+    """A projection's PackedWeights: one, or several whose rows stack (q, k, v stored in different
+    types)."""
     return list(weight) if isinstance(weight, tuple) else [weight]
 
 
@@ -28,7 +30,8 @@ def _is_packed(weight: object) -> bool:
 
 
 class CpuDecodeStack:
-    """The C++ DecodeStack of a model, bound to the model's KV pool views (rebound when they change)."""
+    """The C++ DecodeStack of a model, bound to the model's KV pool views (rebound when they
+    change)."""
 
     def __init__(self, model, stack) -> None:
         self.model = model
@@ -49,7 +52,8 @@ class CpuDecodeStack:
 
 
 def build_decode_stack(model) -> CpuDecodeStack | None:
-    """The C++ decode stack of the model, or None when the fast path does not apply to this model."""
+    """The C++ decode stack of the model, or None when the fast path does not apply to this
+    model."""
     ext = cpu_kernels()
     if (
         ext is None
@@ -84,9 +88,7 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
                 PRECISE_ACTIVATIONS,
             )
         )
-    return CpuDecodeStack(
-        model, ext.DecodeStack(layers, model.norm.weight, model.norm.eps)
-    )
+    return CpuDecodeStack(model, ext.DecodeStack(layers, model.norm.weight, model.norm.eps))
 
 
 def applies(input_ids: torch.Tensor, md: AttentionMetadata) -> bool:

@@ -1,7 +1,8 @@
-"""Our forward pass for decoder-only transformers of the Llama family (Llama, Mistral, Qwen2, Qwen3).
+"""Our forward pass for decoder-only transformers of the Llama family (Llama, Mistral, Qwen2,
+Qwen3).
 
-The variants differ only in flags: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit head_dim,
-tied embeddings and rope scaling. q/k/v and gate/up are fused into one matmul each.
+The variants differ only in flags: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
+head_dim, tied embeddings and rope scaling. q/k/v and gate/up are fused into one matmul each.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from localchat.kernels.decode_attention import fused_decode_attention
 from localchat.kernels.linear import can_pack, linear, linear_silu_and_mul, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
 
-# The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them), which
-# replace the parameter of the same name as a plain attribute.
+# The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them),
+# which replace the parameter of the same name as a plain attribute.
 PROJECTIONS = (
     ("self_attn", "qkv_weight"),
     ("self_attn", "o_weight"),
@@ -107,7 +108,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary_embedding(q, k, ctx.cos, ctx.sin)
         store_kv_cache(k, v, self.k_cache, self.v_cache, ctx.attn.slot_mapping)
@@ -146,8 +147,8 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """Embeddings, decoder layers, final norm and LM head; `forward` returns hidden states of all tokens,
-    `compute_logits` projects only the rows that sample."""
+    """Embeddings, decoder layers, final norm and LM head; `forward` returns hidden states of all
+    tokens, `compute_logits` projects only the rows that sample."""
 
     def __init__(self, spec: DecoderSpec):
         super().__init__()
@@ -186,9 +187,9 @@ class DecoderForCausalLM(nn.Module):
 
     @torch.no_grad()
     def pack_weights(self) -> bool:
-        """Swap every dense projection weight for its oneDNN-packed copy, freeing the plain one (CPU only).
-        The embedding stays plain for lookups; a dense LM head gets a packed copy. Quantized weights are
-        left as they are. False if nothing could be packed."""
+        """Swap every dense projection weight for its oneDNN-packed copy, freeing the plain one (CPU
+        only). The embedding stays plain for lookups; a dense LM head gets a packed copy. Quantized
+        weights are left as they are. False if nothing could be packed."""
         if self.norm.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return False
         for layer in self.layers:

@@ -1,10 +1,10 @@
 """Route checkpoint tensors (Hugging Face names) into our model, fusing q/k/v and gate/up.
 
-A tensor is dense (torch.Tensor) or quantized (PackedWeight, from a GGUF file). The model is built on the
-meta device; each parameter is materialized only when its data arrives, so a quantized model never holds a
-dense copy of its projections. Fused parts are collected until complete, then stacked: dense parts into one
-parameter (quantized on the way when `quantize_bits` is set), quantized parts into one PackedWeight (or a
-tuple when their layouts differ).
+A tensor is dense (torch.Tensor) or quantized (PackedWeight, from a GGUF file). The model is built
+on the meta device; each parameter is materialized only when its data arrives, so a quantized model
+never holds a dense copy of its projections. Fused parts are collected until complete, then stacked:
+dense parts into one parameter (quantized on the way when `quantize_bits` is set), quantized parts
+into one PackedWeight (or a tuple when their layouts differ).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ _GLOBAL_TENSORS = {
     "model.norm.weight": ("norm", "weight"),
     "lm_head.weight": ("", "lm_head"),
 }
-# --quantization covers the decoder's projections; the embedding and LM head stay dense (int4 heads cost
-# several points of top-1 agreement). Quantized checkpoints (GGUF) keep all of these as they come.
+# --quantization covers the decoder's projections; the embedding and LM head stay dense (int4 heads
+# cost several points of top-1 agreement). Quantized checkpoints (GGUF) keep all of these as they
+# come.
 _QUANTIZABLE = {"qkv_weight", "o_weight", "gate_up_weight", "down_weight"}
 _KEPT_QUANTIZED = _QUANTIZABLE | {"embed_tokens", "lm_head"}
 
@@ -97,8 +98,10 @@ class WeightPlacer:
 
     def _place(self, module: nn.Module, attr: str, parts: list[Weight], name: str) -> None:
         meta = module._parameters[attr]
-        if all(isinstance(p, PackedWeight) for p in parts) and attr in _KEPT_QUANTIZED:
-            value = fuse(parts)
+        assert meta is not None, f"{name}: no parameter {attr} to place"
+        packed = [p for p in parts if isinstance(p, PackedWeight)]
+        if len(packed) == len(parts) and attr in _KEPT_QUANTIZED:
+            value = fuse(packed)
             value = (
                 value.to(self.device)
                 if isinstance(value, PackedWeight)
@@ -157,8 +160,9 @@ def init_dummy(
     seed: int,
     quantize_bits: int | None = None,
 ) -> None:
-    """Random weights with a sane scale (norm weights 1, biases 0), reproducible from `seed`, generated
-    on the device one parameter at a time (so a quantized model never holds all its dense weights)."""
+    """Random weights with a sane scale (norm weights 1, biases 0), reproducible from `seed`,
+    generated on the device one parameter at a time (so a quantized model never holds all its dense
+    weights)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     modules = dict(model.named_modules())
     for name, meta in list(model.named_parameters()):
