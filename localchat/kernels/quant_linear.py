@@ -114,6 +114,8 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
     """One PackedWeight with the parts' rows stacked, when their layouts allow it and they are
     small; otherwise a tuple."""
     first = parts[0]
+    if len(parts) == 1:
+        return first
     same = sum(p.nbytes for p in parts) <= FUSE_MAX_BYTES and all(
         p.layout == first.layout
         and p.group_size == first.group_size

@@ -145,6 +145,15 @@ def test_dispatch_fuses_and_splits(ext):
     )
 
 
+def test_large_parts_are_not_stacked(monkeypatch):
+    from localchat.kernels import quant_linear as module
+
+    a, b = quantize_weight(torch.randn(32, 128), 4), quantize_weight(torch.randn(32, 128), 4)
+    monkeypatch.setattr(module, "FUSE_MAX_BYTES", a.nbytes + b.nbytes - 1)
+    assert fuse([a, b]) == (a, b)  # too large together: no copy, one kernel call each
+    assert fuse([a]) is a  # a single part (an embedding, an LM head) is never wrapped
+
+
 def test_large_batches_take_the_dequantized_gemm(ext):
     from localchat.kernels.quant_linear import DENSE_MIN_ROWS
 
