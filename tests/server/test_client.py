@@ -17,8 +17,12 @@ def test_client(base_url):
     with Client(base_url, api_key=API_KEY) as client:
         assert client.health() is True
         assert len(client.models()) == 1
+        first = client.chat(MESSAGES, max_tokens=6, temperature=0)
+        assert first.text and first.finish_reason in ("stop", "length")
+        # the streamed request below finds the prompt in the prefix cache; the uncached tail of a
+        # quantized model's prompt rounds differently from a full prefill (a near-tie can flip), so
+        # compare against a non-streamed reply made from the same cache state
         reply = client.chat(MESSAGES, max_tokens=6, temperature=0)
-        assert reply.text and reply.finish_reason in ("stop", "length")
         assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
         deltas = list(client.chat(MESSAGES, stream=True, max_tokens=6, temperature=0))
         assert all(isinstance(d, Delta) for d in deltas)
