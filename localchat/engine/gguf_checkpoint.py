@@ -171,8 +171,7 @@ def gguf_weights(
             ).reshape(shape)
             weight = torch.from_numpy(np.ascontiguousarray(array))
         else:
-            weight = repack(raw, qtype, shape, order)
-            order = None  # applied while repacking
+            weight = repack(raw, qtype, shape, order)  # rows reordered while repacking
         if order is not None and isinstance(weight, torch.Tensor):
             weight = weight[order].contiguous()
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:

@@ -116,7 +116,9 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
     first = parts[0]
     if len(parts) == 1:
         return first
-    same = sum(p.nbytes for p in parts) <= FUSE_MAX_BYTES and all(
+    if sum(p.nbytes for p in parts) > FUSE_MAX_BYTES:
+        return tuple(parts)
+    same = all(
         p.layout == first.layout
         and p.group_size == first.group_size
         and p.in_features == first.in_features

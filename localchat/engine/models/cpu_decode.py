@@ -41,8 +41,8 @@ class CpuDecodeStack:
 
     def forward(self, hidden: torch.Tensor, ctx) -> torch.Tensor:
         """The final-normed hidden state of one decode token, from its embedding [1, hidden]."""
-        attns = [layer.self_attn for layer in self.model.layers]
-        if self._bound is not attns[0].k_cache:
+        if self._bound is not self.model.layers[0].self_attn.k_cache:
+            attns = [layer.self_attn for layer in self.model.layers]
             self.stack.bind_caches([a.k_cache for a in attns], [a.v_cache for a in attns])
             self._bound = attns[0].k_cache
         md = ctx.attn

@@ -158,19 +158,22 @@ class DecodeLayer {
     product_.resize(down_.K);
   }
 
-  // Per-call inputs shared by every layer of a token.
+  // Per-call inputs shared by every layer of a token, and each thread's attention scratch.
   struct Step {
     const float* cos;
     const float* sin;
+    int64_t half;  // rotary pairs: the width of cos/sin
     int64_t slot;
     const int32_t* table;
     int64_t length;
+    std::vector<float>* scores;       // [threads]
+    std::vector<int64_t>* key_rows;   // [threads]
   };
 
   // The layer inside a parallel region that every thread runs: res (the residual stream, [hidden]) gets
   // `incoming` added first when given (the previous layer's MLP output); the layer's MLP output goes to out.
   void run(int tid, int n, float* res, const float* incoming, float* out, const Step& step) {
-    const PoolShape pool{k_cache_, v_cache_, heads_, kv_heads_, head_dim_, half_, block_size_,
+    const PoolShape pool{k_cache_, v_cache_, heads_, kv_heads_, head_dim_, step.half, block_size_,
                          1.f / std::sqrt(static_cast<float>(head_dim_))};
     const DecodeToken token{qkv_out_.data(), attn_out_.data(), step.cos, step.sin, step.slot, step.table, step.length};
     const float* bias = qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr;
@@ -189,7 +192,7 @@ class DecodeLayer {
       rope_and_store(token, pool, h);
     }
     // query heads, not KV heads, are shared out: 9 heads split 5/4 where 3 KV heads split 2/1
-    for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, scores_[tid], key_rows_[tid]);
+    for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, step.scores[tid], step.key_rows[tid]);
 #pragma omp barrier
     o_.quantize(tid, n, attn_out_.data(), precise_);
 #pragma omp barrier
@@ -229,14 +232,6 @@ class DecodeLayer {
   }
 
   int64_t hidden() const { return hidden_; }
-  bool bound() const { return k_cache_ != nullptr; }
-  void set_rotary_half(int64_t half) { half_ = half; }
-  void reserve_threads(int threads) {
-    if (static_cast<int>(scores_.size()) < threads) {
-      scores_.resize(threads);
-      key_rows_.resize(threads);
-    }
-  }
 
  private:
   Projection make(const std::vector<std::vector<torch::Tensor>>& parts, const std::vector<int64_t>& formats,
@@ -263,9 +258,7 @@ class DecodeLayer {
   torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_, k_cache_tensor_, v_cache_tensor_;
   float* k_cache_ = nullptr;
   float* v_cache_ = nullptr;
-  int64_t block_size_ = 0, half_ = 0;
-  std::vector<std::vector<float>> scores_;
-  std::vector<std::vector<int64_t>> key_rows_;
+  int64_t block_size_ = 0;
   float eps_;
   bool precise_;
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
@@ -289,6 +282,7 @@ class DecodeStack {
   void bind_caches(const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches) {
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(), "one cache per layer");
     for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->bind_cache(k_caches[i], v_caches[i]);
+    bound_ = true;
   }
 
   // x: [1, hidden] float32 (the token's embedding). Returns the final norm of the last residual, [1, hidden].
@@ -300,17 +294,18 @@ class DecodeStack {
     TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
                 seq_lens.scalar_type() == torch::kInt && cos.scalar_type() == torch::kFloat &&
                 cos.is_contiguous() && sin.is_contiguous() && block_tables.is_contiguous(), "metadata dtypes");
-    for (const auto& layer : layers_) TORCH_CHECK(layer->bound(), "DecodeStack: bind_caches first");
+    TORCH_CHECK(bound_, "DecodeStack: bind_caches first");
     torch::Tensor residual = x.contiguous().clone();
     torch::Tensor out = torch::empty({1, hidden_}, torch::kFloat);
     float* res = residual.data_ptr<float>();
-    const DecodeLayer::Step step{cos.data_ptr<float>(), sin.data_ptr<float>(), slot_mapping.data_ptr<int64_t>()[0],
-                                 block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>()[0]};
     const int threads = at::get_num_threads();
-    for (auto& layer : layers_) {
-      layer->set_rotary_half(cos.size(1));
-      layer->reserve_threads(threads);
+    if (static_cast<int>(scores_.size()) < threads) {
+      scores_.resize(threads);
+      key_rows_.resize(threads);
     }
+    const DecodeLayer::Step step{cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(1),
+                                 slot_mapping.data_ptr<int64_t>()[0], block_tables.data_ptr<int32_t>(),
+                                 seq_lens.data_ptr<int32_t>()[0], scores_.data(), key_rows_.data()};
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
@@ -328,6 +323,9 @@ class DecodeStack {
   torch::Tensor final_norm_;
   float eps_;
   int64_t hidden_ = 0;
+  bool bound_ = false;
   std::vector<float> mlp_out_;
+  std::vector<std::vector<float>> scores_;  // attention scratch, one per thread
+  std::vector<std::vector<int64_t>> key_rows_;
 };
 #endif
