@@ -12,11 +12,8 @@ import bisect
 
 import torch
 
-from localchat.engine.forward_context import (
-    AttentionMetadata,
-    ForwardContext,
-    forward_context,
-)
+from localchat.engine.forward_context import ForwardContext, forward_context
+from localchat.kernels.attention_metadata import AttentionMetadata
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:

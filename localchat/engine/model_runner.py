@@ -10,11 +10,7 @@ import numpy as np
 import torch
 
 from localchat.engine.cuda_graphs import DecodeGraphs
-from localchat.engine.forward_context import (
-    AttentionMetadata,
-    ForwardContext,
-    forward_context,
-)
+from localchat.engine.forward_context import ForwardContext, forward_context
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.models.decoder import Attention, DecoderForCausalLM
 from localchat.engine.prompt_logprobs import fill_prompt_logprobs
@@ -22,6 +18,7 @@ from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import ScheduledBatch
 from localchat.engine.sequence import Request, Sequence, TokenLogprob
+from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.dispatch import triton_available
 
 

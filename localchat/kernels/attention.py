@@ -7,20 +7,11 @@ and this step's tokens) are already in the pool: the layer stores this step's ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from localchat.engine.forward_context import AttentionMetadata
+from localchat.kernels.attention_metadata import AttentionMetadata, ReferencePlan
 from localchat.kernels.dispatch import use_triton
-
-
-@dataclass
-class _RefPlan:
-    decode_slots: torch.Tensor | None  # [num_decodes, max_len] pool slots of each decode's keys
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_len] True where a key exists
-    prefills: list[tuple[int, int, torch.Tensor, int]]  # (q_start, q_end, key slots, prefix length)
 
 
 def _slots_of(block_table_rows: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
@@ -29,10 +20,9 @@ def _slots_of(block_table_rows: torch.Tensor, block_size: int, length: int) -> t
     return slots.flatten(-2)[..., :length]
 
 
-def _plan(md: AttentionMetadata, block_size: int) -> _RefPlan:
-    plan = md.scratch.get("ref_attention_plan")
-    if plan is not None:
-        return plan
+def _plan(md: AttentionMetadata, block_size: int) -> ReferencePlan:
+    if md.reference_plan is not None:
+        return md.reference_plan
     seq_lens, starts = md.seq_lens_cpu, md.query_start_loc_cpu
     nd = md.num_decodes
     decode_slots = decode_mask = None
@@ -52,9 +42,8 @@ def _plan(md: AttentionMetadata, block_size: int) -> _RefPlan:
         q_start, q_end, length = starts[i], starts[i + 1], seq_lens[i]
         slots = _slots_of(md.block_tables[i, : -(-length // block_size)], block_size, length)
         prefills.append((q_start, q_end, slots, length - (q_end - q_start)))
-    plan = _RefPlan(decode_slots, decode_mask, prefills)
-    md.scratch["ref_attention_plan"] = plan
-    return plan
+    md.reference_plan = ReferencePlan(decode_slots, decode_mask, prefills)
+    return md.reference_plan
 
 
 def paged_attention_ref(

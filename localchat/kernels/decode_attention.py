@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from localchat.engine.forward_context import AttentionMetadata
+from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 

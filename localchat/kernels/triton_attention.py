@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from localchat.engine.forward_context import AttentionMetadata
+from localchat.kernels.attention_metadata import AttentionMetadata, DecodePartials
 
 _LOG2E = 1.4426950408889634
 
@@ -409,20 +409,19 @@ def _decode_num_splits(num_decodes: int, num_kv_heads: int, device: torch.device
 
 def _partials(
     md: AttentionMetadata, shape: tuple[int, int, int], head_dim: int, device: torch.device
-):
-    """Split-K scratch (acc [*shape, D], max and sum [*shape]), float32, shared by a step's layers
-    via md.scratch.
+) -> DecodePartials:
+    """Split-K scratch (acc [*shape, D], max and sum [*shape]), float32, kept on md for the step's
+    other layers.
 
     Layers run one after another on one stream, so one set of buffers serves them all.
     """
-    cached = md.scratch.get("triton_decode_partials")
-    if cached is None or cached[0].shape != (*shape, head_dim) or cached[0].device != device:
-        cached = (
+    cached = md.decode_partials
+    if cached is None or cached.acc.shape != (*shape, head_dim) or cached.acc.device != device:
+        cached = md.decode_partials = DecodePartials(
             torch.empty(*shape, head_dim, dtype=torch.float32, device=device),
             torch.empty(shape, dtype=torch.float32, device=device),
             torch.empty(shape, dtype=torch.float32, device=device),
         )
-        md.scratch["triton_decode_partials"] = cached
     return cached
 
 

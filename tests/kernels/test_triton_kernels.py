@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from localchat import kernels
-from localchat.engine.forward_context import AttentionMetadata
 from localchat.kernels import (
     dispatch,
     triton_activation,
@@ -24,6 +23,7 @@ from localchat.kernels import (
 )
 from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.attention import paged_attention_ref
+from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.kv_cache import store_kv_cache_ref
 from localchat.kernels.norm import rms_norm_ref
 from localchat.kernels.rotary import rotary_embedding_ref
