@@ -28,6 +28,9 @@ class ContentPart(msgspec.Struct, kw_only=True):
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One message of a chat request as OpenAI's API sends it (the TUI keeps its own as
+    `tui.conversation.StoredMessage`)."""
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None

@@ -60,7 +60,7 @@ class ReplyStats:
         return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
 
     def as_meta(self) -> dict:
-        """The known figures, as a stored message keeps them (`ChatMessage.meta`)."""
+        """The known figures, as a stored message keeps them (`StoredMessage.meta`)."""
         return {name: value for name, value in asdict(self).items() if value is not None}
 
 

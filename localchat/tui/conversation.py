@@ -18,10 +18,11 @@ SETTING_NAMES = tuple(DEFAULT_SETTINGS)
 
 
 @dataclass
-class ChatMessage:
-    """One message. Assistant messages keep their thinking apart from the answer, whether the user
-    stopped them, and `meta`: prompt/cached/completion tokens, ttft, tokens_per_s, finish_reason,
-    error."""
+class StoredMessage:
+    """One message of a conversation as the TUI keeps it (a row of the store's `messages` table),
+    not the API's wire message (`server.protocol.ChatMessage`). Assistant messages keep their
+    thinking apart from the answer, whether the user stopped them, and `meta`: prompt/cached/
+    completion tokens, ttft, tokens_per_s, finish_reason, error."""
 
     role: str
     content: str
@@ -40,7 +41,7 @@ class Conversation:
 
     id: int | None = None
     title: str = "New chat"
-    messages: list[ChatMessage] = field(default_factory=list)
+    messages: list[StoredMessage] = field(default_factory=list)
     system_prompt: str | None = None
     settings: dict = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
     think: bool | None = None
@@ -57,7 +58,7 @@ class Conversation:
     def user_indices(self) -> list[int]:
         return [i for i, m in enumerate(self.messages) if m.role == "user"]
 
-    def last_reply(self) -> ChatMessage | None:
+    def last_reply(self) -> StoredMessage | None:
         return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
 
     def to_json(self) -> str:

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
 
-from localchat.tui.conversation import ChatMessage
+from localchat.tui.conversation import StoredMessage
 from localchat.tui.session import reply_meta_text
 
 
@@ -76,7 +76,7 @@ class AssistantMessage(Vertical):
     and collapses the thinking.
     """
 
-    def __init__(self, message: ChatMessage | None = None, title: str = "Assistant"):
+    def __init__(self, message: StoredMessage | None = None, title: str = "Assistant"):
         super().__init__(classes="message")
         self.message = message
         self.border_title = title
@@ -105,7 +105,7 @@ class AssistantMessage(Vertical):
         yield self.meta
 
     @staticmethod
-    def _meta_text(message: ChatMessage) -> str:
+    def _meta_text(message: StoredMessage) -> str:
         text = reply_meta_text(message.meta)
         if message.stopped:
             text = "■ stopped" + (f" · {text}" if text else "")
@@ -115,7 +115,7 @@ class AssistantMessage(Vertical):
         """The line under a streaming reply; one line long, so it never needs a new layout."""
         self.meta.update(text, layout=False)
 
-    async def catch_up(self, message: ChatMessage) -> bool:
+    async def catch_up(self, message: StoredMessage) -> bool:
         """Append what `message` gained since the last call; False when there was nothing new."""
         if self._finished:
             return False
@@ -142,7 +142,7 @@ class AssistantMessage(Vertical):
                 self._pending = self._pending[end:]
             self.tail.show(self._pending.rstrip("\n"))
 
-    async def finish(self, message: ChatMessage) -> None:
+    async def finish(self, message: StoredMessage) -> None:
         """The reply is over (done, stopped or failed): render it once more, whole, and say how it
         went."""
         self.message, self._finished = message, True
@@ -162,7 +162,7 @@ class ConversationView(VerticalScroll):
     """The scrolling conversation. Anchored: it follows a streaming reply until the user scrolls up,
     and every new message brings it back to the bottom."""
 
-    async def show(self, messages: list[ChatMessage], welcome: str) -> None:
+    async def show(self, messages: list[StoredMessage], welcome: str) -> None:
         """Show a whole conversation (or the welcome text when it is empty), from scratch."""
         await self.remove_children()
         widgets = [

@@ -7,7 +7,7 @@ import sys
 from typing import TextIO
 
 from localchat.tui.backends import ChatBackend, ReplyStats
-from localchat.tui.conversation import ChatMessage, Conversation
+from localchat.tui.conversation import Conversation, StoredMessage
 from localchat.tui.session import ChatSession
 from localchat.tui.store import ConversationStore
 
@@ -36,7 +36,7 @@ async def run_pipe(
                 f"[{plan.dropped} earlier message(s) no longer fit in the context "
                 "and were left out]\n"
             )
-        message, stats = ChatMessage("assistant", ""), ReplyStats()
+        message, stats = StoredMessage("assistant", ""), ReplyStats()
         position = session.add_reply(message)
         try:
             async for delta in backend.stream(plan.request):

@@ -13,7 +13,7 @@ from textual.widget import Widget
 
 from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyStats
-from localchat.tui.conversation import ChatMessage
+from localchat.tui.conversation import StoredMessage
 from localchat.tui.messages import AssistantMessage
 from localchat.tui.session import ChatSession
 
@@ -40,7 +40,7 @@ class ReplyWriter:
         on_paint: Callable[[ReplyStats], None],
     ):
         self.session, self.backend, self.view, self.on_paint = session, backend, view, on_paint
-        self.message = ChatMessage("assistant", "")
+        self.message = StoredMessage("assistant", "")
         self.stats = ReplyStats()
         self.stopped = False
         self.error: str | None = None

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from localchat.tui.backends import ChatBackend, ChatRequest
 from localchat.tui.conversation import (
     DEFAULT_SETTINGS,
-    ChatMessage,
     Conversation,
+    StoredMessage,
     title_from,
 )
 from localchat.tui.store import ConversationStore
@@ -71,15 +71,15 @@ class ChatSession:
         return conversation
 
     # --- editing the history ----------------------------------------------------------------------
-    def add_user(self, text: str) -> ChatMessage:
+    def add_user(self, text: str) -> StoredMessage:
         conversation = self.conversation
         if not conversation.messages:
             conversation.title = title_from(text)
-        conversation.messages.append(ChatMessage("user", text))
+        conversation.messages.append(StoredMessage("user", text))
         self.save_message(len(conversation.messages) - 1)
         return conversation.messages[-1]
 
-    def add_reply(self, message: ChatMessage) -> int:
+    def add_reply(self, message: StoredMessage) -> int:
         self.conversation.messages.append(message)
         return len(self.conversation.messages) - 1
 

@@ -8,7 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from localchat.tui.conversation import ChatMessage, Conversation
+from localchat.tui.conversation import Conversation, StoredMessage
 
 DATA_DIR_ENV = "LOCALCHAT_DATA_DIR"
 
@@ -107,7 +107,7 @@ class ConversationStore:
         if row is None:
             return None
         messages = [
-            ChatMessage(role, content, thinking, bool(stopped), json.loads(meta))
+            StoredMessage(role, content, thinking, bool(stopped), json.loads(meta))
             for role, content, thinking, stopped, meta in self.db.execute(
                 "SELECT role, content, thinking, stopped, meta FROM messages"
                 " WHERE conversation_id=? ORDER BY position",

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from localchat.tui.conversation import ChatMessage
+from localchat.tui.conversation import StoredMessage
 from localchat.tui.engine_backend import EngineBackend
 from localchat.tui.session import ChatSession
 from localchat.tui.store import ConversationStore
@@ -154,7 +154,7 @@ async def test_old_turns_are_left_out_by_the_real_tokenizer(chat_engine):
     )
     for turn in range(4):
         session.add_user(f"Turn {turn}: {paragraph}")
-        session.add_reply(ChatMessage("assistant", f"Reply {turn}: {paragraph}"))
+        session.add_reply(StoredMessage("assistant", f"Reply {turn}: {paragraph}"))
     session.add_user("And now?")
     full = await backend.count_prompt_tokens(session.request(0))
     assert full + 1500 > 2048  # the whole history does not fit

@@ -16,7 +16,7 @@ from localchat.tui.commands import (
     parse_slash,
     parse_think,
 )
-from localchat.tui.conversation import DEFAULT_SETTINGS, ChatMessage, Conversation
+from localchat.tui.conversation import DEFAULT_SETTINGS, Conversation, StoredMessage
 from localchat.tui.http_backend import OpenAIBackend, ServerError
 from localchat.tui.store import ConversationStore
 from localchat.tui.thinking import ThinkSplitter
@@ -82,8 +82,8 @@ def test_store_round_trip_truncate_and_delete(tmp_path):
     store = ConversationStore(tmp_path / "c.sqlite3")
     conversation = Conversation(title="t", system_prompt="sys", think=False)
     conversation.messages = [
-        ChatMessage("user", "q"),
-        ChatMessage("assistant", "a", "why", True, {"ttft": 0.5}),
+        StoredMessage("user", "q"),
+        StoredMessage("assistant", "a", "why", True, {"ttft": 0.5}),
     ]
     store.save_message(conversation, 0)
     store.save_message(conversation, 1)
@@ -96,6 +96,59 @@ def test_store_round_trip_truncate_and_delete(tmp_path):
     ]
     store.delete(conversation.id)
     assert again.load(conversation.id) is None
+
+
+# The schema as released (a copy, not imported): databases written by it must keep loading.
+_RELEASED_SCHEMA = """
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, system_prompt TEXT,
+    settings TEXT NOT NULL, think INTEGER, created REAL NOT NULL, updated REAL NOT NULL
+);
+CREATE TABLE messages (
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    thinking TEXT NOT NULL DEFAULT '', stopped INTEGER NOT NULL DEFAULT 0,
+    meta TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (conversation_id, position)
+);
+"""
+
+
+def test_a_database_written_by_the_released_schema_loads_and_takes_new_messages(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(_RELEASED_SCHEMA)
+    db.execute(
+        "INSERT INTO conversations VALUES (7, 'old', 'be brief', ?, 1, 1.0, 2.0)",
+        (json.dumps(DEFAULT_SETTINGS),),
+    )
+    db.execute(  # thinking, stopped and meta left to their defaults
+        "INSERT INTO messages (conversation_id, position, role, content)"
+        " VALUES (7, 0, 'user', 'hi')"
+    )
+    db.execute(
+        "INSERT INTO messages VALUES (7, 1, 'assistant', 'hello', 'hmm', 1, ?)",
+        (json.dumps({"ttft": 0.25}),),
+    )
+    db.commit()
+    db.close()
+    store = ConversationStore(path)
+    conversation = store.load(7)
+    assert conversation == Conversation(
+        7,
+        "old",
+        [
+            StoredMessage("user", "hi"),
+            StoredMessage("assistant", "hello", "hmm", True, {"ttft": 0.25}),
+        ],
+        "be brief",
+        DEFAULT_SETTINGS,
+        True,
+    )
+    conversation.messages.append(StoredMessage("user", "again"))
+    store.save_message(conversation, 2)
+    assert [m.content for m in ConversationStore(path).load(7).messages] == ["hi", "hello", "again"]
 
 
 def _sse(*chunks) -> bytes:
