@@ -6,7 +6,7 @@ import functools
 import inspect
 import sys
 import typing
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,8 +16,9 @@ from localchat.errors import LocalchatError
 _PANEL = "Engine options"
 
 
-def _opt(*names: str, help: str, **kwargs):
-    return typer.Option(*names, help=help, rich_help_panel=_PANEL, **kwargs)
+def option(panel: str, *names: str, help: str, **kwargs) -> Any:
+    """A command-line option (typer.Option) listed under the `panel` heading of --help."""
+    return typer.Option(*names, help=help, rich_help_panel=panel, **kwargs)
 
 
 # name -> (annotation, default): each becomes a keyword-only CLI option of the decorated command.
@@ -25,66 +26,85 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
     "dtype": (
         Annotated[
             str,
-            _opt(
+            option(
+                _PANEL,
                 "--dtype",
                 help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16, bfloat16",
             ),
         ],
         "auto",
     ),
-    "device": (Annotated[str, _opt("--device", help="auto, cpu or cuda")], "auto"),
+    "device": (Annotated[str, option(_PANEL, "--device", help="auto, cpu or cuda")], "auto"),
     "max_model_len": (
         Annotated[
             int | None,
-            _opt(
-                "--max-model-len", help="Context length (default: the model's, at most 8192 on CPU)"
+            option(
+                _PANEL,
+                "--max-model-len",
+                help="Context length (default: the model's, at most 8192 on CPU)",
             ),
         ],
         None,
     ),
     "max_num_seqs": (
-        Annotated[int | None, _opt("--max-num-seqs", help="Most sequences in one batch")],
+        Annotated[int | None, option(_PANEL, "--max-num-seqs", help="Most sequences in one batch")],
         None,
     ),
     "max_num_batched_tokens": (
         Annotated[
             int | None,
-            _opt("--max-num-batched-tokens", help="Token budget of one step (prefill chunk size)"),
+            option(
+                _PANEL,
+                "--max-num-batched-tokens",
+                help="Token budget of one step (prefill chunk size)",
+            ),
         ],
         None,
     ),
     "kv_cache_memory": (
-        Annotated[str | None, _opt("--kv-cache-memory", help="KV cache size, e.g. 512MiB or 4GiB")],
+        Annotated[
+            str | None,
+            option(_PANEL, "--kv-cache-memory", help="KV cache size, e.g. 512MiB or 4GiB"),
+        ],
         None,
     ),
     "gpu_memory_utilization": (
         Annotated[
-            float, _opt("--gpu-memory-utilization", help="Fraction of GPU memory to use (CUDA)")
+            float,
+            option(_PANEL, "--gpu-memory-utilization", help="Fraction of GPU memory to use (CUDA)"),
         ],
         0.9,
     ),
-    "block_size": (Annotated[int, _opt("--block-size", help="Tokens per KV block")], 16),
+    "block_size": (Annotated[int, option(_PANEL, "--block-size", help="Tokens per KV block")], 16),
     "enable_prefix_caching": (
         Annotated[
             bool,
-            _opt(
+            option(
+                _PANEL,
                 "--prefix-caching/--no-prefix-caching",
                 help="Reuse the KV of shared prompt prefixes",
             ),
         ],
         True,
     ),
-    "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="Disable CUDA graphs")], False),
+    "enforce_eager": (
+        Annotated[bool, option(_PANEL, "--enforce-eager", help="Disable CUDA graphs")],
+        False,
+    ),
     "load_format": (
         Annotated[
-            str, _opt("--load-format", help="auto, or dummy for random weights from config.json")
+            str,
+            option(
+                _PANEL, "--load-format", help="auto, or dummy for random weights from config.json"
+            ),
         ],
         "auto",
     ),
     "quantization": (
         Annotated[
             str,
-            _opt(
+            option(
+                _PANEL,
                 "--quantization",
                 help="auto (GGUF stays quantized), none (dequantize), "
                 "int8 or int4 (weight-only, group 32, for dense checkpoints)",
@@ -95,22 +115,27 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
     "chat_template": (
         Annotated[
             str | None,
-            _opt("--chat-template", help="Jinja chat template file overriding the model's"),
+            option(
+                _PANEL, "--chat-template", help="Jinja chat template file overriding the model's"
+            ),
         ],
         None,
     ),
     "tokenizer": (
         Annotated[
-            str | None, _opt("--tokenizer", help="Tokenizer directory (default: the model's)")
+            str | None,
+            option(_PANEL, "--tokenizer", help="Tokenizer directory (default: the model's)"),
         ],
         None,
     ),
     "seed": (
-        Annotated[int, _opt("--seed", help="Seed for random weights and unseeded sampling")],
+        Annotated[
+            int, option(_PANEL, "--seed", help="Seed for random weights and unseeded sampling")
+        ],
         0,
     ),
     "num_threads": (
-        Annotated[int | None, _opt("--threads", help="CPU threads for torch")],
+        Annotated[int | None, option(_PANEL, "--threads", help="CPU threads for torch")],
         None,
     ),
 }

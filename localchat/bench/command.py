@@ -10,12 +10,7 @@ from typing import Annotated
 
 import typer
 
-from localchat.cli_options import engine_options
-
-
-def _opt(panel: str, *names: str, help: str, **kwargs):
-    return typer.Option(*names, help=help, rich_help_panel=panel, **kwargs)
-
+from localchat.cli_options import engine_options, option
 
 _W, _P, _O, _R = "Workload", "Peers (offline mode)", "Online mode", "Output"
 
@@ -84,7 +79,7 @@ def bench(
     ] = None,
     workload: Annotated[
         str,
-        _opt(
+        option(
             _W,
             "--workload",
             "-w",
@@ -93,19 +88,19 @@ def bench(
     ] = "c2",
     num_requests: Annotated[
         int | None,
-        _opt(_W, "--num-requests", "-n", help="Requests (c3: turns) instead of the workload's"),
+        option(_W, "--num-requests", "-n", help="Requests (c3: turns) instead of the workload's"),
     ] = None,
     input_len: Annotated[
         str | None,
-        _opt(_W, "--input-len", help="Prompt length N or MIN:MAX in tokens (c3: user message)"),
+        option(_W, "--input-len", help="Prompt length N or MIN:MAX in tokens (c3: user message)"),
     ] = None,
     output_len: Annotated[
         str | None,
-        _opt(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)"),
+        option(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)"),
     ] = None,
     compare: Annotated[
         list[str] | None,
-        _opt(
+        option(
             _P,
             "--compare",
             "-c",
@@ -114,11 +109,13 @@ def bench(
     ] = None,
     hf_batch_size: Annotated[
         int | None,
-        _opt(_P, "--hf-batch-size", help="Batch size of the HF peer (default 8 on CPU, 64 on GPU)"),
+        option(
+            _P, "--hf-batch-size", help="Batch size of the HF peer (default 8 on CPU, 64 on GPU)"
+        ),
     ] = None,
     gguf: Annotated[
         str | None,
-        _opt(
+        option(
             _P,
             "--gguf",
             help="GGUF file for the llama.cpp peer (default: MODEL when it is one); "
@@ -127,7 +124,7 @@ def bench(
     ] = None,
     url: Annotated[
         str | None,
-        _opt(
+        option(
             _O,
             "--url",
             help="Benchmark this OpenAI-compatible server (streaming /v1/completions) "
@@ -135,11 +132,11 @@ def bench(
         ),
     ] = None,
     concurrency: Annotated[
-        int | None, _opt(_O, "--concurrency", help="Most requests in flight (default: all)")
+        int | None, option(_O, "--concurrency", help="Most requests in flight (default: all)")
     ] = None,
     request_rate: Annotated[
         float,
-        _opt(
+        option(
             _O,
             "--request-rate",
             help="Poisson arrival rate in requests/s (default inf: all at once)",
@@ -147,7 +144,7 @@ def bench(
     ] = math.inf,
     served_model_name: Annotated[
         str | None,
-        _opt(
+        option(
             _O,
             "--served-model-name",
             help="Model name to send (default: the server's first in /v1/models)",
@@ -155,7 +152,7 @@ def bench(
     ] = None,
     api_key: Annotated[
         str | None,
-        _opt(
+        option(
             _O,
             "--api-key",
             envvar="LOCALCHAT_API_KEY",
@@ -164,15 +161,17 @@ def bench(
         ),
     ] = None,
     timeout: Annotated[
-        float, _opt(_O, "--timeout", help="Seconds to wait for any one read from the server")
+        float, option(_O, "--timeout", help="Seconds to wait for any one read from the server")
     ] = 600.0,
     baseline: Annotated[
         str | None,
-        _opt(_O, "--baseline", help="An offline run's --json file to compare the server with (S1)"),
+        option(
+            _O, "--baseline", help="An offline run's --json file to compare the server with (S1)"
+        ),
     ] = None,
     json_path: Annotated[
         str | None,
-        _opt(
+        option(
             _R,
             "--json",
             help="Also write the figures, machine, versions and command line to this JSON file",
@@ -180,7 +179,7 @@ def bench(
     ] = None,
     plot: Annotated[
         str | None,
-        _opt(
+        option(
             _R,
             "--plot",
             help="Also draw throughput and latency into this image "
@@ -189,7 +188,7 @@ def bench(
     ] = None,
     plot_with: Annotated[
         list[str] | None,
-        _opt(
+        option(
             _R,
             "--plot-with",
             help="Earlier runs' --json files to draw with this one "
@@ -197,7 +196,7 @@ def bench(
         ),
     ] = None,
     show_progress: Annotated[
-        bool, _opt(_R, "--progress/--no-progress", help="Show a progress bar on stderr")
+        bool, option(_R, "--progress/--no-progress", help="Show a progress bar on stderr")
     ] = True,
     engine_config=None,
 ) -> None:

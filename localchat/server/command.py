@@ -15,15 +15,11 @@ from typing import Annotated
 
 import typer
 
-from localchat.cli_options import engine_options
+from localchat.cli_options import engine_options, option
 from localchat.errors import InvalidParameterError
 
 logger = logging.getLogger("localchat.server")
 _PANEL = "Server options"
-
-
-def _opt(*names: str, help: str, **kwargs):
-    return typer.Option(*names, help=help, rich_help_panel=_PANEL, **kwargs)
 
 
 @engine_options
@@ -36,16 +32,19 @@ def serve(
         ),
     ] = None,
     host: Annotated[
-        str, _opt("--host", help="Address to listen on (loopback unless told otherwise)")
+        str, option(_PANEL, "--host", help="Address to listen on (loopback unless told otherwise)")
     ] = "127.0.0.1",
-    port: Annotated[int, _opt("--port", help="Port to listen on (0: any free port)")] = 8000,
+    port: Annotated[
+        int, option(_PANEL, "--port", help="Port to listen on (0: any free port)")
+    ] = 8000,
     served_model_name: Annotated[
         str | None,
-        _opt("--served-model-name", help="Model name in the API (default: the model's)"),
+        option(_PANEL, "--served-model-name", help="Model name in the API (default: the model's)"),
     ] = None,
     api_key: Annotated[
         str | None,
-        _opt(
+        option(
+            _PANEL,
             "--api-key",
             envvar="LOCALCHAT_API_KEY",
             show_default=False,
@@ -54,20 +53,27 @@ def serve(
     ] = None,
     cors_origin: Annotated[
         list[str] | None,
-        _opt("--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)"),
+        option(_PANEL, "--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)"),
     ] = None,
     max_waiting: Annotated[
         int,
-        _opt(
+        option(
+            _PANEL,
             "--max-waiting",
             help="Most requests waiting for the batch; beyond it, 503 with Retry-After",
         ),
     ] = 1024,
     grace_period: Annotated[
         float,
-        _opt("--grace-period", help="Seconds running requests get to finish on SIGINT/SIGTERM"),
+        option(
+            _PANEL,
+            "--grace-period",
+            help="Seconds running requests get to finish on SIGINT/SIGTERM",
+        ),
     ] = 30.0,
-    log_level: Annotated[str, _opt("--log-level", help="debug, info, warning or error")] = "info",
+    log_level: Annotated[
+        str, option(_PANEL, "--log-level", help="debug, info, warning or error")
+    ] = "info",
     engine_config=None,
 ) -> None:
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
