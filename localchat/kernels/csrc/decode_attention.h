@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
 void rotate(float* x, const float* cos, const float* sin, int64_t half) {
@@ -60,6 +62,27 @@ void rope_and_store(const DecodeToken& t, const PoolShape& p, int64_t h) {
   }
 }
 
+// exp(x - top) in place over n scores; returns their sum (the exp vectorized where AVX-512 is).
+float exp_shifted(float* x, int64_t n, float top) {
+  float total = 0.f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 shift = _mm512_set1_ps(top);
+  __m512 sums = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), shift));
+    _mm512_storeu_ps(x + i, e);
+    sums = _mm512_add_ps(sums, e);
+  }
+  total = _mm512_reduce_add_ps(sums);
+#endif
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - top);
+    total += x[i];
+  }
+  return total;
+}
+
 // Attention of query head qh (already rotated) over its sequence's keys, which are all in the pool.
 void attend_query_head(const DecodeToken& t, const PoolShape& p, int64_t qh, std::vector<float>& scores,
                        std::vector<int64_t>& key_rows) {
@@ -77,12 +100,7 @@ void attend_query_head(const DecodeToken& t, const PoolShape& p, int64_t qh, std
     scores[j] = dot(q, p.k_cache + key_rows[j], D) * p.scale;
     top = std::max(top, scores[j]);
   }
-  float total = 0.f;
-  for (int64_t j = 0; j < t.length; ++j) {
-    scores[j] = std::exp(scores[j] - top);
-    total += scores[j];
-  }
-  const float inv_total = 1.f / total;
+  const float inv_total = 1.f / exp_shifted(scores.data(), t.length, top);
   float* o = t.out + qh * D;
   std::fill(o, o + D, 0.f);
   for (int64_t j = 0; j < t.length; ++j) {
@@ -91,6 +109,81 @@ void attend_query_head(const DecodeToken& t, const PoolShape& p, int64_t qh, std
 #pragma omp simd
     for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
   }
+}
+
+// A share of one token's attention, for splitting a sequence's keys between threads: every query head
+// (queries: [Hq * D], rotated) over keys [j0, j1). Keys are visited in pool order, each key's row (all KV heads,
+// contiguous) read once for all query heads, so a block of the pool streams through in sequence. The current
+// token's key and value (the last, not read from the pool: another thread may still be storing them) come as
+// cur_k / cur_v [Hkv * D]. partials: [Hq][D + 2] = (m, l, acc) with m the top score, l = sum_j exp(s_j - m),
+// acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
+constexpr int64_t kPrefetchKeys = 16;
+
+void attend_partial(const float* queries, const DecodeToken& t, const PoolShape& p, int64_t j0, int64_t j1,
+                    const float* cur_k, const float* cur_v, std::vector<float>& scores, float* partials) {
+  const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
+  const int64_t n = std::max<int64_t>(j1 - j0, 0), pooled = t.length - 1, row = Hkv * D;
+  for (int64_t qh = 0; qh < Hq; ++qh) {
+    float* part = partials + qh * (D + 2);
+    part[0] = -INFINITY;
+    part[1] = 0.f;
+    std::fill(part + 2, part + 2 + D, 0.f);
+  }
+  if (n == 0) return;
+  scores.resize(Hq * n);
+  auto key_row = [&](int64_t j, const float* pool, const float* current) {
+    if (j >= pooled) return current;
+    return pool + (static_cast<int64_t>(t.table[j / p.block_size]) * p.block_size + j % p.block_size) * row;
+  };
+  // a row a few keys ahead is fetched while this one is used: the rows of a block are contiguous, but blocks
+  // sit anywhere in the pool, where no hardware prefetcher follows
+  auto prefetch = [&](int64_t j, const float* pool) {
+    if (j >= j1 || j >= pooled) return;
+    const char* r = reinterpret_cast<const char*>(key_row(j, pool, nullptr));
+    for (int64_t b = 0; b < row * 4; b += 64) __builtin_prefetch(r + b);
+  };
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* k = key_row(j, p.k_cache, cur_k);
+    prefetch(j + kPrefetchKeys, p.k_cache);
+    for (int64_t qh = 0; qh < Hq; ++qh) scores[qh * n + j - j0] = dot(queries + qh * D, k + qh / group * D, D) * p.scale;
+  }
+  for (int64_t qh = 0; qh < Hq; ++qh) {
+    float* s = scores.data() + qh * n;
+    float top = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, s[i]);
+    partials[qh * (D + 2)] = top;
+    partials[qh * (D + 2) + 1] = exp_shifted(s, n, top);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* v = key_row(j, p.v_cache, cur_v);
+    prefetch(j + kPrefetchKeys, p.v_cache);
+    for (int64_t qh = 0; qh < Hq; ++qh) {
+      float* acc = partials + qh * (D + 2) + 2;
+      const float* vh = v + qh / group * D;
+      const float w = scores[qh * n + j - j0];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * vh[d];
+    }
+  }
+}
+
+// The attention output [D] of one query head from the partials of `count` key ranges, `stride` floats apart.
+void merge_partials(const float* partials, int64_t count, int64_t stride, int64_t D, float* out) {
+  float top = -INFINITY;
+  for (int64_t c = 0; c < count; ++c) top = std::max(top, partials[c * stride]);
+  float total = 0.f;
+  std::fill(out, out + D, 0.f);
+  for (int64_t c = 0; c < count; ++c) {
+    const float* part = partials + c * stride;
+    if (part[1] == 0.f) continue;
+    const float w = std::exp(part[0] - top);
+    total += w * part[1];
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) out[d] += w * part[2 + d];
+  }
+  const float inv = 1.f / total;
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
 // Both, for KV head h and its query heads.

@@ -1,8 +1,14 @@
 // A whole decoder layer for one decode token on the CPU, in one OpenMP parallel region: the threads meet at
-// barriers between the steps instead of being forked and joined for each of the ~8 ops, and Python calls
-// once per layer. Same arithmetic as the per-op path (quant_linear.h, decode_attention.h, rms_norm.h).
+// five barriers per layer (after each projection and after attention) instead of being forked and joined for
+// each of the ~8 ops, and Python calls once per token. Each thread keeps its own copy of the residual stream
+// and normalizes and quantizes every projection's input itself (a few microseconds of duplicated work), so
+// nothing serial runs between the projections. Same arithmetic as the per-op path (quant_linear.h,
+// decode_attention.h, rms_norm.h).
 #pragma once
 #include <omp.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 #include <torch/extension.h>
 
 #include <cmath>
@@ -45,19 +51,22 @@ struct PackedRef {
     for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
     scale_index = _mm512_load_si512(index_values);
     gemv = pick_gemv(precise, symmetric, L.u4);
-    act = ActivationBuffers(1, K, L);
+    reserve(1);
   }
   PackedRef(const PackedRef&) = delete;
   PackedRef& operator=(const PackedRef&) = delete;
 
-  // This thread's share of the activation's chunks.
-  void quantize(int thread, int threads, const float* x, bool precise) {
-    quantize_chunks(x, K, L, chunks * thread / threads, chunks * (thread + 1) / threads, precise, zero_point,
-                    act.rows[0]);
+  // One activation row per thread (each thread quantizes the whole input for itself).
+  void reserve(int threads) {
+    if (static_cast<int>(act.rows.size()) < threads) act = ActivationBuffers(threads, K, L);
   }
 
-  // Output rows [pass_begin, pass_end) * kRowsPerPass.
-  void multiply(int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
+  void quantize(int thread, const float* x, bool precise) {
+    quantize_chunks(x, K, L, 0, chunks, precise, zero_point, act.rows[thread]);
+  }
+
+  // Output rows [pass_begin, pass_end) * kRowsPerPass, from this thread's activation row.
+  void multiply(int thread, int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
     const uint8_t* wp = qweight.data_ptr<uint8_t>();
     const at::Half* sp = scales.data_ptr<at::Half>();
     const at::Half* mp = symmetric ? nullptr : mins.data_ptr<at::Half>();
@@ -66,7 +75,7 @@ struct PackedRef {
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
       gemv(wp + n * w_row, w_row, sp + n * groups, mp ? mp + n * groups : nullptr, groups, chunks, weight_bytes, L,
-           scale_index, act.rows[0], count, dots);
+           scale_index, act.rows[thread], count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
     }
   }
@@ -95,8 +104,12 @@ struct Projection {
     }
   }
 
-  void quantize(int thread, int threads, const float* x, bool precise) {
-    for (auto& part : parts) part->quantize(thread, threads, x, precise);
+  void reserve(int threads) {
+    for (auto& part : parts) part->reserve(threads);
+  }
+
+  void quantize(int thread, const float* x, bool precise) {
+    for (auto& part : parts) part->quantize(thread, x, precise);
   }
 
   // This thread's share of the passes over all parts (each part's rows land after the previous part's).
@@ -106,7 +119,7 @@ struct Projection {
     for (const auto& part : parts) {
       const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
       const int64_t hi = std::min<int64_t>(end - first_pass, part->passes);
-      if (lo < hi) part->multiply(lo, hi, out + first_row, bias ? bias + first_row : nullptr);
+      if (lo < hi) part->multiply(thread, lo, hi, out + first_row, bias ? bias + first_row : nullptr);
       first_pass += part->passes;
       first_row += part->N;
     }
@@ -122,6 +135,21 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 #pragma omp simd
   for (int64_t i = 0; i < width; ++i) out[i] = x[i] * inv * weight[i];
 }
+
+// What each thread of the decode region keeps for itself: its copy of the residual stream, the normalized input
+// of the next projection, SiLU's product, the current token's rotated keys and queries, the attention
+// output (all heads, merged) and attention scores, and (when
+// profiling) the cycles it spent in each phase.
+struct ThreadScratch {
+  std::vector<float> residual, normed, product, keys, queries, attention;
+  std::vector<char> keys_ready;
+  std::vector<float> scores;
+  std::vector<uint64_t> cycles;  // [kPhases], when profiling
+};
+
+// Phases of a layer, for DecodeStack.profile(): each projection with its input's norm and quantization,
+// attention, and the waits at the barriers.
+enum Phase { kQkv, kAttention, kO, kGateUp, kDown, kBarrier, kPhases };
 
 }  // namespace
 
@@ -150,15 +178,12 @@ class DecodeLayer {
     TORCH_CHECK(qkv_.N == (heads_ + 2 * kv_heads_) * head_dim_ && o_.K == heads_ * head_dim_ &&
                 gate_up_.N == 2 * down_.K && down_.N == hidden_ && qkv_.K == hidden_ && gate_up_.K == hidden_,
                 "DecodeLayer: inconsistent shapes");
-    normed_.resize(hidden_);
     qkv_out_.resize(qkv_.N);
-    attn_out_.resize(o_.K);
     o_out_.resize(hidden_);
     gate_up_out_.resize(gate_up_.N);
-    product_.resize(down_.K);
   }
 
-  // Per-call inputs shared by every layer of a token, and each thread's attention scratch.
+  // Per-call inputs shared by every layer of a token.
   struct Step {
     const float* cos;
     const float* sin;
@@ -166,57 +191,63 @@ class DecodeLayer {
     int64_t slot;
     const int32_t* table;
     int64_t length;
-    std::vector<float>* scores;       // [threads]
-    std::vector<int64_t>* key_rows;   // [threads]
   };
 
-  // The layer inside a parallel region that every thread runs: res (the residual stream, [hidden]) gets
-  // `incoming` added first when given (the previous layer's MLP output); the layer's MLP output goes to out.
-  void run(int tid, int n, float* res, const float* incoming, float* out, const Step& step) {
-    const PoolShape pool{k_cache_, v_cache_, heads_, kv_heads_, head_dim_, step.half, block_size_,
-                         1.f / std::sqrt(static_cast<float>(head_dim_))};
-    const DecodeToken token{qkv_out_.data(), attn_out_.data(), step.cos, step.sin, step.slot, step.table, step.length};
-    const float* bias = qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr;
-#pragma omp single
-    {
-      if (incoming) add_into(res, incoming, hidden_);
-      rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
-    }
-    qkv_.quantize(tid, n, normed_.data(), precise_);
+  // Room for this many threads' activation rows, and for a thread's scratch. Called outside the region.
+  void reserve(int threads, ThreadScratch& s) {
+    for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) p->reserve(threads);
+    s.residual.resize(hidden_);
+    s.normed.resize(hidden_);
+    s.product.resize(std::max<int64_t>(static_cast<int64_t>(s.product.size()), down_.K));
+    s.keys.resize(std::max<int64_t>(static_cast<int64_t>(s.keys.size()), kv_heads_ * head_dim_));
+    s.keys_ready.resize(std::max<int64_t>(static_cast<int64_t>(s.keys_ready.size()), kv_heads_));
+    s.queries.resize(std::max<int64_t>(static_cast<int64_t>(s.queries.size()), heads_ * head_dim_));
+    s.attention.resize(std::max<int64_t>(static_cast<int64_t>(s.attention.size()), heads_ * head_dim_));
+    partials_.resize(std::max<size_t>(partials_.size(), threads * heads_ * (head_dim_ + 2)));
+  }
+
+  // The layer inside a parallel region that every thread runs. s.residual (this thread's copy of the residual
+  // stream) gets `incoming` added first when given (the previous layer's MLP output, shared); the layer's MLP
+  // output goes to out (shared). Every shared buffer is written by one step and read after the next barrier.
+  void run(int tid, int n, ThreadScratch& s, const float* incoming, float* out, const Step& step) {
+    uint64_t* cycles = s.cycles.empty() ? nullptr : s.cycles.data();
+    uint64_t mark = cycles ? __rdtsc() : 0;
+    auto phase = [&](Phase which) {
+      if (!cycles) return;
+      const uint64_t now = __rdtsc();
+      cycles[which] += now - mark;
+      mark = now;
+    };
+    auto barrier = [&]() {
 #pragma omp barrier
-    qkv_.multiply(tid, n, qkv_out_.data(), bias);
-#pragma omp barrier
-#pragma omp for schedule(static)
-    for (int64_t h = 0; h < kv_heads_; ++h) {
-      if (q_norm_.defined()) norm_heads(h);
-      rope_and_store(token, pool, h);
-    }
-    // query heads, not KV heads, are shared out: 9 heads split 5/4 where 3 KV heads split 2/1
-    for (int64_t qh = tid; qh < heads_; qh += n) attend_query_head(token, pool, qh, step.scores[tid], step.key_rows[tid]);
-#pragma omp barrier
-    o_.quantize(tid, n, attn_out_.data(), precise_);
-#pragma omp barrier
+      phase(kBarrier);
+    };
+    float* res = s.residual.data();
+    float* normed = s.normed.data();
+    if (incoming) add_into(res, incoming, hidden_);
+    rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed);
+    qkv_.quantize(tid, normed, precise_);
+    qkv_.multiply(tid, n, qkv_out_.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr);
+    phase(kQkv);
+    barrier();
+    attend(tid, n, s, step);
+    phase(kAttention);
+    barrier();
+    o_.quantize(tid, merge_attention(n, s), precise_);
     o_.multiply(tid, n, o_out_.data(), nullptr);
-#pragma omp barrier
-#pragma omp single
-    {
-      add_into(res, o_out_.data(), hidden_);
-      rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed_.data());
-    }
-    gate_up_.quantize(tid, n, normed_.data(), precise_);
-#pragma omp barrier
+    phase(kO);
+    barrier();
+    add_into(res, o_out_.data(), hidden_);
+    rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed);
+    gate_up_.quantize(tid, normed, precise_);
     gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
-#pragma omp barrier
-    {
-      const int64_t width = down_.K, begin = width * tid / n / 16 * 16, end = width * (tid + 1) / n / 16 * 16;
-      silu_and_mul(gate_up_out_.data() + begin, gate_up_out_.data() + width + begin, product_.data() + begin,
-                   (tid + 1 == n ? width : end) - begin);
-    }
-#pragma omp barrier
-    down_.quantize(tid, n, product_.data(), precise_);
-#pragma omp barrier
+    phase(kGateUp);
+    barrier();
+    silu_and_mul(gate_up_out_.data(), gate_up_out_.data() + down_.K, s.product.data(), down_.K);
+    down_.quantize(tid, s.product.data(), precise_);
     down_.multiply(tid, n, out, nullptr);
-#pragma omp barrier
+    phase(kDown);
+    barrier();
   }
 
   // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32 each.
@@ -244,15 +275,62 @@ class DecodeLayer {
     return Projection(parts, formats, first, counts[which], precise_);
   }
 
-  // Qwen3's per-head RMSNorm of KV head h's key and its group of query heads, before the rotary.
-  void norm_heads(int64_t h) {
-    const int64_t D = head_dim_, group = heads_ / kv_heads_;
-    for (int64_t g = 0; g < group; ++g) {
-      float* q = qkv_out_.data() + (h * group + g) * D;
-      rms_norm_into(q, q_norm_.data_ptr<float>(), D, eps_, q);
+  // KV head h's key of the current token, (normed,) rotated, in this thread's scratch.
+  const float* rotated_key(ThreadScratch& s, int64_t h, const Step& step) {
+    const int64_t D = head_dim_;
+    float* k = s.keys.data() + h * D;
+    if (!s.keys_ready[h]) {
+      const float* src = qkv_out_.data() + heads_ * D + h * D;
+      if (q_norm_.defined()) rms_norm_into(src, k_norm_.data_ptr<float>(), D, eps_, k);
+      else std::copy(src, src + D, k);
+      rotate(k, step.cos, step.sin, step.half);
+      s.keys_ready[h] = 1;
     }
-    float* k = qkv_out_.data() + heads_ * D + h * D;
-    rms_norm_into(k, k_norm_.data_ptr<float>(), D, eps_, k);
+    return k;
+  }
+
+  // The sequence's keys are split into one range per thread, and each thread attends every query head over
+  // its range (flash-decoding's split): the threads share the work evenly whatever the head counts, and each
+  // reads only its part of the KV pool. Each thread rotates the queries (and the current token's keys) for
+  // itself from qkv_out; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n,
+  // ... are this thread's to store into the pool; no thread reads the current slot from it.
+  void attend(int tid, int n, ThreadScratch& s, const Step& step) {
+    const PoolShape pool{k_cache_, v_cache_, heads_, kv_heads_, head_dim_, step.half, block_size_,
+                         1.f / std::sqrt(static_cast<float>(head_dim_))};
+    const DecodeToken token{qkv_out_.data(), nullptr, step.cos, step.sin, step.slot, step.table, step.length};
+    const int64_t D = head_dim_;
+    const int64_t j0 = step.length * tid / n, j1 = step.length * (tid + 1) / n;
+    const float* values = qkv_out_.data() + (heads_ + kv_heads_) * D;
+    std::fill(s.keys_ready.begin(), s.keys_ready.begin() + kv_heads_, 0);
+    float* queries = s.queries.data();
+    for (int64_t qh = 0; qh < heads_; ++qh) {
+      const float* src = qkv_out_.data() + qh * D;
+      float* q = queries + qh * D;
+      if (q_norm_.defined()) rms_norm_into(src, q_norm_.data_ptr<float>(), D, eps_, q);
+      else std::copy(src, src + D, q);
+      rotate(q, step.cos, step.sin, step.half);
+    }
+    const bool current = j0 < j1 && j1 == step.length;
+    if (current) {
+      for (int64_t h = 0; h < kv_heads_; ++h) rotated_key(s, h, step);
+    }
+    attend_partial(queries, token, pool, j0, j1, current ? s.keys.data() : nullptr, values, s.scores,
+                   partials_.data() + tid * heads_ * (D + 2));
+    if (step.slot < 0) return;
+    for (int64_t h = tid; h < kv_heads_; h += n) {
+      const float* k = rotated_key(s, h, step);
+      std::copy(k, k + D, k_cache_ + (step.slot * kv_heads_ + h) * D);
+      std::copy(values + h * D, values + (h + 1) * D, v_cache_ + (step.slot * kv_heads_ + h) * D);
+    }
+  }
+
+  // The attention output of every query head, from all threads' partials, into this thread's scratch.
+  const float* merge_attention(int n, ThreadScratch& s) {
+    const int64_t D = head_dim_;
+    for (int64_t qh = 0; qh < heads_; ++qh) {
+      merge_partials(partials_.data() + qh * (D + 2), n, heads_ * (D + 2), D, s.attention.data() + qh * D);
+    }
+    return s.attention.data();
   }
 
   torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_, k_cache_tensor_, v_cache_tensor_;
@@ -263,7 +341,7 @@ class DecodeLayer {
   bool precise_;
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
   Projection qkv_, o_, gate_up_, down_;
-  std::vector<float> normed_, qkv_out_, attn_out_, o_out_, gate_up_out_, product_;
+  std::vector<float> qkv_out_, partials_, o_out_, gate_up_out_;
 };
 
 // Every decoder layer and the final norm for one decode token, in one OpenMP parallel region and one call
@@ -295,27 +373,51 @@ class DecodeStack {
                 seq_lens.scalar_type() == torch::kInt && cos.scalar_type() == torch::kFloat &&
                 cos.is_contiguous() && sin.is_contiguous() && block_tables.is_contiguous(), "metadata dtypes");
     TORCH_CHECK(bound_, "DecodeStack: bind_caches first");
-    torch::Tensor residual = x.contiguous().clone();
+    const torch::Tensor input = x.contiguous();
     torch::Tensor out = torch::empty({1, hidden_}, torch::kFloat);
-    float* res = residual.data_ptr<float>();
     const int threads = at::get_num_threads();
-    if (static_cast<int>(scores_.size()) < threads) {
-      scores_.resize(threads);
-      key_rows_.resize(threads);
+    if (static_cast<int>(scratch_.size()) < threads) {
+      scratch_.resize(threads);
+      for (auto& layer : layers_) {
+        for (auto& s : scratch_) layer->reserve(threads, s);
+      }
     }
+    for (auto& s : scratch_) s.cycles.assign(profiling_ ? kPhases : 0, 0);
     const DecodeLayer::Step step{cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(1),
                                  slot_mapping.data_ptr<int64_t>()[0], block_tables.data_ptr<int32_t>(),
-                                 seq_lens.data_ptr<int32_t>()[0], scores_.data(), key_rows_.data()};
+                                 seq_lens.data_ptr<int32_t>()[0]};
+    const float* embedding = input.data_ptr<float>();
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
+      ThreadScratch& s = scratch_[tid];
+      std::copy(embedding, embedding + hidden_, s.residual.data());
       for (size_t i = 0; i < layers_.size(); ++i) {
-        layers_[i]->run(tid, n, res, i == 0 ? nullptr : mlp_out_.data(), mlp_out_.data(), step);
+        layers_[i]->run(tid, n, s, i == 0 ? nullptr : mlp_out_.data(), mlp_out_.data(), step);
       }
     }
+    float* res = scratch_[0].residual.data();
     add_into(res, mlp_out_.data(), hidden_);
     rms_norm_into(res, final_norm_.data_ptr<float>(), hidden_, eps_, out.data_ptr<float>());
+    if (profiling_) {
+      if (totals_.size() < static_cast<size_t>(threads) * kPhases) totals_.resize(threads * kPhases, 0);
+      for (int t = 0; t < threads; ++t) {
+        for (int ph = 0; ph < kPhases; ++ph) totals_[t * kPhases + ph] += scratch_[t].cycles[ph];
+      }
+    }
     return out;
+  }
+
+  // Start (or stop) counting each thread's time-stamp-counter cycles per phase: qkv, attention, o, gate_up,
+  // down, barrier waits. Returns the totals counted so far, [threads][phases], and resets them.
+  std::vector<std::vector<int64_t>> profile(bool enable) {
+    std::vector<std::vector<int64_t>> result;
+    for (size_t t = 0; t * kPhases < totals_.size(); ++t) {
+      result.emplace_back(totals_.begin() + t * kPhases, totals_.begin() + (t + 1) * kPhases);
+    }
+    profiling_ = enable;
+    totals_.assign(static_cast<size_t>(at::get_num_threads()) * kPhases, 0);
+    return result;
   }
 
  private:
@@ -324,8 +426,9 @@ class DecodeStack {
   float eps_;
   int64_t hidden_ = 0;
   bool bound_ = false;
+  bool profiling_ = false;
   std::vector<float> mlp_out_;
-  std::vector<std::vector<float>> scores_;  // attention scratch, one per thread
-  std::vector<std::vector<int64_t>> key_rows_;
+  std::vector<ThreadScratch> scratch_;
+  std::vector<uint64_t> totals_;
 };
 #endif

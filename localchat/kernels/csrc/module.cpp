@@ -21,7 +21,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
       .def("bind_caches", &DecodeStack::bind_caches)
-      .def("forward", &DecodeStack::forward);
+      .def("forward", &DecodeStack::forward)
+      .def("profile", &DecodeStack::profile, "start/stop counting cycles per phase; returns and resets the totals");
 #endif
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
 }
