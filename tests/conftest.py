@@ -3,12 +3,21 @@ session."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # model hubs are unreachable here; never wait on them
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A cache of this run's own (inherited by the servers and CLIs the tests start): every run converts
+# the GGUF files again, so a stale converted copy cannot hide a converter change, and the user's
+# cache is never touched.
+_CACHE_DIR = tempfile.mkdtemp(prefix="localchat-test-cache-")
+os.environ["LOCALCHAT_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,19 +9,23 @@ blocks kept).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import platformdirs
 
 from localchat.engine.model_source import _say
 
-_FORMAT_VERSION = 3
+_FORMAT_VERSION = 4  # 4: a manifest of the files instead of a "done" marker
 TENSOR_INDEX = "gguf_tensors.json"  # where the file's tensors are (GGUFCheckpoint.tensor_index)
+# Written last: every other file's name and size. A directory without it, or whose files differ
+# from it (cut short, deleted), is half-written and is rebuilt, never trusted.
+MANIFEST = "manifest.json"
 
 
 def cache_root() -> Path:
@@ -39,24 +43,79 @@ def converted_dir(gguf_path: Path) -> Path:
 
 
 def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None) -> Path:
-    """The converted directory for `gguf_path`, creating it on first use."""
+    """The converted directory for `gguf_path`, creating it on first use.
+
+    It is built in a staging directory and renamed into place whole, under a file lock, so a
+    process killed mid-way leaves no directory that looks finished, and processes preparing the
+    same file at once convert it once and all get the same directory.
+    """
     target = converted_dir(gguf_path)
-    if (target / "done").is_file():
+    if is_complete(target):
         return target
-    _say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ...")
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        _convert(gguf_path, staging)
-        (staging / "done").write_text("ok\n")
+    with _locked(target.parent / f"{target.name}.lock") as exclusive:
+        if is_complete(target):  # another process built it while this one waited
+            return target
+        _remove_leftovers(target, staging_too=exclusive)
+        _say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ...")
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
         try:
-            staging.rename(target)
-        except OSError:  # another process finished first
+            _convert(gguf_path, staging)
+            _write_manifest(staging)
+            try:
+                staging.rename(target)
+            except OSError:  # no lock here (Windows) and another process finished first
+                if not is_complete(target):
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            raise
     return target
+
+
+def is_complete(directory: Path) -> bool:
+    """Whether `directory` holds every file its manifest lists, each of the listed size."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        files = manifest["files"]
+        return manifest["format"] == _FORMAT_VERSION and all(
+            (directory / name).stat().st_size == size for name, size in files.items()
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _write_manifest(directory: Path) -> None:
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
+    (directory / MANIFEST).write_text(json.dumps({"format": _FORMAT_VERSION, "files": files}))
+
+
+def _remove_leftovers(target: Path, staging_too: bool) -> None:
+    """Delete a half-written `target` and, with `staging_too` (under the lock, when no live process
+    is writing one), the staging directories of killed processes."""
+    for path in target.parent.iterdir():
+        staging = staging_too and path.name.startswith(f"{target.name}.")
+        if path.is_dir() and (path == target or staging):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[bool]:
+    """An exclusive advisory lock on `path` (POSIX flock) while the block runs, which gets True;
+    where there is none (Windows) it gets False: concurrent first runs each convert and the first
+    rename wins."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield False
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
