@@ -21,9 +21,12 @@ from localchat.kernels.packed_weight import PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
-# From this many rows on, the CPU path dequantizes the weight and runs a float GEMM (measured
-# crossover).
-DENSE_MIN_ROWS = int(os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "32"))
+# The CPU kernel computes every row of a batch, a prefill chunk or a decode with the same integer
+# arithmetic (bit for bit, whatever the batch), so a prompt's logits do not depend on how much of it
+# the prefix cache held. LOCALCHAT_DENSE_MIN_ROWS=N dequantizes the weight for one float GEMM from N
+# rows on instead: faster for long prompts on small models, but no longer batch-invariant.
+_DENSE_MIN_ROWS = os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "")
+DENSE_MIN_ROWS = int(_DENSE_MIN_ROWS) if _DENSE_MIN_ROWS else None
 # Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the
 # float32 path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of
 # positions.
@@ -43,9 +46,7 @@ def _one(
 ) -> torch.Tensor:
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
     bits = weight.bits
-    if ext is not None and x.shape[0] >= DENSE_MIN_ROWS:
-        # a prefill chunk or a large batch: dequantizing once and running one float GEMM is faster
-        # than integer dot products row by row (the weight is read once either way)
+    if ext is not None and DENSE_MIN_ROWS is not None and x.shape[0] >= DENSE_MIN_ROWS:
         dense = ext.dequantize(
             weight.qweight, weight.scales, weight.mins, bits, weight.group_size, weight.zero_point
         )

@@ -154,14 +154,31 @@ def test_large_parts_are_not_stacked(monkeypatch):
     assert fuse([a]) is a  # a single part (an embedding, an LM head) is never wrapped
 
 
-def test_large_batches_take_the_dequantized_gemm(ext):
-    from localchat.kernels.quant_linear import DENSE_MIN_ROWS
+def test_every_row_is_computed_the_same_whatever_the_batch(ext):
+    """A decode, a batch and a prefill chunk (more rows than one panel holds) give each row the same
+    bits: cached and uncached prompts then see the same logits."""
+    generator = torch.Generator().manual_seed(5)
+    for name, w in weights(52, 320).items():
+        x = torch.randn(70, 320, generator=generator)
+        every = run(ext, x, w, precise=True)
+        exact = quant_linear_reference(x, w)
+        bound = rounding_bound(x, w, 1 / 512) * 1.01 + 1e-6 * exact.abs().max()
+        assert ((every - exact).abs() <= bound).all(), name
+        for rows in (1, 2, 7, 33):
+            assert torch.equal(run(ext, x[:rows], w, precise=True), every[:rows]), (name, rows)
+        assert torch.equal(run(ext, x[40:41], w, precise=True), every[40:41]), name
 
+
+def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
+    """LOCALCHAT_DENSE_MIN_ROWS: from that many rows, the weight is dequantized for one float GEMM."""
+    from localchat.kernels import quant_linear as module
+
+    monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
     for name, w in weights(40, 160).items():
         bits = 4 if w.layout == "u4" else 8
         dense = ext.dequantize(w.qweight, w.scales, w.mins, bits, w.group_size, w.zero_point)
         torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
-        gate_up = torch.randn(DENSE_MIN_ROWS + 3, 320)
+        gate_up = torch.randn(35, 320)
         expected = quant_linear_reference(
             torch.nn.functional.silu(gate_up[:, :160]) * gate_up[:, 160:], w
         )

@@ -33,8 +33,6 @@ namespace {
 
 constexpr int kActBlock = 32;   // activation values sharing one int8 scale
 constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
-constexpr int kTileM = 4;       // activation rows computed together (one weight load, several dots)
-constexpr int kTileN = 16;      // weight rows kept hot while the activation tiles stream by
 
 struct Layout {
   bool u4;
@@ -189,73 +187,6 @@ float half_to_float(at::Half h) { return static_cast<float>(h); }
 // The bytes of a 64-byte chunk that exist, given how many are left in the row (the last chunk may be short).
 inline __mmask64 chunk_byte_mask(int64_t left) { return left >= 64 ? ~0ULL : ((1ULL << left) - 1); }
 
-// Dot products of one weight row with kTileM (or fewer) activation rows.
-template <int MT, bool PRECISE, bool SYMMETRIC>
-void row_dots(const uint8_t* w, const at::Half* scales, int64_t groups, int64_t chunks, const Layout& L,
-              ActivationRow* const* acts, float* out) {
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const int lanes_per_group = 16 / L.groups_per_chunk;
-  alignas(64) int32_t index_values[16];
-  for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / lanes_per_group;
-  const __m512i scale_index = _mm512_load_si512(index_values);
-  const int64_t weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
-  __m512 acc[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t offset = c * kChunkBytes;
-    const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
-    const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, w + offset);
-    const int64_t first_group = c * L.groups_per_chunk;
-    const int64_t scale_count = std::min<int64_t>(L.groups_per_chunk, groups - first_group);
-    const __m128i half_scales = _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << scale_count) - 1),
-                                                      scales + first_group);
-    const __m512 weight_scales = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(half_scales)));
-    if (L.u4) {
-      const __m512i lo = _mm512_and_si512(raw, low_mask);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask);
-      for (int t = 0; t < MT; ++t) {
-        const int8_t* a = acts[t]->codes + c * 128;
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(a));
-        dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512(a + 64));
-        if (PRECISE) {
-          const int8_t* a2 = acts[t]->codes2 + c * 128;
-          __m512i dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(a2));
-          dot2 = _mm512_dpbusd_epi32(dot2, hi, _mm512_load_si512(a2 + 64));
-          dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
-        }
-        if (SYMMETRIC) dot = _mm512_sub_epi32(dot, _mm512_load_si512(acts[t]->lane_zsums + c * 16));
-        const __m512 s = _mm512_mul_ps(weight_scales, _mm512_load_ps(acts[t]->lane_scales + c * 16));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[t]);
-      }
-    } else {
-      for (int t = 0; t < MT; ++t) {
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, _mm512_load_si512(acts[t]->codes + c * 64));
-        if (PRECISE) {
-          const __m512i dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw,
-                                                   _mm512_load_si512(acts[t]->codes2 + c * 64));
-          dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
-        }
-        if (SYMMETRIC) dot = _mm512_sub_epi32(dot, _mm512_load_si512(acts[t]->lane_zsums + c * 16));
-        const __m512 s = _mm512_mul_ps(weight_scales, _mm512_load_ps(acts[t]->lane_scales + c * 16));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[t]);
-      }
-    }
-  }
-  for (int t = 0; t < MT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
-}
-
-// sum_g mins[g] * terms[g] for the half-precision group mins of an asymmetric weight.
-float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; g += 16) {
-    const int64_t left = groups - g;
-    const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    const __m512 o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, offsets + g));
-    acc = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(mask, terms + g), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
 // acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later).
 inline __m512 offset_lanes(const at::Half* offsets, const float* terms, int64_t groups, __m512 acc) {
   for (int64_t g = 0; g < groups; g += 16) {
@@ -267,9 +198,9 @@ inline __m512 offset_lanes(const at::Half* offsets, const float* terms, int64_t 
   return acc;
 }
 
-// One activation row (a decode) against kRowsPerPass weight rows at a time: the activation codes and lane
-// scales are loaded once per chunk for all of them. An asymmetric weight's mins are applied 16 groups at a
-// time after the chunks, into the same accumulator, so they cost no extra reduction.
+// One activation row (a decode) against kRowsPerPass (or fewer) weight rows: the activation codes and lane
+// scales are loaded once per chunk for all of them. An asymmetric weight's mins are applied 16 groups at a time
+// after the chunks, into the same accumulator, so they cost no extra reduction.
 constexpr int kRowsPerPass = 4;
 // Each weight line is prefetched this many rows (two passes) ahead. The hardware prefetchers do not keep four
 // interleaved row streams ahead of the dot products: measured on 2026-12-01, the Q8_0 LM head streamed from
@@ -324,10 +255,89 @@ void gemv_rows(const uint8_t* w, int64_t w_row, const at::Half* scales, const at
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, lane_scales), acc[r]);
     }
   }
-  if (!SYMMETRIC) {
-    for (int r = 0; r < rows; ++r) acc[r] = offset_lanes(mins + r * groups, a.group_terms, groups, acc[r]);
+  for (int r = 0; r < rows; ++r) {
+    const __m512 total = SYMMETRIC ? acc[r] : offset_lanes(mins + r * groups, a.group_terms, groups, acc[r]);
+    out[r] = _mm512_reduce_add_ps(total);
   }
-  for (int r = 0; r < rows; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+// A block of activation rows against kRowsPerPass weight rows, for batches and prefill chunks: each weight chunk
+// is unpacked into registers once and meets every row of the block, whose accumulators live in `acc` (L1,
+// kRowsPerPass vectors per row). Per (activation row, weight row) pair it runs gemv_rows' operations in the
+// same order, so its results equal a decode's bit for bit.
+template <bool PRECISE, bool SYMMETRIC, bool U4>
+void panel_dots(const uint8_t* w, int64_t w_row, const at::Half* scales, const at::Half* mins, int64_t groups,
+                int64_t chunks, int64_t weight_bytes, const Layout& L, const __m512i scale_index,
+                const ActivationRow* acts, int64_t mt, int rows, float* out, int64_t out_stride, __m512* acc) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t offset = c * kChunkBytes;
+    const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
+    const int64_t first_group = c * L.groups_per_chunk;
+    const __mmask8 scale_mask = static_cast<__mmask8>(
+        (1u << std::min<int64_t>(L.groups_per_chunk, groups - first_group)) - 1);
+    __m512i lo[kRowsPerPass], hi[kRowsPerPass];
+    __m512 s[kRowsPerPass];
+    for (int r = 0; r < kRowsPerPass; ++r) {
+      const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
+      const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, w + rr * w_row + offset);
+      lo[r] = U4 ? _mm512_and_si512(raw, low_mask) : raw;
+      hi[r] = U4 ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask) : raw;
+      s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
+          _mm_maskz_loadu_epi16(scale_mask, scales + rr * groups + first_group))));
+    }
+    for (int64_t t = 0; t < mt; ++t) {
+      const ActivationRow& a = acts[t];
+      const int8_t* codes = a.codes + c * L.act_chunk_bytes;
+      const __m512i a_lo = _mm512_load_si512(codes);
+      const __m512i a_hi = U4 ? _mm512_load_si512(codes + 64) : a_lo;
+      __m512i b_lo = a_lo, b_hi = a_hi;
+      if (PRECISE) {
+        const int8_t* codes2 = a.codes2 + c * L.act_chunk_bytes;
+        b_lo = _mm512_load_si512(codes2);
+        b_hi = U4 ? _mm512_load_si512(codes2 + 64) : b_lo;
+      }
+      const __m512 lane_scales = _mm512_load_ps(a.lane_scales + c * 16);
+      const __m512i zsums = SYMMETRIC ? _mm512_load_si512(a.lane_zsums + c * 16) : _mm512_setzero_si512();
+      __m512* row_acc = acc + t * kRowsPerPass;
+      for (int r = 0; r < kRowsPerPass; ++r) {
+        __m512i dot, dot2;
+        if (U4) {
+          dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], a_lo), hi[r], a_hi);
+          if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], b_lo), hi[r], b_hi);
+        } else {
+          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], a_lo);
+          if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], b_lo);
+        }
+        if (PRECISE) dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
+        if (SYMMETRIC) dot = _mm512_sub_epi32(dot, zsums);
+        row_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], lane_scales), row_acc[r]);
+      }
+    }
+  }
+  for (int64_t t = 0; t < mt; ++t) {
+    for (int r = 0; r < rows; ++r) {
+      const __m512 sum = acc[t * kRowsPerPass + r];
+      const __m512 total = SYMMETRIC ? sum : offset_lanes(mins + r * groups, acts[t].group_terms, groups, sum);
+      out[t * out_stride + r] = _mm512_reduce_add_ps(total);
+    }
+  }
+}
+
+// Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
+constexpr int64_t kPanelRows = 32;
+
+using PanelFn = void (*)(const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, int64_t, int64_t,
+                         const Layout&, const __m512i, const ActivationRow*, int64_t, int, float*, int64_t, __m512*);
+
+PanelFn pick_panel(bool precise, bool symmetric, bool u4) {
+  if (u4) {
+    if (precise) return symmetric ? panel_dots<true, true, true> : panel_dots<true, false, true>;
+    return symmetric ? panel_dots<false, true, true> : panel_dots<false, false, true>;
+  }
+  if (precise) return symmetric ? panel_dots<true, true, false> : panel_dots<true, false, false>;
+  return symmetric ? panel_dots<false, true, false> : panel_dots<false, false, false>;
 }
 
 using GemvFn = void (*)(const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, int64_t, int64_t,
@@ -342,34 +352,14 @@ GemvFn pick_gemv(bool precise, bool symmetric, bool u4) {
   return symmetric ? gemv_rows<false, true, false> : gemv_rows<false, false, false>;
 }
 
-template <int MT>
-void row_dots_for(bool precise, bool symmetric, const uint8_t* w, const at::Half* s, int64_t groups, int64_t chunks,
-                  const Layout& L, ActivationRow* const* acts, float* dots) {
-  if (precise) {
-    if (symmetric) row_dots<MT, true, true>(w, s, groups, chunks, L, acts, dots);
-    else row_dots<MT, true, false>(w, s, groups, chunks, L, acts, dots);
-  } else {
-    if (symmetric) row_dots<MT, false, true>(w, s, groups, chunks, L, acts, dots);
-    else row_dots<MT, false, false>(w, s, groups, chunks, L, acts, dots);
-  }
-}
+#endif
 
-void dispatch_row_dots(int mt, bool precise, bool symmetric, const uint8_t* w, const at::Half* s, int64_t groups,
-                       int64_t chunks, const Layout& L, ActivationRow* const* acts, float* dots) {
-  switch (mt) {
-    case 1: row_dots_for<1>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
-    case 2: row_dots_for<2>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
-    case 3: row_dots_for<3>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
-    default: row_dots_for<4>(precise, symmetric, w, s, groups, chunks, L, acts, dots); break;
-  }
-}
-#else
+// sum_g offsets[g] * terms[g]: an asymmetric weight's mins on the portable path.
 float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
   float sum = 0.f;
   for (int64_t g = 0; g < groups; ++g) sum += half_to_float(offsets[g]) * terms[g];
   return sum;
 }
-#endif
 
 // Portable path: the same arithmetic, one group at a time.
 int32_t group_dot_scalar(const uint8_t* w, const int8_t* q, int64_t g, const Layout& L) {
@@ -467,52 +457,62 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   const bool vnni = LC_VNNI && use_vnni;
 
 #if LC_VNNI
-  if (vnni && M == 1) {
+  if (vnni) {
     alignas(64) int32_t index_values[16];
     for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
     const __m512i scale_index = _mm512_load_si512(index_values);
-    const GemvFn gemv = pick_gemv(precise, !has_mins, L.u4);
     const int64_t weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
     const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
-    const ActivationRow& activation = rows[0];
-    at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t pass = begin; pass < end; ++pass) {
-        const int64_t n = pass * kRowsPerPass;
-        const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-        float dots[kRowsPerPass];
-        gemv(wp + n * w_row, w_row, sp + n * groups, mp ? mp + n * groups : nullptr, groups, chunks, weight_bytes,
-             L, scale_index, activation, count, dots);
-        for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
+    if (M == 1) {
+      const GemvFn gemv = pick_gemv(precise, !has_mins, L.u4);
+      at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
+        for (int64_t pass = begin; pass < end; ++pass) {
+          const int64_t n = pass * kRowsPerPass;
+          const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+          float dots[kRowsPerPass];
+          gemv(wp + n * w_row, w_row, sp + n * groups, mp ? mp + n * groups : nullptr, groups, chunks, weight_bytes,
+               L, scale_index, rows[0], count, dots);
+          for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
+        }
+      });
+      return out;
+    }
+    const PanelFn panel = pick_panel(precise, !has_mins, L.u4);
+    // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
+    // kPanelRows rows (their accumulators in L1), pass by pass
+    const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
+    at::parallel_for(0, passes, 1, [&](int64_t begin, int64_t end) {
+      std::vector<__m512> acc(kPanelRows * kRowsPerPass);
+      float dots[kPanelRows * kRowsPerPass];
+      for (int64_t band_begin = begin; band_begin < end; band_begin += band) {
+        const int64_t band_end = std::min(end, band_begin + band);
+        for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
+          const int64_t mt = std::min<int64_t>(M - m0, kPanelRows);
+          for (int64_t pass = band_begin; pass < band_end; ++pass) {
+            const int64_t n = pass * kRowsPerPass;
+            const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+            panel(wp + n * w_row, w_row, sp + n * groups, mp ? mp + n * groups : nullptr, groups, chunks,
+                  weight_bytes, L, scale_index, rows.data() + m0, mt, count, dots, kRowsPerPass, acc.data());
+            for (int64_t t = 0; t < mt; ++t) {
+              float* o = op + (m0 + t) * N + n;
+              for (int r = 0; r < count; ++r) o[r] = bp ? dots[t * kRowsPerPass + r] + bp[n + r] : dots[t * kRowsPerPass + r];
+            }
+          }
+        }
       }
     });
     return out;
   }
 #endif
-  at::parallel_for(0, (N + kTileN - 1) / kTileN, 1, [&](int64_t tile_begin, int64_t tile_end) {
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t n0 = tile * kTileN, n1 = std::min(N, n0 + kTileN);
-      for (int64_t m0 = 0; m0 < M; m0 += kTileM) {
-        const int mt = static_cast<int>(std::min<int64_t>(kTileM, M - m0));
-        ActivationRow* acts[kTileM];
-        for (int t = 0; t < mt; ++t) acts[t] = &rows[m0 + t];
-        for (int64_t n = n0; n < n1; ++n) {
-          const uint8_t* w = wp + n * w_row;
-          const at::Half* s = sp + n * groups;
-          float dots[kTileM];
-#if LC_VNNI
-          if (vnni) {
-            dispatch_row_dots(mt, precise, !has_mins, w, s, groups, chunks, L, acts, dots);
-          } else
-#endif
-          {
-            for (int t = 0; t < mt; ++t) dots[t] = row_dot_scalar(w, s, groups, L, precise, symmetric_zero, *acts[t]);
-          }
-          for (int t = 0; t < mt; ++t) {
-            float v = has_mins ? dots[t] + offset_dot(mp + n * groups, acts[t]->group_terms, groups) : dots[t];
-            if (bp) v += bp[n];
-            op[(m0 + t) * N + n] = v;
-          }
-        }
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* w = wp + n * w_row;
+      const at::Half* s = sp + n * groups;
+      for (int64_t m = 0; m < M; ++m) {
+        float v = row_dot_scalar(w, s, groups, L, precise, symmetric_zero, rows[m]);
+        if (has_mins) v += offset_dot(mp + n * groups, rows[m].group_terms, groups);
+        if (bp) v += bp[n];
+        op[m * N + n] = v;
       }
     }
   });
