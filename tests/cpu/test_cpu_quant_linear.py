@@ -170,7 +170,7 @@ def test_every_row_is_computed_the_same_whatever_the_batch(ext):
 
 
 def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
-    """LOCALCHAT_DENSE_MIN_ROWS: from that many rows, the weight is dequantized for one float GEMM."""
+    """LOCALCHAT_DENSE_MIN_ROWS: from that many rows, the weight is dequantized for a float GEMM."""
     from localchat.kernels import quant_linear as module
 
     monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
