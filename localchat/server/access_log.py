@@ -31,7 +31,7 @@ def access_log(app):
                 f'{client[0] if client else "-"} "{scope["method"]} {scope["path"]}" '
                 f"{status or 'disconnected'} {time.monotonic() - start:.3f}s"
             )
-            # set by the completion routes as `request.state.localchat_generation`; Litestar's
+            # set by streaming.start_generation as `request.state.localchat_generation`; Litestar's
             # request state lives in this same scope dict, under "state"
             generation = (scope.get("state") or {}).get("localchat_generation")
             if generation is not None:

@@ -8,12 +8,11 @@ from typing import Annotated
 from litestar import Request, Response, post
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
-from localchat.server.generation import Generation
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
 from localchat.server.sampling import chat_sampling_params
 from localchat.server.state import require_api_key, server_of
-from localchat.server.streaming import respond
+from localchat.server.streaming import respond, start_generation
 
 
 class ChatDialect:
@@ -83,18 +82,8 @@ async def create_chat_completion(
         tools=data.tools,
     )
     role = "assistant" if data.add_generation_prompt else data.messages[-1].role
-    response_id = server.new_id("chatcmpl")
-    generation = Generation(server.engine, server.metrics, response_id, params)
-    await generation.start([prompt])
-    request.state.localchat_generation = generation  # for the access log line
+    generation = await start_generation(request, server, "chatcmpl", params, [prompt])
     dialect = ChatDialect(server.token_str, data.logprobs, role, _echo_text(data, role))
     return await respond(
-        request,
-        generation,
-        dialect,
-        response_id=response_id,
-        model=server.model_name,
-        object_name="chat.completion",
-        stream=bool(data.stream),
-        include_usage=bool(data.stream_options and data.stream_options.include_usage),
+        request, generation, dialect, data, model=server.model_name, object_name="chat.completion"
     )

@@ -9,12 +9,11 @@ from litestar import Request, Response, post
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.errors import InvalidParameterError
-from localchat.server.generation import Generation
 from localchat.server.logprobs import CompletionLogprobs, TokenStrings
 from localchat.server.protocol import JSON_BODY, CompletionRequest
 from localchat.server.sampling import completion_sampling_params
 from localchat.server.state import require_api_key, server_of
-from localchat.server.streaming import respond
+from localchat.server.streaming import respond, start_generation
 
 _PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 
@@ -99,10 +98,7 @@ async def create_completion(
     server.check_model(data.model)
     params = completion_sampling_params(data)
     prompts = parse_prompts(data.prompt)
-    response_id = server.new_id("cmpl")
-    generation = Generation(server.engine, server.metrics, response_id, params)
-    await generation.start(prompts)
-    request.state.localchat_generation = generation  # for the access log line
+    generation = await start_generation(request, server, "cmpl", params, prompts)
     echoes = []
     if data.echo:
         echoes = [
@@ -111,12 +107,5 @@ async def create_completion(
         ]
     dialect = CompletionDialect(server.token_str, data.logprobs is not None, echoes, params.n)
     return await respond(
-        request,
-        generation,
-        dialect,
-        response_id=response_id,
-        model=server.model_name,
-        object_name="text_completion",
-        stream=bool(data.stream),
-        include_usage=bool(data.stream_options and data.stream_options.include_usage),
+        request, generation, dialect, data, model=server.model_name, object_name="text_completion"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from litestar import Request, Response
@@ -22,6 +22,11 @@ from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.server.errors import error_from_exception
 from localchat.server.generation import Generation, until_disconnect
 from localchat.sse import DONE_EVENT
+
+if TYPE_CHECKING:
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.server.protocol import SamplingFields
+    from localchat.server.state import ServerState
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _encode = msgspec.json.Encoder().encode
@@ -96,22 +101,37 @@ async def sse_events(
     yield DONE_EVENT
 
 
+async def start_generation(
+    request: Request,
+    server: ServerState,
+    id_prefix: str,
+    params: SamplingParams,
+    prompts: list[str | list[int]],
+) -> Generation:
+    """Queue the prompts as one Generation under a new response id (`{id_prefix}-...`), and hand it
+    to the access log line."""
+    generation = Generation(server.engine, server.metrics, server.new_id(id_prefix), params)
+    await generation.start(prompts)
+    request.state.localchat_generation = generation
+    return generation
+
+
 async def respond(
     request: Request,
     generation: Generation,
     dialect: Dialect,
+    body: SamplingFields,
     *,
-    response_id: str,
     model: str,
     object_name: str,
-    stream: bool,
-    include_usage: bool,
 ) -> Response:
     """The HTTP response of a started generation: an SSE stream of `{object_name}.chunk`-style
-    chunks, or the whole `object_name` object once every choice has finished (aborted if the client
-    leaves first)."""
+    chunks when `body` asks for a stream, else the whole `object_name` object once every choice has
+    finished (aborted if the client leaves first)."""
+    response_id = generation.request_id
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     created = int(time.time())
-    if stream:
+    if body.stream:
         chunk_object = (
             "text_completion" if object_name == "text_completion" else f"{object_name}.chunk"
         )
