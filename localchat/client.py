@@ -207,14 +207,37 @@ def _json(response: httpx.Response) -> dict:
 
 
 class _Base:
-    """What both clients hold: the API root, the model, the headers."""
+    """What both clients hold: the API root, the model, the headers, an httpx client of their
+    kind."""
 
-    def __init__(self, base_url: str, api_key: str | None, model: str | None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits | None = None,
+    ):
+        """`model=None` lets the server use the model it serves; `base_url` takes any form
+        `api_base` accepts; `transport` (of the client's kind: sync or async) and `limits` go to
+        httpx."""
         self.base_url = api_base(base_url)  # .../v1
         # /health, /tokenize and /detokenize live here
         self.root_url = self.base_url.removesuffix("/v1")
         self.model = model
         self.headers = auth_headers(api_key)
+        options: dict = {"base_url": self.root_url, "headers": self.headers, "timeout": timeout}
+        if transport is not None:
+            options["transport"] = transport
+        if limits is not None:
+            options["limits"] = limits
+        self._open(options)
+
+    def _open(self, options: dict) -> None:
+        """Create `self._http` from httpx client options."""
+        raise NotImplementedError
 
     @contextmanager
     def _reaching(self) -> Iterator[None]:
@@ -224,31 +247,12 @@ class _Base:
         except httpx.RequestError as exc:
             raise APIConnectionError(self.root_url, exc) from None
 
-    def _http_options(self, timeout, transport, limits) -> dict:
-        options: dict = {"base_url": self.root_url, "headers": self.headers, "timeout": timeout}
-        if transport is not None:
-            options["transport"] = transport
-        if limits is not None:
-            options["limits"] = limits
-        return options
-
 
 class Client(_Base):
-    """Blocking client. `model=None` lets the server use the model it serves. `base_url` takes any
-    form `api_base` accepts."""
+    """Blocking client."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_BASE_URL,
-        *,
-        api_key: str | None = None,
-        model: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        transport: httpx.BaseTransport | None = None,
-        limits: httpx.Limits | None = None,
-    ):
-        super().__init__(base_url, api_key, model)
-        self._http = httpx.Client(**self._http_options(timeout, transport, limits))
+    def _open(self, options: dict) -> None:
+        self._http = httpx.Client(**options)
 
     def chat(
         self, messages: list[dict], stream: bool = False, **params
@@ -329,18 +333,8 @@ class AsyncClient(_Base):
     `async for d in client.chat(..., stream=True)`. Leaving a stream early closes its HTTP response,
     which aborts the request on the server."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_BASE_URL,
-        *,
-        api_key: str | None = None,
-        model: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        transport: httpx.AsyncBaseTransport | None = None,
-        limits: httpx.Limits | None = None,
-    ):
-        super().__init__(base_url, api_key, model)
-        self._http = httpx.AsyncClient(**self._http_options(timeout, transport, limits))
+    def _open(self, options: dict) -> None:
+        self._http = httpx.AsyncClient(**options)
 
     def chat(self, messages: list[dict], stream: bool = False, **params):
         return self._generate(
