@@ -146,25 +146,22 @@ class Sampler:
     def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy_rows = batch.temperature == 0
         scaled = logits / torch.where(greedy_rows, 1.0, batch.temperature).unsqueeze(1)
-        vocab = scaled.shape[1]
-        ids: torch.Tensor | None = None  # the token id of each weight's column (None: its index)
         if batch.top_k is None:
             weights = scaled.softmax(dim=-1)
         else:
-            weights, ids = _top_k_top_p(scaled, batch)
+            candidate_weights, ids = _top_k_top_p(scaled, batch)
+            weights = torch.zeros_like(scaled).scatter_(1, ids, candidate_weights)
             # rows without filters among rows with them keep the whole vocabulary
             if batch.unfiltered:
-                weights = torch.zeros_like(scaled).scatter_(1, ids, weights)
-                unfiltered_rows = batch.top_k == vocab
+                unfiltered_rows = batch.top_k == scaled.shape[1]
                 if batch.top_p is not None:
                     unfiltered_rows &= batch.top_p == 1.0
                 weights = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), weights)
-                ids = None
         # weights are each row's probabilities up to a factor, which min-p ignores
         if batch.min_p is not None:
             threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
             weights = weights.masked_fill(weights < threshold, 0.0)
-        tokens = _race(weights, batch.generators, vocab, ids)
+        tokens = _race(weights, batch.generators)
         if batch.any_greedy:
             tokens = torch.where(greedy_rows, logits.argmax(dim=-1), tokens)
         return tokens
@@ -268,38 +265,26 @@ def _keep(
     return weights, values.shape[1] + float(more.max())
 
 
-def _race(
-    weights: torch.Tensor,
-    generators: list[torch.Generator | None],
-    vocab: int,
-    ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per row, a token id with probability weight / sum(weights), by exponential races (argmax of
+def _race(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Per row, index i with probability weights[i] / sum(weights), by exponential races (argmax of
     w / q, q ~ Exp(1)): first among groups of RACE_GROUP ids by their total weight, then within the
-    winning group. `weights` covers the whole vocabulary by id, or (with `ids`) only a row's
-    candidates, every other token weighing 0: a filtered row (top-k, top-p) then races over its few
-    dozen candidates instead of the vocabulary, and picks the same token either way (candidates are
-    summed in id order, as the whole vocabulary is, and a 0 adds nothing).
+    winning group.
 
     Two small races draw a fixed count of exponentials per row (about 2 * sqrt(vocab)), not one per
     token, and keep what a race is good at: a token's q belongs to its id, so logits that differ in
     the last digits (another batch size, another kernel) change the pick only near a tie of w / q,
     and a seeded request's generator advances by the same count at every step.
     """
-    rows = weights.shape[0]
-    num_groups = -(-vocab // RACE_GROUP)
-    if ids is None:
-        ids = torch.arange(weights.shape[1], device=weights.device).expand(rows, -1)
-    else:
-        ids, order = ids.sort(dim=-1)
-        weights = weights.gather(1, order)
+    rows, size = weights.shape
+    if size % RACE_GROUP:
+        weights = torch.nn.functional.pad(weights, (0, RACE_GROUP - size % RACE_GROUP))
+    groups = weights.view(rows, -1, RACE_GROUP)
+    num_groups = groups.shape[1]
     noise = _exponentials(rows, num_groups + RACE_GROUP, generators).to(weights.device)
-    group_of = ids // RACE_GROUP
-    totals = torch.zeros(rows, num_groups, device=weights.device).scatter_add_(1, group_of, weights)
-    group = (totals / noise[:, :num_groups]).argmax(dim=-1, keepdim=True)
-    scores = weights / noise[:, num_groups:].gather(1, ids % RACE_GROUP)
-    pick = scores.masked_fill(group_of != group, -1.0).argmax(dim=-1, keepdim=True)
-    return ids.gather(1, pick).squeeze(1)
+    group = (groups.sum(dim=-1) / noise[:, :num_groups]).argmax(dim=-1)
+    members = groups.gather(1, group.view(rows, 1, 1).expand(rows, 1, RACE_GROUP)).squeeze(1)
+    member = (members / noise[:, num_groups:]).argmax(dim=-1)
+    return group * RACE_GROUP + member
 
 
 def _exponentials(rows: int, count: int, generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -373,22 +373,3 @@ def test_seeded_picks_survive_last_digit_changes_of_the_logits():
         picks.append(torch.tensor(Sampler()(row_logits, batch).token_ids))
     assert (picks[0] != picks[1]).sum() <= 6
     assert len(set(picks[0].tolist())) > 20  # real draws, not all the argmax
-
-
-def test_a_race_over_candidates_picks_what_the_whole_vocabulary_race_picks():
-    # filtered rows race over their candidates only (no pass over the vocabulary); a row among
-    # unfiltered ones races over the whole vocabulary: the same seed must pick the same token
-    rows, vocab, gen = 200, 1000, torch.Generator().manual_seed(8)
-    logits = lm_shaped_logits(rows, vocab, gen)
-    weights, ids = logits.softmax(dim=-1).topk(40, dim=-1)
-    weights[:, 20:] = 0.0  # what top-p leaves of the candidates
-    full = torch.zeros(rows, vocab).scatter_(1, ids, weights)
-
-    def picks(w, i):
-        generators = [torch.Generator().manual_seed(row) for row in range(rows)]
-        return sampler_module._race(w, generators, vocab, i)
-
-    sparse = picks(weights, ids)
-    assert torch.equal(sparse, picks(full, None))
-    assert bool((full.gather(1, sparse.unsqueeze(1)) > 0).all())  # never a token of weight 0
-    assert len(set(sparse.tolist())) > 50
