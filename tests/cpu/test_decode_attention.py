@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.engine.forward_context import AttentionMetadata
 from localchat.kernels.attention import paged_attention_ref
+from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.decode_attention import fused_decode_attention
 from localchat.kernels.kv_cache import store_kv_cache_ref
