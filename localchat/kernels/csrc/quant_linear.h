@@ -207,6 +207,48 @@ constexpr int kRowsPerPass = 4;
 // DRAM at 11.6 GB/s without and 18.4 GB/s with it, a decode's layers at 6.9 and 9.0 GB/s.
 constexpr int kPrefetchRows = 2 * kRowsPerPass;
 
+// One activation row's chunk c, loaded for the dot products: codes (and the second level's), lane scales, and
+// the zero-point sums of a symmetric weight.
+struct ActivationChunk {
+  __m512i a_lo, a_hi, b_lo, b_hi, zsums;
+  __m512 lane_scales;
+};
+
+template <bool PRECISE, bool SYMMETRIC, bool U4>
+inline ActivationChunk load_chunk(const ActivationRow& a, int64_t c, const Layout& L) {
+  ActivationChunk k;
+  const int8_t* codes = a.codes + c * L.act_chunk_bytes;
+  k.a_lo = _mm512_load_si512(codes);
+  k.a_hi = U4 ? _mm512_load_si512(codes + 64) : k.a_lo;
+  k.b_lo = k.a_lo;
+  k.b_hi = k.a_hi;
+  if (PRECISE) {
+    const int8_t* codes2 = a.codes2 + c * L.act_chunk_bytes;
+    k.b_lo = _mm512_load_si512(codes2);
+    k.b_hi = U4 ? _mm512_load_si512(codes2 + 64) : k.b_lo;
+  }
+  k.lane_scales = _mm512_load_ps(a.lane_scales + c * 16);
+  k.zsums = SYMMETRIC ? _mm512_load_si512(a.lane_zsums + c * 16) : _mm512_setzero_si512();
+  return k;
+}
+
+// acc + one weight row's chunk (lo/hi: its codes, unpacked; s: its group scales per lane) times an activation
+// chunk. Every kernel goes through this, so a (row, row) pair's result is the same in all of them.
+template <bool PRECISE, bool SYMMETRIC, bool U4>
+inline __m512 accumulate(__m512i lo, __m512i hi, __m512 s, const ActivationChunk& k, __m512 acc) {
+  __m512i dot, dot2;
+  if (U4) {
+    dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.a_lo), hi, k.a_hi);
+    if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.b_lo), hi, k.b_hi);
+  } else {
+    dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.a_lo);
+    if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.b_lo);
+  }
+  if (PRECISE) dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
+  if (SYMMETRIC) dot = _mm512_sub_epi32(dot, k.zsums);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, k.lane_scales), acc);
+}
+
 template <bool PRECISE, bool SYMMETRIC, bool U4>
 void gemv_rows(const uint8_t* w, int64_t w_row, const at::Half* scales, const at::Half* mins, int64_t groups,
                int64_t chunks, int64_t weight_bytes, const Layout& L, const __m512i scale_index,
@@ -224,35 +266,15 @@ void gemv_rows(const uint8_t* w, int64_t w_row, const at::Half* scales, const at
     const int64_t first_group = c * L.groups_per_chunk;
     const __mmask8 scale_mask = static_cast<__mmask8>(
         (1u << std::min<int64_t>(L.groups_per_chunk, groups - first_group)) - 1);
-    const int8_t* codes = a.codes + c * L.act_chunk_bytes;
-    const __m512i a_lo = _mm512_load_si512(codes);
-    const __m512i a_hi = U4 ? _mm512_load_si512(codes + 64) : a_lo;
-    __m512i b_lo = a_lo, b_hi = a_hi;
-    if (PRECISE) {
-      const int8_t* codes2 = a.codes2 + c * L.act_chunk_bytes;
-      b_lo = _mm512_load_si512(codes2);
-      b_hi = U4 ? _mm512_load_si512(codes2 + 64) : b_lo;
-    }
-    const __m512 lane_scales = _mm512_load_ps(a.lane_scales + c * 16);
-    const __m512i zsums = SYMMETRIC ? _mm512_load_si512(a.lane_zsums + c * 16) : _mm512_setzero_si512();
+    const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, U4>(a, c, L);
     for (int r = 0; r < rows; ++r) {
       __builtin_prefetch(w + (r + kPrefetchRows) * w_row + offset);
       const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, w + r * w_row + offset);
-      __m512i dot, dot2;
-      if (U4) {
-        const __m512i lo = _mm512_and_si512(raw, low_mask);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask);
-        dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a_lo), hi, a_hi);
-        if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, b_lo), hi, b_hi);
-      } else {
-        dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, a_lo);
-        if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, b_lo);
-      }
-      if (PRECISE) dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
-      if (SYMMETRIC) dot = _mm512_sub_epi32(dot, zsums);
+      const __m512i lo = U4 ? _mm512_and_si512(raw, low_mask) : raw;
+      const __m512i hi = U4 ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask) : raw;
       const __m512 s = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
           _mm_maskz_loadu_epi16(scale_mask, scales + r * groups + first_group))));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, lane_scales), acc[r]);
+      acc[r] = accumulate<PRECISE, SYMMETRIC, U4>(lo, hi, s, chunk, acc[r]);
     }
   }
   for (int r = 0; r < rows; ++r) {
@@ -289,30 +311,10 @@ void panel_dots(const uint8_t* w, int64_t w_row, const at::Half* scales, const a
     }
     for (int64_t t = 0; t < mt; ++t) {
       const ActivationRow& a = acts[t];
-      const int8_t* codes = a.codes + c * L.act_chunk_bytes;
-      const __m512i a_lo = _mm512_load_si512(codes);
-      const __m512i a_hi = U4 ? _mm512_load_si512(codes + 64) : a_lo;
-      __m512i b_lo = a_lo, b_hi = a_hi;
-      if (PRECISE) {
-        const int8_t* codes2 = a.codes2 + c * L.act_chunk_bytes;
-        b_lo = _mm512_load_si512(codes2);
-        b_hi = U4 ? _mm512_load_si512(codes2 + 64) : b_lo;
-      }
-      const __m512 lane_scales = _mm512_load_ps(a.lane_scales + c * 16);
-      const __m512i zsums = SYMMETRIC ? _mm512_load_si512(a.lane_zsums + c * 16) : _mm512_setzero_si512();
+      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, U4>(a, c, L);
       __m512* row_acc = acc + t * kRowsPerPass;
       for (int r = 0; r < kRowsPerPass; ++r) {
-        __m512i dot, dot2;
-        if (U4) {
-          dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], a_lo), hi[r], a_hi);
-          if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], b_lo), hi[r], b_hi);
-        } else {
-          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], a_lo);
-          if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], b_lo);
-        }
-        if (PRECISE) dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
-        if (SYMMETRIC) dot = _mm512_sub_epi32(dot, zsums);
-        row_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], lane_scales), row_acc[r]);
+        row_acc[r] = accumulate<PRECISE, SYMMETRIC, U4>(lo[r], hi[r], s[r], chunk, row_acc[r]);
       }
     }
   }
