@@ -111,14 +111,15 @@ void attend_query_head(const DecodeToken& t, const PoolShape& p, int64_t qh, std
   }
 }
 
+// Keys ahead of the one in use whose rows are prefetched (see attend_partial).
+constexpr int64_t kPrefetchKeys = 16;
+
 // A share of one token's attention, for splitting a sequence's keys between threads: every query head
 // (queries: [Hq * D], rotated) over keys [j0, j1). Keys are visited in pool order, each key's row (all KV heads,
 // contiguous) read once for all query heads, so a block of the pool streams through in sequence. The current
 // token's key and value (the last, not read from the pool: another thread may still be storing them) come as
 // cur_k / cur_v [Hkv * D]. partials: [Hq][D + 2] = (m, l, acc) with m the top score, l = sum_j exp(s_j - m),
 // acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
-constexpr int64_t kPrefetchKeys = 16;
-
 void attend_partial(const float* queries, const DecodeToken& t, const PoolShape& p, int64_t j0, int64_t j1,
                     const float* cur_k, const float* cur_v, std::vector<float>& scores, float* partials) {
   const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;

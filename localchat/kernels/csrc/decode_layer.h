@@ -138,8 +138,7 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 
 // What each thread of the decode region keeps for itself: its copy of the residual stream, the normalized input
 // of the next projection, SiLU's product, the current token's rotated keys and queries, the attention
-// output (all heads, merged) and attention scores, and (when
-// profiling) the cycles it spent in each phase.
+// output (all heads, merged) and attention scores, and (when profiling) the cycles it spent in each phase.
 struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
   std::vector<char> keys_ready;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "vector_math.h"
@@ -327,6 +328,19 @@ void panel_dots(const uint8_t* w, int64_t w_row, const at::Half* scales, const a
   }
 }
 
+// pick(precise, symmetric, u4) with each flag as a std::bool_constant: the kernel instantiation for a weight.
+template <typename Pick>
+auto pick_kernel(bool precise, bool symmetric, bool u4, Pick pick) {
+  using T = std::true_type;
+  using F = std::false_type;
+  if (u4) {
+    if (precise) return symmetric ? pick(T{}, T{}, T{}) : pick(T{}, F{}, T{});
+    return symmetric ? pick(F{}, T{}, T{}) : pick(F{}, F{}, T{});
+  }
+  if (precise) return symmetric ? pick(T{}, T{}, F{}) : pick(T{}, F{}, F{});
+  return symmetric ? pick(F{}, T{}, F{}) : pick(F{}, F{}, F{});
+}
+
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
 constexpr int64_t kPanelRows = 32;
 
@@ -334,24 +348,18 @@ using PanelFn = void (*)(const uint8_t*, int64_t, const at::Half*, const at::Hal
                          const Layout&, const __m512i, const ActivationRow*, int64_t, int, float*, int64_t, __m512*);
 
 PanelFn pick_panel(bool precise, bool symmetric, bool u4) {
-  if (u4) {
-    if (precise) return symmetric ? panel_dots<true, true, true> : panel_dots<true, false, true>;
-    return symmetric ? panel_dots<false, true, true> : panel_dots<false, false, true>;
-  }
-  if (precise) return symmetric ? panel_dots<true, true, false> : panel_dots<true, false, false>;
-  return symmetric ? panel_dots<false, true, false> : panel_dots<false, false, false>;
+  return pick_kernel(precise, symmetric, u4, [](auto p, auto s, auto u) -> PanelFn {
+    return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value>;
+  });
 }
 
 using GemvFn = void (*)(const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, int64_t, int64_t,
                         const Layout&, const __m512i, const ActivationRow&, int, float*);
 
 GemvFn pick_gemv(bool precise, bool symmetric, bool u4) {
-  if (u4) {
-    if (precise) return symmetric ? gemv_rows<true, true, true> : gemv_rows<true, false, true>;
-    return symmetric ? gemv_rows<false, true, true> : gemv_rows<false, false, true>;
-  }
-  if (precise) return symmetric ? gemv_rows<true, true, false> : gemv_rows<true, false, false>;
-  return symmetric ? gemv_rows<false, true, false> : gemv_rows<false, false, false>;
+  return pick_kernel(precise, symmetric, u4, [](auto p, auto s, auto u) -> GemvFn {
+    return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value>;
+  });
 }
 
 #endif
