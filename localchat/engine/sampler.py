@@ -5,10 +5,13 @@ temperature, top-k, top-p and min-p followed by an exponential race among what i
 p / q, q ~ Exp(1)), which draws from p. A seeded request draws its q from its own generator, so its
 samples do not depend on its batch companions.
 
-Cost at batch 1 is a few passes over the vocabulary, never a sort of it in the common case: top-k
-and top-p work on a candidate set (an exact top-k, engine/topk.py), which top-p widens (at last to a
-full sort) only when the candidates hold less than top_p of the probability mass. Min-p and the
-penalties need no sort, and parameters at their neutral values cost nothing.
+On the CPU a C++ kernel (kernels/csrc/sampling.h) does the filtering and the race in two passes
+over each row and picks what `sample_reference`, the torch code below, picks for the same noise.
+The GPU runs the torch code, whose cost at batch 1 is a few passes over the vocabulary, never a
+sort of it in the common case: top-k and top-p work on a candidate set (an exact top-k,
+engine/topk.py), which top-p widens (at last to a full sort) only when the candidates hold less
+than top_p of the probability mass. Min-p and the penalties need no sort, and parameters at their
+neutral values cost nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from localchat.engine.penalties import Penalties
 from localchat.engine.sequence import Sequence, TokenLogprob
 from localchat.engine.topk import topk
+from localchat.kernels.cpu_extension import cpu_kernels
 
 RACE_GROUP = 256  # token ids per group of the sampling race (see _race)
 
@@ -144,27 +148,13 @@ class Sampler:
 
     @staticmethod
     def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_rows = batch.temperature == 0
-        scaled = logits / torch.where(greedy_rows, 1.0, batch.temperature).unsqueeze(1)
-        if batch.top_k is None:
-            weights = scaled.softmax(dim=-1)
-        else:
-            candidate_weights, ids = _top_k_top_p(scaled, batch)
-            weights = torch.zeros_like(scaled).scatter_(1, ids, candidate_weights)
-            # rows without filters among rows with them keep the whole vocabulary
-            if batch.unfiltered:
-                unfiltered_rows = batch.top_k == scaled.shape[1]
-                if batch.top_p is not None:
-                    unfiltered_rows &= batch.top_p == 1.0
-                weights = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), weights)
-        # weights are each row's probabilities up to a factor, which min-p ignores
-        if batch.min_p is not None:
-            threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
-            weights = weights.masked_fill(weights < threshold, 0.0)
-        tokens = _race(weights, batch.generators)
-        if batch.any_greedy:
-            tokens = torch.where(greedy_rows, logits.argmax(dim=-1), tokens)
-        return tokens
+        noise = race_noise(logits.shape, batch.generators)
+        ext = cpu_kernels() if logits.device.type == "cpu" else None
+        if ext is not None:  # one C++ pass per row (kernels/csrc/sampling.h), the same picks
+            return ext.sample_tokens(
+                logits.contiguous(), batch.temperature, batch.top_k, batch.top_p, batch.min_p, noise
+            )
+        return sample_reference(logits, batch, noise.to(logits.device))
 
     @staticmethod
     def _logprobs(
@@ -193,6 +183,35 @@ class Sampler:
             top = list(zip(top_id_rows[row][:k], top_value_rows[row][:k], strict=True))
             result.append(TokenLogprob(tokens[row], chosen_list[row], ranks[row], top))
         return result
+
+
+def sample_reference(
+    logits: torch.Tensor, batch: SamplingBatch, noise: torch.Tensor
+) -> torch.Tensor:
+    """The tokens of a batch with sampled rows, in torch ops (the GPU's path, and the reference
+    the C++ kernel is tested against): temperature, top-k, top-p, min-p, then the race with
+    `noise`."""
+    greedy_rows = batch.temperature == 0
+    scaled = logits / torch.where(greedy_rows, 1.0, batch.temperature).unsqueeze(1)
+    if batch.top_k is None:
+        weights = scaled.softmax(dim=-1)
+    else:
+        candidate_weights, ids = _top_k_top_p(scaled, batch)
+        weights = torch.zeros_like(scaled).scatter_(1, ids, candidate_weights)
+        # rows without filters among rows with them keep the whole vocabulary
+        if batch.unfiltered:
+            unfiltered_rows = batch.top_k == scaled.shape[1]
+            if batch.top_p is not None:
+                unfiltered_rows &= batch.top_p == 1.0
+            weights = torch.where(unfiltered_rows.unsqueeze(1), scaled.softmax(dim=-1), weights)
+    # weights are each row's probabilities up to a factor, which min-p ignores
+    if batch.min_p is not None:
+        threshold = batch.min_p.unsqueeze(1) * weights.amax(dim=-1, keepdim=True)
+        weights = weights.masked_fill(weights < threshold, 0.0)
+    tokens = _race(weights, noise)
+    if batch.any_greedy:
+        tokens = torch.where(greedy_rows, logits.argmax(dim=-1), tokens)
+    return tokens
 
 
 def _top_k_top_p(scaled: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,10 +284,10 @@ def _keep(
     return weights, values.shape[1] + float(more.max())
 
 
-def _race(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+def _race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Per row, index i with probability weights[i] / sum(weights), by exponential races (argmax of
-    w / q, q ~ Exp(1)): first among groups of RACE_GROUP ids by their total weight, then within the
-    winning group.
+    w / q, q ~ Exp(1) from `noise`, see race_noise): first among groups of RACE_GROUP ids by their
+    total weight, then within the winning group.
 
     Two small races draw a fixed count of exponentials per row (about 2 * sqrt(vocab)), not one per
     token, and keep what a race is good at: a token's q belongs to its id, so logits that differ in
@@ -280,11 +299,17 @@ def _race(weights: torch.Tensor, generators: list[torch.Generator | None]) -> to
         weights = torch.nn.functional.pad(weights, (0, RACE_GROUP - size % RACE_GROUP))
     groups = weights.view(rows, -1, RACE_GROUP)
     num_groups = groups.shape[1]
-    noise = _exponentials(rows, num_groups + RACE_GROUP, generators).to(weights.device)
     group = (groups.sum(dim=-1) / noise[:, :num_groups]).argmax(dim=-1)
     members = groups.gather(1, group.view(rows, 1, 1).expand(rows, 1, RACE_GROUP)).squeeze(1)
     member = (members / noise[:, num_groups:]).argmax(dim=-1)
     return group * RACE_GROUP + member
+
+
+def race_noise(shape: torch.Size, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """The race's Exp(1) draws for logits of `shape` ([rows, vocab]), on the CPU: [rows, groups +
+    RACE_GROUP], a seeded row's from its own generator."""
+    rows, vocab = shape
+    return _exponentials(rows, -(-vocab // RACE_GROUP) + RACE_GROUP, generators)
 
 
 def _exponentials(rows: int, count: int, generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -25,6 +25,7 @@ _SOURCES = (
     "rms_norm.h",
     "vector_math.h",
     "gguf_repack.h",
+    "sampling.h",
 )  # module.cpp includes the rest
 _lock = threading.Lock()
 _module: ModuleType | None = None

@@ -5,12 +5,14 @@
 #include "gguf_repack.h"
 #include "quant_linear.h"
 #include "rms_norm.h"
+#include "sampling.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear, "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
   m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
   m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
   m.def("repack_gguf", &repack_gguf, "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
+  m.def("sample_tokens", &sample_tokens, "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");
   m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
 #if LC_VNNI
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
