@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -12,6 +13,8 @@ import torch
 from localchat.config import EngineConfig
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.detokenizer import IncrementalDetokenizer
+from localchat.engine.guided_decoding import GrammarCompiler
+from localchat.engine.logits_processors import RequestConstraints, attach_grammar
 from localchat.engine.memory import fix_mmap_threshold
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.model_runner import ModelRunner
@@ -91,6 +94,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
         )
+        self.grammar_compiler: GrammarCompiler | None = None
+        if self.tokenizer is not None:
+            self.grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.runner.spec.vocab_size, self.eos_token_ids
+            )
+        self.runner.grammar_compiler = self.grammar_compiler
+        self._compiling: list[Request] = []  # requests whose grammar is compiling
         self.requests: dict[str, Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -121,6 +131,10 @@ class LLMEngine:
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate_prompt(token_ids, params)
         request = Request(request_id, token_ids, params, prompt=text)
+        if params.has_logits_processors:
+            request.constraints = self._constraints(params)
+            if request.constraints.grammar is not None:
+                self._compiling.append(request)
         for seq in request.seqs:
             if self.tokenizer is not None:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
@@ -128,6 +142,54 @@ class LLMEngine:
         self.requests[request_id] = request
         self._prompt_tokens_total += len(token_ids)
         return request
+
+    def _constraints(self, params: SamplingParams) -> RequestConstraints:
+        vocab = self.model_info.vocab_size
+        for name, ids in (
+            ("logit_bias", list(params.logit_bias or {})),
+            ("allowed_token_ids", params.allowed_token_ids or []),
+        ):
+            if any(t >= vocab for t in ids):
+                raise InvalidParameterError(
+                    f"{name} token ids must be below the vocabulary size {vocab}", param=name
+                )
+        bad_words_ids: list[list[int]] = []
+        for word in params.bad_words or []:
+            for variant in (word, " " + word.lstrip()):  # as a word of its own, and mid-text
+                ids = self.tokenize(variant, add_special_tokens=False)
+                if ids and ids not in bad_words_ids:
+                    bad_words_ids.append(ids)
+        constraints = RequestConstraints(params, bad_words_ids)
+        if params.grammar is not None:
+            if self.grammar_compiler is None:
+                raise InvalidParameterError(
+                    "constrained decoding needs a tokenizer; this model was loaded without one",
+                    param="response_format",
+                )
+            constraints.grammar = self.grammar_compiler.compile(params.grammar)
+        return constraints
+
+    def _settle_grammars(self) -> list[RequestOutput]:
+        """Give the sequences of requests whose grammar compiled their matchers; a grammar that
+        failed aborts its request."""
+        outputs = []
+        still = []
+        for request in self._compiling:
+            future = request.constraints.grammar if request.constraints else None
+            if future is None or request.request_id not in self.requests:
+                continue
+            if not future.done():
+                still.append(request)
+            elif future.exception() is not None:
+                logger.warning("grammar of %s failed: %s", request.request_id, future.exception())
+                output = self.abort(request.request_id)
+                if output is not None:
+                    outputs.append(output)
+            else:
+                for seq in request.seqs:
+                    attach_grammar(seq)
+        self._compiling = still
+        return outputs
 
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
@@ -173,9 +235,17 @@ class LLMEngine:
 
     # --- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        failed = self._settle_grammars() if self._compiling else []
         batch = self.scheduler.schedule()
         if not batch:
-            return []
+            if self._compiling:  # everything waits for a grammar: don't spin
+                futures = [r.constraints.grammar for r in self._compiling if r.constraints]
+                concurrent.futures.wait(
+                    [f for f in futures if f is not None],
+                    timeout=0.005,
+                    return_when=concurrent.futures.FIRST_COMPLETED,
+                )
+            return failed
         now = time.monotonic()
         for seq in batch.seqs:
             if seq.request.first_scheduled_time is None:
@@ -190,7 +260,7 @@ class LLMEngine:
             deltas.setdefault(seq.request.request_id, []).append(
                 self._advance(seq, token_id, logprob)
             )
-        outputs = []
+        outputs = failed
         for request_id, pieces in deltas.items():
             request = self.requests[request_id]
             outputs.append(self._request_output(request, pieces))
@@ -205,6 +275,7 @@ class LLMEngine:
         if logprob is not None:
             seq.logprobs.append(logprob)
         params = seq.params
+        grammar_done = seq.grammar is not None and seq.grammar.accept(token_id)
         may_stop = seq.num_output_tokens >= params.min_tokens
         finish_reason: str | None = None
         stop_reason: int | str | None = None
@@ -221,6 +292,8 @@ class LLMEngine:
             stop_string = seq.detokenizer.add_token(token_id)
             if stop_string is not None and may_stop and finish_reason is None:
                 finish_reason, stop_reason = "stop", stop_string
+        if finish_reason is None and grammar_done:
+            finish_reason = "stop"
         if finish_reason is None and (
             (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
             or seq.num_tokens >= self.max_model_len

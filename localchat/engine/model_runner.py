@@ -11,7 +11,9 @@ import torch
 
 from localchat.engine.cuda_graphs import DecodeGraphs
 from localchat.engine.forward_context import ForwardContext, forward_context
+from localchat.engine.guided_decoding import GrammarCompiler
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
+from localchat.engine.logits_processors import apply_constraints
 from localchat.engine.models.decoder import Attention, DecoderForCausalLM
 from localchat.engine.prompt_logprobs import fill_prompt_logprobs
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -49,6 +51,7 @@ class ModelRunner:
         self.rotary = RotaryTables(rotary_dim, max_model_len, theta, scaling, device)
         self.max_num_seqs = max_num_seqs
         self.sampler = Sampler()
+        self.grammar_compiler: GrammarCompiler | None = None  # set by the engine with a tokenizer
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
 
@@ -160,6 +163,7 @@ class ModelRunner:
         sampling = SamplingBatch.from_seqs(
             seqs, self.spec.vocab_size, self.eos_token_ids, self.device
         )
+        logits = apply_constraints(logits, seqs, self.grammar_compiler)
         return self.sampler(logits, sampling)
 
     def _prepare(self, seqs: list[Sequence], num_new: list[int]):

@@ -44,6 +44,12 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    # logits processors (engine/logits_processors.py): an additive bias per token id (-100..100),
+    # the only token ids allowed, words never to generate, an llguidance grammar to follow
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -109,10 +115,36 @@ class SamplingParams:
             "stop_token_ids",
             "a list of non-negative token ids",
         )
+        check(
+            all(
+                isinstance(t, int) and t >= 0 and -100.0 <= b <= 100.0
+                for t, b in (self.logit_bias or {}).items()
+            ),
+            "logit_bias",
+            "a map of token ids to biases in [-100, 100]",
+        )
+        check(
+            self.allowed_token_ids is None
+            or (
+                len(self.allowed_token_ids) > 0
+                and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)
+            ),
+            "allowed_token_ids",
+            "a non-empty list of non-negative token ids",
+        )
+        check(
+            all(isinstance(w, str) and w for w in self.bad_words or []),
+            "bad_words",
+            "a list of non-empty strings",
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+    @property
+    def has_logits_processors(self) -> bool:
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words or self.grammar)
 
     @property
     def has_penalties(self) -> bool:

@@ -84,7 +84,7 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.popleft()
-            if self._waits_for_sibling(seq):
+            if self._waits_for_sibling(seq) or _waits_for_grammar(seq):
                 skipped.append(seq)
                 continue
             cached = self.block_manager.find_cached_prefix(seq)
@@ -128,3 +128,9 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+
+
+def _waits_for_grammar(seq: Sequence) -> bool:
+    """A constrained request waits until its grammar has compiled (off the engine thread)."""
+    constraints = seq.request.constraints
+    return constraints is not None and constraints.grammar_pending

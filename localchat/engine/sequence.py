@@ -15,6 +15,8 @@ from localchat.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from localchat.engine.detokenizer import IncrementalDetokenizer
+    from localchat.engine.guided_decoding import GrammarState
+    from localchat.engine.logits_processors import RequestConstraints
 
 
 class SequenceStatus(enum.Enum):
@@ -73,6 +75,8 @@ class Sequence:
             )
         # set by the engine when it has a tokenizer
         self.detokenizer: IncrementalDetokenizer | None = None
+        # its own grammar matcher, once the request's grammar has compiled
+        self.grammar: GrammarState | None = None
         self.first_token_time: float | None = None
 
     @property
@@ -115,6 +119,8 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     seqs: list[Sequence] = field(default_factory=list)
+    # grammar, logit_bias, allowed_token_ids, bad_words: set by the engine when params ask for any
+    constraints: RequestConstraints | None = None
 
     def __post_init__(self) -> None:
         self.seqs = [Sequence(self, i, self.prompt_token_ids) for i in range(self.params.n)]
