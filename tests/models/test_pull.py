@@ -1,0 +1,202 @@
+"""`localchat pull` against a fake hub: the right files, resumed, verified, fast failures."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from localchat.models.download import PARTIAL_SUFFIX, storage_dir
+from tests.models.conftest import GGUF_FILE, GGUF_NAME, GGUF_REPO, ST_NAME, ST_REPO
+
+
+def _blob(cache, repo_id, data: bytes):
+    return storage_dir(cache, repo_id) / "blobs" / hashlib.sha256(data).hexdigest()
+
+
+def test_pull_gguf_by_quant_tag_downloads_only_that_file_and_it_generates(
+    cli, hub_cache, fake_hub, llm
+):
+    data = fake_hub.repos[GGUF_REPO].files[GGUF_FILE]
+    result = cli("pull", f"{GGUF_REPO}:Q4_1")
+    assert result.exit_code == 0, result.output
+    assert f"pulled {GGUF_NAME}" in result.stdout
+    assert "93.8 MiB" in result.stderr  # the progress bar's bytes
+    blob = _blob(hub_cache, GGUF_REPO, data)
+    assert hashlib.sha256(blob.read_bytes()).digest() == hashlib.sha256(data).digest()
+    gets = [r["path"] for r in fake_hub.requests if r["method"] == "GET"]
+    assert not any("Q8_0" in p or "README" in p for p in gets), gets
+
+    from localchat import LLM, SamplingParams
+
+    pulled = LLM(GGUF_NAME, kv_cache_memory="64MiB", max_model_len=256)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    prompt = "The capital of France is"
+    assert pulled.generate([prompt], params)[0].text == llm.generate([prompt], params)[0].text
+    # pulled again: nothing is downloaded
+    before = len(fake_hub.ranges(GGUF_FILE))
+    assert cli("pull", f"{GGUF_REPO}:{GGUF_FILE}").exit_code == 0
+    assert len(fake_hub.ranges(GGUF_FILE)) == before
+
+
+def test_pull_safetensors_repo_honours_hf_token(cli, hub_cache, fake_hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    result = cli("pull", ST_REPO)
+    assert result.exit_code == 0, result.output
+    assert f"pulled {ST_NAME}" in result.stdout
+    snapshot = storage_dir(hub_cache, ST_REPO) / "snapshots" / fake_hub.repos[ST_REPO].commit
+    names = sorted(p.name for p in snapshot.iterdir())
+    assert "model.safetensors" in names and "generation_config.json" in names
+    assert "tokenizer.json" in names and "README.md" not in names
+    assert all(r["authorization"] == "Bearer hf_secret" for r in fake_hub.requests)
+
+    from localchat import LLM, SamplingParams
+
+    out = LLM(ST_NAME, kv_cache_memory="16MiB", max_model_len=128).generate(
+        ["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
+    assert len(out[0].token_ids) == 4
+
+
+def test_a_dropped_connection_resumes_with_a_range_request(cli, hub_cache, fake_hub):
+    """Cut after 15 MiB: huggingface_hub wrote the first 10 MiB chunk (it writes in chunks of
+    that size) and asks for the rest."""
+    fake_hub.behaviour.drop_file, fake_hub.behaviour.drop_after = GGUF_FILE, 15 << 20
+    fake_hub.behaviour.drop_times = 1
+    result = cli("pull", f"{GGUF_REPO}:q4_1")
+    assert result.exit_code == 0, result.output
+    assert fake_hub.ranges(GGUF_FILE) == [None, f"bytes={10 << 20}-"]
+    data = fake_hub.repos[GGUF_REPO].files[GGUF_FILE]
+    assert _blob(hub_cache, GGUF_REPO, data).read_bytes() == data
+
+
+def _pull_process(ref: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "localchat", "pull", ref],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_an_interrupted_pull_resumes_where_it_stopped(hub_cache, fake_hub):
+    """Ctrl+C mid-file keeps the partial file (20 MiB: two whole 10 MiB chunks of the 21 MiB
+    received); the next pull asks only for the rest."""
+    fake_hub.behaviour.stall_file, fake_hub.behaviour.stall_after = GGUF_FILE, 21 << 20
+    data = fake_hub.repos[GGUF_REPO].files[GGUF_FILE]
+    blob = _blob(hub_cache, GGUF_REPO, data)
+    partial = blob.with_name(blob.name + PARTIAL_SUFFIX)
+    first = _pull_process(f"{GGUF_REPO}:q4_1")
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.stat().st_size >= 20 << 20):
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.1)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=30)
+    assert first.returncode == 130 and "resumes" in err and "Traceback" not in err, err
+    assert partial.stat().st_size == 20 << 20 and not blob.exists()
+
+    second = _pull_process(f"{GGUF_REPO}:q4_1")
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert fake_hub.ranges(GGUF_FILE) == [None, f"bytes={20 << 20}-"]
+    assert blob.read_bytes() == data and not partial.exists()
+
+
+@pytest.mark.parametrize("bad_file", ["x.Q4_0.gguf", "config.json"])
+def test_a_checksum_mismatch_is_refused(cli, hub_cache, fake_hub, bad_file):
+    """An LFS file (sha256) or a small file (git blob id) whose bytes differ from the hub's
+    checksum is discarded, and nothing of it is listed."""
+    from tests.models.fake_hub import Repo
+
+    files = {"x.Q4_0.gguf": os.urandom(200_000), "config.json": b'{"model_type": "llama"}'}
+    fake_hub.repos["acme/bad"] = Repo(files)
+    fake_hub.behaviour.corrupt = {bad_file}
+    ref = "acme/bad:q4_0" if bad_file.endswith(".gguf") else "acme/bad"
+    if not bad_file.endswith(".gguf"):
+        files["model.safetensors"] = b"\0" * 16
+    result = cli("pull", ref)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "checksum mismatch" in result.stderr and bad_file in result.stderr
+    blobs = storage_dir(hub_cache, "acme/bad") / "blobs"
+    assert not any(p.name.endswith(PARTIAL_SUFFIX) for p in blobs.iterdir())
+    snapshots = storage_dir(hub_cache, "acme/bad") / "snapshots"
+    assert not list(snapshots.rglob(bad_file))
+    assert "acme/bad" not in cli("list", "--json").stdout
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP server that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def _closed_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("where", ["refused", "no-dns", "silent"])
+def test_an_unreachable_hub_fails_fast_with_a_clear_message(
+    cli, hub_cache, monkeypatch, silent_server, where
+):
+    endpoint = {
+        "refused": _closed_port(),
+        "no-dns": "http://hub.invalid",
+        "silent": silent_server,
+    }[where]
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    start = time.monotonic()
+    result = cli("pull", "Qwen/Qwen2.5-0.5B-Instruct-GGUF:q4_k_m")
+    elapsed = time.monotonic() - start
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert endpoint in result.stderr and (
+        "cannot reach" in result.stderr or "in time" in result.stderr
+    )
+    assert elapsed < 8, elapsed
+
+
+def test_choosing_files_names_the_choices(cli, hub_cache, fake_hub):
+    result = cli("pull", f"{GGUF_REPO}:q2_k")
+    assert result.exit_code == 2
+    assert f"{GGUF_REPO}:q4_1" in result.stderr and f"{GGUF_REPO}:q8_0" in result.stderr
+    result = cli("pull", "acme/nothing-here")
+    assert result.exit_code == 2 and "no such model" in result.stderr
+    result = cli("pull", "not a repo")
+    assert result.exit_code == 2 and "OWNER/NAME" in result.stderr
+
+
+def test_offline_mode_is_named(cli, hub_cache, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = cli("pull", ST_REPO)
+    assert result.exit_code == 2 and "HF_HUB_OFFLINE" in result.stderr
