@@ -58,6 +58,7 @@ class ChatCore(Screen):
         self.ready = asyncio.Event()  # set once the backend started or failed to
         self.load_error: str | None = None
         self.reply_worker: Worker | None = None
+        self._stop_shown = False  # whether the footer shows Esc (stop), see _sync_bindings
         self.reply_stats = ReplyStats()  # the latest reply's figures, for the status bar
         self.context_tokens: int | None = None  # what the conversation takes, for the status bar
         self._warned_conversation: Conversation | None = None
@@ -165,7 +166,15 @@ class ChatCore(Screen):
     def set_state(self, state: ChatState) -> None:
         self.state = state
         self.refresh_status()
-        self.refresh_bindings()
+        self._sync_bindings()
+
+    def _sync_bindings(self) -> None:
+        """Refresh the footer when what check_action allows changed. Each refresh recomposes the
+        footer and lays the screen out again (~10 ms), and every worker's state change calls
+        this."""
+        if self.generating != self._stop_shown:
+            self._stop_shown = self.generating
+            self.refresh_bindings()
 
     @property
     def generating(self) -> bool:
@@ -177,7 +186,7 @@ class ChatCore(Screen):
         return True
 
     def on_worker_state_changed(self) -> None:
-        self.refresh_bindings()  # Esc (stop) shows only while a reply runs
+        self._sync_bindings()  # Esc (stop) shows only while a reply runs
 
     async def open_conversation(self, conversation_id: int) -> None:
         await self.stop_reply()

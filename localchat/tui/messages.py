@@ -28,13 +28,16 @@ class Notice(Static):
 
 
 class StreamingText(Static):
-    """Plain text that grows while a reply streams. Repainting it is cheap; only a change of its
-    height asks Textual for a new layout (a reflow and repaint of the whole screen), which happens
-    about once per line written rather than at every paint."""
+    """Plain text that grows while a reply streams. Repainting it is cheap; a change of its height
+    asks Textual for a new layout (a reflow and repaint of the whole screen, the chat's largest cost
+    per token), so its height grows RESERVE_LINES lines ahead of the text and never shrinks while it
+    streams: one layout per RESERVE_LINES lines written."""
+
+    RESERVE_LINES = 4
 
     def __init__(self, text: str = "", **kwargs):
         super().__init__(text, markup=False, **kwargs)
-        self._height = -1
+        self._reserved = 0
 
     def show(self, text: str) -> None:
         self.update(text, layout=False)
@@ -42,9 +45,22 @@ class StreamingText(Static):
         # Textual's own Widget passes its styles here too; get_height is annotated as taking the
         # RulesMap TypedDict, which RenderStyles is not
         height = self.visual.get_height(self.styles, width) if width else -1  # type: ignore[arg-type]
-        if height != self._height or height < 0:
-            self._height = height
+        if height < 0:
             self.refresh(layout=True)
+        elif height > self._reserved:
+            self._reserved = height + self.RESERVE_LINES - 1
+            self.styles.min_height = self._reserved
+
+    def rewind(self) -> None:
+        """The text starts over: reserve RESERVE_LINES lines for it afresh (call it where the screen
+        is laid out anyway, so the change costs no layout of its own)."""
+        self._reserved = self.RESERVE_LINES
+        self.styles.min_height = self._reserved
+
+    def release(self) -> None:
+        """Give back the reserved lines (the text is complete)."""
+        self._reserved = 0
+        self.styles.min_height = None
 
 
 def block_end(text: str) -> int:
@@ -135,11 +151,13 @@ class AssistantMessage(Vertical):
                 self._answering = True
                 if self.thinking:
                     self.thinking_block.collapsed = True  # thinking hides once the answer starts
+                self.thinking_text.release()
                 self.tail.display = True
             self._pending += text
             if end := block_end(self._pending):
                 await self.markdown.append(self._pending[:end])
                 self._pending = self._pending[end:]
+                self.tail.rewind()  # the append lays the screen out anyway
             self.tail.show(self._pending.rstrip("\n"))
 
     async def finish(self, message: StoredMessage) -> None:
@@ -147,6 +165,8 @@ class AssistantMessage(Vertical):
         went."""
         self.message, self._finished = message, True
         self.tail.display, self._pending = False, ""
+        self.tail.release()
+        self.thinking_text.release()
         await self.markdown.update(message.content)
         if message.thinking != self.thinking:
             self.thinking = message.thinking

@@ -22,8 +22,8 @@ logger = logging.getLogger("localchat.tui")
 SAVE_EVERY_S = 1.0
 # How often streamed text reaches the screen. The engine shares the machine's cores with the UI, so
 # each paint (and the frame Textual draws after it) is time the engine loses; once per token would
-# cost it ~15%.
-PAINT_EVERY_S = 0.1
+# cost it ~15%, and 10 paints a second about 10% (benchmarks/chat_vs_engine.py).
+PAINT_EVERY_S = 0.15
 
 
 class ReplyWriter:
