@@ -197,12 +197,8 @@ async def soak(
         f"end {final:.0f} MiB (+{final - ready:.0f}) "
         f"after {time.monotonic() - start:.0f} s with {clients} clients"
     )
-    # the KV pool is allocated untouched: its pages join the RSS as blocks are first used, up to its
-    # size
-    print(
-        "(RSS grows by the KV pool's pages as blocks are first used: up to --kv-cache-memory, "
-        "1 GiB on a CPU)"
-    )
+    # the KV pool is zeroed at start-up, so it is all in the RSS at ready
+    print("(the RSS at ready includes the whole KV pool: --kv-cache-memory, 1 GiB on a CPU)")
     for error in sorted(set(counts.errors))[:10]:
         print("  error:", error)
     return 1 if counts.errors else 0
