@@ -15,6 +15,8 @@ import ctypes.util
 import logging
 import os
 
+import torch
+
 logger = logging.getLogger("localchat.engine")
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
@@ -36,3 +38,24 @@ def fix_mmap_threshold() -> bool:
     if _applied:
         logger.debug("malloc: tensors of %d bytes and more are mmapped", MMAP_THRESHOLD_BYTES)
     return _applied
+
+
+MADV_HUGEPAGE = 14  # madvise advice (linux/mman.h)
+HUGE_PAGE = 1 << 21
+
+
+def resident_zeros(shape: tuple[int, ...], dtype) -> torch.Tensor:
+    """A zeroed CPU tensor whose pages are all resident from the start, asked for as transparent
+    huge pages where the system allows them (Linux THP in `madvise` mode). Zeroing 1 GiB in 4 KiB
+    pages takes 0.2-1.8 s here, one page fault each; in 2 MiB pages about 0.05 s, and the KV pool's
+    reads then miss the TLB less."""
+    tensor = torch.empty(shape, dtype=dtype)
+    start = -(-tensor.data_ptr() // HUGE_PAGE) * HUGE_PAGE
+    end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE * HUGE_PAGE
+    if end > start:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE)
+        except (OSError, AttributeError):  # not glibc: plain pages
+            pass
+    return tensor.zero_()

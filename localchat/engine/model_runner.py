@@ -14,6 +14,7 @@ from localchat.engine.forward_context import ForwardContext, forward_context
 from localchat.engine.guided_decoding import GrammarCompiler
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.logits_processors import apply_constraints
+from localchat.engine.memory import resident_zeros
 from localchat.engine.models.decoder import Attention, DecoderForCausalLM
 from localchat.engine.prompt_logprobs import fill_prompt_logprobs
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -66,10 +67,13 @@ class ModelRunner:
         it."""
         spec = self.spec
         shape = (2, spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        # Zeroed up front on the CPU too (about 0.2 s per GiB here), so every page of the pool is
-        # resident from the start: the memory the server reports at ready is what it keeps, instead
-        # of growing by the pool's size as blocks are first used, as llama.cpp's cache is cleared.
-        self._bind_kv_cache(torch.zeros(shape, dtype=self.dtype, device=self.device))
+        # Zeroed up front on the CPU too, so every page of the pool is resident from the start: the
+        # memory the server reports at ready is what it keeps, instead of growing by the pool's size
+        # as blocks are first used (llama.cpp clears its cache at start-up too).
+        if self.device.type == "cpu":
+            self._bind_kv_cache(resident_zeros(shape, self.dtype))
+        else:
+            self._bind_kv_cache(torch.zeros(shape, dtype=self.dtype, device=self.device))
 
     def _bind_kv_cache(self, pool: torch.Tensor | None) -> None:
         """Make `pool` the KV pool and give each layer its views (None releases the pool)."""
