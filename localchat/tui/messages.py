@@ -40,16 +40,28 @@ class StreamingText(Static):
         self._reserved = 0
 
     def show(self, text: str) -> None:
+        """Show `text`, growing the reservation if it no longer fits."""
+        if self.needs_room(text):
+            height = self._height()
+            self._reserved = height + self.RESERVE_LINES - 1
+            self.styles.min_height = self._reserved
+
+    def needs_room(self, text: str) -> bool:
+        """Show `text` without a new layout; True when it is taller than the lines reserved (the
+        next show() will lay the screen out). Before its first layout, when its width is not known,
+        it asks for one and answers False."""
         self.update(text, layout=False)
+        height = self._height()
+        if height < 0:
+            self.refresh(layout=True)
+            return False
+        return height > self._reserved
+
+    def _height(self) -> int:
         width = self.size.width
         # Textual's own Widget passes its styles here too; get_height is annotated as taking the
         # RulesMap TypedDict, which RenderStyles is not
-        height = self.visual.get_height(self.styles, width) if width else -1  # type: ignore[arg-type]
-        if height < 0:
-            self.refresh(layout=True)
-        elif height > self._reserved:
-            self._reserved = height + self.RESERVE_LINES - 1
-            self.styles.min_height = self._reserved
+        return self.visual.get_height(self.styles, width) if width else -1  # type: ignore[arg-type]
 
     def rewind(self) -> None:
         """The text starts over: reserve RESERVE_LINES lines for it afresh (call it where the screen
@@ -86,10 +98,10 @@ class AssistantMessage(Vertical):
     """A reply: a collapsible thinking block, the answer as Markdown, and a line of facts about the
     turn.
 
-    While streaming, complete blocks (paragraphs, closed code fences) are appended to the Markdown
-    and the block being written shows as plain text below it, so a paint between two blocks
-    re-parses nothing and rarely changes the layout. `finish()` renders the whole answer once more
-    and collapses the thinking.
+    While streaming, the text not yet in the Markdown shows as plain text below it (the tail). When
+    the tail outgrows its reserved lines, its complete blocks (paragraphs, closed code fences) move
+    to the Markdown in the same layout, so most paints re-parse nothing and change no layout.
+    `finish()` renders the whole answer once more and collapses the thinking.
     """
 
     def __init__(self, message: StoredMessage | None = None, title: str = "Assistant"):
@@ -154,10 +166,13 @@ class AssistantMessage(Vertical):
                 self.thinking_text.release()
                 self.tail.display = True
             self._pending += text
-            if end := block_end(self._pending):
+            # complete blocks move to the Markdown when the tail runs out of room: that layout is
+            # needed anyway, so the append costs none of its own
+            full = self.tail.needs_room(self._pending.rstrip("\n"))
+            if full and (end := block_end(self._pending)):
                 await self.markdown.append(self._pending[:end])
                 self._pending = self._pending[end:]
-                self.tail.rewind()  # the append lays the screen out anyway
+                self.tail.rewind()
             self.tail.show(self._pending.rstrip("\n"))
 
     async def finish(self, message: StoredMessage) -> None:
