@@ -10,7 +10,26 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace {
+
+// Ask for transparent huge pages for a fresh (untouched) tensor, where Linux allows them (THP in `madvise`
+// mode): an 8B model's 4.5 GB of packed weights is then written with ~2,300 page faults instead of ~1.1 million,
+// and each decode streams it through far fewer TLB entries.
+void advise_huge_pages(const torch::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t start = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (begin + t.numel() * t.element_size()) & ~(kHuge - 1);
+  if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
+#else
+  (void)t;
+#endif
+}
 
 // ggml's type ids (GGMLQuantizationType)
 enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
@@ -156,6 +175,7 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   torch::Tensor qweight = torch::empty({rows, f.u4 ? cols / 2 : cols}, u8);
   torch::Tensor scales = torch::empty({rows, groups}, f16);
   torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f16) : torch::Tensor();
+  advise_huge_pages(qweight);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   const int64_t src_stride = raw.stride(0);
   const int64_t* idx = reorder ? index.data_ptr<int64_t>() : nullptr;
