@@ -9,6 +9,9 @@ import typer
 
 from localchat.cli_options import engine_options
 
+# when neither the flags nor the model's generation_config.json choose
+CLI_FALLBACK = {"temperature": 0.7, "top_p": 0.95}
+
 
 @engine_options
 def generate(
@@ -21,15 +24,20 @@ def generate(
         typer.Option(
             "--model",
             "-m",
-            help="Model directory, .gguf file or hub id "
+            help="A name from `localchat list`, model directory, .gguf file or hub id "
             "(default: the embedded SmolLM2-135M-Instruct)",
         ),
     ] = None,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
     ] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.7,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    temperature: Annotated[
+        float | None,
+        typer.Option("--temperature", "-t", help="0 = greedy (default: the model's, else 0.7)"),
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", help="(default: the model's, else 0.95)")
+    ] = None,
     sampling_seed: Annotated[
         int | None, typer.Option("--sampling-seed", help="Seed for this reply")
     ] = None,
@@ -47,9 +55,10 @@ def generate(
     if prompt == "-":
         prompt = sys.stdin.read()
     llm = LLM(config=engine_config)
-    params = SamplingParams(
-        temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=sampling_seed
+    sampling = llm.engine.model_info.generation_defaults.resolve(
+        {"temperature": temperature, "top_p": top_p}, fallback=CLI_FALLBACK
     )
+    params = SamplingParams(**sampling, max_tokens=max_tokens, seed=sampling_seed)
     if raw:
         token_ids = llm.engine.tokenize(prompt)
     else:

@@ -32,5 +32,12 @@ class ModelInfo:
         return self.source_path if self.source_kind == "gguf" else None
 
     @property
+    def generation_defaults(self):
+        """The model's sampling defaults from its generation_config.json (a GenerationDefaults)."""
+        from localchat.models.generation_defaults import defaults_for
+
+        return defaults_for(self.source_kind, self.source_path)
+
+    @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")

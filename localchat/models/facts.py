@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
+from localchat.errors import InvalidModelFileError
 from localchat.models.gguf_header import read_header
 from localchat.models.names import quant_of_filename
 
@@ -40,7 +41,10 @@ def gguf_quantization(path: Path, file_type: int | None) -> str | None:
 
 
 def _gguf_facts(path: Path) -> Facts:
-    header = read_header(path)
+    try:
+        header = read_header(path)
+    except InvalidModelFileError:  # listed anyway, with what its name and size say
+        return Facts(None, None, quant_of_filename(path.name), None, path.stat().st_size)
     return Facts(
         header.metadata.get("general.architecture"),
         header.parameters,

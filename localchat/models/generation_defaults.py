@@ -7,7 +7,9 @@ import json
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
@@ -25,9 +27,24 @@ class GenerationDefaults:
         """Only the fields that are set."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    def fill(self, explicit: dict[str, Any]) -> dict[str, Any]:
-        """`explicit` (a request's fields, None when unset) with the unset ones taken from here."""
-        return {k: (self.as_dict().get(k) if v is None else v) for k, v in explicit.items()}
+    def resolve(self, explicit: dict[str, Any], fallback: dict[str, Any]) -> dict[str, Any]:
+        """Each of FIELDS: the `explicit` value (None: unset), else the model's, else the
+        `fallback`'s; a field with none of the three is left out."""
+        chosen = {**fallback, **self.as_dict()}
+        chosen.update({k: v for k, v in explicit.items() if v is not None})
+        return {k: chosen[k] for k in FIELDS if k in chosen}
+
+    def fill_request(self, request: T) -> T:
+        """A copy of an API request (a msgspec Struct) whose unset (None) sampling fields take
+        the model's values; what the request set is kept."""
+        import msgspec
+
+        unset = {
+            k: v
+            for k, v in self.as_dict().items()
+            if hasattr(request, k) and getattr(request, k) is None
+        }
+        return msgspec.structs.replace(request, **unset) if unset else request  # type: ignore[type-var]
 
 
 NONE = GenerationDefaults()
