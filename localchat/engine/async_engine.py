@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from localchat.config import EngineConfig
+from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
@@ -51,11 +52,20 @@ class _Abort:
 
 
 @dataclass(frozen=True, slots=True)
+class _Embed:
+    """Pooled hidden states of prompts, run between steps; `done` gets the vectors or the error."""
+
+    prompts: list[list[int]]
+    pooling: str
+    done: asyncio.Future
+
+
+@dataclass(frozen=True, slots=True)
 class _Stop:
     """Abort everything and end the engine thread."""
 
 
-_Command = _Add | _Abort | _Stop
+_Command = _Add | _Abort | _Embed | _Stop
 
 
 @dataclass
@@ -179,6 +189,10 @@ class AsyncEngine:
         """The event loop's tokenizer (never the one the engine thread is using)."""
         return self._loop_codec().tokenizer
 
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        return self._loop_codec().chat_template
+
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._loop_codec().tokenize(text, add_special_tokens)
 
@@ -243,6 +257,14 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]:
+        """One pooled, L2-normalized hidden-state vector per prompt (engine.embed, run on the engine
+        thread between steps)."""
+        self._check_alive()
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._commands.put(_Embed(prompts, pooling, done))
+        return await done
+
     def stats(self) -> EngineStats | None:
         """The engine's figures as of its last step; None until it has loaded."""
         if self._stats is None and self.engine is not None:
@@ -300,6 +322,16 @@ class AsyncEngine:
                     return False
                 case _Add():
                     self._add(engine, command)
+                case _Embed(prompts, pooling, done):
+                    result: list[list[float]] | BaseException
+                    try:
+                        result = [v.tolist() for v in engine.embed(prompts, pooling)]
+                    except LocalchatError as exc:
+                        result = exc
+                    except Exception as exc:  # bad input must not take the engine down
+                        result = InvalidParameterError(f"invalid input: {exc}", param="input")
+                    with contextlib.suppress(RuntimeError):  # that event loop is closed
+                        done.get_loop().call_soon_threadsafe(_settle, done, result)
                 case _Abort(request_id):
                     output = engine.abort(request_id)
                     if output is not None:
@@ -344,6 +376,9 @@ class AsyncEngine:
                 and (stream := self._streams.get(command.request_id)) is not None
             ):
                 stream.loop.call_soon_threadsafe(_settle, command.accepted, error)
+            elif isinstance(command, _Embed):
+                with contextlib.suppress(RuntimeError):
+                    command.done.get_loop().call_soon_threadsafe(_settle, command.done, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream in streams.values():

@@ -28,9 +28,11 @@ from localchat.errors import (
     EmptyPromptError,
     InvalidParameterError,
     PromptTooLongError,
+    QueueFullError,
 )
 
 logger = logging.getLogger("localchat.engine")
+POOLING = ("last", "mean")  # how embed() turns a prompt's hidden states into one vector
 
 
 @dataclass
@@ -341,6 +343,52 @@ class LLMEngine:
             metrics,
             prompt_logprobs,
         )
+
+    def embed(self, prompts: list[list[int]], pooling: str = "last") -> list[torch.Tensor]:
+        """L2-normalized float32 vectors of the final hidden states of each prompt, pooled over its
+        tokens (`mean`) or taken at its last (`last`). Prefill only, in groups of at most
+        max_num_batched_tokens tokens; the KV blocks are freed at once (their full blocks stay in
+        the prefix cache)."""
+        if pooling not in POOLING:
+            raise InvalidParameterError(
+                f"pooling must be one of {', '.join(POOLING)}", param="pooling"
+            )
+        for token_ids in prompts:
+            self._validate_prompt(token_ids, SamplingParams(max_tokens=1))
+        vectors: list[torch.Tensor] = []
+        budget = self.scheduler.max_num_batched_tokens
+        group: list[list[int]] = []
+        for token_ids in [*prompts, []]:
+            if group and (not token_ids or sum(map(len, group)) + len(token_ids) > budget):
+                vectors.extend(self._embed_group(group, pooling))
+                group = []
+            group.append(token_ids)
+        return vectors
+
+    def _embed_group(self, prompts: list[list[int]], pooling: str) -> list[torch.Tensor]:
+        # one-token prompts first: the runner's batches put decode-shaped rows before the rest
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) != 1)
+        seqs = [
+            Request(f"embed-{i}", prompts[i], SamplingParams(max_tokens=1)).seqs[0] for i in order
+        ]
+        allocated = []
+        try:
+            for seq in seqs:
+                if not self.block_manager.allocate(seq, seq.num_tokens):
+                    raise QueueFullError(
+                        "not enough free KV cache for these inputs now; retry later"
+                    )
+                allocated.append(seq)
+            states = self.runner.hidden_states(seqs)
+        finally:
+            for seq in allocated:
+                self.block_manager.free(seq)
+        pooled = [h[-1] if pooling == "last" else h.mean(dim=0) for h in states]
+        vectors = [torch.nn.functional.normalize(v.float(), dim=0).cpu() for v in pooled]
+        result: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
+        for position, index in enumerate(order):
+            result[index] = vectors[position]
+        return result
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity

@@ -34,10 +34,6 @@ class RequestConstraints:
     def has_bias(self) -> bool:
         return bool(self.logit_bias or self.allowed_token_ids)
 
-    @property
-    def grammar_pending(self) -> bool:
-        return self.grammar is not None and not self.grammar.done()
-
     def bias_row(self, vocab_size: int, device: torch.device) -> torch.Tensor:
         """The request's [vocab] float32 additive bias on `device` (built once)."""
         if self._bias is None:

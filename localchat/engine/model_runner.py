@@ -155,6 +155,15 @@ class ModelRunner:
         )
         return self.model.compute_logits(self._forward(input_ids, positions, md)).float()
 
+    @torch.inference_mode()
+    def hidden_states(self, seqs: list[Sequence]) -> list[torch.Tensor]:
+        """Final (normed) hidden states of each whole sequence, blocks allocated, one-token
+        sequences first; for embeddings."""
+        input_ids, positions, md, _ = self._prepare(seqs, [seq.num_tokens for seq in seqs])
+        hidden = self._forward(input_ids, positions, md)
+        starts = md.query_start_loc_cpu
+        return [hidden[starts[row] : starts[row + 1]] for row in range(len(seqs))]
+
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:

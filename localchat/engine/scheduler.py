@@ -131,6 +131,7 @@ class Scheduler:
 
 
 def _waits_for_grammar(seq: Sequence) -> bool:
-    """A constrained request waits until its grammar has compiled (off the engine thread)."""
+    """A constrained request waits until its grammar has compiled (off the engine thread) and the
+    engine has given the sequence its matcher."""
     constraints = seq.request.constraints
-    return constraints is not None and constraints.grammar_pending
+    return constraints is not None and constraints.grammar is not None and seq.grammar is None

@@ -12,6 +12,7 @@ from localchat.server.access_log import access_log
 from localchat.server.errors import handle_exception
 from localchat.server.routes_chat import create_chat_completion
 from localchat.server.routes_completions import create_completion
+from localchat.server.routes_embeddings import create_embeddings
 from localchat.server.routes_misc import ROUTES
 from localchat.server.state import ServerState
 
@@ -19,7 +20,7 @@ from localchat.server.state import ServerState
 def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Litestar:
     """The Litestar app; OpenAPI docs at /docs. Every error is answered in OpenAI's error shape."""
     return Litestar(
-        route_handlers=[create_chat_completion, create_completion, *ROUTES],
+        route_handlers=[create_chat_completion, create_completion, create_embeddings, *ROUTES],
         state=State({"server": server}),
         exception_handlers={Exception: handle_exception},
         cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])

@@ -17,6 +17,8 @@ import typer
 
 from localchat.cli_options import engine_options, option
 from localchat.errors import InvalidParameterError
+from localchat.reasoning import reasoning_parser_for
+from localchat.server.tool_parsers import tool_parser_for
 
 logger = logging.getLogger("localchat.server")
 _PANEL = "Server options"
@@ -74,6 +76,26 @@ def serve(
     log_level: Annotated[
         str, option(_PANEL, "--log-level", help="debug, info, warning or error")
     ] = "info",
+    tool_call_parser: Annotated[
+        str | None,
+        option(
+            _PANEL,
+            "--tool-call-parser",
+            help="hermes, llama3_json or mistral (default: from the chat template)",
+        ),
+    ] = None,
+    reasoning_parser: Annotated[
+        str | None,
+        option(
+            _PANEL,
+            "--reasoning-parser",
+            help="qwen3 or deepseek_r1 (default: qwen3 when the template has <think>)",
+        ),
+    ] = None,
+    pooling: Annotated[
+        str,
+        option(_PANEL, "--pooling", help="/v1/embeddings pooling: last (token) or mean"),
+    ] = "last",
     engine_config=None,
 ) -> None:
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
@@ -86,6 +108,14 @@ def serve(
     if grace_period < 0:
         raise InvalidParameterError(
             f"--grace-period must be >= 0, got {grace_period}", param="grace_period"
+        )
+    tool_parser_for(tool_call_parser, None)  # a bad name fails before the model loads
+    reasoning_parser_for(reasoning_parser, None)
+    from localchat.engine.llm_engine import POOLING
+
+    if pooling not in POOLING:
+        raise InvalidParameterError(
+            f"--pooling must be one of {', '.join(POOLING)}, got {pooling!r}", param="pooling"
         )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -101,6 +131,8 @@ def serve(
             max_waiting=max_waiting,
             grace_period=grace_period,
             log_level=log_level.lower(),
+            parsers=(tool_call_parser, reasoning_parser),
+            pooling=pooling,
         )
     )
 
@@ -130,6 +162,8 @@ async def _serve(
     max_waiting,
     grace_period,
     log_level,
+    parsers: tuple[str | None, str | None] = (None, None),
+    pooling: str = "last",
 ) -> None:
     import uvicorn
 
@@ -141,7 +175,14 @@ async def _serve(
     try:
         await engine.start()
         info = engine.model_info
-        server_state = ServerState(engine, served_model_name or info.name, api_key)
+        server_state = ServerState(
+            engine,
+            served_model_name or info.name,
+            api_key,
+            tool_call_parser=parsers[0],
+            reasoning_parser=parsers[1],
+            pooling=pooling,
+        )
         config = uvicorn.Config(
             build_asgi_app(server_state, cors_origins),
             log_config=None,

@@ -71,6 +71,15 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     echo: bool = False
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_*
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -82,7 +91,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -108,6 +117,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
 
 
@@ -116,3 +126,13 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
     tokens: list[TokenId]
     model: str | None = None
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """POST /v1/embeddings: `input` is a string, a list of strings, token ids, or lists of them."""
+
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None

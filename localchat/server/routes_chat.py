@@ -1,52 +1,96 @@
 """POST /v1/chat/completions: messages rendered with the chat template, answered whole or
-streamed."""
+streamed; reasoning and tool calls parsed out of the reply."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from litestar import Request, Response, post
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.reasoning import new_splitter
+from localchat.server.chat_reply import ReplyParser, ReplyPiece
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
 from localchat.server.sampling import chat_sampling_params
-from localchat.server.state import require_api_key, server_of
+from localchat.server.state import ServerState, require_api_key, server_of
 from localchat.server.streaming import respond, start_generation
+from localchat.server.structured import checked_grammar
+from localchat.server.tools import plan_tools
 
 
 class ChatDialect:
-    """Chat's choice objects: `delta`/`message` with a role, logprobs as `{"content": [...]}`."""
+    """Chat's choice objects: `delta`/`message` with a role, logprobs as `{"content": [...]}`,
+    reasoning and tool calls split from the content by one ReplyParser per choice."""
 
-    def __init__(self, token_str: TokenStrings, logprobs: bool, role: str, echo: str):
+    def __init__(
+        self,
+        token_str: TokenStrings,
+        logprobs: bool,
+        role: str,
+        echo: str,
+        new_parser: Callable[[], ReplyParser],
+        reasoning: bool,
+    ):
         self.token_str, self.logprobs, self.role, self.echo = token_str, logprobs, role, echo
+        self.new_parser, self.reasoning = new_parser, reasoning
+        self.parsers: dict[int, ReplyParser] = {}
+        self.calls_sent: dict[int, int] = {}
 
     def _logprobs(self, entries) -> dict | None:
         return {"content": chat_logprobs(entries or [], self.token_str)} if self.logprobs else None
 
+    def _fields(self, piece: ReplyPiece, index: int, whole: bool) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.reasoning and (piece.reasoning or whole):
+            fields["reasoning_content"] = fields["reasoning"] = piece.reasoning or None
+        if piece.calls:
+            first = self.calls_sent.get(index, 0)
+            self.calls_sent[index] = first + len(piece.calls)
+            calls = [call.to_dict() for call in piece.calls]
+            if not whole:
+                calls = [{"index": first + i, **c} for i, c in enumerate(calls)]
+            fields["tool_calls"] = calls
+        return fields
+
     def stream_choice(
         self, index: int, position: int, delta: RequestOutput, out: CompletionOutput, first: bool
     ) -> dict | None:
-        text = self.echo + out.text if first else out.text
-        if not (first or text or out.finish_reason or out.logprobs):
+        parser = self.parsers.setdefault(index, self.new_parser())
+        piece = parser.feed(out.text, final=out.finish_reason is not None)
+        text = self.echo + piece.content if first else piece.content
+        fields = self._fields(piece, index, whole=False)
+        if not (first or text or fields or out.finish_reason or out.logprobs):
             return None
-        message = {"role": self.role, "content": text} if first else {"content": text}
+        message: dict[str, Any] = {"role": self.role} if first else {}
+        if text or first or not fields:
+            message["content"] = text
+        message.update(fields)
         return {
             "index": index,
             "delta": message,
             "logprobs": self._logprobs(out.logprobs),
-            "finish_reason": out.finish_reason,
+            "finish_reason": parser.finish_reason(out.finish_reason),
             "stop_reason": out.stop_reason,
         }
 
     def final_choice(
         self, index: int, position: int, output: RequestOutput, out: CompletionOutput
     ) -> dict:
+        parser = self.new_parser()
+        piece = parser.feed(out.text, final=True)
+        content = self.echo + piece.content
+        message: dict[str, Any] = {
+            "role": self.role,
+            "content": content if content or not piece.calls else None,
+        }
+        message.update(self._fields(piece, index, whole=True))
         return {
             "index": index,
-            "message": {"role": self.role, "content": self.echo + out.text},
+            "message": message,
             "logprobs": self._logprobs(out.logprobs),
-            "finish_reason": out.finish_reason,
+            "finish_reason": parser.finish_reason(out.finish_reason),
             "stop_reason": out.stop_reason,
         }
 
@@ -62,6 +106,19 @@ def _echo_text(data: ChatCompletionRequest, role: str) -> str:
     return "\n".join(part.text or "" for part in last.content or [])
 
 
+def _parser_factory(
+    server: ServerState, prompt: list[int], parse_tools: bool, assistant: bool
+) -> Callable[[], ReplyParser]:
+    reasoning = server.reasoning if assistant else None
+    tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""
+    tools = server.tools if parse_tools else None
+
+    def new_parser() -> ReplyParser:
+        return ReplyParser(new_splitter(reasoning, tail) if reasoning else None, tools)
+
+    return new_parser
+
+
 @post(
     "/v1/chat/completions",
     status_code=200,
@@ -73,17 +130,28 @@ async def create_chat_completion(
 ) -> Response:
     server = server_of(request)
     server.check_model(data.model)
-    params = chat_sampling_params(data)
+    plan = plan_tools(data, server.tools, server.special_token_id)
+    tool_grammar = (plan.grammar, str(data.tool_choice)) if plan.grammar else None
+    params = chat_sampling_params(data, await checked_grammar(data, tool_grammar))
+    if plan.parse and not server.tools.skip_special_tokens:
+        params.skip_special_tokens = False  # the call marker is a special token
     prompt = server.render_chat(
         data.messages,
         chat_template_kwargs=data.chat_template_kwargs,
         add_generation_prompt=data.add_generation_prompt,
         continue_final_message=data.continue_final_message,
-        tools=data.tools,
+        tools=plan.template_tools,
     )
     role = "assistant" if data.add_generation_prompt else data.messages[-1].role
     generation = await start_generation(request, server, "chatcmpl", params, [prompt])
-    dialect = ChatDialect(server.token_str, data.logprobs, role, _echo_text(data, role))
+    dialect = ChatDialect(
+        server.token_str,
+        data.logprobs,
+        role,
+        _echo_text(data, role),
+        _parser_factory(server, prompt, plan.parse, role == "assistant"),
+        reasoning=server.reasoning is not None and role == "assistant",
+    )
     return await respond(
         request, generation, dialect, data, model=server.model_name, object_name="chat.completion"
     )

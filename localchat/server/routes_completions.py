@@ -14,6 +14,7 @@ from localchat.server.protocol import JSON_BODY, CompletionRequest
 from localchat.server.sampling import completion_sampling_params
 from localchat.server.state import require_api_key, server_of
 from localchat.server.streaming import respond, start_generation
+from localchat.server.structured import checked_grammar
 
 _PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 
@@ -96,7 +97,7 @@ async def create_completion(
 ) -> Response:
     server = server_of(request)
     server.check_model(data.model)
-    params = completion_sampling_params(data)
+    params = completion_sampling_params(data, await checked_grammar(data))
     prompts = parse_prompts(data.prompt)
     generation = await start_generation(request, server, "cmpl", params, prompts)
     echoes = []

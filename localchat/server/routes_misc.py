@@ -68,6 +68,7 @@ async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]
             chat_template_kwargs=data.chat_template_kwargs,
             add_generation_prompt=data.add_generation_prompt,
             continue_final_message=data.continue_final_message,
+            tools=data.tools,
         )
     else:
         assert data.prompt is not None  # exactly one of the two, as checked above

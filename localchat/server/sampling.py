@@ -22,13 +22,40 @@ def _require(ok: bool, message: str, param: str) -> None:
         raise InvalidParameterError(message, param=param)
 
 
+# OpenAI's documented range (the engine itself accepts up to 100)
+MAX_TEMPERATURE = 2.0
+
+
 def _common_checks(request: SamplingFields) -> None:
     _require(
         request.stream_options is None or request.stream,
         "stream_options is only allowed with stream=true",
         "stream_options",
     )
-    _require(not request.logit_bias, "logit_bias is not supported", "logit_bias")
+    temperature = request.temperature
+    _require(
+        temperature is None or 0.0 <= temperature <= MAX_TEMPERATURE,
+        f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {temperature}",
+        "temperature",
+    )
+
+
+def _logit_bias(request: SamplingFields) -> dict[int, float] | None:
+    """OpenAI's logit_bias: token ids as JSON object keys (strings), biases in [-100, 100]."""
+    if not request.logit_bias:
+        return None
+    bias = {}
+    for key, value in request.logit_bias.items():
+        _require(
+            key.strip().isdigit(), f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
+        )
+        _require(
+            -100.0 <= value <= 100.0,
+            f"logit_bias values must be in [-100, 100], got {value}",
+            "logit_bias",
+        )
+        bias[int(key)] = value
+    return bias
 
 
 def _params(
@@ -36,6 +63,7 @@ def _params(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    grammar: str | None = None,
 ) -> SamplingParams:
     return SamplingParams(
         n=request.n,
@@ -58,10 +86,16 @@ def _params(
         logprobs=logprobs,
         skip_special_tokens=request.skip_special_tokens,
         prompt_logprobs=prompt_logprobs,
+        logit_bias=_logit_bias(request),
+        allowed_token_ids=request.allowed_token_ids,
+        bad_words=request.bad_words,
+        grammar=grammar,
     )
 
 
-def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def chat_sampling_params(
+    request: ChatCompletionRequest, grammar: str | None = None
+) -> SamplingParams:
     _common_checks(request)
     top = request.top_logprobs
     if top is not None:
@@ -78,16 +112,6 @@ def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
         "add_generation_prompt and continue_final_message cannot both be true",
         "continue_final_message",
     )
-    _require(
-        request.tool_choice in (None, "none", "auto"),
-        "tool_choice other than 'none' or 'auto' is not supported",
-        "tool_choice",
-    )
-    _require(
-        request.response_format is None or request.response_format.get("type") == "text",
-        "only response_format {'type': 'text'} is supported",
-        "response_format",
-    )
     max_tokens = (
         request.max_completion_tokens
         if request.max_completion_tokens is not None
@@ -99,10 +123,12 @@ def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
         f"{param} must be at least 1, got {max_tokens}",
         param,
     )
-    return _params(request, max_tokens, (top or 0) if request.logprobs else None)
+    return _params(request, max_tokens, (top or 0) if request.logprobs else None, grammar=grammar)
 
 
-def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
+def completion_sampling_params(
+    request: CompletionRequest, grammar: str | None = None
+) -> SamplingParams:
     _common_checks(request)
     _require(request.suffix is None, "suffix is not supported", "suffix")
     _require(
@@ -122,4 +148,4 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     # with echo, the logprobs cover the echoed prompt too (the first token has none), as in OpenAI's
     # legacy API
     prompt_logprobs = request.logprobs if request.echo else None
-    return _params(request, request.max_tokens, request.logprobs, prompt_logprobs)
+    return _params(request, request.max_tokens, request.logprobs, prompt_logprobs, grammar)

@@ -14,8 +14,11 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 
 from localchat.errors import InvalidParameterError, LocalchatError, ModelNotFoundError
+from localchat.reasoning import reasoning_parser_for
 from localchat.server.logprobs import TokenStrings
 from localchat.server.metrics import ServerMetrics
+from localchat.server.tool_parsers import ToolParser, tool_parser_for
+from localchat.server.tools import template_messages
 
 if TYPE_CHECKING:
     from localchat.engine.async_engine import AsyncEngine
@@ -33,13 +36,27 @@ class ServerState:
     engine: AsyncEngine  # started
     model_name: str
     api_key: str | None = None
+    tool_call_parser: str | None = None  # --tool-call-parser (None: from the chat template)
+    reasoning_parser: str | None = None  # --reasoning-parser (None: from the chat template)
+    pooling: str = "last"  # --pooling: how /v1/embeddings pools a prompt's hidden states
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ServerMetrics = field(init=False)
     token_str: TokenStrings = field(init=False)
+    tools: ToolParser = field(init=False)
+    reasoning: str | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.engine)
         self.token_str = TokenStrings(self.engine.tokenizer)
+        template = getattr(self.engine, "chat_template", None)
+        source = template.source if template is not None else None
+        self.tools = tool_parser_for(self.tool_call_parser, source)
+        self.reasoning = reasoning_parser_for(self.reasoning_parser, source)
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of an added (special) token spelled `text`, if the tokenizer has one."""
+        tokenizer = self.engine.tokenizer
+        return None if tokenizer is None else tokenizer.get_added_vocab().get(text)
 
     def check_model(self, name: str | None) -> None:
         """An omitted model means the served one; any other name is a 404."""
@@ -61,7 +78,7 @@ class ServerState:
             )
         try:
             return self.engine.render_chat(
-                [m.to_dict() for m in messages], chat_template_kwargs=chat_template_kwargs, **kwargs
+                template_messages(messages), chat_template_kwargs=chat_template_kwargs, **kwargs
             )
         except LocalchatError:
             raise

@@ -1,0 +1,86 @@
+"""Split a streamed reply into thinking (<think>...</think>, as Qwen3 and DeepSeek-R1 write it) and
+the answer: one splitter for the TUI and for the server's `--reasoning-parser`."""
+
+from __future__ import annotations
+
+from localchat.errors import InvalidParameterError
+
+OPEN, CLOSE = "<think>", "</think>"
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+
+
+class ThinkSplitter:
+    """Feed reply text as it streams; get back (thinking, answer) pieces.
+
+    A reply that starts with <think> is thinking until </think>. When the prompt itself opened the
+    block (`in_thinking=True`, templates that end the generation prompt with <think>), the reply
+    starts inside it (a <think> the model writes anyway is dropped). A tag split across deltas is
+    held back until it can be told apart from ordinary text.
+    """
+
+    def __init__(self, in_thinking: bool = False):
+        self.state = "start"
+        self._starts_thinking = in_thinking
+        self._held = ""
+        self._strip_answer_start = False
+
+    def feed(self, text: str) -> tuple[str, str]:
+        buffer = self._held + text
+        self._held = ""
+        thinking = answer = ""
+        if self.state == "start":
+            stripped = buffer.lstrip()
+            if stripped.startswith(OPEN):
+                self.state = "thinking"
+                buffer = stripped[len(OPEN) :]
+            elif OPEN.startswith(stripped):  # maybe the start of the tag: wait for more
+                self._held = buffer
+                return "", ""
+            else:
+                self.state = "thinking" if self._starts_thinking else "answer"
+        if self.state == "thinking":
+            end = buffer.find(CLOSE)
+            if end < 0:
+                keep = partial_suffix(buffer, CLOSE)
+                thinking, self._held = buffer[: len(buffer) - keep], buffer[len(buffer) - keep :]
+                return thinking, ""
+            thinking, buffer = buffer[:end], buffer[end + len(CLOSE) :]
+            self.state, self._strip_answer_start = "answer", True
+        if self._strip_answer_start:
+            buffer = buffer.lstrip()
+            self._strip_answer_start = not buffer
+        answer = buffer
+        return thinking, answer
+
+    def flush(self) -> tuple[str, str]:
+        """What is still held back when the reply ends."""
+        held, self._held = self._held, ""
+        thinking = self.state == "thinking" or (self.state == "start" and self._starts_thinking)
+        return (held, "") if thinking else ("", held)
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper beginning of `tag`."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
+
+
+def reasoning_parser_for(name: str | None, template_source: str | None) -> str | None:
+    """The `--reasoning-parser` in effect: the one named, else qwen3 when the chat template
+    mentions <think>, else none."""
+    if name:
+        if name not in REASONING_PARSERS:
+            raise InvalidParameterError(
+                f"unknown reasoning parser {name!r}; choose one of {', '.join(REASONING_PARSERS)}",
+                param="reasoning_parser",
+            )
+        return name
+    return "qwen3" if template_source and OPEN in template_source else None
+
+
+def new_splitter(parser: str, prompt_tail: str) -> ThinkSplitter:
+    """A splitter for one reply: deepseek_r1 replies start in thinking; qwen3 ones when the prompt
+    ends by opening the block."""
+    return ThinkSplitter(parser == "deepseek_r1" or prompt_tail.rstrip().endswith(OPEN))

@@ -1,0 +1,104 @@
+"""`tools` and `tool_choice` of a chat request: what the template sees, whether the reply is parsed
+for calls, and the grammar that forces a call for "required" or a named function."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localchat.errors import InvalidParameterError
+from localchat.server.protocol import ChatCompletionRequest, ChatMessage
+from localchat.server.tool_parsers import ToolParser
+
+
+@dataclass
+class ToolPlan:
+    template_tools: list[dict[str, Any]] | None  # passed to the chat template
+    parse: bool  # look for tool calls in the reply
+    grammar: str | None  # forces a call (tool_choice "required" or a named function)
+
+
+def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    functions = []
+    for position, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+        ):
+            raise InvalidParameterError(
+                f"tools[{position}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                param="tools",
+            )
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidParameterError(
+                f"tools[{position}].function.parameters must be a JSON schema object",
+                param="tools",
+            )
+        functions.append(function)
+    return functions
+
+
+def _named(choice: dict[str, Any], functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise InvalidParameterError(
+            "tool_choice must be 'none', 'auto', 'required' or "
+            "{'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
+        )
+    chosen = [f for f in functions if f["name"] == name]
+    if not chosen:
+        raise InvalidParameterError(
+            f"tool_choice names {name!r}, which is not among the tools", param="tool_choice"
+        )
+    return chosen
+
+
+def plan_tools(
+    request: ChatCompletionRequest, parser: ToolParser, token_id: Callable[[str], int | None]
+) -> ToolPlan:
+    tools, choice = request.tools or [], request.tool_choice
+    functions = _functions(tools)
+    if choice is None:
+        choice = "auto" if functions else "none"
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise InvalidParameterError(
+            f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}",
+            param="tool_choice",
+        )
+    if choice != "none" and not functions:
+        raise InvalidParameterError("tool_choice needs tools", param="tool_choice")
+    if choice == "none":
+        return ToolPlan(None, False, None)
+    if choice == "auto":
+        return ToolPlan(tools, True, None)
+    if choice == "required":
+        grammar = parser.grammar(functions, request.parallel_tool_calls, token_id)
+    else:
+        assert isinstance(choice, dict)
+        grammar = parser.grammar(_named(choice, functions), False, token_id)
+    return ToolPlan(tools, True, grammar)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them: an assistant's tool-call arguments as objects (the
+    API carries them as JSON text), as transformers' and vLLM's templates read them."""
+    result = []
+    for message in messages:
+        data = message.to_dict()
+        for call in data.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    function["arguments"] = json.loads(function["arguments"])
+        result.append(data)
+    return result

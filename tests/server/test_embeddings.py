@@ -1,0 +1,65 @@
+"""/v1/embeddings through a real server on the default model: shapes, usage, base64 equal to float,
+the same vectors as the offline engine, and its errors."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["The cat sat on the mat.", "Paging keeps the KV cache compact.", "x"]
+
+
+def _post(http, **body):
+    response = http.post("/v1/embeddings", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_embeddings_shape_usage_and_encodings(http, llm):
+    floats = _post(http, input=TEXTS)
+    vectors = np.array([item["embedding"] for item in floats["data"]])
+    assert [item["index"] for item in floats["data"]] == [0, 1, 2]
+    assert vectors.shape == (3, 576)  # SmolLM2-135M's hidden size
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    ids = [llm.engine.tokenize(text) for text in TEXTS]
+    assert floats["usage"] == {
+        "prompt_tokens": sum(map(len, ids)),
+        "total_tokens": sum(map(len, ids)),
+    }
+    packed = _post(http, input=TEXTS, encoding_format="base64")["data"]
+    decoded = np.array([np.frombuffer(base64.b64decode(i["embedding"]), "<f4") for i in packed])
+    assert np.array_equal(decoded, vectors.astype(np.float32))
+    # a string alone, and token ids, give the same vectors as in the batch
+    alone = _post(http, input=TEXTS[1])["data"][0]["embedding"]
+    assert np.allclose(alone, vectors[1], atol=1e-4)
+    by_ids = _post(http, input=ids[0])["data"][0]["embedding"]
+    assert np.allclose(by_ids, vectors[0], atol=1e-4)
+    offline = [v.numpy() for v in llm.engine.embed(ids, "last")]
+    assert np.allclose(offline, vectors, atol=1e-4)
+
+
+def test_openai_client_embeddings(openai_client):
+    result = openai_client.embeddings.create(model="SmolLM2-135M-Instruct", input=TEXTS[:2])
+    assert len(result.data) == 2 and len(result.data[0].embedding) == 576
+    assert result.usage.prompt_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": TEXTS, "dimensions": 64}, "dimensions"),
+        ({"input": TEXTS, "encoding_format": "int8"}, "encoding_format"),
+        ({"input": []}, "input"),
+        ({"input": [[10**9]]}, "input"),
+        ({"input": ""}, "input"),
+        ({}, "input"),
+    ],
+)
+def test_embedding_errors(http, body, param):
+    response = http.post("/v1/embeddings", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

@@ -1,0 +1,119 @@
+"""Tool-call parsers and the reply parser on fixed texts, whole and fed a character at a time."""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+import pytest
+
+from localchat.reasoning import ThinkSplitter, new_splitter, reasoning_parser_for
+from localchat.server.chat_reply import ReplyParser
+from localchat.server.tool_parsers import (
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    tool_parser_for,
+)
+
+WEATHER = {"city": "Paris", "days": [1, 2]}
+CASES = [
+    (
+        HermesParser(),
+        'Let me check.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Paris", '
+        '"days": [1, 2]}}\n</tool_call>\n<tool_call>\n{"name": "time", "arguments": {}}\n'
+        "</tool_call>",
+        "Let me check.",
+    ),
+    (
+        Llama3JsonParser(),
+        '<|python_tag|>{"name": "weather", "parameters": {"city": "Paris", "days": [1, 2]}}; '
+        '{"name": "time", "parameters": {}}',
+        None,
+    ),
+    (
+        MistralParser(),
+        '[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Paris", "days": [1, 2]}}, '
+        '{"name": "time", "arguments": {}}]',
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("parser,text,content", CASES, ids=[c[0].name for c in CASES])
+def test_extract_and_stream_agree(parser, text, content):
+    got_content, calls = parser.extract(text)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("weather", WEATHER),
+        ("time", {}),
+    ]
+    assert len({c.id for c in calls}) == 2
+    reply = ReplyParser(None, parser)
+    streamed, names = "", []
+    for position, char in enumerate(text):
+        piece = reply.feed(char, final=position == len(text) - 1)
+        streamed += piece.content
+        names += [c.name for c in piece.calls]
+    assert names == ["weather", "time"]
+    assert streamed.strip() == (content or "")
+    assert reply.finish_reason("stop") == "tool_calls"
+
+
+def test_text_without_calls_is_content():
+    for parser in (HermesParser(), Llama3JsonParser(), MistralParser()):
+        assert parser.extract("Just words <tool") == ("Just words <tool", [])
+        reply = ReplyParser(None, parser)
+        text = (
+            "".join(reply.feed(c).content for c in "Hello <tool_cal") + reply.feed("", True).content
+        )
+        assert text == "Hello <tool_cal"
+        assert reply.finish_reason("stop") == "stop"
+    # a cut-off call that is not JSON stays text
+    assert HermesParser().extract("<tool_call>\n{not json")[1] == []
+
+
+@pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
+def test_forced_call_grammars_compile(parser):
+    functions = [{"name": "weather", "parameters": {"type": "object"}}, {"name": "time"}]
+    for parallel in (False, True):
+        grammar = llguidance.LLMatcher.grammar_from_lark(
+            parser.grammar(functions, parallel, lambda text: None)
+        )
+        assert llguidance.LLMatcher.validate_grammar_with_warnings(grammar) == (False, [])
+
+
+def test_parser_choice():
+    assert tool_parser_for(None, "{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert tool_parser_for(None, "<|python_tag|>").name == "llama3_json"
+    assert tool_parser_for(None, "<tool_call>").name == "hermes"
+    assert tool_parser_for("mistral", "<tool_call>").name == "mistral"
+    assert reasoning_parser_for(None, "{{ '<think>' }}") == "qwen3"
+    assert reasoning_parser_for(None, "plain") is None
+
+
+def test_reasoning_then_tool_call():
+    reply = ReplyParser(new_splitter("qwen3", "<|im_start|>assistant\n"), HermesParser())
+    text = (
+        '<think>\nNeed weather.\n</think>\n\n<tool_call>\n{"name": "w", "arguments": {}}\n'
+        "</tool_call>"
+    )
+    reasoning, content, calls = "", "", []
+    for position, char in enumerate(text):
+        piece = reply.feed(char, final=position == len(text) - 1)
+        reasoning, content, calls = (
+            reasoning + piece.reasoning,
+            content + piece.content,
+            calls + piece.calls,
+        )
+    assert reasoning.strip() == "Need weather." and content == "" and calls[0].name == "w"
+
+
+def test_deepseek_r1_starts_thinking_and_drops_a_written_tag():
+    for text in ("I think.</think>Done.", "<think>I think.</think>Done."):
+        splitter = new_splitter("deepseek_r1", "")
+        thinking, answer = splitter.feed(text)
+        held = splitter.flush()
+        assert (thinking + held[0], answer + held[1]) == ("I think.", "Done.")
+    # the TUI's use: a splitter opened by the prompt
+    assert ThinkSplitter(in_thinking=True).feed("abc</think>x") == ("abc", "x")
