@@ -138,6 +138,18 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
         Annotated[int | None, option(_PANEL, "--threads", help="CPU threads for torch")],
         None,
     ),
+    "tensor_parallel_size": (
+        Annotated[
+            int,
+            option(
+                _PANEL,
+                "--tensor-parallel-size",
+                "-tp",
+                help="Ranks to split the model over (one process each; gloo on CPU, NCCL on CUDA)",
+            ),
+        ],
+        1,
+    ),
 }
 
 

@@ -48,6 +48,7 @@ class EngineConfig:
     chat_template: str | None = None
     seed: int = 0
     num_threads: int | None = None
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _check(
@@ -92,6 +93,11 @@ class EngineConfig:
             )
         if self.num_threads is not None:
             _check(self.num_threads >= 1, "num_threads", f"must be >= 1, got {self.num_threads}")
+        _check(
+            1 <= self.tensor_parallel_size <= 64,
+            "tensor_parallel_size",
+            f"must be in [1, 64], got {self.tensor_parallel_size}",
+        )
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import torch
 from localchat.config import EngineConfig
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.detokenizer import IncrementalDetokenizer
+from localchat.engine.distributed.tp_runner import TensorParallelRunner
 from localchat.engine.guided_decoding import GrammarCompiler
 from localchat.engine.logits_processors import RequestConstraints, attach_grammar
 from localchat.engine.memory import fix_mmap_threshold
@@ -72,7 +74,10 @@ class LLMEngine:
         self.codec = TextCodec(runtime.tokenizer, runtime.chat_template)
         self.max_model_len = runtime.max_model_len
         self.eos_token_ids = runtime.eos_token_ids
-        self.runner = ModelRunner(
+        runner_class: Callable[..., ModelRunner] = ModelRunner
+        if config.tensor_parallel_size > 1:  # rank 0 of a group it spawns (engine/distributed/)
+            runner_class = functools.partial(TensorParallelRunner, runtime=runtime)
+        self.runner = runner_class(
             runtime.model,
             runtime.hf_config,
             device=runtime.device,

@@ -4,6 +4,7 @@ one."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,10 +97,12 @@ def load_model(
     load_format: str = "auto",
     quantization: str = "auto",
     seed: int = 0,
+    shard: Callable[[DecoderForCausalLM], DecoderForCausalLM] | None = None,
 ) -> DecoderForCausalLM:
     """Build the model for `hf_config` on `device` in `dtype` with its weights: a GGUF file's
     quantized tensors kept quantized (unless quantization='none'), a safetensors checkpoint's dense
-    (or quantized with int8/int4), or (load_format='dummy') random ones."""
+    (or quantized with int8/int4), or (load_format='dummy') random ones. `shard` cuts it to one
+    tensor-parallel rank's part before the weights are packed."""
     with torch.device("meta"):
         model = build_model(hf_config)
     gguf = files.source.kind == "gguf" and load_format != "dummy"
@@ -128,5 +131,7 @@ def load_model(
                 f"{', '.join(sorted(missing)[:5])}"
             )
     model = model.eval().requires_grad_(False)
+    if shard is not None:
+        model = shard(model)
     model.pack_weights()
     return model

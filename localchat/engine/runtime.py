@@ -3,6 +3,7 @@ tokenizer, context length, batch limits, KV pool size)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -12,6 +13,8 @@ import torch
 
 from localchat.config import EngineConfig
 from localchat.engine.chat_template import ChatTemplate
+from localchat.engine.distributed.parallel_layers import shard_model
+from localchat.engine.distributed.shard_plan import check_tensor_parallel
 from localchat.engine.loader import (
     ModelFiles,
     eos_token_ids,
@@ -22,6 +25,7 @@ from localchat.engine.loader import (
 )
 from localchat.engine.model_source import resolve_model
 from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.models.registry import spec_from_config
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.utils import format_bytes
@@ -59,10 +63,10 @@ class EngineRuntime:
         """Load everything; `progress` hears a short line at each stage (for a loading screen)."""
         say = progress or (lambda message: None)
         device = _pick_device(config.device)
-        if device.type == "cpu":
-            torch.set_num_threads(
-                config.num_threads or min(os.cpu_count() or 1, torch.get_num_threads())
-            )
+        tp = config.tensor_parallel_size
+        if device.type == "cpu":  # tensor-parallel ranks share the cores
+            cores = min(os.cpu_count() or 1, torch.get_num_threads())
+            torch.set_num_threads(config.num_threads or max(cores // tp, 1))
         dtype = _DTYPES.get(config.dtype) or (
             torch.bfloat16 if device.type == "cuda" else torch.float32
         )
@@ -84,6 +88,8 @@ class EngineRuntime:
         chat_template = (
             ChatTemplate.for_tokenizer(tokenizer, config.chat_template) if tokenizer else None
         )
+        if tp > 1:  # refuse a size that does not split the heads before loading the weights
+            check_tensor_parallel(spec_from_config(hf_config), tp)
         max_model_len = _max_model_len(config, hf_config, device, dtype)
         if device.type == "cpu":
             cpu_kernels(
@@ -101,6 +107,7 @@ class EngineRuntime:
             load_format=config.load_format,
             quantization=config.quantization,
             seed=config.seed,
+            shard=None if tp == 1 else functools.partial(shard_model, rank=0, world_size=tp),
         )
         cuda = device.type == "cuda"
         max_num_seqs = config.max_num_seqs or (256 if cuda else 64)

@@ -1,0 +1,7 @@
+"""Tensor parallelism over torch.distributed (gloo on the CPU, NCCL on CUDA).
+
+`parallel_state` holds the process group and the collectives; `shard_plan`, `sharded_weights` and
+`parallel_layers` cut a loaded model into one rank's shard (Megatron-style); `worker` is the loop of
+ranks 1..N-1, `worker_pool` starts and watches them, and `tp_runner` is rank 0's ModelRunner, which
+drives them (`step_transfer`: what it sends each forward pass).
+"""

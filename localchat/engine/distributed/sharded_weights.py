@@ -1,0 +1,65 @@
+"""Cut a projection weight (dense, a PackedWeight, or a tuple of PackedWeights whose rows stack)
+by output rows (column-parallel) or by input columns (row-parallel).
+
+A quantized weight's input dimension is cut only on group boundaries, so each shard keeps the
+file's codes, scales and mins unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localchat.errors import InvalidParameterError
+from localchat.kernels.packed_weight import PackedWeight
+
+Weight = torch.Tensor | PackedWeight | tuple[PackedWeight, ...]
+
+
+def take_rows(weight: Weight, rows: torch.Tensor) -> Weight:
+    """The output rows `rows` (increasing) of the weight."""
+    if isinstance(weight, torch.Tensor):
+        return weight.detach()[rows].contiguous()
+    if isinstance(weight, PackedWeight):
+        return weight.select_rows(rows)
+    parts: list[PackedWeight] = []
+    offset = 0
+    for part in weight:
+        count = part.shape[0]
+        inside = rows[(rows >= offset) & (rows < offset + count)] - offset
+        if inside.numel():
+            parts.append(part.select_rows(inside))
+        offset += count
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def take_columns(weight: Weight, start: int, end: int) -> Weight:
+    """Input columns [start, end) of the weight."""
+    if isinstance(weight, torch.Tensor):
+        return weight.detach()[:, start:end].contiguous()
+    if isinstance(weight, tuple):
+        return tuple(_packed_columns(part, start, end) for part in weight)
+    return _packed_columns(weight, start, end)
+
+
+def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
+    group = weight.group_size
+    if start % group or end % group:
+        raise InvalidParameterError(
+            f"a tensor-parallel shard of a quantized weight must start and end on its groups of "
+            f"{group} inputs; columns [{start}, {end}) do not (use fewer ranks)",
+            param="tensor_parallel_size",
+        )
+    per_byte = 2 if weight.layout == "u4" else 1
+
+    def cut(tensor: torch.Tensor, per_column: int) -> torch.Tensor:
+        return tensor[:, start // per_column : end // per_column].contiguous()
+
+    return PackedWeight(
+        weight.layout,
+        cut(weight.qweight, per_byte),
+        cut(weight.scales, group),
+        None if weight.mins is None else cut(weight.mins, group),
+        group,
+        weight.zero_point,
+        weight.source_type,
+    )

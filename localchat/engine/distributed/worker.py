@@ -1,0 +1,104 @@
+"""Ranks 1..N-1: load this rank's shard, then run each forward pass and logits projection rank 0
+announces. A worker never sees a tokenizer, a scheduler or a sampler.
+
+Commands arrive over a pipe from rank 0 (so an idle worker waits without a collective that could
+time out, and rank 0's exit closes the pipe, which ends the worker); the tensors they need arrive
+by broadcast.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from localchat.config import EngineConfig
+from localchat.engine.distributed import parallel_state
+from localchat.engine.distributed.parallel_layers import shard_model
+from localchat.engine.distributed.step_transfer import receive_batch
+from localchat.engine.loader import ModelFiles, load_hf_config, load_model
+from localchat.engine.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What rank 0 decided and a worker needs to build its shard."""
+
+    rank: int
+    world_size: int
+    address: str  # host:port of the rendezvous
+    config: EngineConfig
+    files: ModelFiles
+    device_type: str
+    dtype: torch.dtype
+    max_model_len: int
+    num_threads: int
+
+
+def _build(args: WorkerArgs) -> ModelRunner:
+    config = args.config
+    device = torch.device("cuda", args.rank) if args.device_type == "cuda" else torch.device("cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(args.num_threads)
+    parallel_state.init_group(args.rank, args.world_size, args.address, device)
+    hf_config = load_hf_config(args.files)
+    model = load_model(
+        args.files,
+        hf_config,
+        dtype=args.dtype,
+        device=device,
+        load_format=config.load_format,
+        quantization=config.quantization,
+        seed=config.seed,
+        shard=functools.partial(shard_model, rank=args.rank, world_size=args.world_size),
+    )
+    return ModelRunner(
+        model,
+        hf_config,
+        device=device,
+        dtype=args.dtype,
+        block_size=config.block_size,
+        max_model_len=args.max_model_len,
+        eos_token_ids=set(),
+    )
+
+
+@torch.inference_mode()
+def _serve(runner: ModelRunner, conn: Connection) -> None:
+    while True:
+        try:
+            command, value = conn.recv()
+        except EOFError:  # rank 0 is gone
+            return
+        if command == "forward":
+            input_ids, positions, md = receive_batch(value, runner.device)
+            runner._forward(input_ids, positions, md)
+        elif command == "logits":
+            hidden = torch.empty(value, dtype=runner.dtype, device=runner.device)
+            runner.model.compute_logits(parallel_state.broadcast(hidden))
+        elif command == "kv":
+            runner.allocate_kv_cache(value)
+        elif command == "exit":
+            return
+
+
+def run_worker(args: WorkerArgs, conn: Connection) -> None:
+    """The entry point of a spawned rank: report that it started, then that it is ready (or the
+    load's error), then serve."""
+    conn.send(("started", None))
+    try:
+        runner = _build(args)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        sys.exit(1)
+    conn.send(("ready", None))
+    try:
+        _serve(runner, conn)
+    except Exception as exc:  # a collective failed: rank 0 reports it; exit non-zero
+        print(f"localchat tensor-parallel rank {args.rank}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    parallel_state.destroy_group()

@@ -1,0 +1,152 @@
+"""Tensor parallelism on the CPU over gloo: real spawned ranks, compared with one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from localchat import LLM, SamplingParams
+from localchat.engine.distributed.shard_plan import plan_shards
+from localchat.engine.models.decoder import DecoderSpec
+from localchat.errors import InvalidParameterError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# small enough that four prompts of up to 24 new tokens preempt one another
+SMALL = {"kv_cache_memory": "6MiB", "max_model_len": 128, "max_num_batched_tokens": 64}
+PREFIX = "You are a helpful assistant. Answer every question in one short sentence. " * 2
+PROMPTS = [
+    PREFIX + "What is the capital of France?",
+    PREFIX + "Why is the sky blue?",
+    "def fibonacci(n):",
+    "1, 2, 3, 4,",
+]
+
+
+def _greedy_run(llm: LLM) -> tuple[list[list[int]], int]:
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params)
+    return [o.outputs[0].token_ids for o in outputs], llm.engine.stats().num_preemptions
+
+
+def _close(llm: LLM) -> None:
+    llm.engine.runner.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(default_gguf):
+    llm = LLM(**SMALL)
+    tokens, preemptions = _greedy_run(llm)
+    logits = llm.engine.prompt_logits(llm.engine.tokenize(PROMPTS[0]))
+    return tokens, preemptions, logits
+
+
+def test_tp3_greedy_tokens_equal_one_rank_for_a_mixed_batch(one_rank_run):
+    """Chunked prefills, decodes, a shared prefix and preemption in one run, on 3 ranks."""
+    tokens, preemptions, logits = one_rank_run
+    llm = LLM(tensor_parallel_size=3, **SMALL)
+    try:
+        tp_tokens, tp_preemptions = _greedy_run(llm)
+        tp_logits = llm.engine.prompt_logits(llm.engine.tokenize(PROMPTS[0]))
+        stats = llm.engine.stats()
+    finally:
+        _close(llm)
+    assert preemptions > 0 and tp_preemptions > 0
+    assert stats.prefix_cache_hits > 0
+    assert tp_tokens == tokens
+    # Not bit for bit: the all-reduces add the ranks' partial sums in another order than one
+    # matmul does (1.3e-4 at most on the dequantized weights), and each projection's activations
+    # are quantized per 32 values, which turns such last-bit differences into code flips (9e-3 at
+    # most on logits up to 31 here). The greedy tokens above are equal all the same.
+    assert torch.allclose(tp_logits, logits, atol=2e-2, rtol=0)
+    assert torch.equal(tp_logits.argmax(dim=-1), logits.argmax(dim=-1))
+
+
+def test_tp2_on_the_default_model_is_refused_with_the_head_counts(default_gguf):
+    with pytest.raises(InvalidParameterError, match="9 query heads and 3 KV heads"):
+        LLM(tensor_parallel_size=2)
+
+
+def test_kv_heads_are_replicated_when_fewer_than_ranks():
+    spec = DecoderSpec(1001, 256, 512, 2, 8, 2, 32, 1e-6, False)
+    plans = [plan_shards(spec, rank, 4) for rank in range(4)]
+    assert [p.q_heads for p in plans] == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert [p.kv_heads for p in plans] == [range(0, 1), range(0, 1), range(1, 2), range(1, 2)]
+    assert [p.vocab for p in plans][-1] == range(753, 1001)
+
+
+def test_tiny_random_model_at_tp4_matches_one_rank(tmp_path):
+    """8 query heads, 2 KV heads on 4 ranks (each KV head on two), an uneven vocabulary."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 1001,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    options = {"load_format": "dummy", "kv_cache_memory": "16MiB", "max_num_batched_tokens": 32}
+    prompts = [[5, 17, 900, 3, 42, 1000, 7] * 6, [11, 12, 13], [999]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    results = []
+    for size in (1, 4):
+        llm = LLM(str(tmp_path), tensor_parallel_size=size, **options)
+        try:
+            tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+            results.append((tokens, llm.engine.prompt_logits(prompts[0])))
+        finally:
+            if size > 1:
+                _close(llm)
+    (tokens, logits), (tp_tokens, tp_logits) = results
+    assert tp_tokens == tokens
+    assert torch.allclose(tp_logits, logits, atol=1e-4, rtol=0)
+
+
+def _generate(*flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "localchat", "generate", "-t", "0", "-n", "24", *flags]
+    command += ["--kv-cache-memory", "64MiB", "--max-model-len", "1024", "Name three colors."]
+    return subprocess.run(command, capture_output=True, text=True, timeout=240)
+
+
+def test_generate_prints_the_same_text_at_tp3(default_gguf):
+    plain = _generate()
+    parallel = _generate("--tensor-parallel-size", "3")
+    assert plain.returncode == 0 and parallel.returncode == 0, parallel.stderr
+    assert plain.stdout.strip() and parallel.stdout == plain.stdout
+
+
+def test_a_killed_rank_is_a_clean_error_and_a_nonzero_exit(default_gguf):
+    command = [sys.executable, "-m", "localchat", "generate", "--raw", "-t", "0", "-n", "1000"]
+    command += ["-tp", "3", "--kv-cache-memory", "64MiB", "--max-model-len", "1024", "1, 2, 3,"]
+    env = {**os.environ, "LOCALCHAT_TP_TIMEOUT": "30"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert process.stdout is not None
+        process.stdout.read(8)  # tokens are flowing: every rank is in the middle of the request
+        children = psutil.Process(process.pid).children()
+        ranks = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        assert len(ranks) == 2
+        victim = ranks[-1]
+        started = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode not in (0, None)
+    assert time.monotonic() - started < 60
+    assert b"tensor-parallel group failed" in stderr and b"Traceback" not in stderr
+    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks)
