@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 import torch
@@ -17,6 +18,7 @@ from localchat import LLM, SamplingParams
 from localchat.engine.distributed.shard_plan import plan_shards
 from localchat.engine.models.decoder import DecoderSpec
 from localchat.errors import InvalidParameterError
+from tests.serve_process import serve_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -129,20 +131,25 @@ def test_generate_prints_the_same_text_at_tp3(default_gguf):
     assert plain.stdout.strip() and parallel.stdout == plain.stdout
 
 
-def test_a_killed_rank_is_a_clean_error_and_a_nonzero_exit(default_gguf):
+def _ranks(pid: int) -> list[psutil.Process]:
+    """The spawned tensor-parallel ranks of process `pid` (not its resource tracker)."""
+    children = psutil.Process(pid).children()
+    return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
+def test_a_dead_or_hung_rank_is_a_clean_error_and_a_nonzero_exit(default_gguf, how):
     command = [sys.executable, "-m", "localchat", "generate", "--raw", "-t", "0", "-n", "1000"]
     command += ["-tp", "3", "--kv-cache-memory", "64MiB", "--max-model-len", "1024", "1, 2, 3,"]
-    env = {**os.environ, "LOCALCHAT_TP_TIMEOUT": "30"}
+    env = {**os.environ, "LOCALCHAT_TP_TIMEOUT": "10"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         assert process.stdout is not None
         process.stdout.read(8)  # tokens are flowing: every rank is in the middle of the request
-        children = psutil.Process(process.pid).children()
-        ranks = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        ranks = _ranks(process.pid)
         assert len(ranks) == 2
-        victim = ranks[-1]
         started = time.monotonic()
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(ranks[-1].pid, how)
         _, stderr = process.communicate(timeout=120)
     finally:
         process.kill()
@@ -150,3 +157,20 @@ def test_a_killed_rank_is_a_clean_error_and_a_nonzero_exit(default_gguf):
     assert time.monotonic() - started < 60
     assert b"tensor-parallel group failed" in stderr and b"Traceback" not in stderr
     assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks)
+
+
+def test_the_server_fails_the_stream_and_turns_unhealthy_when_a_rank_dies(default_gguf, tmp_path):
+    args = ("-tp", "3", "--kv-cache-memory", "64MiB", "--max-model-len", "1024")
+    with serve_process(tmp_path / "serve.log", *args) as server:
+        body = {"prompt": "1, 2, 3,", "max_tokens": 900, "temperature": 0, "stream": True}
+        events = []
+        with httpx.stream(
+            "POST", f"{server.base_url}/v1/completions", json=body, timeout=120
+        ) as response:
+            for line in response.iter_lines():
+                events.append(line)
+                if len(events) == 4:  # streaming: kill a rank mid-request
+                    os.kill(_ranks(server.process.pid)[0].pid, signal.SIGKILL)
+        assert any("tensor-parallel group failed" in e for e in events[4:])
+        health = httpx.get(f"{server.base_url}/health", timeout=10)
+        assert health.status_code == 503
