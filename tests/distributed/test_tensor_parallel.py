@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -20,6 +21,7 @@ from localchat.engine.models.decoder import DecoderSpec
 from localchat.errors import InvalidParameterError
 from tests.serve_process import serve_process
 
+MODELS = Path(__file__).parent.parent / "data" / "models"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 # small enough that four prompts of up to 24 new tokens preempt one another
@@ -85,6 +87,23 @@ def test_kv_heads_are_replicated_when_fewer_than_ranks():
     assert [p.vocab for p in plans][-1] == range(753, 1001)
 
 
+def _dummy_runs(config_dir, size: int, prompts: list[list[int]]):
+    """Greedy tokens and the first prompt's logits, random weights from `config_dir`, at TP=1 and
+    TP=`size`."""
+    options = {"load_format": "dummy", "kv_cache_memory": "16MiB", "max_num_batched_tokens": 32}
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    results = []
+    for tp in (1, size):
+        llm = LLM(str(config_dir), tensor_parallel_size=tp, max_model_len=128, **options)
+        try:
+            tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+            results.append((tokens, llm.engine.prompt_logits(prompts[0])))
+        finally:
+            if tp > 1:
+                _close(llm)
+    return results
+
+
 def test_tiny_random_model_at_tp4_matches_one_rank(tmp_path):
     """8 query heads, 2 KV heads on 4 ranks (each KV head on two), an uneven vocabulary."""
     config = {
@@ -101,19 +120,19 @@ def test_tiny_random_model_at_tp4_matches_one_rank(tmp_path):
         "tie_word_embeddings": False,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    options = {"load_format": "dummy", "kv_cache_memory": "16MiB", "max_num_batched_tokens": 32}
     prompts = [[5, 17, 900, 3, 42, 1000, 7] * 6, [11, 12, 13], [999]]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    results = []
-    for size in (1, 4):
-        llm = LLM(str(tmp_path), tensor_parallel_size=size, **options)
-        try:
-            tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-            results.append((tokens, llm.engine.prompt_logits(prompts[0])))
-        finally:
-            if size > 1:
-                _close(llm)
-    (tokens, logits), (tp_tokens, tp_logits) = results
+    (tokens, logits), (tp_tokens, tp_logits) = _dummy_runs(tmp_path, 4, prompts)
+    assert tp_tokens == tokens
+    assert torch.allclose(tp_logits, logits, atol=1e-4, rtol=0)
+
+
+def test_qwen2_shape_at_tp2_gives_logits_within_1e4(tmp_path):
+    """Qwen2.5-0.5B's shape (14 heads, 2 KV heads, q/k/v bias, tied embeddings), 4 of its layers."""
+    config = json.loads((MODELS / "qwen2.5-0.5b" / "config.json").read_text())
+    config["num_hidden_layers"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    prompts = [[9707, 11, 1879, 0, 151643, 42] * 5, [100, 200]]
+    (tokens, logits), (tp_tokens, tp_logits) = _dummy_runs(tmp_path, 2, prompts)
     assert tp_tokens == tokens
     assert torch.allclose(tp_logits, logits, atol=1e-4, rtol=0)
 
