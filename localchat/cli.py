@@ -32,6 +32,9 @@ app.command("list")(model_commands.list_models)
 app.command()(model_commands.show)
 app.command()(model_commands.rm)
 app.command()(model_commands.alias)
+from localchat.multimodel.command import serve_models  # noqa: E402
+
+app.command("serve-models")(serve_models)
 
 
 @app.command()

@@ -1,0 +1,111 @@
+"""The ASGI front of a several-model server: `/v1/models` lists every configured model, and a
+POST to the generation endpoints goes to the single-model app of the engine its `model` names."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from localchat.errors import LocalchatError
+from localchat.multimodel.pool import EnginePool
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+ROUTED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
+
+
+class ModelRouter:
+    def __init__(self, pool: EnginePool, api_key: str | None = None):
+        self.pool, self.api_key = pool, api_key
+        self.created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if not self._authorized(scope):
+            return await _json(send, 401, _error("invalid or missing API key", 401))
+        if method == "GET" and path == "/v1/models":
+            return await _json(send, 200, {"object": "list", "data": self._cards()})
+        if method == "GET" and path.startswith("/v1/models/"):
+            card = next((c for c in self._cards() if c["id"] == path[len("/v1/models/") :]), None)
+            missing = _error(f"the model {path[11:]!r} does not exist", 404, "model")
+            return await _json(send, 200, card) if card else await _json(send, 404, missing)
+        if method == "GET" and path == "/health":
+            return await _json(send, 200, {"status": "ok"})
+        if method != "POST" or path not in ROUTED:
+            return await _json(send, 404, _error(f"no route {method} {path}", 404))
+        body = await _read_body(receive)
+        try:
+            requested = json.loads(body or b"{}").get("model")
+        except (ValueError, AttributeError):
+            return await _json(send, 400, _error("the body is not a JSON object", 400))
+        name = requested or self.pool.names[0]
+        try:
+            entry = await self.pool.acquire(name)
+        except LocalchatError as exc:
+            status = exc.http_status
+            return await _json(send, status, _error(exc.message, status, exc.param))
+        try:
+            await entry.app(scope, _replay(body, receive), send)
+        finally:
+            await self.pool.release(entry)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.api_key is None:
+            return True
+        headers = dict(scope.get("headers") or [])
+        return headers.get(b"authorization", b"").decode() == f"Bearer {self.api_key}"
+
+    def _cards(self) -> list[dict]:
+        now = time.monotonic()
+        cards = []
+        for name in self.pool.names:
+            entry = self.pool.loaded.get(name)
+            card = {"id": name, "object": "model", "created": self.created, "owned_by": "localchat"}
+            card["loaded"] = entry is not None
+            if entry is not None:
+                card["max_model_len"] = entry.engine.model_info.max_model_len
+                card["idle_seconds"] = round(now - entry.last_used, 1) if not entry.active else 0
+            cards.append(card)
+        return cards
+
+
+def _error(message: str, status: int, param: str | None = None) -> dict:
+    from localchat.server.errors import error_body
+
+    return error_body(message, status, param=param)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive() that hands the app the body read already, then the client's own messages (a
+    disconnect)."""
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _json(send: Send, status: int, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
