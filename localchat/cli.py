@@ -35,6 +35,9 @@ app.command()(model_commands.alias)
 from localchat.multimodel.command import serve_models  # noqa: E402
 
 app.command("serve-models")(serve_models)
+from localchat.multimodel.ps import ps  # noqa: E402
+
+app.command()(ps)
 
 
 @app.command()

@@ -61,7 +61,7 @@ def server(hub_cache, tiny_llama_files, tmp_path):
     log.close()
 
 
-def test_two_models_one_server(server):
+def test_two_models_one_server(server, cli):
     url, process = server
     models = httpx.get(f"{url}/v1/models").json()["data"]
     assert [m["id"] for m in models] == [DEFAULT, ST_NAME]
@@ -71,6 +71,11 @@ def test_two_models_one_server(server):
     assert rss[-1] <= rss[1] * 1.10 and rss[-2] <= rss[0] * 1.10, rss
     loaded = [m for m in httpx.get(f"{url}/v1/models").json()["data"] if m["loaded"]]
     assert [m["id"] for m in loaded] == [ST_NAME]
+    table = [line.split() for line in cli("ps", "--url", url).stdout.splitlines()]
+    assert table[0] == ["NAME", "LOADED", "CONTEXT", "IDLE"]
+    assert table[1][:2] == [DEFAULT, "no"] and table[2][:3] == [ST_NAME, "yes", "256"]
+    down = cli("ps", "--url", "http://127.0.0.1:9")
+    assert down.exit_code == 2 and "no localchat server answered" in down.stderr
 
 
 async def _scenario(url: str, pid: int) -> list[float]:
