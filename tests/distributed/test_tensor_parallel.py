@@ -178,9 +178,19 @@ def test_a_dead_or_hung_rank_is_a_clean_error_and_a_nonzero_exit(default_gguf, h
     assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks)
 
 
-def test_the_server_fails_the_stream_and_turns_unhealthy_when_a_rank_dies(default_gguf, tmp_path):
+def test_the_server_fails_the_stream_and_turns_unhealthy_when_a_rank_dies(
+    default_gguf, tmp_path, monkeypatch
+):
+    """Idle longer than the collective timeout first: idle ranks wait on their pipes, not in a
+    collective, so the next request is served; then a rank dies mid-stream."""
+    monkeypatch.setenv("LOCALCHAT_TP_TIMEOUT", "8")
     args = ("-tp", "3", "--kv-cache-memory", "64MiB", "--max-model-len", "1024")
     with serve_process(tmp_path / "serve.log", *args) as server:
+        short = {"prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        for pause in (0, 10):
+            time.sleep(pause)
+            reply = httpx.post(f"{server.base_url}/v1/completions", json=short, timeout=60)
+            assert reply.status_code == 200, reply.text
         body = {"prompt": "1, 2, 3,", "max_tokens": 900, "temperature": 0, "stream": True}
         events = []
         with httpx.stream(
