@@ -132,7 +132,10 @@ async def create_chat_completion(
     server.check_model(data.model)
     plan = plan_tools(data, server.tools, server.special_token_id)
     tool_grammar = (plan.grammar, str(data.tool_choice)) if plan.grammar else None
-    params = chat_sampling_params(data, await checked_grammar(data, tool_grammar))
+    defaults = server.engine.model_info.generation_defaults  # generation_config.json
+    params = chat_sampling_params(
+        defaults.fill_request(data), await checked_grammar(data, tool_grammar)
+    )
     if plan.parse and not server.tools.skip_special_tokens:
         params.skip_special_tokens = False  # the call marker is a special token
     prompt = server.render_chat(

@@ -97,7 +97,8 @@ async def create_completion(
 ) -> Response:
     server = server_of(request)
     server.check_model(data.model)
-    params = completion_sampling_params(data, await checked_grammar(data))
+    defaults = server.engine.model_info.generation_defaults  # generation_config.json
+    params = completion_sampling_params(defaults.fill_request(data), await checked_grammar(data))
     prompts = parse_prompts(data.prompt)
     generation = await start_generation(request, server, "cmpl", params, prompts)
     echoes = []

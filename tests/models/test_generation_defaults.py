@@ -74,3 +74,35 @@ def test_generate_uses_the_models_defaults_unless_flags_say_otherwise(cli, tiny_
     assert first.repetition_penalty == pytest.approx(1.1)
     assert (flagged.temperature, flagged.top_p, flagged.top_k) == (0.2, 0.3, 20)
     assert (default.temperature, default.top_p, default.top_k) == (0.7, 0.95, 0)
+
+
+def test_the_server_fills_unset_fields_from_generation_config(
+    hub_cache, tiny_llama_files, tmp_path
+):
+    """A model whose generation_config.json says temperature 0 answers greedily when a request
+    sets no temperature (any seed), and samples when the request asks for temperature 1."""
+    import httpx
+
+    from tests.serve_process import serve_process
+
+    files = {**tiny_llama_files, "generation_config.json": b'{"temperature": 0.0}'}
+    snapshot = _hand_made_cache(hub_cache, ST_REPO, files)
+    engine = ["--kv-cache-memory", "16MiB", "--max-model-len", "128", "--threads", "1"]
+    with serve_process(tmp_path / "serve.log", str(snapshot), *engine) as server:
+
+        def text(endpoint: str, **fields) -> str:
+            body = {"max_tokens": 8, "ignore_eos": True, **fields}
+            if endpoint == "chat/completions":
+                body["messages"] = [{"role": "user", "content": "Hi"}]
+            else:
+                body["prompt"] = "Once upon a time"
+            reply = httpx.post(f"{server.base_url}/v1/{endpoint}", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            choice = reply.json()["choices"][0]
+            return choice["message"]["content"] if "message" in choice else choice["text"]
+
+        for endpoint in ("chat/completions", "completions"):
+            greedy = text(endpoint, temperature=0)
+            assert text(endpoint, seed=1) == text(endpoint, seed=2) == greedy
+            sampled = {text(endpoint, temperature=1.0, seed=s) for s in (1, 2, 3)}
+            assert len(sampled) > 1  # the request's own temperature wins
