@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
+import numpy as np
 import torch
 
 from localchat.errors import InvalidParameterError
@@ -112,7 +114,10 @@ class GrammarState:
 
 
 def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[B, words] int32 bitmask -> [B, vocab_size] bool, True where a token is allowed."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+    """[B, words] int32 CPU bitmask -> [B, vocab_size] bool, True where a token is allowed (bit k
+    of word w is token 32w + k; numpy unpacks the little-endian bytes low bit first)."""
+    data = bitmask.numpy()
+    if sys.byteorder != "little":
+        data = data.astype("<i4")
+    bits = np.unpackbits(data.view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(bits[:, :vocab_size].view(np.bool_))
