@@ -65,7 +65,8 @@ async def test_url_mode_chats_with_a_real_server(server_url):
         assert "<|im_start|>user\nHello there!<|im_end|>" in app.screen.text
         await pilot.press("escape")
 
-        await send(pilot, "/set max_tokens 200")
+        # long enough that Esc lands while it is still being written, however fast the engine
+        await send(pilot, "/set max_tokens 800")
         await send(pilot, "Write a long poem about the sea.")
         await wait_until(
             pilot,
