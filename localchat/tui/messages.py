@@ -42,9 +42,12 @@ class StreamingText(Static):
     def show(self, text: str) -> None:
         """Show `text`, growing the reservation if it no longer fits."""
         if self.needs_room(text):
-            height = self._height()
-            self._reserved = height + self.RESERVE_LINES - 1
-            self.styles.min_height = self._reserved
+            self.grow()
+
+    def grow(self) -> None:
+        """Reserve RESERVE_LINES - 1 lines beyond the text shown (one layout)."""
+        self._reserved = self._height() + self.RESERVE_LINES - 1
+        self.styles.min_height = self._reserved
 
     def needs_room(self, text: str) -> bool:
         """Show `text` without a new layout; True when it is taller than the lines reserved (the
@@ -168,12 +171,14 @@ class AssistantMessage(Vertical):
             self._pending += text
             # complete blocks move to the Markdown when the tail runs out of room: that layout is
             # needed anyway, so the append costs none of its own
-            full = self.tail.needs_room(self._pending.rstrip("\n"))
-            if full and (end := block_end(self._pending)):
-                await self.markdown.append(self._pending[:end])
-                self._pending = self._pending[end:]
-                self.tail.rewind()
-            self.tail.show(self._pending.rstrip("\n"))
+            if self.tail.needs_room(self._pending.rstrip("\n")):
+                if end := block_end(self._pending):
+                    await self.markdown.append(self._pending[:end])
+                    self._pending = self._pending[end:]
+                    self.tail.rewind()
+                    self.tail.show(self._pending.rstrip("\n"))
+                else:
+                    self.tail.grow()
 
     async def finish(self, message: StoredMessage) -> None:
         """The reply is over (done, stopped or failed): render it once more, whole, and say how it
