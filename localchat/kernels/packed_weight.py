@@ -12,15 +12,69 @@ A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // 
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
 float16 [out, in // group_size]; group_size is 32 (16 for Q6_K). The only loss against the file is
 rounding a K-quant's scale product (super-block scale x 6-bit sub-scale) to float16.
+
+On the CPU, the weights the C++ kernel multiplies are ``interleaved``: every block of four rows (the
+rows one pass of the kernel reads together) is stored 64 bytes of codes at a time, row after row (a
+short last piece of t bytes likewise), and its scales and mins 16 groups at a time, so a pass reads
+one stream instead of four. Rows past the last whole block stay row-major. The tensors keep their
+shapes; ``codes``, ``dequantize`` and ``select_rows`` read either layout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 LAYOUTS = ("u4", "u8")
+ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
+CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
+GROUP_UNIT = 16  # scales (and mins) stored together when interleaved
+
+
+def interleave_rows(t: torch.Tensor, unit: int, back: bool = False) -> torch.Tensor:
+    """A copy of the 2-D `t` with its rows interleaved in blocks of ROWS_PER_BLOCK, `unit`
+    elements at a time (or, with `back`, restored to row-major): the torch reference for the C++
+    kernel's layout."""
+    rows, width = t.shape
+    whole = rows // ROWS_PER_BLOCK * ROWS_PER_BLOCK
+    full, tail = divmod(width, unit)
+    out = t.clone()
+    if whole == 0:
+        return out
+    blocks = whole // ROWS_PER_BLOCK
+    if back:
+        flat = t[:whole].reshape(blocks, ROWS_PER_BLOCK * width)
+        split = ROWS_PER_BLOCK * full * unit
+        head = flat[:, :split].reshape(blocks, full, ROWS_PER_BLOCK, unit).transpose(1, 2)
+        head = head.reshape(blocks, ROWS_PER_BLOCK, full * unit)
+        tails = flat[:, split:].reshape(blocks, ROWS_PER_BLOCK, tail)
+        out[:whole] = torch.cat((head, tails), dim=2).reshape(whole, width)
+    else:
+        grouped = t[:whole].reshape(blocks, ROWS_PER_BLOCK, width)
+        head = grouped[:, :, : full * unit].reshape(blocks, ROWS_PER_BLOCK, full, unit)
+        head = head.transpose(1, 2).reshape(blocks, -1)
+        tails = grouped[:, :, full * unit :].reshape(blocks, -1)
+        out[:whole] = torch.cat((head, tails), dim=1).reshape(whole, width)
+    return out
+
+
+def _gather_rows(t: torch.Tensor, rows: torch.Tensor, unit: int) -> torch.Tensor:
+    """Rows `rows` (any shape) of an interleaved 2-D tensor, row-major: only the blocks they
+    sit in are restored."""
+    whole = t.shape[0] // ROWS_PER_BLOCK * ROWS_PER_BLOCK
+    flat = rows.reshape(-1).to(torch.long)
+    if whole == 0:
+        return t[flat].reshape(*rows.shape, t.shape[1])
+    inside = flat < whole
+    block = torch.where(inside, flat, 0) // ROWS_PER_BLOCK
+    width = t.shape[1]
+    restored = interleave_rows(
+        t[:whole].reshape(-1, ROWS_PER_BLOCK * width)[block].reshape(-1, width), unit, back=True
+    ).reshape(-1, ROWS_PER_BLOCK, width)
+    picked = restored[torch.arange(flat.numel()), torch.where(inside, flat, 0) % ROWS_PER_BLOCK]
+    picked = torch.where(inside.unsqueeze(-1), picked, t[torch.where(inside, 0, flat)])
+    return picked.reshape(*rows.shape, width)
 
 
 @dataclass(frozen=True)
@@ -36,6 +90,7 @@ class PackedWeight:
     group_size: int
     zero_point: int = 0  # used only when mins is None
     source_type: str = ""  # the GGUF type it came from (Q4_K, ...), for reports
+    interleaved: bool = False  # in the CPU kernel's interleaved layout (see the module docstring)
 
     def __post_init__(self) -> None:
         out_features, in_features = self.shape
@@ -76,26 +131,44 @@ class PackedWeight:
         return self.qweight.nbytes + self.scales.nbytes + mins
 
     def to(self, device: torch.device | str) -> PackedWeight:
-        return PackedWeight(
-            self.layout,
-            self.qweight.to(device),
-            self.scales.to(device),
-            None if self.mins is None else self.mins.to(device),
-            self.group_size,
-            self.zero_point,
-            self.source_type,
+        weight = self if torch.device(device).type == "cpu" else self.row_major()
+        return replace(
+            weight,
+            qweight=weight.qweight.to(device),
+            scales=weight.scales.to(device),
+            mins=None if weight.mins is None else weight.mins.to(device),
         )
 
+    def row_major(self) -> PackedWeight:
+        """The weight with its rows in plain order (itself when it is not interleaved)."""
+        if not self.interleaved:
+            return self
+        return replace(
+            self,
+            qweight=interleave_rows(self.qweight, CODE_UNIT, back=True),
+            scales=interleave_rows(self.scales, GROUP_UNIT, back=True),
+            mins=None if self.mins is None else interleave_rows(self.mins, GROUP_UNIT, back=True),
+            interleaved=False,
+        )
+
+    def _rows(self, t: torch.Tensor, rows: torch.Tensor | slice | None, unit: int) -> torch.Tensor:
+        """Rows of one of the weight's tensors (all of them when None), row-major."""
+        if not self.interleaved:
+            return t if rows is None else t[rows]
+        if rows is None:
+            return interleave_rows(t, unit, back=True)
+        if isinstance(rows, slice):
+            rows = torch.arange(t.shape[0])[rows]
+        return _gather_rows(t, rows, unit)
+
     def select_rows(self, index: torch.Tensor) -> PackedWeight:
-        """The weight with its output rows reordered/selected by `index`."""
-        return PackedWeight(
-            self.layout,
-            self.qweight[index].contiguous(),
-            self.scales[index].contiguous(),
-            None if self.mins is None else self.mins[index].contiguous(),
-            self.group_size,
-            self.zero_point,
-            self.source_type,
+        """The weight with its output rows reordered/selected by `index` (row-major)."""
+        weight = self.row_major()
+        return replace(
+            weight,
+            qweight=weight.qweight[index].contiguous(),
+            scales=weight.scales[index].contiguous(),
+            mins=None if weight.mins is None else weight.mins[index].contiguous(),
         )
 
     def offsets(self) -> torch.Tensor:
@@ -109,7 +182,7 @@ class PackedWeight:
 
     def codes(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """The integer codes as int32 [out, in] (or the selected rows), in natural order."""
-        q = self.qweight if rows is None else self.qweight[rows]
+        q = self._rows(self.qweight, rows, CODE_UNIT)
         if self.layout == "u8":
             return q.to(torch.int32)
         groups = q.reshape(*q.shape[:-1], -1, 16).to(torch.int32)
@@ -121,12 +194,12 @@ class PackedWeight:
         """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every
         kernel."""
         codes = self.codes(rows).to(torch.float32)
-        scales = (self.scales if rows is None else self.scales[rows]).to(torch.float32)
+        scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
         codes = codes.reshape(*codes.shape[:-1], scales.shape[-1], self.group_size)
         if self.mins is None:
             values = (codes - self.zero_point) * scales.unsqueeze(-1)
         else:
-            mins = (self.mins if rows is None else self.mins[rows]).to(torch.float32)
+            mins = self._rows(self.mins, rows, GROUP_UNIT).to(torch.float32)
             values = codes * scales.unsqueeze(-1) + mins.unsqueeze(-1)
         return values.reshape(*values.shape[:-2], -1).to(dtype)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,13 @@ def _one(
     bits = weight.bits
     if ext is not None and DENSE_MIN_ROWS is not None and x.shape[0] >= DENSE_MIN_ROWS:
         dense = ext.dequantize(
-            weight.qweight, weight.scales, weight.mins, bits, weight.group_size, weight.zero_point
+            weight.qweight,
+            weight.scales,
+            weight.mins,
+            bits,
+            weight.group_size,
+            weight.zero_point,
+            weight.interleaved,
         )
         x = silu_and_mul_ref(x) if silu_and_mul else x
         return F.linear(x.to(torch.float32), dense, None if bias is None else bias.float()).to(
@@ -67,6 +74,7 @@ def _one(
             PRECISE_ACTIVATIONS,
             silu_and_mul,
             True,
+            weight.interleaved,
         )
         return out if x.dtype == torch.float32 else out.to(x.dtype)
     if silu_and_mul:
@@ -74,7 +82,7 @@ def _one(
     if use_triton(x):
         from localchat.kernels.triton_quant_linear import triton_quant_linear
 
-        return triton_quant_linear(x, weight, bias)
+        return triton_quant_linear(x, weight.row_major(), bias)
     return quant_linear_reference(x, weight, bias).to(x.dtype)
 
 
@@ -104,6 +112,19 @@ def quant_linear(
             [_one(x2, part, b, False) for part, b in zip(weight, biases, strict=True)], dim=-1
         )
     return out.reshape(*lead, out.shape[-1])
+
+
+def interleave_for_kernel(weight: QuantWeight) -> QuantWeight:
+    """The weight in the C++ kernel's interleaved layout (packed_weight.py), rearranged in place,
+    when that kernel will multiply it (a CPU with the VNNI build); otherwise the weight as it is.
+    The old PackedWeight must not be used afterwards: its tensors are the new one's."""
+    if isinstance(weight, tuple):
+        return tuple(interleave_for_kernel(part) for part in weight)  # type: ignore[misc]
+    ext = cpu_kernels()
+    if ext is None or not ext.has_vnni() or weight.interleaved or weight.device.type != "cpu":
+        return weight
+    ext.interleave_weight(weight.qweight, weight.scales, weight.mins, False)
+    return replace(weight, interleaved=True)
 
 
 # Parts larger than this together stay a tuple: stacking copies them (seconds of an 8B model's

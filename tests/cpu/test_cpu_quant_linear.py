@@ -5,17 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import PackedWeight, quantize_weight
 from localchat.kernels.quant_linear import fuse, quant_linear, quant_linear_reference
-
-
-@pytest.fixture(scope="module")
-def ext():
-    module = cpu_kernels()
-    if module is None:
-        pytest.skip("the C++ CPU kernels cannot be built here")
-    return module
 
 
 def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) -> torch.Tensor:
@@ -63,7 +54,18 @@ def weights(rows: int, cols: int):
 def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True):
     bits = 4 if w.layout == "u4" else 8
     return ext.quant_linear(
-        x, w.qweight, w.scales, w.mins, bias, bits, w.group_size, w.zero_point, precise, False, vnni
+        x,
+        w.qweight,
+        w.scales,
+        w.mins,
+        bias,
+        bits,
+        w.group_size,
+        w.zero_point,
+        precise,
+        False,
+        vnni,
+        w.interleaved,
     )
 
 
@@ -176,7 +178,9 @@ def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
     monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
     for name, w in weights(40, 160).items():
         bits = 4 if w.layout == "u4" else 8
-        dense = ext.dequantize(w.qweight, w.scales, w.mins, bits, w.group_size, w.zero_point)
+        dense = ext.dequantize(
+            w.qweight, w.scales, w.mins, bits, w.group_size, w.zero_point, w.interleaved
+        )
         torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
         gate_up = torch.randn(35, 320)
         expected = quant_linear_reference(

@@ -78,7 +78,11 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
                 layer.input_layernorm.eps,
                 [[p.qweight, p.scales] + ([p.mins] if p.mins is not None else []) for p in parts],
                 [len(projection) for projection in projections],
-                [f for p in parts for f in (p.bits, p.group_size, p.zero_point)],
+                [
+                    f
+                    for p in parts
+                    for f in (p.bits, p.group_size, p.zero_point, int(p.interleaved))
+                ],
                 attn.qkv_bias,
                 None if attn.q_norm is None else attn.q_norm.weight,
                 None if attn.k_norm is None else attn.k_norm.weight,

@@ -24,6 +24,7 @@ from localchat.kernels import (
 from localchat.kernels.decode_attention import fused_decode_attention
 from localchat.kernels.linear import can_pack, linear, linear_silu_and_mul, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
+from localchat.kernels.quant_linear import interleave_for_kernel
 
 # The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them),
 # which replace the parameter of the same name as a plain attribute.
@@ -197,6 +198,12 @@ class DecoderForCausalLM(nn.Module):
                 module = getattr(layer, module_name)
                 if name in module._parameters and can_pack(module._parameters[name]):
                     setattr(module, name, pack_weight(module._parameters.pop(name)))
+                elif isinstance(value := getattr(module, name), (PackedWeight, tuple)):
+                    setattr(module, name, interleave_for_kernel(value))
+        if isinstance(self.lm_head, PackedWeight):
+            self.lm_head = interleave_for_kernel(self.lm_head)
+        elif self.lm_head is None and isinstance(self.embed_tokens, PackedWeight):
+            self.embed_tokens = interleave_for_kernel(self.embed_tokens)  # tied: it is the head
         self.cpu_decode = cpu_decode.build_decode_stack(self)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, torch.Tensor) and can_pack(head):

@@ -30,13 +30,15 @@ struct PackedRef {
   int64_t N = 0, K = 0, groups = 0, w_row = 0, chunks = 0, weight_bytes = 0, passes = 0;
   int32_t zero_point = 0;
   bool symmetric = true;
+  bool interleaved = false;
   __m512i scale_index;
   GemvFn gemv = nullptr;
   ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
 
   PackedRef(torch::Tensor q, torch::Tensor s, c10::optional<torch::Tensor> m, int64_t bits, int64_t group_size,
-            int64_t zp, bool precise)
+            int64_t zp, bool interleaved_rows, bool precise)
       : qweight(std::move(q)), scales(std::move(s)), L(make_layout(bits, group_size)) {
+    interleaved = interleaved_rows;
     symmetric = !(m.has_value() && m->defined());
     if (!symmetric) mins = *m;
     N = qweight.size(0);
@@ -74,12 +76,15 @@ struct PackedRef {
       const int64_t n = pass * kRowsPerPass;
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
-      gemv(wp + n * w_row, w_row, sp + n * groups, mp ? mp + n * groups : nullptr, groups, chunks, weight_bytes, L,
+      gemv(pass_view(wp, sp, mp, n, N, w_row, groups, interleaved), w_row, groups, chunks, weight_bytes, L,
            scale_index, act.rows[thread], count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
     }
   }
 };
+
+// Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, interleaved).
+constexpr size_t kFormatFields = 4;
 
 // A projection whose output rows come from one or more PackedWeights, stacked: a GGUF file may store q, k
 // and v (or gate and up) in different types, as Q4_K_M files do.
@@ -87,7 +92,7 @@ struct Projection {
   std::vector<std::unique_ptr<PackedRef>> parts;
   int64_t N = 0, K = 0, passes = 0;
 
-  // parts: (qweight, scales[, mins]) each; formats: (bits, group_size, zero_point) each
+  // parts: (qweight, scales[, mins]) each; formats: (bits, group_size, zero_point, interleaved) each
   Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
              size_t first, size_t count, bool precise) {
     for (size_t i = first; i < first + count; ++i) {
@@ -95,8 +100,8 @@ struct Projection {
       TORCH_CHECK(t.size() == 2 || t.size() == 3, "a part is (qweight, scales[, mins])");
       c10::optional<torch::Tensor> mins;
       if (t.size() == 3) mins = t[2];
-      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], mins, formats[3 * i], formats[3 * i + 1],
-                                                  formats[3 * i + 2], precise));
+      const int64_t* f = formats.data() + kFormatFields * i;
+      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], mins, f[0], f[1], f[2], f[3] != 0, precise));
       TORCH_CHECK(parts.size() == 1 || parts.back()->K == K, "the parts of a projection share in_features");
       K = parts.back()->K;
       N += parts.back()->N;
@@ -156,7 +161,7 @@ class DecodeLayer {
  public:
   // parts: the (qweight, scales[, mins]) of every PackedWeight, projection by projection (qkv, o, gate_up,
   // down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
-  // zero_point) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None.
+  // zero_point, interleaved) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None.
   DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
               std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,
               std::vector<int64_t> formats, c10::optional<torch::Tensor> qkv_bias,
@@ -267,7 +272,7 @@ class DecodeLayer {
   Projection make(const std::vector<std::vector<torch::Tensor>>& parts, const std::vector<int64_t>& formats,
                   const std::vector<int64_t>& counts, size_t which) const {
     TORCH_CHECK(counts.size() == 4, "part_counts has one entry per projection");
-    TORCH_CHECK(formats.size() == 3 * parts.size(), "formats has three entries per part");
+    TORCH_CHECK(formats.size() == kFormatFields * parts.size(), "formats has four entries per part");
     size_t first = 0;
     for (size_t i = 0; i < which; ++i) first += counts[i];
     TORCH_CHECK(counts[which] >= 1 && first + counts[which] <= parts.size(), "part_counts does not match parts");

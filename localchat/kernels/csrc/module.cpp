@@ -13,6 +13,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
   m.def("repack_gguf", &repack_gguf, "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
   m.def("sample_tokens", &sample_tokens, "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");
+  m.def("interleave_weight", &interleave_weight, "a packed weight's rows into (or, back=True, out of) the interleaved layout, in place");
   m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
 #if LC_VNNI
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")

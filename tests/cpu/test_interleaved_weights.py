@@ -1,0 +1,101 @@
+"""The CPU kernel's interleaved weight layout (kernels/packed_weight.py): the C++ rearrangement
+against the torch reference, and every kernel path giving the same bits in either layout."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from localchat.kernels.packed_weight import (
+    CODE_UNIT,
+    GROUP_UNIT,
+    PackedWeight,
+    interleave_rows,
+)
+from localchat.kernels.quant_linear import interleave_for_kernel, quant_linear
+from tests.cpu.test_cpu_quant_linear import run, weights
+
+
+def copy(w: PackedWeight) -> PackedWeight:
+    return dataclasses.replace(
+        w,
+        qweight=w.qweight.clone(),
+        scales=w.scales.clone(),
+        mins=None if w.mins is None else w.mins.clone(),
+    )
+
+
+# rows: whole blocks of four, a partial block, fewer than one block; columns: whole 64-byte pieces
+# and a short last one (576 / 2 = 288 bytes), 16-group blocks and a short one
+SHAPES = [(40, 576), (37, 96), (3, 64), (13, 1536)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_torch_layout_round_trips_and_moves_only_whole_blocks(shape):
+    rows, width = shape
+    t = torch.arange(rows * width, dtype=torch.int32).reshape(rows, width)
+    inter = interleave_rows(t, CODE_UNIT)
+    assert torch.equal(interleave_rows(inter, CODE_UNIT, back=True), t)
+    whole = rows // 4 * 4
+    assert torch.equal(inter[whole:], t[whole:])  # a partial block stays row-major
+    if whole and width > CODE_UNIT:
+        # the first block: row 0's first piece, then row 1's first piece
+        flat = inter[:4].reshape(-1)
+        assert torch.equal(flat[:CODE_UNIT], t[0, :CODE_UNIT])
+        assert torch.equal(flat[CODE_UNIT : 2 * CODE_UNIT], t[1, :CODE_UNIT])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cpp_rearrangement_equals_the_torch_reference(ext, shape):
+    rows, cols = shape
+    for name, w in weights(rows, cols).items():
+        plain = copy(w)
+        inter = interleave_for_kernel(w)  # in place: w's tensors are inter's now
+        assert inter.interleaved and inter.qweight.data_ptr() == w.qweight.data_ptr()
+        assert torch.equal(inter.qweight, interleave_rows(plain.qweight, CODE_UNIT)), name
+        assert torch.equal(inter.scales, interleave_rows(plain.scales, GROUP_UNIT)), name
+        if plain.mins is not None:
+            assert torch.equal(inter.mins, interleave_rows(plain.mins, GROUP_UNIT)), name
+        back = inter.row_major()
+        assert torch.equal(back.qweight, plain.qweight) and torch.equal(back.scales, plain.scales)
+        assert interleave_for_kernel(inter) is inter  # already interleaved: untouched
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_path_gives_the_same_bits_in_both_layouts(ext, shape):
+    rows, cols = shape
+    generator = torch.Generator().manual_seed(rows)
+    for name, w in weights(rows, cols).items():
+        plain = copy(w)
+        inter = interleave_for_kernel(w)
+        dense = plain.dequantize()
+        assert torch.equal(inter.dequantize(), dense), name
+        bits = 4 if w.layout == "u4" else 8
+        cpp_dense = ext.dequantize(
+            inter.qweight, inter.scales, inter.mins, bits, w.group_size, w.zero_point, True
+        )
+        assert torch.equal(cpp_dense, dense), name
+        for batch in (1, 3, 40):  # a decode, a small batch, more than one panel of rows
+            x = torch.randn(batch, cols, generator=generator)
+            for precise in (True, False):
+                for vnni in (True, False):
+                    expected = run(ext, x, plain, precise=precise, vnni=vnni)
+                    got = run(ext, x, inter, precise=precise, vnni=vnni)
+                    assert torch.equal(got, expected), (name, batch, precise, vnni)
+            assert torch.equal(quant_linear(x, inter), quant_linear(x, plain)), (name, batch)
+
+
+def test_row_lookups_and_moves_read_the_interleaved_layout(ext):
+    w = weights(41, 576)["u8-g32-sym"]  # an embedding tied to the LM head (Q8_0-like)
+    plain = copy(w)
+    inter = interleave_for_kernel(w)
+    ids = torch.tensor([[40, 0, 5], [39, 17, 36]])  # the partial block's row, first, middle
+    assert torch.equal(inter.dequantize(ids), plain.dequantize(ids))
+    assert torch.equal(inter.dequantize(slice(3, 9)), plain.dequantize(slice(3, 9)))
+    order = torch.tensor([3, 1, 40, 2])
+    picked = inter.select_rows(order)
+    assert not picked.interleaved and torch.equal(picked.qweight, plain.qweight[order])
+    moved = inter.to("meta")  # leaving the CPU: row-major again
+    assert not moved.interleaved and moved.qweight.shape == plain.qweight.shape
