@@ -31,7 +31,6 @@ struct PackedRef {
   int32_t zero_point = 0;
   bool symmetric = true;
   bool interleaved = false;
-  __m512i scale_index;
   GemvFn gemv = nullptr;
   ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
 
@@ -49,9 +48,6 @@ struct PackedRef {
     weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
-    alignas(64) int32_t index_values[16];
-    for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
-    scale_index = _mm512_load_si512(index_values);
     gemv = pick_gemv(precise, symmetric, L.u4);
     reserve(1);
   }
@@ -77,7 +73,7 @@ struct PackedRef {
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
       gemv(pass_view(wp, sp, mp, n, N, w_row, groups, interleaved), w_row, groups, chunks, weight_bytes, L,
-           scale_index, act.rows[thread], count, dots);
+           act.rows[thread], count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
     }
   }

@@ -69,6 +69,7 @@ struct ActivationRow {
   int8_t* natural;      // [chunks * chunk_values] codes in natural order (scalar path)
   int8_t* natural2;
   float* block_scales;  // [K / 32]
+  float* group_scales;  // [groups + 16]: the activation scale of each weight group (zero-padded)
 };
 
 
@@ -85,7 +86,8 @@ struct ActivationBuffers {
     const int64_t code_bytes = chunks * L.act_chunk_bytes;
     const int64_t lane_floats = chunks * 16;
     const int64_t int_bytes = ((2 * (code_bytes + chunks * L.chunk_values) + 63) / 64) * 64;
-    const int64_t row_bytes = int_bytes + ((2 * lane_floats + groups + K / kActBlock) * 4 + 63) / 64 * 64;
+    const int64_t row_bytes =
+        int_bytes + ((2 * lane_floats + groups + K / kActBlock + groups + 16) * 4 + 63) / 64 * 64;
     storage.resize(M * row_bytes + 64);
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
     rows.resize(M);
@@ -101,6 +103,8 @@ struct ActivationBuffers {
       a.lane_zsums = reinterpret_cast<int32_t*>(f + lane_floats);
       a.group_terms = f + 2 * lane_floats;
       a.block_scales = f + 2 * lane_floats + groups;
+      a.group_scales = a.block_scales + K / kActBlock;
+      std::fill(a.group_scales, a.group_scales + groups + 16, 0.f);
     }
   }
 };
@@ -160,7 +164,8 @@ void quantize_chunks(const float* x, int64_t K, const Layout& L, int64_t c0, int
       const int64_t k = g * L.group_size + i;
       sum += precise ? 256 * a.natural[k] + a.natural2[k] : a.natural[k];
     }
-    a.group_terms[g] = a.block_scales[g * L.group_size / kActBlock] * static_cast<float>(sum);
+    a.group_scales[g] = a.block_scales[g * L.group_size / kActBlock];
+    a.group_terms[g] = a.group_scales[g] * static_cast<float>(sum);
   }
   arrange(a.natural + v0, a.codes + c0 * L.act_chunk_bytes, L, c1 - c0);
   if (precise) arrange(a.natural2 + v0, a.codes2 + c0 * L.act_chunk_bytes, L, c1 - c0);
@@ -296,10 +301,12 @@ inline ActivationChunk load_chunk(const ActivationRow& a, int64_t c, const Layou
   return k;
 }
 
-// acc + one weight row's chunk (lo/hi: its codes, unpacked; s: its group scales per lane) times an activation
-// chunk. Every kernel goes through this, so a (row, row) pair's result is the same in all of them.
+// acc + one weight row's chunk (lo/hi: its codes, unpacked) times an activation chunk: the integer dot products
+// times sd, the lanes' weight scale x activation scale. Every kernel goes through this with sd = s * lane_scale
+// computed the same way, so a (row, row) pair's result is the same in all.
+// (accumulate: the same, from the lanes' weight scales s.)
 template <bool PRECISE, bool SYMMETRIC, bool U4>
-inline __m512 accumulate(__m512i lo, __m512i hi, __m512 s, const ActivationChunk& k, __m512 acc) {
+inline __m512 accumulate_scaled(__m512i lo, __m512i hi, __m512 sd, const ActivationChunk& k, __m512 acc) {
   __m512i dot, dot2;
   if (U4) {
     dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.a_lo), hi, k.a_hi);
@@ -310,13 +317,45 @@ inline __m512 accumulate(__m512i lo, __m512i hi, __m512 s, const ActivationChunk
   }
   if (PRECISE) dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot2);
   if (SYMMETRIC) dot = _mm512_sub_epi32(dot, k.zsums);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, k.lane_scales), acc);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sd, acc);
 }
 
 template <bool PRECISE, bool SYMMETRIC, bool U4>
+inline __m512 accumulate(__m512i lo, __m512i hi, __m512 s, const ActivationChunk& k, __m512 acc) {
+  return accumulate_scaled<PRECISE, SYMMETRIC, U4>(lo, hi, _mm512_mul_ps(s, k.lane_scales), k, acc);
+}
+
+// The high nibbles of every byte (GFNI: one affine transform that shifts each byte right by 4).
+inline __m512i high_nibbles(__m512i raw, __m512i low_mask) {
+#if defined(__GFNI__)
+  (void)low_mask;
+  return _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(0x1020408000000000LL), 0);
+#else
+  return _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask);
+#endif
+}
+
+// Per chunk j of a block of kGroupBlock groups, the lanes' group within the block: j * groups_per_chunk +
+// lane / (16 / groups_per_chunk).
+struct ChunkIndex {
+  alignas(64) int32_t lanes[kGroupBlock / 2][16];
+  explicit ChunkIndex(int groups_per_chunk) {
+    for (int j = 0; j < kGroupBlock / 2; ++j)
+      for (int lane = 0; lane < 16; ++lane)
+        lanes[j][lane] = std::min(15, j * groups_per_chunk + lane / (16 / groups_per_chunk));
+  }
+};
+const ChunkIndex kChunkIndex2(2), kChunkIndex4(4);
+
+// One activation row (a decode) against kRowsPerPass (or fewer) weight rows: the activation codes are loaded once
+// per chunk for all of them. Per block of kGroupBlock groups, each row's weight scales are multiplied by the
+// activation scales once (sd), and each chunk picks its lanes from sd with one permute.
+template <bool PRECISE, bool SYMMETRIC, bool U4>
 void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks, int64_t weight_bytes,
-               const Layout& L, const __m512i scale_index, const ActivationRow& a, int rows, float* out) {
+               const Layout& L, const ActivationRow& a, int rows, float* out) {
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const ChunkIndex& index = L.groups_per_chunk == 4 ? kChunkIndex4 : kChunkIndex2;
+  const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
   __m512 acc[kRowsPerPass];
   for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm512_setzero_ps();
   // the scales and mins of the rows two passes on (a pass's scales are contiguous in both layouts)
@@ -324,22 +363,27 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     __builtin_prefetch(reinterpret_cast<const char*>(v.s + kPrefetchRows * groups) + b);
     if (!SYMMETRIC) __builtin_prefetch(reinterpret_cast<const char*>(v.m + kPrefetchRows * groups) + b);
   }
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t offset = c * kChunkBytes;
-    const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
-    const int64_t first_group = c * L.groups_per_chunk;
-    const __mmask8 scale_mask = static_cast<__mmask8>(
-        (1u << std::min<int64_t>(L.groups_per_chunk, groups - first_group)) - 1);
-    const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, U4>(a, c, L);
+  for (int64_t c0 = 0; c0 < chunks; c0 += chunks_per_block) {
+    const int64_t g0 = c0 * L.groups_per_chunk, left = groups - g0;
+    const __mmask16 group_mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 da = _mm512_loadu_ps(a.group_scales + g0);  // zero past the last group
+    __m512 sd[kRowsPerPass];
     for (int r = 0; r < rows; ++r) {
-      const uint8_t* codes = v.codes(r, c);
-      __builtin_prefetch(codes + kPrefetchRows * w_row);  // the same chunk two passes on (both layouts)
-      const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, codes);
-      const __m512i lo = U4 ? _mm512_and_si512(raw, low_mask) : raw;
-      const __m512i hi = U4 ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask) : raw;
-      const __m512 s = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
-          _mm_maskz_loadu_epi16(scale_mask, v.group(v.s, r, first_group)))));
-      acc[r] = accumulate<PRECISE, SYMMETRIC, U4>(lo, hi, s, chunk, acc[r]);
+      sd[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, v.group(v.s, r, g0))), da);
+    }
+    const int64_t c1 = std::min(chunks, c0 + chunks_per_block);
+    for (int64_t c = c0; c < c1; ++c) {
+      const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - c * kChunkBytes);
+      const __m512i lanes = _mm512_load_si512(index.lanes[c - c0]);
+      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, U4>(a, c, L);
+      for (int r = 0; r < rows; ++r) {
+        const uint8_t* codes = v.codes(r, c);
+        __builtin_prefetch(codes + kPrefetchRows * w_row);  // the same chunk two passes on (both layouts)
+        const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, codes);
+        const __m512i lo = U4 ? _mm512_and_si512(raw, low_mask) : raw;
+        const __m512i hi = U4 ? high_nibbles(raw, low_mask) : raw;
+        acc[r] = accumulate_scaled<PRECISE, SYMMETRIC, U4>(lo, hi, _mm512_permutexvar_ps(lanes, sd[r]), chunk, acc[r]);
+      }
     }
   }
   for (int r = 0; r < rows; ++r) {
@@ -370,7 +414,7 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
       const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
       const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, v.codes(rr, c));
       lo[r] = U4 ? _mm512_and_si512(raw, low_mask) : raw;
-      hi[r] = U4 ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask) : raw;
+      hi[r] = U4 ? high_nibbles(raw, low_mask) : raw;
       s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
           _mm_maskz_loadu_epi16(scale_mask, v.group(v.s, rr, first_group)))));
     }
@@ -417,8 +461,8 @@ PanelFn pick_panel(bool precise, bool symmetric, bool u4) {
   });
 }
 
-using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, const Layout&, const __m512i,
-                        const ActivationRow&, int, float*);
+using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, const Layout&, const ActivationRow&,
+                        int, float*);
 
 GemvFn pick_gemv(bool precise, bool symmetric, bool u4) {
   return pick_kernel(precise, symmetric, u4, [](auto p, auto s, auto u) -> GemvFn {
@@ -583,7 +627,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
           const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
           float dots[kRowsPerPass];
           gemv(pass_view(wp, sp, mp, n, N, w_row, groups, interleaved), w_row, groups, chunks, weight_bytes, L,
-               scale_index, rows[0], count, dots);
+               rows[0], count, dots);
           for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
         }
       });
