@@ -80,7 +80,23 @@ def reasoning_parser_for(name: str | None, template_source: str | None) -> str |
     return "qwen3" if template_source and OPEN in template_source else None
 
 
+def starts_thinking(parser: str, prompt_tail: str) -> bool:
+    """Whether a reply starts inside the thinking block: deepseek_r1 replies do; qwen3 ones when the
+    prompt ends by opening the block."""
+    return parser == "deepseek_r1" or prompt_tail.rstrip().endswith(OPEN)
+
+
 def new_splitter(parser: str, prompt_tail: str) -> ThinkSplitter:
-    """A splitter for one reply: deepseek_r1 replies start in thinking; qwen3 ones when the prompt
-    ends by opening the block."""
-    return ThinkSplitter(parser == "deepseek_r1" or prompt_tail.rstrip().endswith(OPEN))
+    """A splitter for one reply."""
+    return ThinkSplitter(starts_thinking(parser, prompt_tail))
+
+
+def reply_thinking(parser: str | None, prompt_tail: str) -> str | None:
+    """How a reply may think, for a grammar that must leave the thinking free: "inside" (it starts
+    in the block), "maybe" (it may open one first), or None (no parser, or the prompt closed the
+    block, as templates do with enable_thinking=false)."""
+    if parser is None:
+        return None
+    if starts_thinking(parser, prompt_tail):
+        return "inside"
+    return None if prompt_tail.rstrip().endswith(CLOSE) else "maybe"

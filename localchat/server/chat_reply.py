@@ -4,29 +4,56 @@ calls found in the answer; the rest is content."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from localchat.reasoning import ThinkSplitter
-from localchat.server.tool_parsers import ToolCall, ToolParser
+from localchat.server.tool_parsers import CallProgress, ToolCall, ToolParser, valid_arguments
+
+
+@dataclass
+class ToolCallDelta:
+    """A piece of one streamed call: its first carries the id and name, the others a fragment of the
+    arguments (the fragments of a call concatenate to its arguments)."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.id is None:
+            return {"index": self.index, "function": function}
+        return {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, **function},
+        }
 
 
 @dataclass
 class ReplyPiece:
     reasoning: str = ""
     content: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
+    calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 class ToolStream:
     """Feeds reply text through a tool parser: content passes through (a possible start of the
-    call marker held back), and each call is handed out once it is complete."""
+    call marker held back); a call is announced (id and name) once its name is written, and its
+    arguments follow as the model writes them.
+
+    At the end, calls not yet announced whose arguments are incomplete or not a JSON object are
+    dropped; a reply in which no call was announced is all content."""
 
     def __init__(self, parser: ToolParser):
         self.parser = parser
         self.pending = ""
         self.section: str | None = None
-        self.emitted = 0
+        self.calls: list[ToolCall] = []  # announced, with the arguments sent so far
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCallDelta]]:
         content = ""
         if self.section is None:
             buffer = self.pending + text
@@ -39,22 +66,42 @@ class ToolStream:
             content, self.section = buffer[:start], buffer[start:]
         else:
             self.section += text
-        calls = self.parser.parse_calls(self.section, final)
-        new = calls[self.emitted :]
-        self.emitted = len(calls)
-        if final and self.emitted == 0:  # no call could be read: it was text after all
+        deltas = self._advance(self.parser.scan(self.section), final)
+        if final and not self.calls:  # no call could be read: it was text after all
             content += self.section
             self.section = ""
-        return content, new
+        return content, deltas
+
+    def _advance(self, found: list[CallProgress], final: bool) -> list[ToolCallDelta]:
+        deltas = []
+        for index, progress in enumerate(found):
+            if index == len(self.calls):
+                if progress.name is None or (
+                    final and not (progress.arguments_done and valid_arguments(progress.arguments))
+                ):
+                    break  # not (or never) a call
+                self.calls.append(ToolCall(progress.name, "", self.parser.new_id()))
+                call = self.calls[index]
+                deltas.append(ToolCallDelta(index, "", call.id, call.name))
+            call = self.calls[index]
+            if not (progress.streamable or progress.arguments_done):
+                continue
+            fragment = progress.arguments[len(call.arguments) :]
+            if fragment:
+                call.arguments += fragment
+                if deltas and deltas[-1].index == index:
+                    deltas[-1].arguments += fragment
+                else:
+                    deltas.append(ToolCallDelta(index, fragment))
+        return deltas
 
 
 class ReplyParser:
-    """Reasoning and tool calls of one choice; `feed` each text delta, `finish` at the end."""
+    """Reasoning and tool calls of one choice; `feed` each text delta (the last with `final`)."""
 
     def __init__(self, splitter: ThinkSplitter | None, tools: ToolParser | None):
         self.splitter = splitter
         self.tools = ToolStream(tools) if tools is not None else None
-        self.num_calls = 0
 
     def feed(self, text: str, final: bool = False) -> ReplyPiece:
         piece = ReplyPiece()
@@ -67,9 +114,14 @@ class ReplyParser:
                 answer += held_answer
         if self.tools is not None:
             answer, piece.calls = self.tools.feed(answer, final)
-            self.num_calls += len(piece.calls)
         piece.content = answer
         return piece
 
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The calls announced so far, with the arguments streamed so far (all of them at the
+        end)."""
+        return self.tools.calls if self.tools is not None else []
+
     def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.num_calls else reason
+        return "tool_calls" if reason == "stop" and self.calls else reason

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from litestar import Request, Response, post
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
-from localchat.reasoning import new_splitter
+from localchat.reasoning import new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser, ReplyPiece
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
@@ -36,22 +36,18 @@ class ChatDialect:
         self.token_str, self.logprobs, self.role, self.echo = token_str, logprobs, role, echo
         self.new_parser, self.reasoning = new_parser, reasoning
         self.parsers: dict[int, ReplyParser] = {}
-        self.calls_sent: dict[int, int] = {}
 
     def _logprobs(self, entries) -> dict | None:
         return {"content": chat_logprobs(entries or [], self.token_str)} if self.logprobs else None
 
-    def _fields(self, piece: ReplyPiece, index: int, whole: bool) -> dict[str, Any]:
+    def _fields(self, piece: ReplyPiece, parser: ReplyParser, whole: bool) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         if self.reasoning and (piece.reasoning or whole):
             fields["reasoning_content"] = fields["reasoning"] = piece.reasoning or None
-        if piece.calls:
-            first = self.calls_sent.get(index, 0)
-            self.calls_sent[index] = first + len(piece.calls)
-            calls = [call.to_dict() for call in piece.calls]
-            if not whole:
-                calls = [{"index": first + i, **c} for i, c in enumerate(calls)]
-            fields["tool_calls"] = calls
+        if whole and parser.calls:
+            fields["tool_calls"] = [call.to_dict() for call in parser.calls]
+        elif not whole and piece.calls:
+            fields["tool_calls"] = [delta.to_dict() for delta in piece.calls]
         return fields
 
     def stream_choice(
@@ -60,7 +56,7 @@ class ChatDialect:
         parser = self.parsers.setdefault(index, self.new_parser())
         piece = parser.feed(out.text, final=out.finish_reason is not None)
         text = self.echo + piece.content if first else piece.content
-        fields = self._fields(piece, index, whole=False)
+        fields = self._fields(piece, parser, whole=False)
         if not (first or text or fields or out.finish_reason or out.logprobs):
             return None
         message: dict[str, Any] = {"role": self.role} if first else {}
@@ -83,9 +79,9 @@ class ChatDialect:
         content = self.echo + piece.content
         message: dict[str, Any] = {
             "role": self.role,
-            "content": content if content or not piece.calls else None,
+            "content": content if content or not parser.calls else None,
         }
-        message.update(self._fields(piece, index, whole=True))
+        message.update(self._fields(piece, parser, whole=True))
         return {
             "index": index,
             "message": message,
@@ -107,10 +103,8 @@ def _echo_text(data: ChatCompletionRequest, role: str) -> str:
 
 
 def _parser_factory(
-    server: ServerState, prompt: list[int], parse_tools: bool, assistant: bool
+    server: ServerState, reasoning: str | None, tail: str, parse_tools: bool
 ) -> Callable[[], ReplyParser]:
-    reasoning = server.reasoning if assistant else None
-    tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""
     tools = server.tools if parse_tools else None
 
     def new_parser() -> ReplyParser:
@@ -132,12 +126,6 @@ async def create_chat_completion(
     server.check_model(data.model)
     plan = plan_tools(data, server.tools, server.special_token_id)
     tool_grammar = (plan.grammar, str(data.tool_choice)) if plan.grammar else None
-    defaults = server.engine.model_info.generation_defaults  # generation_config.json
-    params = chat_sampling_params(
-        defaults.fill_request(data), await checked_grammar(data, tool_grammar)
-    )
-    if plan.parse and not server.tools.skip_special_tokens:
-        params.skip_special_tokens = False  # the call marker is a special token
     prompt = server.render_chat(
         data.messages,
         chat_template_kwargs=data.chat_template_kwargs,
@@ -146,14 +134,21 @@ async def create_chat_completion(
         tools=plan.template_tools,
     )
     role = "assistant" if data.add_generation_prompt else data.messages[-1].role
+    reasoning = server.reasoning if role == "assistant" else None
+    tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""
+    defaults = server.engine.model_info.generation_defaults  # generation_config.json
+    grammar = await checked_grammar(data, tool_grammar, reply_thinking(reasoning, tail))
+    params = chat_sampling_params(defaults.fill_request(data), grammar)
+    if plan.parse and not server.tools.skip_special_tokens:
+        params.skip_special_tokens = False  # the call marker is a special token
     generation = await start_generation(request, server, "chatcmpl", params, [prompt])
     dialect = ChatDialect(
         server.token_str,
         data.logprobs,
         role,
         _echo_text(data, role),
-        _parser_factory(server, prompt, plan.parse, role == "assistant"),
-        reasoning=server.reasoning is not None and role == "assistant",
+        _parser_factory(server, reasoning, tail, plan.parse),
+        reasoning=reasoning is not None,
     )
     return await respond(
         request, generation, dialect, data, model=server.model_name, object_name="chat.completion"

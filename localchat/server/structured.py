@@ -9,6 +9,7 @@ the model's vocabulary off its thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from typing import Any
@@ -22,17 +23,68 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "not", "if", "then", "else", "contains")
+
+
+def _is_object(schema: dict[str, Any]) -> bool:
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    return "object" in kinds or "properties" in schema
+
+
+def strict_schema(schema: Any, param: str, where: str) -> dict[str, Any]:
+    """A copy of `schema` with `additionalProperties: false` on every object in it, nested ones
+    too, as OpenAI's strict mode makes it; a schema strict mode cannot take (not an object at the
+    top, an object that allows other properties) is a 400 naming `param` and the place (`where`,
+    e.g. "tools[0].function.parameters")."""
+    if not isinstance(schema, dict) or not _is_object(schema):
+        raise InvalidParameterError(
+            f"{where} must be an object schema ({{'type': 'object', ...}}) with strict",
+            param=param,
+        )
+    return _strict(schema, param, where)
+
+
+def _strict(node: Any, param: str, path: str) -> Any:
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if _is_object(node):
+        if node.get("additionalProperties", False) is not False:
+            raise InvalidParameterError(
+                f"{path}.additionalProperties must be false with strict", param=param
+            )
+        node["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            node[key] = {
+                name: _strict(sub, param, f"{path}.{key}.{name}") for name, sub in node[key].items()
+            }
+    for key in _SCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            subs = enumerate(node[key])
+            node[key] = [_strict(sub, param, f"{path}.{key}[{i}]") for i, sub in subs]
+    for key in _SCHEMA_ONE:
+        if key in node:
+            node[key] = _strict(node[key], param, f"{path}.{key}")
+    return node
+
+
+def _loaded(schema: str, param: str) -> Any:
+    try:
+        return json.loads(schema)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(f"{param} must be a JSON schema: {exc}", param=param) from None
+
+
 def json_grammar(schema: Any, param: str) -> str:
     """An llguidance grammar for JSON matching `schema` (a dict or its JSON text)."""
     import llguidance
 
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise InvalidParameterError(
-                f"{param} must be a JSON schema: {exc}", param=param
-            ) from None
+        schema = _loaded(schema, param)
     if not isinstance(schema, dict):
         raise InvalidParameterError(f"{param} must be a JSON schema object", param=param)
     try:
@@ -88,7 +140,17 @@ def _response_format(value: dict[str, Any]) -> str | None:
                 "response_format of type json_schema needs a 'json_schema' object",
                 param="response_format",
             )
-        return json_grammar(spec.get("schema", ANY_OBJECT), "response_format")
+        schema = spec.get("schema", ANY_OBJECT)
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidParameterError(
+                "response_format.json_schema.strict must be a boolean", param="response_format"
+            )
+        if strict:
+            if isinstance(schema, str):
+                schema = _loaded(schema, "response_format")
+            schema = strict_schema(schema, "response_format", "response_format.json_schema.schema")
+        return json_grammar(schema, "response_format")
     raise InvalidParameterError(
         f"response_format type must be text, json_object or json_schema, got {kind!r}",
         param="response_format",
@@ -140,11 +202,51 @@ def request_grammar(request: SamplingFields) -> tuple[str, str] | None:
     return found[0] if found else None
 
 
+_FREE, _WS, _CLOSE = r"(?s:.*)", r"[ \t\r\n]*", r"<\/think>"
+
+
+def _thinking_lark(thinking: str, answer: str) -> str:
+    """The Lark grammar of a reply whose thinking is free: text without </think> (the reply may end
+    there), or that text, </think> and whitespace, then the grammar named `answer`. With "maybe"
+    the block must open first (after whitespace), or the reply answers at once."""
+    opening = "" if thinking == "inside" else _WS + "<think>"
+    once = rf"~/{_FREE}{_CLOSE}{_FREE}{_CLOSE}{_FREE}/"
+    rules = [
+        f"THINKING: /{opening}{_FREE}/ & ~/{_FREE}{_CLOSE}{_FREE}/",
+        f"THOUGHT: /{opening}{_FREE}{_CLOSE}{_WS}/ & {once}",
+    ]
+    start = f"start: THINKING | THOUGHT @{answer}"
+    if thinking == "maybe":
+        start += f" | @{answer}"
+    return "\n".join([start, *rules]) + "\n"
+
+
+def after_reasoning(grammar: str, thinking: str) -> str:
+    """`grammar` (llguidance's JSON form or Lark text) applied only after the reply's thinking
+    (`thinking` as `reasoning.reply_thinking` says), which stays unconstrained."""
+    top = None
+    if grammar.lstrip().startswith("{"):
+        with contextlib.suppress(json.JSONDecodeError):
+            top = json.loads(grammar)
+    if not isinstance(top, dict) or not top.get("grammars"):
+        top = {"grammars": [{"lark_grammar": grammar}]}
+    grammars = [dict(g) for g in top["grammars"]]
+    grammars[0]["name"] = name = grammars[0].get("name") or "answer"
+    wrapper = {
+        "name": "localchat_reasoning",
+        "lark_grammar": _thinking_lark(thinking, name),
+    }
+    return json.dumps({**top, "grammars": [wrapper, *grammars]})
+
+
 async def checked_grammar(
-    request: SamplingFields, tool_grammar: tuple[str, str] | None = None
+    request: SamplingFields,
+    tool_grammar: tuple[str, str] | None = None,
+    thinking: str | None = None,
 ) -> str | None:
     """The request's grammar (or `tool_grammar`, from a forced tool call), validated off the event
-    loop; None when the output is free."""
+    loop; None when the output is free. With `thinking` (a reasoning parser is on) the grammar
+    applies only once the thinking has ended."""
     found = request_grammar(request)
     if tool_grammar is not None:
         if found is not None:
@@ -156,5 +258,7 @@ async def checked_grammar(
     if found is None:
         return None
     grammar, param = found
+    if thinking is not None:
+        grammar = after_reasoning(grammar, thinking)
     await asyncio.to_thread(validate_grammar, grammar, param)
     return grammar

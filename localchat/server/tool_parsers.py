@@ -6,6 +6,9 @@ grammar that forces a valid call (tool_choice "required" or a named function).
 - `llama3_json`: the reply is `{"name": ..., "parameters": {...}}` (optionally after
   `<|python_tag|>`; several joined by `;`), as Llama 3.1-3.3 templates ask;
 - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+
+A call's `arguments` are the JSON text the model wrote for them, so that the fragments streamed as
+it writes them (`scan`, read again as the reply grows) concatenate to exactly the final arguments.
 """
 
 from __future__ import annotations
@@ -38,22 +41,167 @@ class ToolCall:
         }
 
 
-def _call(obj: Any, args_key: str, new_id: Callable[[], str]) -> ToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    arguments = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
-    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False), new_id())
+@dataclass
+class CallProgress:
+    """One call as far as the reply has written it: its name once complete, the arguments' JSON
+    text so far (`arguments_done` once the value is complete), and whether the call's object has
+    ended."""
+
+    name: str | None = None
+    arguments: str = ""
+    arguments_done: bool = False
+    closed: bool = False
+    streamable: bool = True  # False when the arguments are a JSON string (sent once complete)
+
+
+def _skip_space(text: str, position: int, also: str = "") -> int:
+    while position < len(text) and (text[position].isspace() or text[position] in also):
+        position += 1
+    return position
+
+
+def _string_end(text: str, position: int) -> int | None:
+    """End of the JSON string starting at `text[position] == '"'`; None when it is not closed."""
+    position += 1
+    while position < len(text):
+        char = text[position]
+        if char == "\\":
+            position += 2
+        elif char == '"':
+            return position + 1
+        else:
+            position += 1
+    return None
+
+
+def _value_end(text: str, position: int) -> int | None:
+    """End of the JSON value starting at `position` (bracket-matched, strings skipped, not
+    validated); None when `text` ends first."""
+    if text[position] == '"':
+        return _string_end(text, position)
+    if text[position] not in "{[":
+        match = _LITERAL.match(text, position)
+        assert match is not None
+        return match.end() if match.end() < len(text) else None
+    depth = 0
+    while position < len(text):
+        char = text[position]
+        if char == '"':
+            end = _string_end(text, position)
+            if end is None:
+                return None
+            position = end
+            continue
+        if char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return position + 1
+        position += 1
+    return None
+
+
+_ARGUMENT_KEYS = ("arguments", "parameters")
+_LITERAL = re.compile(r"[^,\]}\s]*")
+
+
+def _scan_call(text: str, start: int) -> tuple[CallProgress, int | None]:
+    """The call whose object starts at `text[start] == '{'`, and where the object ends (None: not
+    yet, or not a well-formed object)."""
+    call = CallProgress()
+    position = start + 1
+    while True:
+        position = _skip_space(text, position, ",")
+        if position >= len(text):
+            return call, None
+        if text[position] == "}":
+            call.closed = True
+            if not call.arguments:  # a call without arguments takes none
+                call.arguments, call.arguments_done = "{}", True
+            return call, position + 1
+        if text[position] != '"':
+            return call, None
+        key_end = _string_end(text, position)
+        if key_end is None:
+            return call, None
+        key = json.loads(text[position:key_end])
+        position = _skip_space(text, key_end)
+        if position >= len(text) or text[position] != ":":
+            return call, None
+        position = _skip_space(text, position + 1)
+        if position >= len(text):
+            return call, None
+        end = _value_end(text, position)
+        if key == "name" and end is not None:
+            name = json.loads(text[position:end]) if text[position] == '"' else None
+            call.name = name if isinstance(name, str) else None
+        elif key in _ARGUMENT_KEYS and not call.arguments_done and not call.arguments:
+            _read_arguments(call, text[position:end] if end is not None else text[position:], end)
+        if end is None:
+            return call, None
+        position = end
+
+
+def _read_arguments(call: CallProgress, value: str, end: int | None) -> None:
+    """Set `call`'s arguments from their value's text (the whole value when `end` is known)."""
+    if value.startswith("{"):
+        call.arguments, call.arguments_done = value, end is not None
+        return
+    call.streamable = False
+    if end is None:
+        return
+    try:  # some models write the arguments as a JSON string of JSON text
+        decoded = json.loads(value)
+        if isinstance(decoded, str):
+            json.loads(decoded)
+            call.arguments, call.arguments_done = decoded, True
+    except json.JSONDecodeError:
+        pass
+
+
+def valid_arguments(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+_DEFINITIONS = ("$defs", "definitions")
+
+
+def _hoisted(schema: dict[str, Any], prefix: str, definitions: dict[str, Any]) -> dict[str, Any]:
+    """`schema` without its definitions, which go into `definitions` under `prefix`, and with its
+    `$ref`s (`#`, `#/$defs/...`, `#/definitions/...`) rewritten to point there."""
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, list):
+            return [moved(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        node = {key: moved(value) for key, value in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref == "#":
+            node["$ref"] = f"#/$defs/{prefix}root"
+            definitions[f"{prefix}root"] = root
+        elif isinstance(ref, str):
+            for key in _DEFINITIONS:
+                if ref.startswith(f"#/{key}/"):
+                    node["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3 :]}"
+        return node
+
+    root: dict[str, Any] = {}
+    root.update(moved({k: v for k, v in schema.items() if k not in _DEFINITIONS}))
+    for key in _DEFINITIONS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                definitions[f"{prefix}{name}"] = moved(sub)
+    return root
 
 
 class ToolParser:
-    """One format. `find_start` says where the calls begin in a reply (-1: none yet);
-    `parse_calls` reads the complete calls from that point on (with `final`, also a call cut off by
-    the end of the reply)."""
+    """One format. `find_start` says where the calls begin in a reply (-1: none yet); `scan` reads
+    the calls from that point on as far as they are written."""
 
     name: ClassVar[str]
     args_key: ClassVar[str] = "arguments"
@@ -67,27 +215,49 @@ class ToolParser:
         """How much of the end of `text` might begin the marker (held back while streaming)."""
         return partial_suffix(text, self.marker)
 
-    def parse_calls(self, section: str, final: bool) -> list[ToolCall]:
+    def scan(self, section: str) -> list[CallProgress]:
+        """The calls of `section` (which starts where `find_start` pointed), each as far as it is
+        written; the list stops at the first call not yet ended."""
         raise NotImplementedError
+
+    def _scan_objects(self, text: str, position: int, separators: str) -> list[CallProgress]:
+        """Call objects one after another from `position`, apart by whitespace or `separators`."""
+        calls: list[CallProgress] = []
+        while True:
+            position = _skip_space(text, position, separators)
+            if position >= len(text) or text[position] != "{":
+                return calls
+            call, end = _scan_call(text, position)
+            calls.append(call)
+            if end is None:
+                return calls
+            position = end
 
     def new_id(self) -> str:
         return f"call_{secrets.token_hex(12)}"
 
     def call_schema(self, functions: list[dict[str, Any]]) -> dict[str, Any]:
-        """JSON schema of one call to any of `functions` ({"name", "parameters"} each)."""
+        """JSON schema of one call to any of `functions` ({"name", "parameters"} each). The
+        definitions of each function's schema move to the top (`$defs`, as f{i}_{name}), where
+        its `$ref`s now point."""
+        definitions: dict[str, Any] = {}
         options = [
             {
                 "type": "object",
                 "properties": {
                     "name": {"const": f["name"]},
-                    self.args_key: f.get("parameters") or {"type": "object"},
+                    self.args_key: _hoisted(
+                        f.get("parameters") or {"type": "object"}, f"f{i}_", definitions
+                    ),
                 },
                 "required": ["name", self.args_key],
                 "additionalProperties": False,
             }
-            for f in functions
+            for i, f in enumerate(functions)
         ]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
+        if definitions:
+            schema = {**schema, "$defs": definitions}
         return {**schema, "x-guidance": _COMPACT}
 
     # the text around each call and between parallel calls, for the default grammar
@@ -105,54 +275,41 @@ class ToolParser:
         return f"{start}\ncall: {around[0]} %json {schema} {around[1]}\n"
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content, calls) of a whole reply; a reply without a parseable call is all content."""
+        """(content, calls) of a whole reply; a reply without a complete, valid call is all
+        content."""
         start = self.find_start(text)
-        calls = self.parse_calls(text[start:], final=True) if start >= 0 else []
+        found = self.scan(text[start:]) if start >= 0 else []
+        calls = [
+            ToolCall(c.name, c.arguments, self.new_id())
+            for c in found
+            if c.name is not None and c.arguments_done and valid_arguments(c.arguments)
+        ]
         if not calls:
             return text, []
         return text[:start].strip() or None, calls
 
 
-def _decode_objects(text: str, separators: str, final: bool) -> list[Any]:
-    """Consecutive JSON values in `text` separated by whitespace or `separators`; stops at the first
-    that does not decode (yet)."""
-    decoder = json.JSONDecoder()
-    values: list[Any] = []
-    position = 0
-    while True:
-        while position < len(text) and (text[position].isspace() or text[position] in separators):
-            position += 1
-        if position >= len(text):
-            return values
-        try:
-            value, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
-            return values
-        values.append(value)
-
-
 class HermesParser(ToolParser):
     name = "hermes"
     marker = "<tool_call>"
-    _complete = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-    def parse_calls(self, section: str, final: bool) -> list[ToolCall]:
-        bodies = [m.group(1) for m in self._complete.finditer(section)]
-        tail = section.rfind("</tool_call>")
-        rest = section[tail + len("</tool_call>") :] if tail >= 0 else section
-        if final and self.marker in rest:
-            bodies.append(rest[rest.find(self.marker) + len(self.marker) :].strip())
-        calls = []
-        for body in bodies:
-            try:
-                call = _call(json.loads(body), self.args_key, self.new_id)
-            except json.JSONDecodeError:
-                call = None
-            if call is not None:
-                calls.append(call)
-        return calls
-
     call_prefix, call_suffix = "<tool_call>\n", "\n</tool_call>"
+
+    def scan(self, section: str) -> list[CallProgress]:
+        calls: list[CallProgress] = []
+        position = 0
+        while (found := section.find(self.marker, position)) >= 0:
+            start = _skip_space(section, found + len(self.marker))
+            if start >= len(section):
+                break
+            position = start
+            if section[start] != "{":
+                continue  # not a call's JSON
+            call, end = _scan_call(section, start)
+            calls.append(call)
+            if end is None:
+                break
+            position = end
+        return calls
 
 
 class Llama3JsonParser(ToolParser):
@@ -160,6 +317,7 @@ class Llama3JsonParser(ToolParser):
     args_key = "parameters"
     marker = "<|python_tag|>"
     skip_special_tokens = False
+    separator = "; "
 
     def find_start(self, text: str) -> int:
         stripped = text.lstrip()
@@ -171,12 +329,11 @@ class Llama3JsonParser(ToolParser):
         stripped = text.lstrip()
         return len(text) if not stripped or self.marker.startswith(stripped) else 0
 
-    def parse_calls(self, section: str, final: bool) -> list[ToolCall]:
-        section = section.strip().removeprefix(self.marker)
-        objects = _decode_objects(section, ";", final)
-        return [c for c in (_call(o, self.args_key, self.new_id) for o in objects) if c]
-
-    separator = "; "
+    def scan(self, section: str) -> list[CallProgress]:
+        start = _skip_space(section, 0)
+        if section.startswith(self.marker, start):
+            start += len(self.marker)
+        return self._scan_objects(section, start, ";")
 
 
 class MistralParser(ToolParser):
@@ -188,16 +345,17 @@ class MistralParser(ToolParser):
     def new_id(self) -> str:  # Mistral's templates require 9 alphanumeric characters
         return "".join(secrets.choice(self._ALPHABET) for _ in range(9))
 
-    def parse_calls(self, section: str, final: bool) -> list[ToolCall]:
-        values = _decode_objects(section[len(self.marker) :], "", final)
-        if not values:
-            return []
-        items = values[0] if isinstance(values[0], list) else [values[0]]
-        return [c for c in (_call(o, self.args_key, self.new_id) for o in items) if c]
+    def scan(self, section: str) -> list[CallProgress]:
+        start = _skip_space(section, len(self.marker))
+        if section.startswith("[", start):
+            return self._scan_objects(section, start + 1, ",")
+        return self._scan_objects(section, start, "")[:1]
 
     def grammar(self, functions, parallel, token_id) -> str:
         items = self.call_schema(functions)
         array = {"type": "array", "items": items, "minItems": 1, "x-guidance": _COMPACT}
+        if "$defs" in items:  # where the calls' `$ref`s point
+            array["$defs"] = items.pop("$defs")
         if not parallel:
             array["maxItems"] = 1
         special = token_id(self.marker)

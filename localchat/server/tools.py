@@ -11,7 +11,10 @@ from typing import Any
 
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import ChatCompletionRequest, ChatMessage
+from localchat.server.structured import strict_schema
 from localchat.server.tool_parsers import ToolParser
+
+STRICT_EMPTY: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 @dataclass
@@ -42,6 +45,15 @@ def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"tools[{position}].function.parameters must be a JSON schema object",
                 param="tools",
             )
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidParameterError(
+                f"tools[{position}].function.strict must be a boolean", param="tools"
+            )
+        if strict:  # OpenAI's strict mode: no properties beyond those the schema names
+            where = f"tools[{position}].function.parameters"
+            parameters = strict_schema(parameters or STRICT_EMPTY, "tools", where)
+            function = {**function, "parameters": parameters}
         functions.append(function)
     return functions
 

@@ -1,6 +1,7 @@
 """A server on the default model with a Hermes-style template that also has a <think> block
 (tests/data/templates/hermes_think.jinja): tool results round-trip through the template, and the
-reasoning parser (picked from the template) splits <think> text from the answer."""
+reasoning parser (picked from the template) splits <think> text from the answer, which alone a
+schema or a forced tool call constrains."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.serve_process import serve_process
@@ -75,33 +77,73 @@ def test_tool_result_round_trips_through_the_template(hermes):
     assert answer["message"]["content"] and not answer["message"].get("tool_calls")
 
 
-FORCED = "<think>\nTwo and two make four[.]\n</think>\n\nFour[.]"  # a regex of one text
+# A conversation that shows the model how to answer: think, then JSON. The 135M model copies it.
+SHOT = '<think>\nI add two and two.\n</think>\n\n{"answer": 4}'
+QUESTION = {"role": "user", "content": "What is two plus two?"}
+FEW_SHOT = [*[QUESTION, {"role": "assistant", "content": SHOT}] * 3, QUESTION]
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+AS_JSON = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
 
 
-def test_reasoning_is_split_from_content(hermes):
-    body = {"messages": ASK, "structured_outputs": {"regex": FORCED}, "temperature": 0}
-    message = _chat(hermes, **body)["message"]
-    assert message["reasoning_content"].strip() == "Two and two make four."
-    assert message["reasoning"] == message["reasoning_content"]
-    assert message["content"] == "Four."
+def _streamed(client, body) -> tuple[str, str, dict[int, str]]:
     reasoning = content = ""
-    with hermes.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+    arguments: dict[int, str] = {}
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
         for line in stream.iter_lines():
             if line.startswith("data: {"):
                 delta = json.loads(line[6:])["choices"][0]["delta"]
                 reasoning += delta.get("reasoning_content") or ""
                 content += delta.get("content") or ""
-    assert (reasoning, content) == (message["reasoning_content"], "Four.")
+                for piece in delta.get("tool_calls") or []:
+                    index = piece["index"]
+                    arguments[index] = arguments.get(index, "") + piece["function"]["arguments"]
+    return reasoning, content, arguments
 
 
-def test_prompt_that_opens_think_and_enable_thinking(hermes):
-    body = {
-        "messages": ASK,
-        "structured_outputs": {"regex": "I count[.]</think>Four[.]"},
-        "chat_template_kwargs": {"open_think": True},
-    }
+@pytest.mark.parametrize("opened", [False, True], ids=["model-opens", "prompt-opens"])
+def test_schema_applies_after_the_thinking(hermes, opened):
+    """The reasoning parser is on (the template has <think>): the schema constrains the answer,
+    not the thinking, which is free text (the model's own words, not JSON)."""
+    body = {"messages": FEW_SHOT, "response_format": AS_JSON, "temperature": 0}
+    if opened:
+        body["chat_template_kwargs"] = {"open_think": True}
     message = _chat(hermes, **body)["message"]
-    assert (message["reasoning_content"], message["content"]) == ("I count.", "Four.")
+    assert message["reasoning_content"].strip() == "I add two and two."
+    assert message["reasoning"] == message["reasoning_content"]
+    jsonschema.validate(json.loads(message["content"]), ANSWER)
+    assert "think" not in message["content"]
+    free = _chat(hermes, **{**body, "response_format": None})["message"]
+    assert free["reasoning_content"] == message["reasoning_content"]  # the same, unconstrained
+    assert _streamed(hermes, body)[:2] == (message["reasoning_content"], message["content"])
+
+
+def test_forced_tool_call_after_the_thinking(hermes):
+    body = {"messages": FEW_SHOT, "tools": TOOLS, "tool_choice": "required", "temperature": 0}
+    choice = _chat(hermes, **body)
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"].strip() == "I add two and two."
+    assert not choice["message"]["content"]
+    calls = choice["message"]["tool_calls"]
+    for call in calls:
+        jsonschema.validate(
+            json.loads(call["function"]["arguments"]), TOOLS[0]["function"]["parameters"]
+        )
+    reasoning, content, arguments = _streamed(hermes, body)
+    assert reasoning == choice["message"]["reasoning_content"] and not content
+    assert list(arguments.values()) == [call["function"]["arguments"] for call in calls]
+
+
+def test_prompt_that_closes_think_and_enable_thinking(hermes):
+    body = {"messages": ASK, "response_format": AS_JSON, "temperature": 0}
+    body["chat_template_kwargs"] = {"enable_thinking": False}
+    message = _chat(hermes, **body)["message"]  # the prompt closed the block: JSON at once
+    assert message["reasoning_content"] is None
+    jsonschema.validate(json.loads(message["content"]), ANSWER)
     closed = _prompt_text(hermes, ASK, chat_template_kwargs={"enable_thinking": False})
     assert closed.endswith("<think>\n\n</think>\n\n")
     assert not _prompt_text(hermes, ASK).endswith("</think>\n\n")

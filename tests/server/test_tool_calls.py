@@ -60,6 +60,37 @@ def test_required_returns_valid_calls(openai_client, parallel):
         assert len(choice.message.tool_calls) == 1
 
 
+def _streamed_calls(stream) -> tuple[dict[int, dict], list]:
+    """Calls assembled from a chat stream as the openai client's users do, with each call's
+    argument fragments, and the finish reasons."""
+    calls: dict[int, dict] = {}
+    reasons = []
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        reasons.append(chunk.choices[0].finish_reason)
+        for piece in delta.tool_calls or []:
+            call = calls.setdefault(
+                piece.index, {"id": None, "name": "", "arguments": "", "fragments": []}
+            )
+            if piece.id is not None:  # the first piece of a call: id, type and the whole name
+                assert call["id"] is None and piece.type == "function" and piece.function.name
+            call["id"] = call["id"] or piece.id
+            call["name"] += piece.function.name or ""
+            if piece.function.arguments:
+                call["fragments"].append(piece.function.arguments)
+            call["arguments"] += piece.function.arguments or ""
+    return calls, reasons
+
+
+def _check_streamed(calls: dict[int, dict]) -> None:
+    assert calls and sorted(calls) == list(range(len(calls)))
+    for call in calls.values():
+        assert call["id"] and len(call["fragments"]) > 1, call  # token by token
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
 def test_required_streamed_assembles_like_whole(openai_client):
     kwargs = dict(
         model=MODEL,
@@ -71,24 +102,61 @@ def test_required_streamed_assembles_like_whole(openai_client):
     )
     whole = openai_client.chat.completions.create(**kwargs, temperature=0).choices[0]
     stream = openai_client.chat.completions.create(**kwargs, temperature=0, stream=True)
-    calls: dict[int, dict] = {}
-    reasons = []
-    for chunk in stream:
-        delta = chunk.choices[0].delta
-        reasons.append(chunk.choices[0].finish_reason)
-        for piece in delta.tool_calls or []:
-            call = calls.setdefault(piece.index, {"id": None, "name": "", "arguments": ""})
-            call["id"] = call["id"] or piece.id
-            call["name"] += piece.function.name or ""
-            call["arguments"] += piece.function.arguments or ""
+    calls, reasons = _streamed_calls(stream)
     assert [r for r in reasons if r] == ["tool_calls"]
-    assert sorted(calls) == list(range(len(calls)))
+    _check_streamed(calls)
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
         (c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls
     ]
-    for call in calls.values():
-        assert call["id"]
-        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_streamed_arguments_come_token_by_token(openai_client, choice):
+    tool_choice = (
+        "required"
+        if choice == "required"
+        else {"type": "function", "function": {"name": "get_weather"}}
+    )
+    kwargs = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        max_tokens=200,
+        temperature=0.8,
+        seed=5,
+    )
+    calls, _ = _streamed_calls(openai_client.chat.completions.create(**kwargs, stream=True))
+    _check_streamed(calls)
+    if choice == "named":
+        assert [c["name"] for c in calls.values()] == ["get_weather"]
+    # the openai client's own stream helper assembles the same calls
+    with openai_client.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls"
+    _check_calls(final.message.tool_calls)
+
+
+def test_parallel_calls_stream_with_indexes(openai_client, http):
+    # the end of the reply banned, the grammar has the model call again and again
+    ends = [
+        http.post("/tokenize", json={"prompt": t, "add_special_tokens": False}).json()["tokens"]
+        for t in ("<|im_end|>", "<|endoftext|>")
+    ]
+    stream = openai_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris, and the time in Tokyo?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=160,
+        temperature=0,
+        logit_bias={str(token[0]): -100 for token in ends if len(token) == 1},
+        stream=True,
+    )
+    calls, reasons = _streamed_calls(stream)
+    assert reasons[-1] == "length" and len(calls) >= 3
+    _check_streamed({i: calls[i] for i in range(len(calls) - 1)})  # the last one is cut off
+    assert len({c["id"] for c in calls.values()}) == len(calls)
 
 
 def test_named_function_is_called(openai_client):
@@ -113,3 +181,33 @@ def test_tool_choice_none_and_auto_answer_in_text(openai_client):
         message = reply.choices[0].message
         assert message.content and not message.tool_calls
         assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_strict_tool_schema(openai_client, http):
+    """strict: the call's arguments take no property the schema does not name (the schema says
+    nothing of others); a schema strict mode cannot take is a 400 naming the param."""
+    loose = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}}
+    tool = {"type": "function", "function": {"name": "where", "parameters": loose, "strict": True}}
+    for seed in range(3):
+        reply = openai_client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[tool],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=60,
+            temperature=1.0,
+            seed=seed,
+        )
+        arguments = json.loads(reply.choices[0].message.tool_calls[0].function.arguments)
+        assert set(arguments) <= {"city"}
+    open_ended = {**loose, "additionalProperties": True}
+    for parameters in (open_ended, {"type": "array"}):
+        function = {"name": "where", "parameters": parameters, "strict": True}
+        response = http.post(
+            "/v1/chat/completions",
+            json={"messages": ASK, "tools": [{"type": "function", "function": function}]},
+        )
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tools" and "tools[0].function.parameters" in error["message"]

@@ -50,14 +50,38 @@ def test_extract_and_stream_agree(parser, text, content):
     ]
     assert len({c.id for c in calls}) == 2
     reply = ReplyParser(None, parser)
-    streamed, names = "", []
+    streamed, headers, fragments = "", [], {}
     for position, char in enumerate(text):
         piece = reply.feed(char, final=position == len(text) - 1)
         streamed += piece.content
-        names += [c.name for c in piece.calls]
-    assert names == ["weather", "time"]
+        for delta in piece.calls:
+            if delta.id is not None:
+                headers.append((delta.index, delta.name))
+            fragments.setdefault(delta.index, []).append(delta.arguments)
+    assert headers == [(0, "weather"), (1, "time")]
     assert streamed.strip() == (content or "")
+    # the arguments come a character at a time, and join to exactly the final arguments
+    assert len(fragments[0]) > 10
+    assert ["".join(fragments[i]) for i in (0, 1)] == [c.arguments for c in calls]
+    assert [c.arguments for c in reply.calls] == [c.arguments for c in calls]
     assert reply.finish_reason("stop") == "tool_calls"
+
+
+def test_stream_holds_a_call_until_its_name_and_keeps_raw_arguments():
+    parser = HermesParser()
+    reply = ReplyParser(None, parser)
+    assert reply.feed('<tool_call>\n{"arguments": {"a": [1, {"b": "}"}]}, "na').calls == []
+    piece = reply.feed('me": "f"}\n</tool_call>', final=True)
+    assert [(d.index, d.name, d.arguments) for d in piece.calls] == [
+        (0, "f", '{"a": [1, {"b": "}"}]}')
+    ]
+    # arguments written as a JSON string are decoded, and sent whole
+    reply = ReplyParser(None, parser)
+    text = '<tool_call>{"name": "g", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    deltas = [d for c in text for d in reply.feed(c).calls] + reply.feed("", final=True).calls
+    assert [d.arguments for d in deltas] == ["", '{"x": 1}']
+    # a call cut off before its arguments end is not a call, in a whole reply
+    assert parser.extract('<tool_call>{"name": "g", "arguments": {"x"')[1] == []
 
 
 def test_text_without_calls_is_content():
