@@ -33,6 +33,7 @@ from localchat.errors import (
 )
 
 logger = logging.getLogger("localchat.engine")
+HEALTH_CHECK_SECONDS = 1.0  # how often an idle engine checks on its tensor-parallel ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,9 +312,16 @@ class AsyncEngine:
         """Run queued commands (waiting for one when idle); False once asked to stop."""
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=HEALTH_CHECK_SECONDS)
             except queue.Empty:
-                return True
+                if not block:
+                    return True
+                # idle: a tensor-parallel rank that died meanwhile is an error now, not at the next
+                # request (raises EngineDeadError, which stops the engine like a failed step)
+                check = getattr(engine.runner, "check_health", None)
+                if check is not None:
+                    check()
+                continue
             block = False
             match command:
                 case _Stop():
@@ -323,13 +331,7 @@ class AsyncEngine:
                 case _Add():
                     self._add(engine, command)
                 case _Embed(prompts, pooling, done):
-                    result: list[list[float]] | BaseException
-                    try:
-                        result = [v.tolist() for v in engine.embed(prompts, pooling)]
-                    except LocalchatError as exc:
-                        result = exc
-                    except Exception as exc:  # bad input must not take the engine down
-                        result = InvalidParameterError(f"invalid input: {exc}", param="input")
+                    result = embed_or_error(engine, prompts, pooling)
                     with contextlib.suppress(RuntimeError):  # that event loop is closed
                         done.get_loop().call_soon_threadsafe(_settle, done, result)
                 case _Abort(request_id):
@@ -340,14 +342,7 @@ class AsyncEngine:
 
     def _add(self, engine: LLMEngine, command: _Add) -> None:
         stream = self._streams.get(command.request_id)
-        result: list[int] | LocalchatError
-        try:
-            request = engine.add_request(command.request_id, command.prompt, command.params)
-            result = request.prompt_token_ids
-        except LocalchatError as exc:
-            result = exc
-        except Exception as exc:  # a bad prompt must not take the engine down
-            result = InvalidParameterError(f"invalid request: {exc}")
+        result = add_or_error(engine, command.request_id, command.prompt, command.params)
         if stream is not None:
             stream.loop.call_soon_threadsafe(_settle, command.accepted, result)
 
@@ -386,6 +381,30 @@ class AsyncEngine:
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # as in _deliver: that loop is closed
                 loop.call_soon_threadsafe(_put_all, items)
+
+
+def add_or_error(
+    engine: LLMEngine, request_id: str, prompt: str | list[int], params: SamplingParams
+) -> list[int] | LocalchatError:
+    """engine.add_request's prompt token ids, or the error to hand its caller."""
+    try:
+        return engine.add_request(request_id, prompt, params).prompt_token_ids
+    except LocalchatError as exc:
+        return exc
+    except Exception as exc:  # a bad prompt must not take the engine down
+        return InvalidParameterError(f"invalid request: {exc}")
+
+
+def embed_or_error(
+    engine: LLMEngine, prompts: list[list[int]], pooling: str
+) -> list[list[float]] | LocalchatError:
+    """engine.embed's vectors as lists, or the error to hand its caller."""
+    try:
+        return [v.tolist() for v in engine.embed(prompts, pooling)]
+    except LocalchatError as exc:
+        return exc
+    except Exception as exc:  # bad input must not take the engine down
+        return InvalidParameterError(f"invalid input: {exc}", param="input")
 
 
 def _put_all(items) -> None:

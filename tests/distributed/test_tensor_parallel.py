@@ -203,3 +203,19 @@ def test_the_server_fails_the_stream_and_turns_unhealthy_when_a_rank_dies(
         assert any("tensor-parallel group failed" in e for e in events[4:])
         health = httpx.get(f"{server.base_url}/health", timeout=10)
         assert health.status_code == 503
+
+
+def test_an_idle_server_turns_unhealthy_when_a_rank_dies(default_gguf, tmp_path):
+    """No request runs, so no collective notices: the engine's idle health check does."""
+    args = ("-tp", "3", "--kv-cache-memory", "64MiB", "--max-model-len", "1024")
+    with serve_process(tmp_path / "serve.log", *args) as server:
+        os.kill(_ranks(server.process.pid)[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while (health := httpx.get(f"{server.base_url}/health", timeout=10)).status_code == 200:
+            assert time.monotonic() < deadline, "still healthy 15 s after a rank died"
+            time.sleep(0.2)
+        assert health.status_code == 503
+        assert "tensor-parallel group failed: rank 2 exited" in health.json()["detail"]
+        short = {"prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        reply = httpx.post(f"{server.base_url}/v1/completions", json=short, timeout=30)
+        assert reply.status_code == 503

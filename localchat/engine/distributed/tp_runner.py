@@ -99,5 +99,15 @@ class TensorParallelRunner(ModelRunner):
         self.pool.send("logits", tuple(hidden.shape))
         parallel_state.broadcast(hidden.contiguous())
 
+    def check_health(self) -> None:
+        """Raise EngineDeadError if a rank has exited (the engine calls this while idle, when no
+        collective would notice)."""
+        if self.error is not None:
+            raise self.error
+        exited = self.pool.exited()
+        if exited:
+            self.error = self.pool.failure(RuntimeError(f"found {exited} while idle"))
+            raise self.error
+
     def close(self) -> None:
         self.pool.close()

@@ -71,6 +71,14 @@ class WorkerPool:
         for pipe in self.pipes:
             pipe.send((command, value))
 
+    def exited(self) -> str:
+        """Which ranks have exited ('' when all run); a cheap check (waitpid, no blocking)."""
+        return ", ".join(
+            f"rank {rank} exited"
+            for rank, process in enumerate(self.processes, 1)
+            if process.exitcode is not None
+        )
+
     def failure(self, exc: BaseException) -> EngineDeadError:
         """The error to raise after a collective or a pipe failed: which ranks died, and why."""
         for process in self.processes:
