@@ -76,6 +76,15 @@ def serve(
     log_level: Annotated[
         str, option(_PANEL, "--log-level", help="debug, info, warning or error")
     ] = "info",
+    data_parallel_size: Annotated[
+        int,
+        option(
+            _PANEL,
+            "--data-parallel-size",
+            "-dp",
+            help="Engine replicas, one process each, behind this server (prefix-aware routing)",
+        ),
+    ] = 1,
     tool_call_parser: Annotated[
         str | None,
         option(
@@ -109,6 +118,11 @@ def serve(
         raise InvalidParameterError(
             f"--grace-period must be >= 0, got {grace_period}", param="grace_period"
         )
+    if data_parallel_size < 1:
+        raise InvalidParameterError(
+            f"--data-parallel-size must be >= 1, got {data_parallel_size}",
+            param="data_parallel_size",
+        )
     tool_parser_for(tool_call_parser, None)  # a bad name fails before the model loads
     reasoning_parser_for(reasoning_parser, None)
     from localchat.engine.llm_engine import POOLING
@@ -133,6 +147,7 @@ def serve(
             log_level=log_level.lower(),
             parsers=(tool_call_parser, reasoning_parser),
             pooling=pooling,
+            data_parallel_size=data_parallel_size,
         )
     )
 
@@ -164,6 +179,7 @@ async def _serve(
     log_level,
     parsers: tuple[str | None, str | None] = (None, None),
     pooling: str = "last",
+    data_parallel_size: int = 1,
 ) -> None:
     import uvicorn
 
@@ -171,7 +187,18 @@ async def _serve(
     from localchat.server.app import build_asgi_app
     from localchat.server.state import ServerState
 
-    engine = AsyncEngine(engine_config, max_waiting=max_waiting)
+    engine: AsyncEngine
+    if data_parallel_size > 1:  # replicas in processes of their own (server/data_parallel.py)
+        from localchat.server.data_parallel import DataParallelEngine
+
+        engine = DataParallelEngine(
+            engine_config,
+            data_parallel_size,
+            max_waiting=max_waiting,
+            log_level=logging.getLogger().level,
+        )
+    else:
+        engine = AsyncEngine(engine_config, max_waiting=max_waiting)
     try:
         await engine.start()
         info = engine.model_info

@@ -192,6 +192,9 @@ class ServerMetrics:
         yield success
         for histogram in (self.ttft, self.itl, self.e2e):
             yield histogram.family()
+        replica_metrics = getattr(self.engine, "replica_metrics", None)
+        if replica_metrics is not None:  # --data-parallel-size: per-replica series
+            yield from replica_metrics()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

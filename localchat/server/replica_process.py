@@ -1,0 +1,144 @@
+"""One data-parallel replica: an LLMEngine in a process of its own, driven by the server's
+DataParallelEngine (data_parallel.py) over two one-way pipes.
+
+Commands come in on one pipe (add, abort, embed, stop) and are run between steps; events go out
+on the other: `accepted` per request, one `step` message per engine step (the step's deltas and
+the engine's stats), and an `alive` heartbeat with the stats every HEARTBEAT_SECONDS while idle, so
+the server can tell a hung replica from an idle one. The replica ignores SIGINT and SIGTERM: the
+server stops it with a command, and a closed command pipe (the server is gone) ends it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from localchat.config import EngineConfig
+from localchat.engine.async_engine import add_or_error, embed_or_error
+from localchat.engine.llm_engine import EngineStats, LLMEngine
+from localchat.engine.model_info import ModelInfo
+from localchat.engine.text_codec import TextCodec
+from localchat.errors import EngineDeadError, LocalchatError
+
+logger = logging.getLogger("localchat.server")
+HEARTBEAT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ReplicaArgs:
+    index: int
+    config: EngineConfig
+    cuda_devices: str | None  # CUDA_VISIBLE_DEVICES for this replica (None: leave it)
+    log_level: int
+    send_codec: bool  # replica 0 hands its tokenizer and chat template to the server
+
+
+@dataclass(frozen=True)
+class ReplicaReady:
+    """What a replica reports once loaded."""
+
+    pid: int
+    model_info: ModelInfo
+    codec: TextCodec | None
+    max_num_seqs: int
+    stats: EngineStats
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else an EngineDeadError with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return EngineDeadError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def run_replica(args: ReplicaArgs, commands: Connection, events: Connection) -> None:
+    """The entry point of a spawned replica: load, report `ready` (or the load's error), serve."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    if args.cuda_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.cuda_devices
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s %(levelname)s %(name)s[replica {args.index}]: %(message)s",
+    )
+    events.send(("started", os.getpid()))
+    try:
+        engine = LLMEngine(args.config)
+    except BaseException as exc:
+        if not isinstance(exc, LocalchatError):
+            logger.error("loading failed:\n%s", traceback.format_exc())
+        events.send(("error", _portable(exc)))
+        sys.exit(1)
+    codec = engine.codec.copy() if args.send_codec else None
+    ready = ReplicaReady(
+        os.getpid(), engine.model_info, codec, engine.scheduler.max_num_seqs, engine.stats()
+    )
+    events.send(("ready", ready))
+    try:
+        _serve(engine, commands, events)
+    except (EOFError, OSError):  # the server is gone: nobody to report to
+        pass
+    except BaseException as exc:
+        logger.error("engine step failed:\n%s", traceback.format_exc())
+        with contextlib.suppress(OSError):
+            events.send(("failed", f"{type(exc).__name__}: {exc}"))
+        _close(engine)
+        sys.exit(1)
+    _close(engine)
+
+
+def _close(engine: LLMEngine) -> None:
+    close = getattr(engine.runner, "close", None)  # a tensor-parallel group's other ranks
+    if close is not None:
+        close()
+
+
+def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
+    last_sent = time.monotonic()
+    while True:
+        if not engine.has_unfinished() and not commands.poll(HEARTBEAT_SECONDS):
+            check = getattr(engine.runner, "check_health", None)  # tensor-parallel ranks
+            if check is not None:
+                check()
+            events.send(("alive", engine.stats()))
+            last_sent = time.monotonic()
+            continue
+        while commands.poll():
+            if not _handle(engine, commands.recv(), events):
+                return
+        if engine.has_unfinished():
+            outputs = engine.step()
+            now = time.monotonic()
+            if outputs or now - last_sent >= HEARTBEAT_SECONDS:
+                events.send(("step", outputs, engine.stats()))
+                last_sent = now
+
+
+def _handle(engine: LLMEngine, message: tuple, events: Connection) -> bool:
+    """Run one command; False once asked to stop."""
+    match message:
+        case ("add", request_id, prompt, params):
+            added = add_or_error(engine, request_id, prompt, params)
+            # the server has the prompt's token ids: only an error goes back
+            events.send(("accepted", request_id, added if isinstance(added, Exception) else None))
+        case ("abort", request_id):
+            output = engine.abort(request_id)
+            if output is not None:
+                events.send(("step", [output], engine.stats()))
+        case ("embed", embed_id, prompts, pooling):
+            events.send(("embedded", embed_id, embed_or_error(engine, prompts, pooling)))
+        case ("stop",):
+            for request_id in list(engine.requests):
+                engine.abort(request_id)
+            return False
+    return True

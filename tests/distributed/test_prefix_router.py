@@ -1,0 +1,68 @@
+"""PrefixRouter: block hashes, longest-prefix choice, the load fallback and forgetting a replica."""
+
+from __future__ import annotations
+
+from localchat.server.replica_router import PrefixRouter
+
+SYSTEM = list(range(1000, 1032))  # two blocks every conversation shares
+
+
+def test_block_hashes_cover_full_blocks_and_chain_over_the_prefix():
+    router = PrefixRouter(block_size=4)
+    hashes = router.block_hashes(list(range(10)))
+    assert len(hashes) == 2  # the last 2 tokens are not a full block
+    assert router.block_hashes([0, 1, 2, 3, 9, 9, 9, 9])[0] == hashes[0]
+    # the same second block after another first block is another block
+    assert router.block_hashes([7, 1, 2, 3, 4, 5, 6, 7])[1] != hashes[1]
+
+
+def test_no_match_goes_to_the_least_loaded_replica():
+    router = PrefixRouter()
+    assert router.choose(router.block_hashes(SYSTEM), [3, 1, 2]) == (1, False)
+    assert router.choose([], [0, 0]) == (0, False)
+
+
+def test_the_longest_cached_prefix_wins_over_a_shared_one():
+    router = PrefixRouter()
+    first = SYSTEM + list(range(40))
+    second = SYSTEM + list(range(500, 540))
+    router.record(router.block_hashes(first), 0)
+    router.record(router.block_hashes(second), 1)
+    # both hold the shared system prompt; each holds its own conversation
+    assert router.choose(router.block_hashes(first + [7] * 30), [5, 0]) == (0, True)
+    assert router.choose(router.block_hashes(second + [7] * 30), [0, 5]) == (1, True)
+    # only the shared part matches: the lighter of the two holders
+    assert router.choose(router.block_hashes(SYSTEM + [9] * 20), [4, 2]) == (1, True)
+    assert router.matched_blocks(router.block_hashes(first), 0) == 4
+
+
+def test_an_overloaded_holder_is_passed_over():
+    router = PrefixRouter(balance_abs=8, balance_rel=1.5)
+    prompt = router.block_hashes(SYSTEM)
+    router.record(prompt, 0)
+    assert router.choose(prompt, [8, 0]) == (0, True)  # 8 more in flight: still within bounds
+    assert router.choose(prompt, [9, 0]) == (1, False)
+    assert router.choose(prompt, [29, 20]) == (0, True)  # 9 more, but under 1.5 times as many
+
+
+def test_unusable_and_forgotten_replicas_are_not_chosen():
+    router = PrefixRouter()
+    prompt = router.block_hashes(SYSTEM)
+    router.record(prompt, 1)
+    assert router.choose(prompt, [0, None]) == (0, False)
+    router.record(prompt, 0)
+    router.forget(1)
+    assert router.matched_blocks(prompt, 1) == 0
+    assert router.choose(prompt, [3, 0]) == (0, True)
+    router.forget(0)
+    assert not router.table
+
+
+def test_the_table_is_bounded_least_recently_used_first():
+    router = PrefixRouter(block_size=2, max_blocks=4)
+    old, new = router.block_hashes([1, 2, 3, 4]), router.block_hashes([5, 6, 7, 8, 9, 10])
+    router.record(old, 0)
+    router.record(new, 1)
+    assert len(router.table) == 4
+    assert router.matched_blocks(old, 0) == 0  # its first block went first
+    assert router.matched_blocks(new, 1) == 3
