@@ -4,6 +4,8 @@
 ...     print(client.chat([{"role": "user", "content": "Hi!"}], max_tokens=32).text)
 ...     for delta in client.chat([{"role": "user", "content": "Hi!"}], stream=True):
 ...         print(delta.text, end="")
+...     reply = client.chat(messages, tools=[...], tool_choice="required")  # reply.tool_calls
+...     whole = collect(client.chat(messages, stream=True, tools=[...]))   # the same, streamed
 
 AsyncClient has the same methods: `await client.chat(...)`, and
 `async for delta in client.chat(..., stream=True)`. A failed request raises APIError carrying the
@@ -14,11 +16,12 @@ place that derives the API root, builds the Bearer header and reads OpenAI error
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
@@ -92,13 +95,62 @@ class Usage:
 
 
 @dataclass
+class ToolCall:
+    """A function call in an answer (chat with `tools=`): `arguments` is its JSON text, as the API
+    carries it."""
+
+    id: str
+    name: str
+    arguments: str
+    type: str = "function"
+
+    def parsed_arguments(self) -> Any:
+        return json.loads(self.arguments)
+
+    @classmethod
+    def from_dict(cls, call: dict) -> ToolCall:
+        function = call.get("function") or {}
+        return cls(
+            call.get("id") or "",
+            function.get("name") or "",
+            function.get("arguments") or "",
+            call.get("type") or "function",
+        )
+
+
+@dataclass
+class ToolCallDelta:
+    """A piece of a streamed call: the first of a call has its `id` and `name`, the rest fragments
+    of its `arguments`; `index` tells the calls of one choice apart."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    @classmethod
+    def from_dict(cls, piece: dict) -> ToolCallDelta:
+        function = piece.get("function") or {}
+        return cls(
+            piece.get("index", 0),
+            piece.get("id"),
+            function.get("name"),
+            function.get("arguments") or "",
+        )
+
+
+@dataclass
 class Completion:
-    """A whole answer: `text` of the first choice, `texts` of all (n > 1), and the usage."""
+    """A whole answer: `text` of the first choice, `texts` of all (n > 1), and the usage; with
+    `tools=`, the first choice's `tool_calls` (`tool_calls_per_choice` of all); `reasoning` is
+    the thinking a server with a reasoning parser sends apart."""
 
     texts: list[str]
     finish_reasons: list[str | None]
     usage: Usage
     raw: dict = field(repr=False)
+    tool_calls_per_choice: list[list[ToolCall]] = field(default_factory=list)
+    reasonings: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -108,21 +160,85 @@ class Completion:
     def finish_reason(self) -> str | None:
         return self.finish_reasons[0] if self.finish_reasons else None
 
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.tool_calls_per_choice[0] if self.tool_calls_per_choice else []
+
+    @property
+    def reasoning(self) -> str:
+        return self.reasonings[0] if self.reasonings else ""
+
 
 @dataclass
 class Delta:
     """A piece of a streamed answer; the last one of a stream has empty text and the `usage`.
     `reasoning` is what servers with a reasoning parser send apart (`reasoning_content` or
-    `reasoning`)."""
+    `reasoning`); `tool_calls` are pieces of the calls (see `collect`)."""
 
     text: str
     index: int = 0
     finish_reason: str | None = None
     usage: Usage | None = None
     reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.text
+
+
+class StreamAssembler:
+    """Folds the deltas of a stream into the Completion the same request would have returned whole
+    (texts, reasoning, tool calls with their arguments joined, finish reasons, usage)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, list[str]] = {}
+        self._reasoning: dict[int, list[str]] = {}
+        self._reasons: dict[int, str | None] = {}
+        self._calls: dict[int, dict[int, ToolCall]] = {}
+        self._usage = Usage()
+
+    def add(self, delta: Delta) -> None:
+        if delta.usage is not None:
+            self._usage = delta.usage
+            return
+        index = delta.index
+        self._texts.setdefault(index, []).append(delta.text)
+        self._reasoning.setdefault(index, []).append(delta.reasoning)
+        if delta.finish_reason is not None or index not in self._reasons:
+            self._reasons[index] = delta.finish_reason
+        calls = self._calls.setdefault(index, {})
+        for piece in delta.tool_calls:
+            call = calls.setdefault(piece.index, ToolCall("", "", ""))
+            call.id = call.id or piece.id or ""
+            call.name += piece.name or ""
+            call.arguments += piece.arguments
+
+    def completion(self) -> Completion:
+        order = sorted(self._texts)
+        return Completion(
+            ["".join(self._texts[i]) for i in order],
+            [self._reasons.get(i) for i in order],
+            self._usage,
+            {},
+            [[c for _, c in sorted(self._calls.get(i, {}).items())] for i in order],
+            ["".join(self._reasoning[i]) for i in order],
+        )
+
+
+def collect(deltas: Iterable[Delta]) -> Completion:
+    """The Completion of a whole stream (`client.chat(..., stream=True)`)."""
+    assembler = StreamAssembler()
+    for delta in deltas:
+        assembler.add(delta)
+    return assembler.completion()
+
+
+async def acollect(deltas: AsyncIterable[Delta]) -> Completion:
+    """The Completion of a whole AsyncClient stream."""
+    assembler = StreamAssembler()
+    async for delta in deltas:
+        assembler.add(delta)
+    return assembler.completion()
 
 
 # --- what both clients share: request bodies and response parsing ---------------------------------
@@ -137,14 +253,18 @@ def _payload(key: str, value, stream: bool, model: str | None, params: dict) -> 
 
 def _completion(body: dict) -> Completion:
     choices = sorted(body.get("choices", []), key=lambda c: c.get("index", 0))
+    messages = [c.get("message") or {} for c in choices]
     texts = [
-        c["message"].get("content") or "" if "message" in c else c.get("text", "") for c in choices
+        m.get("content") or "" if "message" in c else c.get("text", "")
+        for c, m in zip(choices, messages, strict=True)
     ]
     return Completion(
         texts,
         [c.get("finish_reason") for c in choices],
         Usage.from_dict(body.get("usage") or {}),
         body,
+        [[ToolCall.from_dict(call) for call in m.get("tool_calls") or []] for m in messages],
+        [m.get("reasoning_content") or m.get("reasoning") or "" for m in messages],
     )
 
 
@@ -178,6 +298,7 @@ def _deltas(line: str) -> list[Delta] | None:
                 choice.get("index", 0),
                 choice.get("finish_reason"),
                 reasoning=reasoning,
+                tool_calls=[ToolCallDelta.from_dict(p) for p in delta.get("tool_calls") or []],
             )
         )
     if chunk.get("usage"):

@@ -3,9 +3,19 @@ errors."""
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 
-from localchat.client import APIError, AsyncClient, Client, Delta
+from localchat.client import (
+    APIError,
+    AsyncClient,
+    Client,
+    Delta,
+    ToolCall,
+    ToolCallDelta,
+    acollect,
+    collect,
+)
 
 from .conftest import API_KEY, MAX_MODEL_LEN
 
@@ -69,3 +79,50 @@ async def test_async_client(base_url):
         with pytest.raises(APIError) as error:
             await client.complete("x", logprobs=99)
         assert error.value.status == 400 and error.value.param == "logprobs"
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+FORCED = dict(
+    tools=TOOLS,
+    tool_choice="required",
+    parallel_tool_calls=False,
+    max_tokens=100,
+    temperature=0.7,
+    seed=4,
+)
+
+
+def test_tool_calls_whole_and_streamed(base_url):
+    with Client(base_url, api_key=API_KEY) as client:
+        reply = client.chat(ASK, **FORCED)
+        assert reply.finish_reason == "tool_calls" and reply.text == ""
+        assert [c.name for c in reply.tool_calls] == ["get_weather"]
+        call = reply.tool_calls[0]
+        assert (
+            isinstance(call, ToolCall) and call.type == "function" and call.id.startswith("call_")
+        )
+        jsonschema.validate(call.parsed_arguments(), WEATHER)
+        deltas = list(client.chat(ASK, stream=True, **FORCED))
+        pieces = [p for d in deltas for p in d.tool_calls]
+        assert all(isinstance(p, ToolCallDelta) for p in pieces) and len(pieces) > 2
+        streamed = collect(deltas)
+        assert streamed.finish_reason == "tool_calls" and streamed.usage.completion_tokens > 0
+        assert [(c.name, c.arguments) for c in streamed.tool_calls] == [(call.name, call.arguments)]
+        assert streamed.tool_calls[0].id.startswith("call_")
+
+
+async def test_async_tool_calls_streamed(base_url):
+    async with AsyncClient(base_url, api_key=API_KEY) as client:
+        reply = await client.chat(ASK, **FORCED)
+        streamed = await acollect(client.chat(ASK, stream=True, **FORCED))
+    assert [(c.name, c.arguments) for c in streamed.tool_calls] == [
+        (c.name, c.arguments) for c in reply.tool_calls
+    ]
+    jsonschema.validate(streamed.tool_calls[0].parsed_arguments(), WEATHER)

@@ -13,8 +13,10 @@ from localchat.client import (
     APIError,
     AsyncClient,
     Client,
+    ToolCall,
     api_base,
     auth_headers,
+    collect,
 )
 
 
@@ -136,3 +138,60 @@ async def test_unreachable_server_is_an_api_connection_error():
             await client.models()
         with pytest.raises(APIConnectionError):
             [d async for d in client.complete("x", stream=True)]
+
+
+def _call_piece(index, arguments, call_id=None, name=None):
+    piece = {"index": index, "function": {"arguments": arguments}}
+    if call_id is not None:
+        piece.update(id=call_id, type="function")
+        piece["function"]["name"] = name
+    return piece
+
+
+def test_tool_calls_whole_and_assembled_from_a_stream():
+    calls = [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    ]
+    whole = {
+        "choices": [
+            {"index": 1, "message": {"content": "hi"}, "finish_reason": "stop"},
+            {
+                "index": 0,
+                "message": {"content": None, "tool_calls": calls, "reasoning_content": "hm"},
+                "finish_reason": "tool_calls",
+            },
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+    }
+
+    def choice(index, delta, finish=None):
+        return {"choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [
+        choice(0, {"role": "assistant", "content": "", "reasoning_content": "hm"}),
+        choice(1, {"content": "hi"}, "stop"),
+        choice(0, {"tool_calls": [_call_piece(0, "", "a", "f")]}),
+        choice(0, {"tool_calls": [_call_piece(0, '{"x"')]}),
+        choice(0, {"tool_calls": [_call_piece(0, ": 1}"), _call_piece(1, "{}", "b", "g")]}),
+        choice(0, {}, "tool_calls"),
+        {"choices": [], "usage": whole["usage"]},
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["stream"]:
+            return httpx.Response(200, content=_sse(*chunks))
+        return httpx.Response(200, json=whole)
+
+    with Client("http://h", transport=httpx.MockTransport(handler)) as client:
+        reply = client.chat([{"role": "user", "content": "q"}], n=2)
+        deltas = list(client.chat([{"role": "user", "content": "q"}], n=2, stream=True))
+    streamed = collect(deltas)
+    for completion in (reply, streamed):
+        assert completion.texts == ["", "hi"] and completion.reasoning == "hm"
+        assert completion.finish_reasons == ["tool_calls", "stop"]
+        assert completion.tool_calls == [ToolCall("a", "f", '{"x": 1}'), ToolCall("b", "g", "{}")]
+        assert completion.tool_calls_per_choice[1] == []
+        assert completion.tool_calls[0].parsed_arguments() == {"x": 1}
+        assert completion.usage.total_tokens == 7
+    assert [p.index for d in deltas for p in d.tool_calls] == [0, 0, 0, 1]
