@@ -42,5 +42,6 @@ class ChatApp(App):
         yield from self.chat.palette_commands()
 
     async def on_unmount(self) -> None:
-        if self.close_backend:
-            await self.backend.close()
+        backend = self.chat.backend  # another one after /model, then always this app's to close
+        if self.close_backend or backend is not self.backend:
+            await backend.close()

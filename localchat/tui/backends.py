@@ -7,6 +7,8 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict, dataclass
 
+from localchat.errors import InvalidParameterError
+
 
 @dataclass
 class ChatRequest:
@@ -101,6 +103,15 @@ class ChatBackend:
 
     def stats(self) -> BackendStats | None:
         return None
+
+    def for_model(self, name: str) -> ChatBackend:
+        """A backend of the same kind for the model `name` (not started); raises when `name`
+        cannot be one."""
+        raise InvalidParameterError("this chat cannot switch models", param="model")
+
+    async def model_choices(self) -> list[tuple[str, str]]:
+        """(name, description) of the models `for_model` can switch to."""
+        return []
 
     async def close(self) -> None:
         """Release the engine or the connection."""

@@ -188,6 +188,25 @@ class ChatCore(Screen):
     def on_worker_state_changed(self) -> None:
         self._sync_bindings()  # Esc (stop) shows only while a reply runs
 
+    async def switch_model(self, name: str) -> None:
+        """Chat on with the model `name`, the conversation unchanged: the current backend is
+        closed (its memory handed back) before the new one loads."""
+        new = self.backend.for_model(name)  # an unknown name raises here: nothing changes
+        await self.stop_reply()
+        self.workers.cancel_group(self, "load")
+        old, self.backend, self.session.backend = self.backend, new, new
+        self.state, self.load_error, self.ready = ChatState.LOADING, None, asyncio.Event()
+        self.context_tokens, self.reply_stats = None, ReplyStats()
+        self.refresh_status()
+        app = self.app
+        if old is not getattr(app, "backend", None) or getattr(app, "close_backend", True):
+            await old.close()
+        if self.session.conversation.messages:
+            await self.add_notice(f"Switched to {new.model_name}; the conversation goes on.")
+        else:
+            await self.render_conversation()
+        self.run_worker(self._load(), group="load", exit_on_error=False)
+
     async def open_conversation(self, conversation_id: int) -> None:
         await self.stop_reply()
         if self.session.open(conversation_id) is None:

@@ -22,7 +22,13 @@ from localchat.tui.commands import (
     unescape,
 )
 from localchat.tui.export import export_conversation, settings_text
-from localchat.tui.screens import HelpScreen, InputScreen, SettingsScreen, TextScreen
+from localchat.tui.screens import (
+    HelpScreen,
+    InputScreen,
+    ModelPicker,
+    SettingsScreen,
+    TextScreen,
+)
 from localchat.tui.widgets import ChatList, PromptBox
 
 logger = logging.getLogger("localchat.tui")
@@ -218,6 +224,24 @@ class ChatScreen(ChatCore):
         self.session.save_settings()
         think = self.session.conversation.think
         self.notify(f"enable_thinking: {'default' if think is None else args.strip()}")
+
+    async def action_model(self, args: str = "") -> None:
+        if args:
+            await self.switch_model(args)
+            return
+        choices = await self.backend.model_choices()
+        if not choices:
+            self.notify("No model to pick from: `localchat pull` one.", severity="warning")
+            return
+
+        async def apply(name: str | None) -> None:
+            if name and name != self.backend.model_name:
+                try:
+                    await self.switch_model(name)
+                except LocalchatError as exc:
+                    self.notify(exc.message, severity="error")
+
+        self.app.push_screen(ModelPicker(choices, self.backend.model_name), apply)
 
     def action_show_settings(self) -> None:
         self.app.push_screen(

@@ -72,6 +72,15 @@ COMMANDS: tuple[Command, ...] = (
         palette=False,
     ),
     Command(
+        "model",
+        "Switch model",
+        "Chat on with another model, keeping the history (no name: pick an installed one)",
+        "model",
+        usage="[NAME]",
+        key="f8",
+        aliases=("models",),
+    ),
+    Command(
         "show", "Show settings", "Show the current settings", "show_settings", aliases=("info",)
     ),
     Command(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from localchat.config import EngineConfig
 from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.model_source import resolve_model
 from localchat.engine.sampling_params import SamplingParams
 from localchat.tui.backends import (
     BackendStats,
@@ -104,6 +106,29 @@ class EngineBackend(ChatBackend):
         return BackendStats(
             stats.kv_cache_usage, stats.prefix_cache_hits, stats.num_running, stats.num_waiting
         )
+
+    def for_model(self, name: str) -> EngineBackend:
+        """An engine of its own for `name` (a registry name or a path), with this one's flags."""
+        resolve_model(name, pull=False)  # an unknown name fails now, before anything unloads
+        return EngineBackend(replace(self.engine.config, model=name))
+
+    async def model_choices(self) -> list[tuple[str, str]]:
+        """The installed models, as `localchat list` shows them."""
+        from localchat.models.facts import facts_of, format_parameters
+        from localchat.models.registry import entries
+        from localchat.utils import format_bytes
+
+        choices = []
+        for entry in await asyncio.to_thread(entries):
+            try:
+                facts = await asyncio.to_thread(facts_of, entry.kind, entry.path)
+            except (OSError, ValueError):
+                choices.append((entry.name, entry.format))
+                continue
+            about = [facts.architecture, format_parameters(facts.parameters), facts.quantization]
+            about.append(format_bytes(facts.size_bytes))
+            choices.append((entry.name, " · ".join(a for a in about if a and a != "-")))
+        return choices
 
     async def close(self) -> None:
         if self.owns_engine:

@@ -60,6 +60,7 @@ class OpenAIBackend(ChatBackend):
         self.client = AsyncClient(
             url, api_key=api_key, model=model, timeout=TIMEOUT, transport=transport
         )
+        self._connection = (url, api_key, transport)
         self.model_name = model or "?"
         self.description = self.client.base_url
         self._has_tokenize = True
@@ -164,6 +165,18 @@ class OpenAIBackend(ChatBackend):
             ttft=timer.ttft,
             tokens_per_s=timer.tokens_per_s,
         )
+
+    def for_model(self, name: str) -> OpenAIBackend:
+        """The same server, asked for `name` (checked against its /v1/models by start())."""
+        url, api_key, transport = self._connection
+        return OpenAIBackend(url, api_key, name, transport)
+
+    async def model_choices(self) -> list[tuple[str, str]]:
+        try:
+            cards = await self.client.model_cards()
+        except (APIError, httpx.HTTPError):
+            return []
+        return [(c["id"], "loaded" if c.get("loaded") else "") for c in cards if c.get("id")]
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -36,7 +36,10 @@ async def run_pipe(
                 f"[{plan.dropped} earlier message(s) no longer fit in the context "
                 "and were left out]\n"
             )
-        message, stats = StoredMessage("assistant", ""), ReplyStats()
+        message, stats = (
+            StoredMessage("assistant", "", meta={"model": backend.model_name}),
+            ReplyStats(),
+        )
         position = session.add_reply(message)
         try:
             async for delta in backend.stream(plan.request):

@@ -48,6 +48,7 @@ class ReplyWriter:
     async def write(self, request: ChatRequest, clock_owner: Widget) -> None:
         """Stream the reply to `request`; `clock_owner` runs the paint timer."""
         message, stats, session = self.message, self.stats, self.session
+        message.meta["model"] = self.backend.model_name  # which model wrote it
         position = session.add_reply(message)
         painter: Timer = clock_owner.set_interval(PAINT_EVERY_S, self._paint)
         stream = self.backend.stream(request)

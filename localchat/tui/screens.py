@@ -1,5 +1,5 @@
 """Modal screens: help, a read-only text view (settings, rendered prompt), text input, sampling
-settings."""
+settings, the model picker."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static, TextArea
+from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
+from textual.widgets.option_list import Option
 
 from localchat.errors import LocalchatError
 from localchat.tui.commands import PROMPT_KEYS, help_rows, parse_setting
@@ -145,6 +146,43 @@ class SettingsScreen(ModalScreen[dict | None]):
             self.query_one("#settings-error", Static).update(exc.message)
             return
         self.dismiss(settings)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ModelPicker(ModalScreen[str | None]):
+    """Pick the model to chat on with: the installed ones (or a server's), the current one first
+    highlighted. Enter picks, Esc cancels (None)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, choices: list[tuple[str, str]], current: str):
+        super().__init__()
+        self.choices, self.current = choices, current
+
+    def compose(self) -> ComposeResult:
+        options = []
+        for name, about in self.choices:
+            prompt = Text(name, style="bold")
+            if about:
+                prompt.append(f"  {about}", style="dim")
+            if name == self.current:
+                prompt.append("  (current)", style="italic")
+            options.append(Option(prompt, id=name))
+        with Vertical(classes="dialog"):
+            yield Static("Switch model  (Enter picks, Esc cancels)", classes="dialog-title")
+            yield OptionList(*options, id="model-list")
+            yield Static("The conversation keeps its history.", classes="hint", markup=False)
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        names = [name for name, _ in self.choices]
+        options.highlighted = names.index(self.current) if self.current in names else 0
+        options.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -172,9 +172,9 @@ class ChatSession:
 
 
 def reply_meta_text(meta: dict) -> str:
-    """One line under a reply: prompt tokens (cached vs new), output tokens, speed, first-token
-    time."""
-    parts = []
+    """One line under a reply: the model that wrote it, prompt tokens (cached vs new), output
+    tokens, speed, first-token time."""
+    parts = [meta["model"]] if meta.get("model") else []
     prompt, cached = meta.get("prompt_tokens"), meta.get("cached_tokens")
     if prompt is not None:
         parts.append(
