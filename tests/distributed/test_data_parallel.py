@@ -157,6 +157,26 @@ def test_metrics_sum_the_replicas(server):
     assert 0.0 <= usage <= 1.0
 
 
+def test_a_client_that_disconnects_aborts_its_request_in_the_replica(server):
+    body = {"prompt": "1, 2, 3,", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as reply:
+        lines = reply.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        running = _per_replica(_metrics(server), "num_requests_running")
+        assert sorted(running.values()) == [0.0, 1.0]
+    deadline = time.monotonic() + 10
+    while True:  # gone from the replica's batch, and from the router's count
+        samples = _metrics(server)
+        flight = _per_replica(samples, "requests_in_flight")
+        running = _per_replica(samples, "num_requests_running")
+        if set(flight.values()) == {0.0} and set(running.values()) == {0.0}:
+            break
+        assert time.monotonic() < deadline, (flight, running)
+        time.sleep(0.1)
+    assert samples["localchat_request_success_total"][(("finished_reason", "abort"),)] >= 1
+
+
 def _replica_pids(server: ServeProcess) -> dict[str, int]:
     found = re.findall(r"data-parallel replica (\d+) \(pid (\d+)\) ready", server.log())
     return {index: int(pid) for index, pid in found}
