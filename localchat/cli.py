@@ -32,9 +32,6 @@ app.command("list")(model_commands.list_models)
 app.command()(model_commands.show)
 app.command()(model_commands.rm)
 app.command()(model_commands.alias)
-from localchat.multimodel.command import serve_models  # noqa: E402
-
-app.command("serve-models")(serve_models)
 from localchat.multimodel.ps import ps  # noqa: E402
 
 app.command()(ps)

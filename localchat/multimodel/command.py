@@ -1,71 +1,141 @@
-"""`localchat serve-models NAME,NAME,...`: one OpenAI-compatible server for several models, loaded
-on first use and evicted least-recently-used under `--max-loaded-models`."""
+"""`localchat serve --models NAME,NAME,...` / `--models-dir DIR`: one OpenAI-compatible server for
+several models, loaded on first use and evicted least-recently-used under `--max-loaded-models`
+and `--max-memory`, unloaded once idle past their keep_alive."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
-from typing import Annotated
+import socket
+from pathlib import Path
 
-import typer
-
-from localchat.cli_options import engine_options, option
-from localchat.errors import InvalidParameterError
+from localchat.errors import InvalidParameterError, ModelNotFoundError
+from localchat.multimodel.keep_alive import format_duration, parse_keep_alive
+from localchat.utils import format_bytes, parse_memory_size
 
 logger = logging.getLogger("localchat.server")
-_PANEL = "Server options"
 
 
-@engine_options
-def serve_models(
-    models: Annotated[
-        str, typer.Argument(help="Comma-separated names from `localchat list` (or paths)")
-    ],
-    host: Annotated[str, option(_PANEL, "--host", help="Address to listen on")] = "127.0.0.1",
-    port: Annotated[int, option(_PANEL, "--port", help="Port to listen on")] = 8000,
-    max_loaded_models: Annotated[
-        int, option(_PANEL, "--max-loaded-models", help="Most engines loaded at once")
-    ] = 1,
-    api_key: Annotated[
-        str | None,
-        option(_PANEL, "--api-key", envvar="LOCALCHAT_API_KEY", show_default=False, help="Key"),
-    ] = None,
-    engine_config=None,
-) -> None:
-    """Serve several models; a request's `model` picks one (the first when it names none)."""
+def models_to_serve(models: str | None, models_dir: Path | None) -> dict[str, str]:
+    """Served name -> what the engine loads: the names given (registry names or paths, served as
+    typed), then every .gguf file (by its stem) and every directory with a config.json (by its
+    name) in `models_dir`. Each one must resolve now, not at its first request."""
     from localchat.engine.model_source import resolve_model
 
-    names = [n.strip() for n in models.split(",") if n.strip()]
-    if not names or max_loaded_models < 1:
-        raise InvalidParameterError("give at least one model and --max-loaded-models >= 1")
-    for name in names:
-        resolve_model(name, pull=False)  # a name that cannot load fails now, not at the request
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(names, engine_config, host, port, max_loaded_models, api_key or None))
+    served = {n.strip(): n.strip() for n in (models or "").split(",") if n.strip()}
+    if models_dir is not None:
+        if not models_dir.is_dir():
+            raise InvalidParameterError(
+                f"--models-dir {models_dir}: not a directory", param="models_dir"
+            )
+        for path in sorted(models_dir.iterdir()):
+            if (path.is_file() and path.suffix == ".gguf") or (path / "config.json").is_file():
+                served.setdefault(path.stem if path.is_file() else path.name, str(path))
+        if not served:
+            raise ModelNotFoundError(
+                f"--models-dir {models_dir}: no .gguf file nor model directory (with config.json)"
+            )
+    if not served:
+        raise InvalidParameterError("--models names no model", param="models")
+    for reference in served.values():
+        resolve_model(reference, pull=False)
+    return served
 
 
-async def _serve(names, engine_config, host, port, max_loaded, api_key) -> None:
+def check_limits(
+    max_loaded_models: int, max_memory: str | None, keep_alive: str
+) -> tuple[int | None, float | None]:
+    """--max-memory in bytes (None: no budget) and --keep-alive in seconds (None: forever)."""
+    if max_loaded_models < 1:
+        raise InvalidParameterError(
+            f"--max-loaded-models must be >= 1, got {max_loaded_models}",
+            param="max_loaded_models",
+        )
+    budget = None if max_memory is None else parse_memory_size(max_memory, param="max_memory")
+    return budget, parse_keep_alive(keep_alive, param="keep_alive")
+
+
+async def serve_models(
+    sock: socket.socket,
+    engine_config,
+    models: dict[str, str],
+    *,
+    max_loaded: int,
+    max_memory: int | None,
+    keep_alive: float | None,
+    api_key: str | None,
+    cors_origins: list[str] | None,
+    max_waiting: int,
+    grace_period: float,
+    log_level: str,
+    parsers: tuple[str | None, str | None],
+    pooling: str,
+) -> None:
     import uvicorn
 
     from localchat.multimodel.pool import EnginePool
     from localchat.multimodel.router import ModelRouter
+    from localchat.server.access_log import access_log
     from localchat.server.app import build_app
     from localchat.server.state import ServerState
 
     def build(engine, name):
-        return build_app(ServerState(engine, name, api_key))
+        state = ServerState(
+            engine,
+            name,
+            api_key,
+            tool_call_parser=parsers[0],
+            reasoning_parser=parsers[1],
+            pooling=pooling,
+        )
+        state.metrics.model_name = name
+        return build_app(state, cors_origins), state
 
-    pool = EnginePool(names, engine_config, build, max_loaded=max_loaded)
+    pool = EnginePool(
+        models,
+        engine_config,
+        build,
+        max_loaded=max_loaded,
+        max_memory=max_memory,
+        keep_alive=keep_alive,
+        max_waiting=max_waiting,
+    )
+    for name in pool.names:
+        need = pool.need(name)
+        if max_memory is not None and need.total > max_memory:
+            logger.warning(
+                "%s needs about %s, more than --max-memory %s: its requests will be refused",
+                name,
+                format_bytes(need.total),
+                format_bytes(max_memory),
+            )
     config = uvicorn.Config(
-        ModelRouter(pool, api_key), host=host, port=port, log_config=None, lifespan="off"
+        access_log(ModelRouter(pool, api_key)),
+        log_config=None,
+        access_log=False,
+        log_level=log_level,
+        timeout_graceful_shutdown=grace_period,  # type: ignore[arg-type]  # a float works
+        lifespan="off",
     )
     server = uvicorn.Server(config)
-    logger.info("serving %s on http://%s:%d", ", ".join(names), host, port)
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    logger.info(
+        "serving %s (at most %d loaded%s, keep_alive %s) on http://%s:%d%s",
+        ", ".join(pool.names),
+        max_loaded,
+        "" if max_memory is None else f", {format_bytes(max_memory)}",
+        format_duration(keep_alive),
+        url_host,
+        port,
+        " (API key required)" if api_key else "",
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
+    pool.start()
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         await pool.close()
+        sock.close()
         logger.info("stopped")

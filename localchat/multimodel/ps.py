@@ -1,4 +1,5 @@
-"""`localchat ps`: which models a running server has loaded, and for how long each has been idle."""
+"""`localchat ps`: which models a running server has loaded, their memory, how long each has been
+idle and when it will be unloaded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import typer
 
 from localchat.cli_options import report_errors
 from localchat.errors import LocalchatError
+from localchat.multimodel.keep_alive import format_duration
+from localchat.utils import format_bytes
 
 
 @report_errors
@@ -17,7 +20,7 @@ def ps(
         str | None, typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", show_default=False)
     ] = None,
 ) -> None:
-    """Show the models a `localchat serve-models` (or `serve`) server has loaded."""
+    """Show a `localchat serve` server's models: memory, idle time, when each unloads."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -27,18 +30,28 @@ def ps(
         cards = response.json()["data"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise LocalchatError(f"no localchat server answered at {url}: {exc}") from None
-    rows = [("NAME", "LOADED", "CONTEXT", "IDLE")]
+    rows = [("NAME", "LOADED", "MEMORY", "CONTEXT", "IDLE", "UNTIL")]
     for card in cards:
         loaded = card.get("loaded", True)  # a single-model server has its one model loaded
-        idle = card.get("idle_seconds")
+        idle, memory = card.get("idle_seconds"), card.get("memory_bytes")
         rows.append(
             (
                 str(card.get("id")),
                 "yes" if loaded else "no",
+                "-" if memory is None else format_bytes(memory).replace(" ", ""),
                 str(card.get("max_model_len") or "-"),
-                "-" if idle is None else f"{idle:.0f} s",
+                "-" if idle is None else format_duration(idle),
+                _until(card) if loaded else "-",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _until(card: dict) -> str:
+    """When the model unloads: 'in 4m 50s', 'forever' (kept, or a single-model server), 'busy'."""
+    if card.get("busy"):
+        return "busy"
+    unloads = card.get("unloads_in_seconds")
+    return "forever" if unloads is None else f"in {format_duration(unloads)}"

@@ -1,15 +1,22 @@
-"""The ASGI front of a several-model server: `/v1/models` lists every configured model, and a
-POST to the generation endpoints goes to the single-model app of the engine its `model` names."""
+"""The ASGI front of a several-model server: `/v1/models` lists every configured model, `/metrics`
+reports every loaded one under its `model_name` label, and a POST to the generation endpoints goes
+to the single-model app of the engine its `model` names (its `keep_alive`, if any, is read here)."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from localchat.errors import LocalchatError
-from localchat.multimodel.pool import EnginePool
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from localchat.errors import InvalidParameterError, LocalchatError
+from localchat.multimodel.keep_alive import parse_keep_alive
+from localchat.multimodel.pool import UNSET, EnginePool
+from localchat.server.metrics import MultiModelMetrics
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -21,6 +28,28 @@ class ModelRouter:
     def __init__(self, pool: EnginePool, api_key: str | None = None):
         self.pool, self.api_key = pool, api_key
         self.created = int(time.time())
+        self.metrics = MultiModelMetrics(
+            lambda: [e.server.metrics for e in pool.loaded.values() if e.server is not None],
+            self._pool_families,
+        )
+
+    def _pool_families(self):
+        loaded = GaugeMetricFamily(
+            "localchat_models_loaded", "Engines loaded now.", value=len(self.pool.loaded)
+        )
+        evictions = CounterMetricFamily(
+            "localchat_model_unloads",
+            "Engines unloaded (evicted or past keep_alive).",
+            value=self.pool.evictions,
+        )
+        memory = GaugeMetricFamily(
+            "localchat_model_memory_bytes",
+            "Estimated memory of each loaded engine (weights and KV cache).",
+            labels=["model_name"],
+        )
+        for name, entry in self.pool.loaded.items():
+            memory.add_metric([name], entry.memory_bytes)
+        return [loaded, evictions, memory]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,16 +65,14 @@ class ModelRouter:
             return await _json(send, 200, card) if card else await _json(send, 404, missing)
         if method == "GET" and path == "/health":
             return await _json(send, 200, {"status": "ok"})
+        if method == "GET" and path == "/metrics":
+            return await _send(send, 200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
         if method != "POST" or path not in ROUTED:
             return await _json(send, 404, _error(f"no route {method} {path}", 404))
         body = await _read_body(receive)
         try:
-            requested = json.loads(body or b"{}").get("model")
-        except (ValueError, AttributeError):
-            return await _json(send, 400, _error("the body is not a JSON object", 400))
-        name = requested or self.pool.names[0]
-        try:
-            entry = await self.pool.acquire(name)
+            name, keep_alive = self._target(body)
+            entry = await self.pool.acquire(name, keep_alive)
         except LocalchatError as exc:
             status = exc.http_status
             return await _json(send, status, _error(exc.message, status, exc.param))
@@ -54,11 +81,23 @@ class ModelRouter:
         finally:
             await self.pool.release(entry)
 
+    def _target(self, body: bytes) -> tuple[str, Any]:
+        """The model a request names (the first served one when none) and its keep_alive."""
+        try:
+            request = json.loads(body or b"{}")
+            requested = request.get("model")
+        except (ValueError, AttributeError):
+            raise InvalidParameterError("the body is not a JSON object") from None
+        raw = request.get("keep_alive")
+        keep_alive = UNSET if raw is None else parse_keep_alive(raw)
+        return requested or self.pool.names[0], keep_alive
+
     def _authorized(self, scope: Scope) -> bool:
         if self.api_key is None:
             return True
         headers = dict(scope.get("headers") or [])
-        return headers.get(b"authorization", b"").decode() == f"Bearer {self.api_key}"
+        given = headers.get(b"authorization", b"")
+        return hmac.compare_digest(given, f"Bearer {self.api_key}".encode())
 
     def _cards(self) -> list[dict]:
         now = time.monotonic()
@@ -67,9 +106,15 @@ class ModelRouter:
             entry = self.pool.loaded.get(name)
             card = {"id": name, "object": "model", "created": self.created, "owned_by": "localchat"}
             card["loaded"] = entry is not None
+            keep = self.pool.keep_alive[name]
+            card["keep_alive_seconds"] = keep  # null: stays loaded
             if entry is not None:
                 card["max_model_len"] = entry.engine.model_info.max_model_len
                 card["idle_seconds"] = round(now - entry.last_used, 1) if not entry.active else 0
+                card["memory_bytes"] = entry.memory_bytes
+                unloads = self.pool.unloads_in(entry, now)
+                card["unloads_in_seconds"] = None if unloads is None else round(unloads, 1)
+                card["busy"] = entry.active > 0
             cards.append(card)
         return cards
 
@@ -105,7 +150,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _json(send: Send, status: int, payload: dict) -> None:
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await _send(send, status, json.dumps(payload).encode(), b"application/json")
+
+
+async def _send(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -11,7 +11,8 @@ import asyncio
 import logging
 import signal
 import socket
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -22,6 +23,7 @@ from localchat.server.tool_parsers import tool_parser_for
 
 logger = logging.getLogger("localchat.server")
 _PANEL = "Server options"
+_MODELS = "Several models"
 
 
 @engine_options
@@ -105,6 +107,37 @@ def serve(
         str,
         option(_PANEL, "--pooling", help="/v1/embeddings pooling: last (token) or mean"),
     ] = "last",
+    models: Annotated[
+        str | None,
+        option(
+            _MODELS,
+            "--models",
+            help="Serve several models (comma-separated names or paths); the request's model picks",
+        ),
+    ] = None,
+    models_dir: Annotated[
+        Path | None,
+        option(_MODELS, "--models-dir", help="Serve every .gguf file and model directory in DIR"),
+    ] = None,
+    max_loaded_models: Annotated[
+        int, option(_MODELS, "--max-loaded-models", help="Most models loaded at once")
+    ] = 1,
+    max_memory: Annotated[
+        str | None,
+        option(
+            _MODELS,
+            "--max-memory",
+            help="Memory budget of the loaded models (weights + KV cache), e.g. 8GiB",
+        ),
+    ] = None,
+    keep_alive: Annotated[
+        str,
+        option(
+            _MODELS,
+            "--keep-alive",
+            help="How long an idle model stays loaded (5m, 1h, 0: unload at once, -1: forever)",
+        ),
+    ] = "5m",
     engine_config=None,
 ) -> None:
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
@@ -131,22 +164,45 @@ def serve(
         raise InvalidParameterError(
             f"--pooling must be one of {', '.join(POOLING)}, got {pooling!r}", param="pooling"
         )
+    if models is not None or models_dir is not None:
+        if model is not None:
+            raise InvalidParameterError("give MODEL or --models/--models-dir, not both")
+        from localchat.multimodel import command as multi
+
+        served = multi.models_to_serve(models, models_dir)
+        budget, keep = multi.check_limits(max_loaded_models, max_memory, keep_alive)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     sock = _bind(host, port)
+    options: dict[str, Any] = {
+        "api_key": api_key or None,
+        "cors_origins": cors_origin or None,
+        "max_waiting": max_waiting,
+        "grace_period": grace_period,
+        "log_level": log_level.lower(),
+        "parsers": (tool_call_parser, reasoning_parser),
+        "pooling": pooling,
+    }
+    if models is not None or models_dir is not None:
+        asyncio.run(
+            multi.serve_models(
+                sock,
+                engine_config,
+                served,
+                max_loaded=max_loaded_models,
+                max_memory=budget,
+                keep_alive=keep,
+                **options,
+            )
+        )
+        return
     asyncio.run(
         _serve(
             sock,
             engine_config,
             served_model_name=served_model_name,
-            api_key=api_key or None,
-            cors_origins=cors_origin or None,
-            max_waiting=max_waiting,
-            grace_period=grace_period,
-            log_level=log_level.lower(),
-            parsers=(tool_call_parser, reasoning_parser),
-            pooling=pooling,
+            **options,
             data_parallel_size=data_parallel_size,
         )
     )

@@ -9,7 +9,9 @@ collector: no lock is taken per token.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,6 +19,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
 
 TTFT_BUCKETS = (
@@ -105,21 +108,23 @@ class Histogram:
         self.counts[bisect_left(self.buckets, value)] += 1
         self.sum += value
 
-    def family(self) -> HistogramMetricFamily:
+    def family(self, labels: dict[str, str] | None = None) -> HistogramMetricFamily:
         cumulative, running = [], 0
         for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
             running += count
             cumulative.append((bound, running))
-        return HistogramMetricFamily(
-            self.name, self.documentation, buckets=cumulative, sum_value=self.sum
-        )
+        labels = labels or {}
+        family = HistogramMetricFamily(self.name, self.documentation, labels=list(labels))
+        family.add_metric(list(labels.values()), cumulative, sum_value=self.sum)
+        return family
 
 
 class ServerMetrics:
-    """Everything /metrics reports, over one engine."""
+    """Everything /metrics reports, over one engine; with `model_name` set (a several-model
+    server), every sample carries a `model_name` label."""
 
-    def __init__(self, engine: AsyncEngine):
-        self.engine = engine
+    def __init__(self, engine: AsyncEngine, model_name: str | None = None):
+        self.engine, self.model_name = engine, model_name
         self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
         self.ttft = Histogram(
             "localchat_time_to_first_token_seconds", "Time to the first output token.", TTFT_BUCKETS
@@ -142,6 +147,8 @@ class ServerMetrics:
         self.request_success[reason] = self.request_success.get(reason, 0) + 1
 
     def collect(self):
+        labels = {"model_name": self.model_name} if self.model_name else {}
+        _gauge, _counter = (functools.partial(f, labels=labels) for f in (_gauge_of, _counter_of))
         stats = self.engine.stats()
         if stats is not None:
             yield _gauge(
@@ -185,13 +192,13 @@ class ServerMetrics:
         success = CounterMetricFamily(
             "localchat_request_success",
             "Finished requests by finish reason.",
-            labels=["finished_reason"],
+            labels=["finished_reason", *labels],
         )
         for reason, count in self.request_success.items():
-            success.add_metric([reason], count)
+            success.add_metric([reason, *labels.values()], count)
         yield success
         for histogram in (self.ttft, self.itl, self.e2e):
-            yield histogram.family()
+            yield histogram.family(labels)
         replica_metrics = getattr(self.engine, "replica_metrics", None)
         if replica_metrics is not None:  # --data-parallel-size: per-replica series
             yield from replica_metrics()
@@ -200,9 +207,40 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)
+class MultiModelMetrics:
+    """/metrics of a several-model server: the ServerMetrics of every loaded model (each labelled
+    with its model_name) merged into one family per metric, and the pool's own families."""
+
+    def __init__(
+        self,
+        sources: Callable[[], Iterable[ServerMetrics]],
+        extra: Callable[[], Iterable[Metric]] = list,
+    ):
+        self.sources, self.extra = sources, extra
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for metrics in self.sources():
+            for family in metrics.collect():
+                merged = families.setdefault(family.name, family)
+                if merged is not family:
+                    merged.samples.extend(family.samples)
+        yield from families.values()
+        yield from self.extra()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
-def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, documentation, value=value)
+def _gauge_of(name: str, documentation: str, value: float, labels: dict) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _counter_of(name: str, documentation: str, value: float, labels: dict) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family

@@ -1,5 +1,6 @@
-"""`localchat serve-models`: two models behind one server, picked by the request's `model`, loaded
-on first use and evicted least-recently-used under --max-loaded-models 1."""
+"""`localchat serve --models` / `--models-dir`: several models behind one server, picked by the
+request's `model`, loaded on first use, evicted least-recently-used under --max-loaded-models and
+--max-memory, unloaded after their keep_alive; real server processes and the openai client."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +21,7 @@ from tests.models.conftest import ST_NAME, ST_REPO
 from tests.models.test_registry import _hand_made_cache
 
 DEFAULT = "smollm2-135m-instruct:q4_1"
+SMALL = ["--kv-cache-memory", "32MiB", "--max-model-len", "256", "--threads", "1"]
 
 
 def _free_port() -> int:
@@ -32,75 +36,225 @@ def _rss_mib(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
-@pytest.fixture
-def server(hub_cache, tiny_llama_files, tmp_path):
-    _hand_made_cache(hub_cache, ST_REPO, tiny_llama_files)
+@contextmanager
+def _serve(log_path: Path, *args: str):
+    """`localchat serve ARGS` on a free port until /health answers; SIGTERM afterwards."""
     port = _free_port()
-    command = [sys.executable, "-m", "localchat", "serve-models", f"{DEFAULT},{ST_NAME}"]
-    command += ["--max-loaded-models", "1", "--port", str(port), "--kv-cache-memory", "32MiB"]
-    command += ["--max-model-len", "256", "--threads", "1"]
-    log = (tmp_path / "serve.log").open("w")  # open while the server runs
+    command = [sys.executable, "-m", "localchat", "serve", "--port", str(port), *args, *SMALL]
+    log = log_path.open("w")  # open while the server runs
     process = subprocess.Popen(command, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None, (tmp_path / "serve.log").read_text()
-        assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-        time.sleep(0.2)
-    yield url, process
-    process.send_signal(signal.SIGTERM)
     try:
-        process.wait(60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        yield url, process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
 
 
-def test_two_models_one_server(server, cli):
-    url, process = server
+def _cards(url: str) -> dict[str, dict]:
+    return {card["id"]: card for card in httpx.get(f"{url}/v1/models").json()["data"]}
+
+
+async def _wait_unloaded(url: str, name: str, timeout: float = 10.0) -> float:
+    start = time.monotonic()
+    while _cards(url)[name]["loaded"]:
+        assert time.monotonic() - start < timeout, f"{name} still loaded after {timeout} s"
+        await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+def _client(url: str):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+async def _ask(client, model: str, **extra) -> str:
+    reply = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=6,
+        temperature=0,
+        extra_body=extra or None,
+    )
+    assert reply.model == model
+    return reply.choices[0].message.content or ""
+
+
+@pytest.fixture
+def two_models(hub_cache, tiny_llama_files, tmp_path):
+    """The default GGUF and a tiny safetensors llama, at most one loaded."""
+    _hand_made_cache(hub_cache, ST_REPO, tiny_llama_files)
+    with _serve(
+        tmp_path / "serve.log", "--models", f"{DEFAULT},{ST_NAME}", "--max-loaded-models", "1"
+    ) as server:
+        yield server
+
+
+def test_two_models_one_server(two_models, cli):
+    url, process = two_models
     models = httpx.get(f"{url}/v1/models").json()["data"]
     assert [m["id"] for m in models] == [DEFAULT, ST_NAME]
     assert not any(m["loaded"] for m in models)
+    assert httpx.get(f"{url}/v1/models/{ST_NAME}").json()["id"] == ST_NAME
+    assert httpx.get(f"{url}/v1/models/nope").status_code == 404
     rss = asyncio.run(_scenario(url, process.pid))
     # eviction gives the memory back: after a swap out and back, a model's RSS is within 10% of
     # what it was (an engine left behind would add its weights and KV pool, over 10%); the first
     # load is not the baseline, as the allocator keeps some of the heap it grew
     assert rss[4] <= rss[2] * 1.10 and rss[5] <= rss[3] * 1.10, rss
-    loaded = [m for m in httpx.get(f"{url}/v1/models").json()["data"] if m["loaded"]]
-    assert [m["id"] for m in loaded] == [ST_NAME]
+    cards = _cards(url)
+    assert [n for n, c in cards.items() if c["loaded"]] == [ST_NAME]
+    assert cards[ST_NAME]["memory_bytes"] > 32 * 2**20  # its weights and the 32 MiB KV pool
+    assert cards[ST_NAME]["keep_alive_seconds"] == 300  # the default, 5m
+    assert 0 < cards[ST_NAME]["unloads_in_seconds"] <= 300
+
+    metrics = httpx.get(f"{url}/metrics").text
+    assert f'localchat_generation_tokens_total{{model_name="{ST_NAME}"}}' in metrics
+    success = [x for x in metrics.splitlines() if x.startswith("localchat_request_success_total")]
+    assert success and all(f'model_name="{ST_NAME}"' in x for x in success)
+    assert "localchat_models_loaded 1.0" in metrics
+    assert f'localchat_model_memory_bytes{{model_name="{ST_NAME}"}}' in metrics
+
     table = [line.split() for line in cli("ps", "--url", url).stdout.splitlines()]
-    assert table[0] == ["NAME", "LOADED", "CONTEXT", "IDLE"]
-    assert table[1][:2] == [DEFAULT, "no"] and table[2][:3] == [ST_NAME, "yes", "256"]
+    assert table[0] == ["NAME", "LOADED", "MEMORY", "CONTEXT", "IDLE", "UNTIL"]
+    assert table[1] == [DEFAULT, "no", "-", "-", "-", "-"]
+    assert table[2][:2] == [ST_NAME, "yes"] and table[2][2].endswith("MiB")
+    assert table[2][3] == "256" and "in" in table[2][5:]  # UNTIL: in 4m 58s
     down = cli("ps", "--url", "http://127.0.0.1:9")
     assert down.exit_code == 2 and "no localchat server answered" in down.stderr
 
 
 async def _scenario(url: str, pid: int) -> list[float]:
-    from openai import AsyncOpenAI, NotFoundError
+    from openai import BadRequestError, NotFoundError
 
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
-
-    async def ask(model: str) -> str:
-        reply = await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0
-        )
-        assert reply.model == model
-        return reply.choices[0].message.content or ""
-
-    # interleaved: every request succeeds, the engines swapped as needed
-    replies = await asyncio.gather(*(ask(m) for m in [DEFAULT, ST_NAME] * 3))
+    client = _client(url)
+    # interleaved and concurrent: every request succeeds, the engines swapped as needed
+    replies = await asyncio.gather(*(_ask(client, m) for m in [DEFAULT, ST_NAME] * 3))
     # (not compared with each other: a batch's greedy text may differ from a lone request's)
     assert len(replies) == 6 and all(replies)
     with pytest.raises(NotFoundError, match="does not exist"):
-        await ask("no-such-model")
+        await _ask(client, "no-such-model")
+    with pytest.raises(BadRequestError) as bad:
+        await _ask(client, ST_NAME, keep_alive="soon")
+    assert bad.value.body["param"] == "keep_alive" and "not a duration" in bad.value.message
     rss = []
     for model in [DEFAULT, ST_NAME] * 3:
-        await ask(model)
+        await _ask(client, model)
         rss.append(_rss_mib(pid))
     await client.close()
     return rss
+
+
+@pytest.fixture
+def models_dir(default_gguf, tiny_llama_files, tmp_path) -> Path:
+    """DIR with the default GGUF (as smol.gguf) and the tiny llama twice (tiny-a, tiny-b)."""
+    directory = tmp_path / "models"
+    directory.mkdir()
+    (directory / "smol.gguf").symlink_to(default_gguf)
+    for name in ("tiny-a", "tiny-b"):
+        (directory / name).mkdir()
+        for file, data in tiny_llama_files.items():
+            (directory / name / file).write_bytes(data)
+    (directory / "notes.txt").write_text("not a model")
+    return directory
+
+
+def test_models_dir_memory_budget_and_keep_alive(models_dir, tmp_path):
+    from localchat.config import EngineConfig
+    from localchat.multimodel.pool import EnginePool
+
+    estimate = EnginePool(
+        {"tiny-a": str(models_dir / "tiny-a"), "smol": str(models_dir / "smol.gguf")},
+        EngineConfig(kv_cache_memory="32MiB"),
+        lambda *_: None,
+    )
+    tiny, smol = estimate.need("tiny-a").total, estimate.need("smol").total
+    assert tiny < smol
+    budget = tiny * 3 // 2  # one tiny llama fits, two do not, the GGUF alone does not
+    args = ["--models-dir", str(models_dir), "--max-loaded-models", "3", "--keep-alive", "-1"]
+    with _serve(tmp_path / "serve.log", *args, "--max-memory", str(budget)) as (url, _):
+        assert list(_cards(url)) == ["smol", "tiny-a", "tiny-b"]
+        asyncio.run(_budget_scenario(url))
+        log = (tmp_path / "serve.log").read_text()
+    assert "smol needs about" in log  # warned at startup
+
+
+async def _budget_scenario(url: str) -> None:
+    from openai import BadRequestError
+
+    client = _client(url)
+    with pytest.raises(BadRequestError, match="more than the server's --max-memory") as big:
+        await _ask(client, "smol")
+    assert big.value.body["param"] == "model"
+    await _ask(client, "tiny-a")
+    # the budget holds one: tiny-b's load evicts tiny-a, though --max-loaded-models allows 3
+    await asyncio.gather(_ask(client, "tiny-b"), _ask(client, "tiny-b"))
+    cards = _cards(url)
+    assert not cards["tiny-a"]["loaded"] and cards["tiny-b"]["loaded"]
+    assert cards["tiny-b"]["unloads_in_seconds"] is None  # --keep-alive -1: forever
+    # a request's keep_alive becomes its model's: 0 unloads it once the reply is sent
+    await _ask(client, "tiny-b", keep_alive=0)
+    await _wait_unloaded(url, "tiny-b", timeout=5)
+    # "1s": unloaded by the background task about a second after the last request
+    await _ask(client, "tiny-a", keep_alive="1s")
+    assert _cards(url)["tiny-a"]["keep_alive_seconds"] == 1
+    waited = await _wait_unloaded(url, "tiny-a", timeout=10)
+    assert waited < 5
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-memory", "lots"], "max_memory='lots' is not a size"),
+        (["--max-memory", "0"], "max_memory must be positive"),
+        (["--keep-alive", "soon"], "keep_alive='soon' is not a duration"),
+        (["--max-loaded-models", "0"], "--max-loaded-models must be >= 1"),
+        (["--models-dir", "/no/such/dir"], "not a directory"),
+        (["--models", "no-such-model"], "not found"),
+    ],
+)
+def test_bad_flags_are_clear_errors(cli, default_gguf, flags, message):
+    args = ["serve", *(["--models", DEFAULT] if "--models" not in flags else []), *flags]
+    result = cli(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_model_and_models_are_exclusive(cli, default_gguf):
+    result = cli("serve", "x", "--models", DEFAULT)
+    assert result.exit_code == 2 and "not both" in result.stderr
+
+
+def test_keep_alive_values():
+    from localchat.errors import InvalidParameterError
+    from localchat.multimodel.keep_alive import format_duration, parse_keep_alive
+
+    assert parse_keep_alive("5m") == 300 and parse_keep_alive("1h30m") == 5400
+    assert parse_keep_alive(0) == 0 and parse_keep_alive("0") == 0
+    assert parse_keep_alive("500ms") == 0.5 and parse_keep_alive(12.5) == 12.5
+    assert parse_keep_alive(-1) is None and parse_keep_alive("-1m") is None
+    for bad in ("", "5 minutes", "m", "5x", True, [], "nan", float("inf")):
+        with pytest.raises(InvalidParameterError, match="not a duration"):
+            parse_keep_alive(bad)
+    assert [format_duration(s) for s in (None, 45, 250, 7500)] == [
+        "forever",
+        "45s",
+        "4m 10s",
+        "2h 5m",
+    ]
