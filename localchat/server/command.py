@@ -131,13 +131,13 @@ def serve(
         ),
     ] = None,
     keep_alive: Annotated[
-        str,
+        str | None,
         option(
             _MODELS,
             "--keep-alive",
-            help="How long an idle model stays loaded (5m, 1h, 0: unload at once, -1: forever)",
+            help="How long an idle model stays loaded (default 5m; 0: unload at once, -1: forever)",
         ),
-    ] = "5m",
+    ] = None,
     engine_config=None,
 ) -> None:
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
@@ -170,7 +170,11 @@ def serve(
         from localchat.multimodel import command as multi
 
         served = multi.models_to_serve(models, models_dir)
-        budget, keep = multi.check_limits(max_loaded_models, max_memory, keep_alive)
+        budget, keep = multi.check_limits(max_loaded_models, max_memory, keep_alive or "5m")
+    elif max_memory is not None or keep_alive is not None or max_loaded_models != 1:
+        raise InvalidParameterError(
+            "--max-loaded-models, --max-memory and --keep-alive go with --models or --models-dir"
+        )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -113,6 +113,7 @@ def test_two_models_one_server(two_models, cli):
     assert httpx.get(f"{url}/v1/models/{ST_NAME}").json()["id"] == ST_NAME
     assert httpx.get(f"{url}/v1/models/nope").status_code == 404
     rss = asyncio.run(_scenario(url, process.pid))
+    print(f"RSS (MiB) after each of {DEFAULT}, {ST_NAME} x3, one loaded at a time: {rss}")
     # eviction gives the memory back: after a swap out and back, a model's RSS is within 10% of
     # what it was (an engine left behind would add its weights and KV pool, over 10%); the first
     # load is not the baseline, as the allocator keeps some of the heap it grew
@@ -209,11 +210,12 @@ async def _budget_scenario(url: str) -> None:
     assert cards["tiny-b"]["unloads_in_seconds"] is None  # --keep-alive -1: forever
     # a request's keep_alive becomes its model's: 0 unloads it once the reply is sent
     await _ask(client, "tiny-b", keep_alive=0)
-    await _wait_unloaded(url, "tiny-b", timeout=5)
+    print(f"keep_alive=0: unloaded {await _wait_unloaded(url, 'tiny-b', timeout=5):.2f} s after")
     # "1s": unloaded by the background task about a second after the last request
     await _ask(client, "tiny-a", keep_alive="1s")
     assert _cards(url)["tiny-a"]["keep_alive_seconds"] == 1
     waited = await _wait_unloaded(url, "tiny-a", timeout=10)
+    print(f"keep_alive=1s: unloaded {waited:.2f} s after the reply")
     assert waited < 5
     await client.close()
 
@@ -239,6 +241,8 @@ def test_bad_flags_are_clear_errors(cli, default_gguf, flags, message):
 def test_model_and_models_are_exclusive(cli, default_gguf):
     result = cli("serve", "x", "--models", DEFAULT)
     assert result.exit_code == 2 and "not both" in result.stderr
+    alone = cli("serve", "--keep-alive", "1m")  # a single-model server keeps its model loaded
+    assert alone.exit_code == 2 and "go with --models or --models-dir" in alone.stderr
 
 
 def test_keep_alive_values():
