@@ -60,18 +60,15 @@ def _skip_space(text: str, position: int, also: str = "") -> int:
     return position
 
 
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)  # one whole JSON string literal
+_STRUCTURE = re.compile(r'[{}\[\]"]')  # what nests, or starts a string
+
+
 def _string_end(text: str, position: int) -> int | None:
-    """End of the JSON string starting at `text[position] == '"'`; None when it is not closed."""
-    position += 1
-    while position < len(text):
-        char = text[position]
-        if char == "\\":
-            position += 2
-        elif char == '"':
-            return position + 1
-        else:
-            position += 1
-    return None
+    """End of the JSON string starting at `text[position] == '"'`; None when it is not closed.
+    (The scans find their way with regexes: a long argument is read again on every token.)"""
+    match = _STRING.match(text, position)
+    return match.end() if match is not None else None
 
 
 def _value_end(text: str, position: int) -> int | None:
@@ -84,22 +81,28 @@ def _value_end(text: str, position: int) -> int | None:
         assert match is not None
         return match.end() if match.end() < len(text) else None
     depth = 0
-    while position < len(text):
-        char = text[position]
+    while (found := _STRUCTURE.search(text, position)) is not None:
+        char = found.group()
         if char == '"':
-            end = _string_end(text, position)
+            end = _string_end(text, found.start())
             if end is None:
                 return None
             position = end
             continue
-        if char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return position + 1
-        position += 1
+        depth += 1 if char in "{[" else -1
+        position = found.end()
+        if depth == 0:
+            return position
     return None
+
+
+def _json_string(text: str) -> str | None:
+    """The value of a JSON string literal; None when it does not decode (a bad escape)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
 
 
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -125,7 +128,7 @@ def _scan_call(text: str, start: int) -> tuple[CallProgress, int | None]:
         key_end = _string_end(text, position)
         if key_end is None:
             return call, None
-        key = json.loads(text[position:key_end])
+        key = _json_string(text[position:key_end])
         position = _skip_space(text, key_end)
         if position >= len(text) or text[position] != ":":
             return call, None
@@ -134,8 +137,7 @@ def _scan_call(text: str, start: int) -> tuple[CallProgress, int | None]:
             return call, None
         end = _value_end(text, position)
         if key == "name" and end is not None:
-            name = json.loads(text[position:end]) if text[position] == '"' else None
-            call.name = name if isinstance(name, str) else None
+            call.name = _json_string(text[position:end]) if text[position] == '"' else None
         elif key in _ARGUMENT_KEYS and not call.arguments_done and not call.arguments:
             _read_arguments(call, text[position:end] if end is not None else text[position:], end)
         if end is None:

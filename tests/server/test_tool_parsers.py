@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import llguidance
 import pytest
@@ -141,3 +142,20 @@ def test_deepseek_r1_starts_thinking_and_drops_a_written_tag():
         assert (thinking + held[0], answer + held[1]) == ("I think.", "Done.")
     # the TUI's use: a splitter opened by the prompt
     assert ThinkSplitter(in_thinking=True).feed("abc</think>x") == ("abc", "x")
+
+
+def test_long_arguments_and_bad_escapes_stream():
+    code = "x = 1\\n" * 2000  # a file an agent writes through a call, 14,000 characters
+    text = f'<tool_call>\n{{"name": "write", "arguments": {{"code": "{code}"}}}}\n</tool_call>'
+    reply = ReplyParser(None, HermesParser())
+    started = time.perf_counter()
+    pieces = [reply.feed(text[i : i + 4]) for i in range(0, len(text), 4)]  # ~4 chars a token
+    pieces.append(reply.feed("", final=True))
+    assert time.perf_counter() - started < 2.0
+    arguments = "".join(d.arguments for p in pieces for d in p.calls)
+    assert json.loads(arguments) == {"code": code.replace("\\n", "\n")}
+    # a key or name that is not a valid JSON string is no call, not an error
+    for bad in ('{"na\\q": "f", "arguments": {}}', '{"name": "f\\q", "arguments": {}}'):
+        reply = ReplyParser(None, HermesParser())
+        piece = reply.feed(f"<tool_call>{bad}</tool_call>", final=True)
+        assert piece.calls == [] and "<tool_call>" in piece.content
