@@ -4,6 +4,7 @@ of its positions, set by the ModelRunner around each forward pass."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -18,19 +19,21 @@ class ForwardContext:
     sin: torch.Tensor
 
 
-_context: ForwardContext | None = None
+# a context variable, not a global: each engine steps in a thread of its own, and a server with
+# several models loaded runs their forward passes at the same time
+_context: ContextVar[ForwardContext | None] = ContextVar("forward_context", default=None)
 
 
 def get_forward_context() -> ForwardContext:
-    assert _context is not None, "layers ran outside ModelRunner.run (no forward context set)"
-    return _context
+    context = _context.get()
+    assert context is not None, "layers ran outside ModelRunner.run (no forward context set)"
+    return context
 
 
 @contextmanager
 def forward_context(context: ForwardContext):
-    global _context
-    previous, _context = _context, context
+    token = _context.set(context)
     try:
         yield context
     finally:
-        _context = previous
+        _context.reset(token)

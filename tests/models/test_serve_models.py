@@ -220,6 +220,29 @@ async def _budget_scenario(url: str) -> None:
     await client.close()
 
 
+def test_loaded_models_answer_while_another_loads(models_dir, tmp_path):
+    args = ["--models-dir", str(models_dir), "--max-loaded-models", "2"]
+    with _serve(tmp_path / "serve.log", *args) as (url, _):
+        asyncio.run(_while_loading(url))
+
+
+async def _while_loading(url: str) -> None:
+    client = _client(url)
+    await _ask(client, "tiny-a")  # loaded
+    loading = asyncio.ensure_future(_ask(client, "smol"))  # loads in its engine's own thread
+    started, answered = time.monotonic(), []
+    while not loading.done():
+        await _ask(client, "tiny-a")
+        if not loading.done():
+            answered.append(time.monotonic() - started)
+    took = time.monotonic() - started
+    await loading
+    print(f"smol loaded and answered in {took:.2f} s; tiny-a answered {len(answered)} meanwhile")
+    assert len(answered) >= 3 and answered[0] < took / 2, (answered, took)
+    assert all(card["loaded"] for name, card in _cards(url).items() if name != "tiny-b")
+    await client.close()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
