@@ -43,14 +43,13 @@ class ToolCall:
 
 @dataclass
 class CallProgress:
-    """One call as far as the reply has written it: its name once complete, the arguments' JSON
-    text so far (`arguments_done` once the value is complete), and whether the call's object has
-    ended."""
+    """One call as far as the reply has written it: its name once complete, and the arguments' JSON
+    text so far (`arguments_done` once the value is complete)."""
 
     name: str | None = None
     arguments: str = ""
     arguments_done: bool = False
-    closed: bool = False
+    given: bool = False  # the object has an arguments member (valid or not)
     streamable: bool = True  # False when the arguments are a JSON string (sent once complete)
 
 
@@ -119,8 +118,7 @@ def _scan_call(text: str, start: int) -> tuple[CallProgress, int | None]:
         if position >= len(text):
             return call, None
         if text[position] == "}":
-            call.closed = True
-            if not call.arguments:  # a call without arguments takes none
+            if not call.given:  # a call without arguments takes none
                 call.arguments, call.arguments_done = "{}", True
             return call, position + 1
         if text[position] != '"':
@@ -138,7 +136,8 @@ def _scan_call(text: str, start: int) -> tuple[CallProgress, int | None]:
         end = _value_end(text, position)
         if key == "name" and end is not None:
             call.name = _json_string(text[position:end]) if text[position] == '"' else None
-        elif key in _ARGUMENT_KEYS and not call.arguments_done and not call.arguments:
+        elif key in _ARGUMENT_KEYS and not call.given:
+            call.given = True
             _read_arguments(call, text[position:end] if end is not None else text[position:], end)
         if end is None:
             return call, None

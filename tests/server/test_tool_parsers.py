@@ -81,7 +81,11 @@ def test_stream_holds_a_call_until_its_name_and_keeps_raw_arguments():
     text = '<tool_call>{"name": "g", "arguments": "{\\"x\\": 1}"}</tool_call>'
     deltas = [d for c in text for d in reply.feed(c).calls] + reply.feed("", final=True).calls
     assert [d.arguments for d in deltas] == ["", '{"x": 1}']
-    # a call cut off before its arguments end is not a call, in a whole reply
+    # arguments that are not JSON text, or cut off by the end of a whole reply: not a call
+    assert parser.extract('<tool_call>{"name": "g", "arguments": "{x"}</tool_call>')[1] == []
+    assert [c.arguments for c in parser.extract('<tool_call>{"name": "g"}</tool_call>')[1]] == [
+        "{}"
+    ]
     assert parser.extract('<tool_call>{"name": "g", "arguments": {"x"')[1] == []
 
 
