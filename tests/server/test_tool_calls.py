@@ -211,3 +211,30 @@ def test_strict_tool_schema(openai_client, http):
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == "tools" and "tools[0].function.parameters" in error["message"]
+
+
+def test_pydantic_tool_with_a_nested_model(openai_client):
+    """openai.pydantic_function_tool: a strict schema whose nested model is a $ref into $defs;
+    parse() gives the call's arguments back as the model."""
+    import openai
+    from pydantic import BaseModel, Field
+
+    class Place(BaseModel):
+        city: str = Field(max_length=16)
+
+    class Trip(BaseModel):
+        start: Place
+        end: Place
+
+    tool = openai.pydantic_function_tool(Trip)
+    assert "$defs" in tool["function"]["parameters"]
+    reply = openai_client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Plan a trip from Paris to Rome."}],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "Trip"}},
+        max_tokens=80,
+        temperature=0,
+    )
+    call = reply.choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, Trip)
