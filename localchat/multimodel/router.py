@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from localchat import __version__
 from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.multimodel.keep_alive import parse_keep_alive
 from localchat.multimodel.pool import UNSET, EnginePool
@@ -65,6 +66,8 @@ class ModelRouter:
             return await _json(send, 200, card) if card else await _json(send, 404, missing)
         if method == "GET" and path == "/health":
             return await _json(send, 200, {"status": "ok"})
+        if method == "GET" and path == "/version":
+            return await _json(send, 200, {"version": __version__})
         if method == "GET" and path == "/metrics":
             return await _send(send, 200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
         if method != "POST" or path not in ROUTED:

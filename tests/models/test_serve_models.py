@@ -240,6 +240,10 @@ async def _while_loading(url: str) -> None:
     print(f"smol loaded and answered in {took:.2f} s; tiny-a answered {len(answered)} meanwhile")
     assert len(answered) >= 3 and answered[0] < took / 2, (answered, took)
     assert all(card["loaded"] for name, card in _cards(url).items() if name != "tiny-b")
+    # both loaded, hit at once: two engines step at the same time in one process
+    replies = await asyncio.gather(*(_ask(client, m) for m in ["smol", "tiny-a"] * 4))
+    assert len(replies) == 8 and all(replies[::2])  # (the random tiny llama may say nothing)
+    assert httpx.get(f"{url}/version").json()["version"]
     await client.close()
 
 
