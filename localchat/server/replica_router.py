@@ -7,7 +7,7 @@ block manager and vLLM's router do. The router remembers which replicas it sent 
 leading blocks, so a conversation's next turn finds its history in that replica's cache. With no
 block matched, or when the matching replica has too many more requests in flight than the least
 loaded one (both thresholds exceeded, as in SGLang's cache-aware router), the least loaded replica
-takes it.
+takes it. Replicas with equal loads take turns, so light traffic fills every replica's cache.
 
 The table is the router's own view: a replica may have evicted a block since, which costs a
 prefill there, never a wrong answer.
@@ -15,6 +15,7 @@ prefill there, never a wrong answer.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -35,6 +36,7 @@ class PrefixRouter:
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
         self.table: OrderedDict[int, int] = OrderedDict()  # block hash -> bit mask of replicas
+        self._turns = itertools.count()  # equal loads: the replicas take turns
 
     def block_hashes(self, tokens: Sequence[int]) -> list[int]:
         """One hash per full block, each covering every token before it too."""
@@ -63,10 +65,12 @@ class PrefixRouter:
         if not usable:
             raise ValueError("no replica can take a request")
 
+        turn = next(self._turns) % len(loads)
+
         def load_of(index: int) -> tuple[int, int]:
             load = loads[index]
             assert load is not None
-            return load, index
+            return load, (index - turn) % len(loads)
 
         least = min(usable, key=load_of)
         mask = sum(1 << i for i in usable)

@@ -19,7 +19,7 @@ def test_block_hashes_cover_full_blocks_and_chain_over_the_prefix():
 def test_no_match_goes_to_the_least_loaded_replica():
     router = PrefixRouter()
     assert router.choose(router.block_hashes(SYSTEM), [3, 1, 2]) == (1, False)
-    assert router.choose([], [0, 0]) == (0, False)
+    assert [router.choose([], [0, 0, 0])[0] for _ in range(4)] == [1, 2, 0, 1]  # turns
 
 
 def test_the_longest_cached_prefix_wins_over_a_shared_one():
