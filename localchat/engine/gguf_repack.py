@@ -65,14 +65,14 @@ def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scales.to(torch.float32), mins.to(torch.float32)
 
 
-def _k_group_params(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-32 float16 scales and mins [rows, groups] of Q4_K/Q5_K blocks [rows, blocks, bytes]."""
-    d = _f16(blocks[..., 0:2]).to(torch.float32).unsqueeze(-1)
-    dmin = _f16(blocks[..., 2:4]).to(torch.float32).unsqueeze(-1)
+def _k_group_params(
+    blocks: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K blocks [rows, blocks, bytes] -> the 6-bit sub-scales and sub-mins as uint8
+    [rows, groups], and (d, dmin) per block as float16 [rows, 2 * blocks]."""
     sc, mn = _k_scales(blocks[..., 4:16])
-    return (d * sc).reshape(rows, -1).to(torch.float16), (-dmin * mn).reshape(rows, -1).to(
-        torch.float16
-    )
+    supers = blocks[..., 0:4].contiguous().view(torch.float16).reshape(rows, -1)
+    return sc.to(torch.uint8).reshape(rows, -1), mn.to(torch.uint8).reshape(rows, -1), supers
 
 
 def _k_low_codes(qs: torch.Tensor, rows: int) -> torch.Tensor:
@@ -117,10 +117,11 @@ def repack(
         "u4" if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else "u8",
         parts[0],
         parts[1],
-        parts[2] if len(parts) == 3 else None,
+        parts[2] if len(parts) >= 3 else None,
         16 if qtype == T.Q6_K else 32,
         zero_point=_SYMMETRIC_ZERO.get(qtype, 0),
         source_type=qtype.name,
+        super_scales=parts[3] if len(parts) == 4 else None,
     )
 
 
@@ -167,19 +168,18 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
         )
     if qtype == T.Q4_K:
         b = raw.reshape(rows, -1, 144)
-        scales, mins = _k_group_params(b, rows)
-        return PackedWeight(
-            "u4", pack_u4(_k_low_codes(b[..., 16:], rows)), scales, mins, 32, source_type="Q4_K"
-        )
+        scales, mins, supers = _k_group_params(b, rows)
+        codes = pack_u4(_k_low_codes(b[..., 16:], rows))
+        return PackedWeight("u4", codes, scales, mins, 32, source_type="Q4_K", super_scales=supers)
     if qtype == T.Q5_K:
         b = raw.reshape(rows, -1, 176)
-        scales, mins = _k_group_params(b, rows)
+        scales, mins, supers = _k_group_params(b, rows)
         qh = b[..., 16:48].reshape(rows, -1, 1, 32)
         high = (
             qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
         ) & 1  # bit s of qh[i]: sub-block s
         codes = _k_low_codes(b[..., 48:], rows) | (high.reshape(rows, -1) << 4)
-        return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K")
+        return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K", super_scales=supers)
     if qtype == T.Q6_K:
         b = raw.reshape(rows, -1, 210)
         lo, hi = _nibbles(b[..., 0:128].reshape(rows, -1, 2, 1, 64))

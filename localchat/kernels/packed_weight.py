@@ -10,8 +10,13 @@ Every GGUF block type is repacked into one of two layouts, keeping the file's in
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
-float16 [out, in // group_size]; group_size is 32 (16 for Q6_K). The only loss against the file is
-rounding a K-quant's scale product (super-block scale x 6-bit sub-scale) to float16.
+float16 [out, in // group_size]; group_size is 32 (16 for Q6_K).
+
+Q4_K and Q5_K keep their scales as the file has them (``super_scales``): ``scales`` and ``mins``
+are then the 6-bit sub-scales and sub-mins as uint8, and ``super_scales`` float16 [out, in // 128]
+holds each super-block's (d, dmin) pair (one per 8 groups), so a group's scale is d * scale and its
+min -dmin * min. Nothing is rounded, and the weight reads 4.5 bits per weight instead of 5. Only
+Q6_K's scale products (d x 8-bit sub-scale) are rounded to float16.
 
 On the CPU, the weights the C++ kernel multiplies are ``interleaved``: every block of four rows (the
 rows one pass of the kernel reads together) is stored 64 bytes of codes at a time, row after row (a
@@ -30,6 +35,8 @@ LAYOUTS = ("u4", "u8")
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
 GROUP_UNIT = 16  # scales (and mins) stored together when interleaved
+SUPER_UNIT = 4  # halves of super_scales stored together when interleaved (16 groups' pairs)
+GROUPS_PER_SUPER = 8  # K-quant groups sharing one (d, dmin) pair
 
 
 def interleave_rows(t: torch.Tensor, unit: int, back: bool = False) -> torch.Tensor:
@@ -91,13 +98,29 @@ class PackedWeight:
     zero_point: int = 0  # used only when mins is None
     source_type: str = ""  # the GGUF type it came from (Q4_K, ...), for reports
     interleaved: bool = False  # in the CPU kernel's interleaved layout (see the module docstring)
+    # K-quants: (d, dmin) per 8 groups, float16 [out, in // 128]; scales and mins are then uint8
+    super_scales: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         out_features, in_features = self.shape
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.qweight.dtype != torch.uint8 or self.scales.dtype != torch.float16:
-            raise ValueError("qweight must be uint8 and scales float16")
+        params = torch.float16 if self.super_scales is None else torch.uint8
+        if self.qweight.dtype != torch.uint8 or self.scales.dtype != params:
+            raise ValueError(f"qweight must be uint8 and scales {params}")
+        if self.super_scales is not None:
+            groups = in_features // self.group_size
+            if (
+                self.mins is None
+                or self.mins.dtype != torch.uint8
+                or groups % GROUPS_PER_SUPER
+                or self.super_scales.dtype != torch.float16
+                or tuple(self.super_scales.shape) != (out_features, groups // 4)
+            ):
+                raise ValueError(
+                    "K-quant scales need uint8 mins and float16 super_scales "
+                    f"[{out_features}, {groups // 4}]"
+                )
         if in_features % self.group_size or (self.layout == "u4" and self.group_size != 32):
             raise ValueError(
                 f"in_features {in_features} is not a multiple of group_size {self.group_size}"
@@ -127,27 +150,61 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        mins = 0 if self.mins is None else self.mins.nbytes
-        return self.qweight.nbytes + self.scales.nbytes + mins
+        extra = [t.nbytes for t in (self.mins, self.super_scales) if t is not None]
+        return self.qweight.nbytes + self.scales.nbytes + sum(extra)
 
     def to(self, device: torch.device | str) -> PackedWeight:
-        weight = self if torch.device(device).type == "cpu" else self.row_major()
+        """On the CPU as it is; elsewhere (the GPU's kernels) row-major with float16 scales."""
+        weight = self
+        if torch.device(device).type != "cpu":
+            weight = self.row_major().with_float16_scales()
         return replace(
             weight,
             qweight=weight.qweight.to(device),
             scales=weight.scales.to(device),
             mins=None if weight.mins is None else weight.mins.to(device),
+            super_scales=None if weight.super_scales is None else weight.super_scales.to(device),
         )
+
+    def with_float16_scales(self) -> PackedWeight:
+        """The weight row-major with one float16 scale and min per group (K-quant products
+        rounded), the form the GPU's kernels read; itself when it has no super_scales."""
+        if self.super_scales is None:
+            return self
+        scales, mins = self.group_params()
+        assert mins is not None
+        return replace(
+            self,
+            qweight=self._rows(self.qweight, None, CODE_UNIT),
+            scales=scales.to(torch.float16),
+            mins=mins.to(torch.float16),
+            super_scales=None,
+            interleaved=False,
+        )
+
+    def group_params(
+        self, rows: torch.Tensor | slice | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each group's scale and min (None for symmetric types) as float32, row-major."""
+        scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
+        mins = None if self.mins is None else self._rows(self.mins, rows, GROUP_UNIT)
+        if self.super_scales is None or mins is None:
+            return scales, None if mins is None else mins.to(torch.float32)
+        pairs = self._rows(self.super_scales, rows, SUPER_UNIT).to(torch.float32)
+        pairs = pairs.reshape(*pairs.shape[:-1], -1, 2).repeat_interleave(GROUPS_PER_SUPER, dim=-2)
+        return scales * pairs[..., 0], -(mins.to(torch.float32) * pairs[..., 1])
 
     def row_major(self) -> PackedWeight:
         """The weight with its rows in plain order (itself when it is not interleaved)."""
         if not self.interleaved:
             return self
+        supers = self.super_scales
         return replace(
             self,
             qweight=interleave_rows(self.qweight, CODE_UNIT, back=True),
             scales=interleave_rows(self.scales, GROUP_UNIT, back=True),
             mins=None if self.mins is None else interleave_rows(self.mins, GROUP_UNIT, back=True),
+            super_scales=None if supers is None else interleave_rows(supers, SUPER_UNIT, back=True),
             interleaved=False,
         )
 
@@ -164,16 +221,20 @@ class PackedWeight:
     def select_rows(self, index: torch.Tensor) -> PackedWeight:
         """The weight with its output rows reordered/selected by `index` (row-major)."""
         weight = self.row_major()
+        supers = weight.super_scales
         return replace(
             weight,
             qweight=weight.qweight[index].contiguous(),
             scales=weight.scales[index].contiguous(),
             mins=None if weight.mins is None else weight.mins[index].contiguous(),
+            super_scales=None if supers is None else supers[index].contiguous(),
         )
 
     def offsets(self) -> torch.Tensor:
         """The additive term of each group (mins, or -zero_point * scales for symmetric types),
         float16."""
+        if self.super_scales is not None:
+            return self.with_float16_scales().offsets()
         return (
             self.mins
             if self.mins is not None
@@ -194,12 +255,11 @@ class PackedWeight:
         """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every
         kernel."""
         codes = self.codes(rows).to(torch.float32)
-        scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
+        scales, mins = self.group_params(rows)
         codes = codes.reshape(*codes.shape[:-1], scales.shape[-1], self.group_size)
-        if self.mins is None:
+        if mins is None:
             values = (codes - self.zero_point) * scales.unsqueeze(-1)
         else:
-            mins = self._rows(self.mins, rows, GROUP_UNIT).to(torch.float32)
             values = codes * scales.unsqueeze(-1) + mins.unsqueeze(-1)
         return values.reshape(*values.shape[:-2], -1).to(dtype)
 

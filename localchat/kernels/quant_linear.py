@@ -52,6 +52,7 @@ def _one(
             weight.qweight,
             weight.scales,
             weight.mins,
+            weight.super_scales,
             bits,
             weight.group_size,
             weight.zero_point,
@@ -67,6 +68,7 @@ def _one(
             weight.qweight,
             weight.scales,
             weight.mins,
+            weight.super_scales,
             bias,
             bits,
             weight.group_size,
@@ -82,7 +84,7 @@ def _one(
     if use_triton(x):
         from localchat.kernels.triton_quant_linear import triton_quant_linear
 
-        return triton_quant_linear(x, weight.row_major(), bias)
+        return triton_quant_linear(x, weight.row_major().with_float16_scales(), bias)
     return quant_linear_reference(x, weight, bias).to(x.dtype)
 
 
@@ -123,7 +125,7 @@ def interleave_for_kernel(weight: QuantWeight) -> QuantWeight:
     ext = cpu_kernels()
     if ext is None or not ext.has_vnni() or weight.interleaved or weight.device.type != "cpu":
         return weight
-    ext.interleave_weight(weight.qweight, weight.scales, weight.mins, False)
+    ext.interleave_weight(weight.qweight, weight.scales, weight.mins, weight.super_scales, False)
     return replace(weight, interleaved=True)
 
 
@@ -144,10 +146,23 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
         p.layout == first.layout
         and p.group_size == first.group_size
         and p.in_features == first.in_features
+        and (p.super_scales is None) == (first.super_scales is None)
         for p in parts
     )
     if not same:
         return tuple(parts)
+    if first.super_scales is not None:  # K-quant scales stack as they are
+        supers = [p.super_scales for p in parts]
+        return PackedWeight(
+            first.layout,
+            torch.cat([p.qweight for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat([p.mins for p in parts]),  # type: ignore[misc]
+            first.group_size,
+            0,
+            "+".join(sorted({p.source_type for p in parts})),
+            super_scales=torch.cat(supers),  # type: ignore[arg-type]
+        )
     symmetric = all(p.mins is None and p.zero_point == first.zero_point for p in parts)
     mins = None if symmetric else torch.cat([p.offsets() for p in parts])
     kinds = sorted({p.source_type for p in parts})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.kernels.packed_weight import PackedWeight, quantize_weight
+from localchat.kernels.packed_weight import PackedWeight, pack_u4, quantize_weight
 from localchat.kernels.quant_linear import fuse, quant_linear, quant_linear_reference
 
 
@@ -33,9 +33,25 @@ def symmetric_u8(rows: int, cols: int, group: int, zero_point: int, seed: int = 
     return PackedWeight("u8", codes, scales, None, group, zero_point=zero_point)
 
 
+def k_quant(layout: str, rows: int, cols: int, seed: int = 2) -> PackedWeight:
+    """A Q4_K-like (u4) or Q5_K-like (u8) weight: 6-bit sub-scales and mins, (d, dmin) per 256."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = cols // 32
+    top = 16 if layout == "u4" else 32
+    codes = torch.randint(0, top, (rows, cols), dtype=torch.uint8, generator=generator)
+    qweight = pack_u4(codes) if layout == "u4" else codes
+    sub = torch.randint(0, 64, (rows, groups), dtype=torch.uint8, generator=generator)
+    sub_mins = torch.randint(0, 64, (rows, groups), dtype=torch.uint8, generator=generator)
+    supers = (torch.rand(rows, groups // 4, generator=generator) * 1e-3 + 1e-5).half()
+    return PackedWeight(layout, qweight, sub, sub_mins, 32, super_scales=supers)
+
+
 def weights(rows: int, cols: int):
     dense = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.02
-    return {
+    k_quants = {}
+    if cols % 256 == 0:  # K-quant rows are whole super-blocks
+        k_quants = {"u4-kquant": k_quant("u4", rows, cols), "u8-kquant": k_quant("u8", rows, cols)}
+    return k_quants | {
         "u4-asym": quantize_weight(dense, 4),
         "u8-asym": quantize_weight(dense, 8),
         "u4-sym": PackedWeight(
@@ -58,6 +74,7 @@ def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True)
         w.qweight,
         w.scales,
         w.mins,
+        w.super_scales,
         bias,
         bits,
         w.group_size,
@@ -69,7 +86,7 @@ def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True)
     )
 
 
-@pytest.mark.parametrize("shape", [(37, 96), (40, 576), (16, 160), (5, 32)])
+@pytest.mark.parametrize("shape", [(37, 96), (40, 576), (16, 160), (5, 32), (12, 768), (9, 512)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
 def test_kernel_matches_references(ext, shape, rows):
     out_features, in_features = shape
@@ -160,8 +177,8 @@ def test_every_row_is_computed_the_same_whatever_the_batch(ext):
     """A decode, a batch and a prefill chunk (more rows than one panel holds) give each row the same
     bits: cached and uncached prompts then see the same logits."""
     generator = torch.Generator().manual_seed(5)
-    for name, w in weights(52, 320).items():
-        x = torch.randn(70, 320, generator=generator)
+    for name, w in [*weights(52, 320).items(), *weights(52, 768).items()]:
+        x = torch.randn(70, w.in_features, generator=generator)
         every = run(ext, x, w, precise=True)
         exact = quant_linear_reference(x, w)
         bound = rounding_bound(x, w, 1 / 512) * 1.01 + 1e-6 * exact.abs().max()
@@ -178,9 +195,8 @@ def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
     monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
     for name, w in weights(40, 160).items():
         bits = 4 if w.layout == "u4" else 8
-        dense = ext.dequantize(
-            w.qweight, w.scales, w.mins, bits, w.group_size, w.zero_point, w.interleaved
-        )
+        args = (w.qweight, w.scales, w.mins, w.super_scales, bits, w.group_size, w.zero_point)
+        dense = ext.dequantize(*args, w.interleaved)
         torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
         gate_up = torch.randn(35, 320)
         expected = quant_linear_reference(

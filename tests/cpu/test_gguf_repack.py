@@ -46,9 +46,9 @@ def test_repack_matches_gguf_dequantize(qtype):
     packed = repack(data, qtype, (rows, cols))
     assert packed.shape == (rows, cols)
     got = packed.dequantize()
-    exact = qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
-    # K-quants round (super-block scale x sub-block scale) to float16: 2^-11 relative per group
-    tolerance = 1e-7 if exact else 2e-3
+    # Q4_K/Q5_K keep the file's sub-scales and (d, dmin), so only float32 rounding differs; Q6_K
+    # rounds (super-block scale x sub-block scale) to float16: 2^-11 relative per group
+    tolerance = {T.Q4_K: 1e-6, T.Q5_K: 1e-6, T.Q6_K: 2e-3}.get(qtype, 1e-7)
     assert torch.allclose(
         got, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()
     )
@@ -81,6 +81,12 @@ def test_cpp_repack_equals_the_torch_reference_bit_for_bit(qtype):
     assert (fast.mins is None) == (reference.mins is None)
     if fast.mins is not None:
         assert torch.equal(fast.mins.view(torch.int16), reference.mins.view(torch.int16))
+    assert (fast.super_scales is None) == (qtype not in (T.Q4_K, T.Q5_K))
+    if fast.super_scales is not None:
+        assert fast.scales.dtype == fast.mins.dtype == torch.uint8
+        assert torch.equal(
+            fast.super_scales.view(torch.int16), reference.super_scales.view(torch.int16)
+        )
 
 
 def test_repack_rejects_unsupported_type():

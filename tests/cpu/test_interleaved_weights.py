@@ -24,12 +24,13 @@ def copy(w: PackedWeight) -> PackedWeight:
         qweight=w.qweight.clone(),
         scales=w.scales.clone(),
         mins=None if w.mins is None else w.mins.clone(),
+        super_scales=None if w.super_scales is None else w.super_scales.clone(),
     )
 
 
 # rows: whole blocks of four, a partial block, fewer than one block; columns: whole 64-byte pieces
 # and a short last one (576 / 2 = 288 bytes), 16-group blocks and a short one
-SHAPES = [(40, 576), (37, 96), (3, 64), (13, 1536)]
+SHAPES = [(40, 576), (37, 96), (3, 64), (13, 1536), (13, 768), (8, 512)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -74,7 +75,14 @@ def test_every_path_gives_the_same_bits_in_both_layouts(ext, shape):
         assert torch.equal(inter.dequantize(), dense), name
         bits = 4 if w.layout == "u4" else 8
         cpp_dense = ext.dequantize(
-            inter.qweight, inter.scales, inter.mins, bits, w.group_size, w.zero_point, True
+            inter.qweight,
+            inter.scales,
+            inter.mins,
+            inter.super_scales,
+            bits,
+            w.group_size,
+            w.zero_point,
+            True,
         )
         assert torch.equal(cpp_dense, dense), name
         for batch in (1, 3, 40):  # a decode, a small batch, more than one panel of rows

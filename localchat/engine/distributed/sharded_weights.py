@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from localchat.errors import InvalidParameterError
-from localchat.kernels.packed_weight import PackedWeight
+from localchat.kernels.packed_weight import GROUPS_PER_SUPER, PackedWeight
 
 Weight = torch.Tensor | PackedWeight | tuple[PackedWeight, ...]
 
@@ -50,6 +50,10 @@ def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
             param="tensor_parallel_size",
         )
     per_byte = 2 if weight.layout == "u4" else 1
+    super_columns = group * GROUPS_PER_SUPER
+    if weight.super_scales is not None and (start % super_columns or end % super_columns):
+        # K-quant scales are per super-block: a cut inside one takes the per-group float16 form
+        weight = weight.with_float16_scales()
 
     def cut(tensor: torch.Tensor, per_column: int) -> torch.Tensor:
         return tensor[:, start // per_column : end // per_column].contiguous()
@@ -62,4 +66,7 @@ def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
         group,
         weight.zero_point,
         weight.source_type,
+        super_scales=None
+        if weight.super_scales is None
+        else cut(weight.super_scales, super_columns // 2),
     )

@@ -24,6 +24,11 @@ def _parts(weight: PackedWeight | tuple[PackedWeight, ...]) -> list[PackedWeight
     return list(weight) if isinstance(weight, tuple) else [weight]
 
 
+def _or_empty(t: torch.Tensor | None) -> torch.Tensor:
+    """The C++ layer takes four tensors per part; an absent one is empty."""
+    return torch.empty(0) if t is None else t
+
+
 def _is_packed(weight: object) -> bool:
     parts = weight if isinstance(weight, tuple) else (weight,)
     return all(type(p) is PackedWeight for p in parts)
@@ -76,7 +81,10 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
                 layer.input_layernorm.weight,
                 layer.post_attention_layernorm.weight,
                 layer.input_layernorm.eps,
-                [[p.qweight, p.scales] + ([p.mins] if p.mins is not None else []) for p in parts],
+                [
+                    [p.qweight, p.scales, _or_empty(p.mins), _or_empty(p.super_scales)]
+                    for p in parts
+                ],
                 [len(projection) for projection in projections],
                 [
                     f

@@ -25,21 +25,28 @@ namespace {
 
 // A PackedWeight's tensors and what the kernels need to know about them.
 struct PackedRef {
-  torch::Tensor qweight, scales, mins;
+  torch::Tensor qweight, scales, mins, supers;
   Layout L;
   int64_t N = 0, K = 0, groups = 0, w_row = 0, chunks = 0, weight_bytes = 0, passes = 0;
   int32_t zero_point = 0;
   bool symmetric = true;
   bool interleaved = false;
+  bool k_scales = false;  // scales/mins are K-quant sub-scales (bytes) with supers (d, dmin)
   GemvFn gemv = nullptr;
   ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
 
-  PackedRef(torch::Tensor q, torch::Tensor s, c10::optional<torch::Tensor> m, int64_t bits, int64_t group_size,
+  // m, u: undefined or empty when absent
+  PackedRef(torch::Tensor q, torch::Tensor s, torch::Tensor m, torch::Tensor u, int64_t bits, int64_t group_size,
             int64_t zp, bool interleaved_rows, bool precise)
       : qweight(std::move(q)), scales(std::move(s)), L(make_layout(bits, group_size)) {
     interleaved = interleaved_rows;
-    symmetric = !(m.has_value() && m->defined());
-    if (!symmetric) mins = *m;
+    symmetric = !(m.defined() && m.numel() > 0);
+    k_scales = u.defined() && u.numel() > 0;
+    if (!symmetric) mins = m;
+    if (k_scales) supers = u;
+    // the checks quant_linear makes
+    (void)WeightArgs(qweight, scales, symmetric ? c10::optional<torch::Tensor>() : mins,
+                     k_scales ? c10::optional<torch::Tensor>(supers) : c10::optional<torch::Tensor>(), false);
     N = qweight.size(0);
     K = L.u4 ? qweight.size(1) * 2 : qweight.size(1);
     groups = K / L.group_size;
@@ -48,7 +55,7 @@ struct PackedRef {
     weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
-    gemv = pick_gemv(precise, symmetric, L.u4);
+    gemv = pick_gemv(precise, symmetric, L.u4, k_scales);
     reserve(1);
   }
   PackedRef(const PackedRef&) = delete;
@@ -66,14 +73,15 @@ struct PackedRef {
   // Output rows [pass_begin, pass_end) * kRowsPerPass, from this thread's activation row.
   void multiply(int thread, int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
     const uint8_t* wp = qweight.data_ptr<uint8_t>();
-    const at::Half* sp = scales.data_ptr<at::Half>();
-    const at::Half* mp = symmetric ? nullptr : mins.data_ptr<at::Half>();
+    const void* sp = scales.data_ptr();
+    const void* mp = symmetric ? nullptr : mins.data_ptr();
+    const at::Half* up = k_scales ? supers.data_ptr<at::Half>() : nullptr;
     for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
       const int64_t n = pass * kRowsPerPass;
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
-      gemv(pass_view(wp, sp, mp, n, N, w_row, groups, interleaved), w_row, groups, chunks, weight_bytes, L,
-           act.rows[thread], count, dots);
+      gemv(pass_view(wp, sp, mp, up, k_scales ? 1 : 2, n, N, w_row, groups, interleaved), w_row, groups, chunks,
+           weight_bytes, L, act.rows[thread], count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
     }
   }
@@ -88,16 +96,15 @@ struct Projection {
   std::vector<std::unique_ptr<PackedRef>> parts;
   int64_t N = 0, K = 0, passes = 0;
 
-  // parts: (qweight, scales[, mins]) each; formats: (bits, group_size, zero_point, interleaved) each
+  // parts: (qweight, scales, mins, supers) each, the last two empty when absent; formats: (bits, group_size,
+  // zero_point, interleaved) each
   Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
              size_t first, size_t count, bool precise) {
     for (size_t i = first; i < first + count; ++i) {
       const auto& t = tensors[i];
-      TORCH_CHECK(t.size() == 2 || t.size() == 3, "a part is (qweight, scales[, mins])");
-      c10::optional<torch::Tensor> mins;
-      if (t.size() == 3) mins = t[2];
+      TORCH_CHECK(t.size() == 4, "a part is (qweight, scales, mins, supers), the last two empty when absent");
       const int64_t* f = formats.data() + kFormatFields * i;
-      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], mins, f[0], f[1], f[2], f[3] != 0, precise));
+      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], t[2], t[3], f[0], f[1], f[2], f[3] != 0, precise));
       TORCH_CHECK(parts.size() == 1 || parts.back()->K == K, "the parts of a projection share in_features");
       K = parts.back()->K;
       N += parts.back()->N;
@@ -155,8 +162,8 @@ enum Phase { kQkv, kAttention, kO, kGateUp, kDown, kBarrier, kPhases };
 
 class DecodeLayer {
  public:
-  // parts: the (qweight, scales[, mins]) of every PackedWeight, projection by projection (qkv, o, gate_up,
-  // down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
+  // parts: the (qweight, scales, mins, supers) of every PackedWeight (empty tensors where absent), projection
+  // by projection (qkv, o, gate_up, down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
   // zero_point, interleaved) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None.
   DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
               std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,

@@ -37,6 +37,7 @@ enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
 struct BlockFormat {
   int64_t weights, bytes, group_size;
   bool u4, has_mins;
+  bool k_scales = false;  // Q4_K/Q5_K: 6-bit sub-scales and mins kept as bytes, with (d, dmin) per 256
 };
 
 BlockFormat block_format(int64_t type) {
@@ -46,8 +47,8 @@ BlockFormat block_format(int64_t type) {
     case kQ5_0: return {32, 22, 32, false, false};
     case kQ5_1: return {32, 24, 32, false, true};
     case kQ8_0: return {32, 34, 32, false, false};
-    case kQ4_K: return {256, 144, 32, true, true};
-    case kQ5_K: return {256, 176, 32, false, true};
+    case kQ4_K: return {256, 144, 32, true, true, true};
+    case kQ5_K: return {256, 176, 32, false, true, true};
     case kQ6_K: return {256, 210, 16, false, false};
     default: TORCH_CHECK(false, "unsupported GGUF block type ", type);
   }
@@ -72,8 +73,22 @@ inline void k_scale_min(const uint8_t* q, int s, int& scale, int& min) {
   }
 }
 
+// The outputs of one row: codes, and float16 scales/mins per group, or (K-quants) byte sub-scales/mins per group
+// with a float16 (d, dmin) pair per super-block.
+struct RowOut {
+  uint8_t* codes;
+  at::Half* scales;
+  at::Half* mins;
+  uint8_t* sub_scales;
+  uint8_t* sub_mins;
+  at::Half* supers;
+};
+
 // One block of row `in` into the row's outputs at block index b.
-void repack_block(int64_t type, const uint8_t* in, int64_t b, uint8_t* codes, at::Half* scales, at::Half* mins) {
+void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
+  uint8_t* codes = o.codes;
+  at::Half* scales = o.scales;
+  at::Half* mins = o.mins;
   switch (type) {
     case kQ4_0:
       scales[b] = load_half(in);
@@ -107,15 +122,16 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, uint8_t* codes, at
     }
     case kQ4_K:
     case kQ5_K: {
-      const float d = load_float_half(in), dmin = load_float_half(in + 2);
+      o.supers[2 * b] = load_half(in);
+      o.supers[2 * b + 1] = load_half(in + 2);
       const bool five = type == kQ5_K;
       const uint8_t* qh = in + 16;
       const uint8_t* qs = in + (five ? 48 : 16);
       for (int s = 0; s < 8; ++s) {
         int sc, mn;
         k_scale_min(in + 4, s, sc, mn);
-        scales[b * 8 + s] = at::Half(d * static_cast<float>(sc));
-        mins[b * 8 + s] = at::Half(-dmin * static_cast<float>(mn));
+        o.sub_scales[b * 8 + s] = static_cast<uint8_t>(sc);
+        o.sub_mins[b * 8 + s] = static_cast<uint8_t>(mn);
         const uint8_t* q = qs + 32 * (s / 2);
         const int shift = (s % 2) * 4;
         if (five) {
@@ -157,7 +173,8 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, uint8_t* codes, at
 }  // namespace
 
 // raw: uint8 [rows, row_bytes] (the tensor's blocks); order: output row r takes input row order[r] (or
-// None). Returns [qweight, scales] or [qweight, scales, mins], as PackedWeight holds them.
+// None). Returns [qweight, scales], [qweight, scales, mins], or for K-quants [qweight, sub-scales, sub-mins,
+// supers] (uint8, uint8, float16 [rows, 2 * blocks]), as PackedWeight holds them.
 std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order) {
   const BlockFormat f = block_format(type);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.stride(1) == 1, "raw must be uint8 [rows, bytes]");
@@ -173,26 +190,35 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
   auto f16 = torch::TensorOptions().dtype(torch::kHalf);
   torch::Tensor qweight = torch::empty({rows, f.u4 ? cols / 2 : cols}, u8);
-  torch::Tensor scales = torch::empty({rows, groups}, f16);
-  torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f16) : torch::Tensor();
+  torch::Tensor scales = torch::empty({rows, groups}, f.k_scales ? u8 : f16);
+  torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f.k_scales ? u8 : f16) : torch::Tensor();
+  torch::Tensor supers = f.k_scales ? torch::empty({rows, 2 * blocks}, f16) : torch::Tensor();
   advise_huge_pages(qweight);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   const int64_t src_stride = raw.stride(0);
   const int64_t* idx = reorder ? index.data_ptr<int64_t>() : nullptr;
   uint8_t* qp = qweight.data_ptr<uint8_t>();
-  at::Half* sp = scales.data_ptr<at::Half>();
-  at::Half* mp = f.has_mins ? mins.data_ptr<at::Half>() : nullptr;
-  const int64_t q_row = qweight.size(1);
+  uint8_t* sp = static_cast<uint8_t*>(scales.data_ptr());
+  uint8_t* mp = f.has_mins ? static_cast<uint8_t*>(mins.data_ptr()) : nullptr;
+  at::Half* up = f.k_scales ? supers.data_ptr<at::Half>() : nullptr;
+  const int64_t q_row = qweight.size(1), param_bytes = f.k_scales ? 1 : 2;
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t from = idx ? idx[r] : r;
       TORCH_CHECK(from >= 0 && from < rows, "order has an out-of-range row");
       const uint8_t* in = src + from * src_stride;
-      for (int64_t b = 0; b < blocks; ++b) {
-        repack_block(type, in + b * f.bytes, b, qp + r * q_row, sp + r * groups, mp ? mp + r * groups : nullptr);
-      }
+      uint8_t* row_scales = sp + r * groups * param_bytes;
+      uint8_t* row_mins = mp ? mp + r * groups * param_bytes : nullptr;
+      const RowOut out{qp + r * q_row,
+                       reinterpret_cast<at::Half*>(row_scales),
+                       reinterpret_cast<at::Half*>(row_mins),
+                       row_scales,
+                       row_mins,
+                       up ? up + r * 2 * blocks : nullptr};
+      for (int64_t b = 0; b < blocks; ++b) repack_block(type, in + b * f.bytes, b, out);
     }
   });
+  if (f.k_scales) return {qweight, scales, mins, supers};
   if (f.has_mins) return {qweight, scales, mins};
   return {qweight, scales};
 }

@@ -194,6 +194,8 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
 }
 
 float half_to_float(at::Half h) { return static_cast<float>(h); }
+inline float to_float(at::Half h) { return static_cast<float>(h); }
+inline float to_float(float f) { return f; }
 
 constexpr int kRowsPerPass = 4;  // weight rows one pass of a kernel reads together
 constexpr int kGroupBlock = 16;  // scales (and mins) interleaved this many groups at a time
@@ -202,26 +204,45 @@ constexpr int kGroupBlock = 16;  // scales (and mins) interleaved this many grou
 // row-major or interleaved (see the top of this file).
 struct PassView {
   const uint8_t* w;
-  const at::Half* s;
-  const at::Half* m;
+  const void* s;        // scales: float16, or (K-quant scales) the 6-bit sub-scales as bytes
+  const void* m;        // mins likewise, or null (symmetric types)
+  const at::Half* sup;  // K-quant scales: (d, dmin) per 8 groups, 4 halves per block of kGroupBlock groups
   int64_t row_step, chunk_step, full_chunks, tail_row_step;
   int64_t g_row_step, g_block_step, full_blocks, g_tail_row_step;
+  int64_t sup_row_step, sup_block_step, sup_tail_row_step;
 
   inline const uint8_t* codes(int r, int64_t c) const {
     return w + c * chunk_step + r * (c < full_chunks ? row_step : tail_row_step);
   }
-  // groups g .. g + n of row r (n <= 16, all in one block of kGroupBlock)
-  inline const at::Half* group(const at::Half* base, int r, int64_t g) const {
+  // groups g .. g + n of row r (n <= 16, all in one block of kGroupBlock), in scales or mins of type T
+  template <typename T>
+  inline const T* group(const void* base, int r, int64_t g) const {
     const int64_t b = g / kGroupBlock;
-    return base + b * g_block_step + r * (b < full_blocks ? g_row_step : g_tail_row_step) + g % kGroupBlock;
+    return static_cast<const T*>(base) + b * g_block_step + r * (b < full_blocks ? g_row_step : g_tail_row_step) +
+           g % kGroupBlock;
+  }
+  // (d, dmin) of the (one or two) super-blocks of row r's block b of kGroupBlock groups
+  inline const at::Half* supers(int r, int64_t b) const {
+    return sup + b * sup_block_step + r * (b < full_blocks ? sup_row_step : sup_tail_row_step);
   }
 };
 
-// The view of the pass whose first row is n, in a weight of N rows of w_row bytes and `groups` groups.
-inline PassView pass_view(const uint8_t* wp, const at::Half* sp, const at::Half* mp, int64_t n, int64_t N,
-                          int64_t w_row, int64_t groups, bool interleaved) {
-  PassView v{wp + n * w_row, sp + n * groups, mp ? mp + n * groups : nullptr, w_row, kChunkBytes, INT64_MAX, w_row,
-             groups, kGroupBlock, INT64_MAX, groups};
+// Halves of (d, dmin) per row of a K-quant weight with `groups` groups (one pair per 8 groups).
+constexpr int64_t kSupersPerBlock = 4;
+inline int64_t super_row(int64_t groups) { return groups / 4; }
+
+// The view of the pass whose first row is n, in a weight of N rows of w_row bytes and `groups` groups, whose
+// scales and mins are param_bytes wide (2: float16; 1: K-quant sub-scales, with up their (d, dmin) pairs).
+inline PassView pass_view(const uint8_t* wp, const void* sp, const void* mp, const at::Half* up, int64_t param_bytes,
+                          int64_t n, int64_t N, int64_t w_row, int64_t groups, bool interleaved) {
+  const int64_t sup_row = super_row(groups);
+  PassView v{wp + n * w_row,
+             static_cast<const char*>(sp) + n * groups * param_bytes,
+             mp ? static_cast<const char*>(mp) + n * groups * param_bytes : nullptr,
+             up ? up + n * sup_row : nullptr,
+             w_row, kChunkBytes, INT64_MAX, w_row,
+             groups, kGroupBlock, INT64_MAX, groups,
+             sup_row, kSupersPerBlock, sup_row};
   if (interleaved && n + kRowsPerPass <= N) {
     v.row_step = kChunkBytes;
     v.chunk_step = kRowsPerPass * kChunkBytes;
@@ -231,6 +252,9 @@ inline PassView pass_view(const uint8_t* wp, const at::Half* sp, const at::Half*
     v.g_block_step = kRowsPerPass * kGroupBlock;
     v.full_blocks = groups / kGroupBlock;
     v.g_tail_row_step = groups % kGroupBlock;
+    v.sup_row_step = kSupersPerBlock;
+    v.sup_block_step = kRowsPerPass * kSupersPerBlock;
+    v.sup_tail_row_step = sup_row % kSupersPerBlock;
   }
   return v;
 }
@@ -258,12 +282,36 @@ void interleave_block(T* block, int64_t width, int64_t unit, bool back, T* scrat
 inline __mmask64 chunk_byte_mask(int64_t left) { return left >= 64 ? ~0ULL : ((1ULL << left) - 1); }
 
 // acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later).
+// Lanes of a block of kGroupBlock groups: which of its (d, dmin, d, dmin) halves each group's d and dmin are.
+inline __m512i super_lanes(int which) {
+  return _mm512_set_epi32(2 + which, 2 + which, 2 + which, 2 + which, 2 + which, 2 + which, 2 + which, 2 + which,
+                          which, which, which, which, which, which, which, which);
+}
+
+// The (d, dmin) halves of row r's block b (two super-blocks, or one at a short end) as floats.
+inline __m512 load_supers(const PassView& v, int r, int64_t b, int64_t groups_left) {
+  const __mmask16 mask = groups_left > 8 ? 0xF : 0x3;
+  return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>(mask), v.supers(r, b))));
+}
+
+// 16 byte-wide 6-bit sub-scales (or mins) as floats.
+inline __m512 load_sub_params(const uint8_t* p, __mmask16 mask) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p)));
+}
+
+template <bool KQ>
 inline __m512 offset_lanes(const PassView& v, int r, const float* terms, int64_t groups, __m512 acc) {
   for (int64_t g = 0; g < groups; g += 16) {
     const int64_t left = groups - g;
     const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    const __m512 o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group(v.m, r, g)));
-    acc = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(mask, terms + g), acc);
+    if (KQ) {  // the mins are -dmin * m
+      const __m512 dmin = _mm512_permutexvar_ps(super_lanes(1), load_supers(v, r, g / kGroupBlock, left));
+      const __m512 o = _mm512_mul_ps(load_sub_params(v.group<uint8_t>(v.m, r, g), mask), dmin);
+      acc = _mm512_fnmadd_ps(o, _mm512_maskz_loadu_ps(mask, terms + g), acc);
+    } else {
+      const __m512 o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group<at::Half>(v.m, r, g)));
+      acc = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(mask, terms + g), acc);
+    }
   }
   return acc;
 }
@@ -350,7 +398,7 @@ const ChunkIndex kChunkIndex2(2), kChunkIndex4(4);
 // One activation row (a decode) against kRowsPerPass (or fewer) weight rows: the activation codes are loaded once
 // per chunk for all of them. Per block of kGroupBlock groups, each row's weight scales are multiplied by the
 // activation scales once (sd), and each chunk picks its lanes from sd with one permute.
-template <bool PRECISE, bool SYMMETRIC, bool U4>
+template <bool PRECISE, bool SYMMETRIC, bool U4, bool KQ>
 void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks, int64_t weight_bytes,
                const Layout& L, const ActivationRow& a, int rows, float* out) {
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
@@ -359,9 +407,10 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   __m512 acc[kRowsPerPass];
   for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm512_setzero_ps();
   // the scales and mins of the rows two passes on (a pass's scales are contiguous in both layouts)
-  for (int64_t b = 0; b < rows * groups * 2; b += 64) {
-    __builtin_prefetch(reinterpret_cast<const char*>(v.s + kPrefetchRows * groups) + b);
-    if (!SYMMETRIC) __builtin_prefetch(reinterpret_cast<const char*>(v.m + kPrefetchRows * groups) + b);
+  constexpr int64_t param_bytes = KQ ? 1 : 2;
+  for (int64_t b = 0; b < rows * groups * param_bytes; b += 64) {
+    __builtin_prefetch(static_cast<const char*>(v.s) + kPrefetchRows * groups * param_bytes + b);
+    if (!SYMMETRIC) __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * groups * param_bytes + b);
   }
   for (int64_t c0 = 0; c0 < chunks; c0 += chunks_per_block) {
     const int64_t g0 = c0 * L.groups_per_chunk, left = groups - g0;
@@ -369,7 +418,13 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     const __m512 da = _mm512_loadu_ps(a.group_scales + g0);  // zero past the last group
     __m512 sd[kRowsPerPass];
     for (int r = 0; r < rows; ++r) {
-      sd[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, v.group(v.s, r, g0))), da);
+      if (KQ) {  // d * sub-scale, then times the activation scale
+        const __m512 d = _mm512_permutexvar_ps(super_lanes(0), load_supers(v, r, g0 / kGroupBlock, left));
+        sd[r] = _mm512_mul_ps(_mm512_mul_ps(load_sub_params(v.group<uint8_t>(v.s, r, g0), group_mask), d), da);
+      } else {
+        sd[r] = _mm512_mul_ps(
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, v.group<at::Half>(v.s, r, g0))), da);
+      }
     }
     const int64_t c1 = std::min(chunks, c0 + chunks_per_block);
     for (int64_t c = c0; c < c1; ++c) {
@@ -387,7 +442,7 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     }
   }
   for (int r = 0; r < rows; ++r) {
-    const __m512 total = SYMMETRIC ? acc[r] : offset_lanes(v, r, a.group_terms, groups, acc[r]);
+    const __m512 total = SYMMETRIC ? acc[r] : offset_lanes<KQ>(v, r, a.group_terms, groups, acc[r]);
     out[r] = _mm512_reduce_add_ps(total);
   }
 }
@@ -396,7 +451,7 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
 // is unpacked into registers once and meets every row of the block, whose accumulators live in `acc` (L1,
 // kRowsPerPass vectors per row). Per (activation row, weight row) pair it runs gemv_rows' operations in the
 // same order, so its results equal a decode's bit for bit.
-template <bool PRECISE, bool SYMMETRIC, bool U4>
+template <bool PRECISE, bool SYMMETRIC, bool U4, bool KQ>
 void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weight_bytes, const Layout& L,
                 const __m512i scale_index, const ActivationRow* acts, int64_t mt, int rows, float* out,
                 int64_t out_stride, __m512* acc) {
@@ -415,8 +470,15 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
       const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, v.codes(rr, c));
       lo[r] = U4 ? _mm512_and_si512(raw, low_mask) : raw;
       hi[r] = U4 ? high_nibbles(raw, low_mask) : raw;
-      s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
-          _mm_maskz_loadu_epi16(scale_mask, v.group(v.s, rr, first_group)))));
+      if (KQ) {  // d * sub-scale, as gemv_rows forms it
+        const float d = half_to_float(v.supers(rr, first_group / kGroupBlock)[(first_group % kGroupBlock) / 8 * 2]);
+        const __m512 sub = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_maskz_loadu_epi8(static_cast<__mmask16>(scale_mask), v.group<uint8_t>(v.s, rr, first_group))));
+        s[r] = _mm512_permutexvar_ps(scale_index, _mm512_mul_ps(sub, _mm512_set1_ps(d)));
+      } else {
+        s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
+            _mm_maskz_loadu_epi16(scale_mask, v.group<at::Half>(v.s, rr, first_group)))));
+      }
     }
     for (int64_t t = 0; t < mt; ++t) {
       const ActivationRow& a = acts[t];
@@ -430,23 +492,24 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) {
       const __m512 sum = acc[t * kRowsPerPass + r];
-      const __m512 total = SYMMETRIC ? sum : offset_lanes(v, r, acts[t].group_terms, groups, sum);
+      const __m512 total = SYMMETRIC ? sum : offset_lanes<KQ>(v, r, acts[t].group_terms, groups, sum);
       out[t * out_stride + r] = _mm512_reduce_add_ps(total);
     }
   }
 }
 
-// pick(precise, symmetric, u4) with each flag as a std::bool_constant: the kernel instantiation for a weight.
+// pick(precise, symmetric, u4, kq) with each flag as a std::bool_constant: the kernel instantiation for a weight
+// (K-quant scales come only with mins, so kq is never instantiated with symmetric).
 template <typename Pick>
-auto pick_kernel(bool precise, bool symmetric, bool u4, Pick pick) {
+auto pick_kernel(bool precise, bool symmetric, bool u4, bool kq, Pick pick) {
   using T = std::true_type;
   using F = std::false_type;
-  if (u4) {
-    if (precise) return symmetric ? pick(T{}, T{}, T{}) : pick(T{}, F{}, T{});
-    return symmetric ? pick(F{}, T{}, T{}) : pick(F{}, F{}, T{});
-  }
-  if (precise) return symmetric ? pick(T{}, T{}, F{}) : pick(T{}, F{}, F{});
-  return symmetric ? pick(F{}, T{}, F{}) : pick(F{}, F{}, F{});
+  auto with = [&](auto p, auto u) {
+    if (symmetric) return pick(p, T{}, u, F{});
+    return kq ? pick(p, F{}, u, T{}) : pick(p, F{}, u, F{});
+  };
+  if (u4) return precise ? with(T{}, T{}) : with(F{}, T{});
+  return precise ? with(T{}, F{}) : with(F{}, F{});
 }
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -455,28 +518,51 @@ constexpr int64_t kPanelRows = 32;
 using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const __m512i,
                          const ActivationRow*, int64_t, int, float*, int64_t, __m512*);
 
-PanelFn pick_panel(bool precise, bool symmetric, bool u4) {
-  return pick_kernel(precise, symmetric, u4, [](auto p, auto s, auto u) -> PanelFn {
-    return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value>;
+PanelFn pick_panel(bool precise, bool symmetric, bool u4, bool kq) {
+  return pick_kernel(precise, symmetric, u4, kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
+    return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
 }
 
 using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, const Layout&, const ActivationRow&,
                         int, float*);
 
-GemvFn pick_gemv(bool precise, bool symmetric, bool u4) {
-  return pick_kernel(precise, symmetric, u4, [](auto p, auto s, auto u) -> GemvFn {
-    return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value>;
+GemvFn pick_gemv(bool precise, bool symmetric, bool u4, bool kq) {
+  return pick_kernel(precise, symmetric, u4, kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
+    return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
 }
 
 #endif
 
 // sum_g offsets[g] * terms[g]: an asymmetric weight's mins on the portable path.
-float offset_dot(const at::Half* offsets, const float* terms, int64_t groups) {
+template <typename S>
+float offset_dot(const S* offsets, const float* terms, int64_t groups) {
   float sum = 0.f;
-  for (int64_t g = 0; g < groups; ++g) sum += half_to_float(offsets[g]) * terms[g];
+  for (int64_t g = 0; g < groups; ++g) sum += to_float(offsets[g]) * terms[g];
   return sum;
+}
+
+// A K-quant weight's scales d * sub-scale and mins -dmin * m as float32 [rows, groups] each (row-major).
+std::pair<torch::Tensor, torch::Tensor> k_scales_as_floats(const torch::Tensor& sub_scales, const torch::Tensor& sub_mins,
+                                                           const torch::Tensor& supers) {
+  const int64_t rows = sub_scales.size(0), groups = sub_scales.size(1);
+  torch::Tensor scales = torch::empty({rows, groups}, torch::kFloat), mins = torch::empty({rows, groups}, torch::kFloat);
+  const uint8_t* sc = sub_scales.data_ptr<uint8_t>();
+  const uint8_t* mn = sub_mins.data_ptr<uint8_t>();
+  const at::Half* up = supers.data_ptr<at::Half>();
+  float* so = scales.data_ptr<float>();
+  float* mo = mins.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const at::Half* pair = up + r * super_row(groups) + (g / 8) * 2;
+        so[r * groups + g] = static_cast<float>(sc[r * groups + g]) * half_to_float(pair[0]);
+        mo[r * groups + g] = -(static_cast<float>(mn[r * groups + g]) * half_to_float(pair[1]));
+      }
+    }
+  });
+  return {scales, mins};
 }
 
 // Portable path: the same arithmetic, one group at a time.
@@ -492,7 +578,8 @@ int32_t group_dot_scalar(const uint8_t* w, const int8_t* q, int64_t g, const Lay
   return dot;
 }
 
-float row_dot_scalar(const uint8_t* w, const at::Half* scales, int64_t groups, const Layout& L, bool precise,
+template <typename S>
+float row_dot_scalar(const uint8_t* w, const S* scales, int64_t groups, const Layout& L, bool precise,
                      int32_t zero_point, const ActivationRow& a) {
   float sum = 0.f;
   for (int64_t g = 0; g < groups; ++g) {
@@ -507,7 +594,7 @@ float row_dot_scalar(const uint8_t* w, const at::Half* scales, int64_t groups, c
       dot -= zero_point * codes;
     }
     const float da = a.block_scales[g * L.group_size / kActBlock];
-    sum += half_to_float(scales[g]) * da * static_cast<float>(dot);
+    sum += to_float(scales[g]) * da * static_cast<float>(dot);
   }
   return sum;
 }
@@ -532,22 +619,74 @@ void interleave_rows_inplace(torch::Tensor& t, int64_t unit, bool back) {
 }  // namespace
 
 // A PackedWeight's tensors in the interleaved layout (back=false) or back to row-major (back=true), in place.
-void interleave_weight(torch::Tensor qweight, torch::Tensor scales, const c10::optional<torch::Tensor>& mins, bool back) {
+void interleave_weight(torch::Tensor qweight, torch::Tensor scales, const c10::optional<torch::Tensor>& mins,
+                       const c10::optional<torch::Tensor>& supers, bool back) {
   interleave_rows_inplace(qweight, kChunkBytes, back);
   interleave_rows_inplace(scales, kGroupBlock, back);
   if (mins.has_value() && mins->defined()) {
     torch::Tensor m = *mins;
     interleave_rows_inplace(m, kGroupBlock, back);
   }
+  if (supers.has_value() && supers->defined()) {
+    torch::Tensor u = *supers;
+    interleave_rows_inplace(u, kSupersPerBlock, back);
+  }
 }
+
+namespace {
+
+// A packed weight's tensors as the kernels read them, checked; row-major copies when `restore` (the portable
+// path and dequantize read rows one by one).
+struct WeightArgs {
+  torch::Tensor qweight, scales, mins, supers;
+  bool has_mins = false, k_scales = false;
+
+  WeightArgs(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& m,
+             const c10::optional<torch::Tensor>& u, bool restore)
+      : qweight(q), scales(s) {
+    has_mins = m.has_value() && m->defined();
+    k_scales = u.has_value() && u->defined();
+    if (has_mins) mins = *m;
+    if (k_scales) supers = *u;
+    if (restore) {
+      qweight = qweight.clone();
+      scales = scales.clone();
+      c10::optional<torch::Tensor> mc, uc;
+      if (has_mins) mc = mins = mins.clone();
+      if (k_scales) uc = supers = supers.clone();
+      interleave_weight(qweight, scales, mc, uc, true);
+    }
+    TORCH_CHECK(qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(), "qweight must be contiguous uint8");
+    const auto param_type = k_scales ? torch::kUInt8 : torch::kHalf;
+    TORCH_CHECK(scales.scalar_type() == param_type && scales.is_contiguous(),
+                k_scales ? "K-quant sub-scales must be contiguous uint8" : "scales must be contiguous float16");
+    if (has_mins) TORCH_CHECK(mins.scalar_type() == param_type && mins.is_contiguous() && mins.sizes() == scales.sizes(),
+                              "mins must be contiguous, typed and shaped like scales");
+    if (k_scales) {
+      TORCH_CHECK(has_mins, "K-quant scales come with mins");
+      TORCH_CHECK(scales.size(1) % 8 == 0 && supers.scalar_type() == torch::kHalf && supers.is_contiguous() &&
+                      supers.size(0) == scales.size(0) && supers.size(1) == super_row(scales.size(1)),
+                  "supers must be contiguous float16 [rows, groups / 4] ((d, dmin) per 8 groups)");
+    }
+  }
+
+  // scales and mins as float arrays the portable path indexes (K-quants: d * sub-scale and -dmin * m)
+  std::pair<torch::Tensor, torch::Tensor> float_params() const {
+    if (k_scales) return k_scales_as_floats(scales, mins, supers);
+    return {scales.to(torch::kFloat), has_mins ? mins.to(torch::kFloat) : torch::Tensor()};
+  }
+};
+
+}  // namespace
 
 // x: [M, K] float32 (other float types are converted); returns float32 [M, N].
 // With silu_and_mul, x is [M, 2K] = [gate | up] and the product silu(gate) * up is what gets multiplied.
-// interleaved: the weight is in the interleaved layout (see the top of this file).
+// interleaved: the weight is in the interleaved layout (see the top of this file). supers: a K-quant weight's
+// (d, dmin) per 8 groups, its scales and mins then being the 6-bit sub-scales and mins as bytes.
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
-                           const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& bias,
-                           int64_t bits, int64_t group_size, int64_t zero_point, bool precise, bool silu_and_mul,
-                           bool use_vnni, bool interleaved) {
+                           const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
+                           const c10::optional<torch::Tensor>& bias, int64_t bits, int64_t group_size,
+                           int64_t zero_point, bool precise, bool silu_and_mul, bool use_vnni, bool interleaved) {
   const Layout L = make_layout(bits, group_size);
   TORCH_CHECK(x_in.dim() == 2, "x must be 2-D");
   if (silu_and_mul) {
@@ -562,30 +701,19 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
         ::silu_and_mul(gate, gate + width, dst + m * width, width);
       }
     });
-    return quant_linear(product, qweight_in, scales_in, mins_in, bias, bits, group_size, zero_point, precise, false,
-                        use_vnni, interleaved);
+    return quant_linear(product, qweight_in, scales_in, mins_in, supers_in, bias, bits, group_size, zero_point, precise,
+                        false, use_vnni, interleaved);
   }
   const bool vnni = LC_VNNI && use_vnni;
-  torch::Tensor qweight = qweight_in, scales = scales_in;
-  c10::optional<torch::Tensor> mins = mins_in;
-  if (interleaved && !vnni) {  // the portable path reads row-major rows: restore a copy
-    qweight = qweight_in.clone();
-    scales = scales_in.clone();
-    if (mins_in.has_value() && mins_in->defined()) mins = mins_in->clone();
-    interleave_weight(qweight, scales, mins, true);
-    interleaved = false;
-  }
-  TORCH_CHECK(qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(), "qweight must be contiguous uint8");
-  TORCH_CHECK(scales.scalar_type() == torch::kHalf && scales.is_contiguous(), "scales must be contiguous float16");
+  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved && !vnni);
+  if (!vnni) interleaved = false;
   const torch::Tensor x = x_in.to(torch::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  const int64_t M = x.size(0), K = x.size(1), N = w.qweight.size(0);
   TORCH_CHECK(K % kActBlock == 0, "in_features must be a multiple of 32");
-  TORCH_CHECK(qweight.size(1) == (L.u4 ? K / 2 : K), "qweight does not match in_features");
+  TORCH_CHECK(w.qweight.size(1) == (L.u4 ? K / 2 : K), "qweight does not match in_features");
   const int64_t groups = K / L.group_size;
-  TORCH_CHECK(scales.size(0) == N && scales.size(1) == groups, "scales shape mismatch");
-  const bool has_mins = mins.has_value() && mins->defined();
-  if (has_mins) TORCH_CHECK(mins->scalar_type() == torch::kHalf && mins->is_contiguous() && mins->sizes() == scales.sizes(),
-                            "mins must be contiguous float16 shaped like scales");
+  TORCH_CHECK(w.scales.size(0) == N && w.scales.size(1) == groups, "scales shape mismatch");
+  const bool has_mins = w.has_mins;
   const int64_t chunks = (K + L.chunk_values - 1) / L.chunk_values;
 
   ActivationBuffers buffers(M, K, L);
@@ -599,10 +727,8 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
 
   torch::Tensor out = torch::empty({M, N}, torch::kFloat);
   float* op = out.data_ptr<float>();
-  const uint8_t* wp = qweight.data_ptr<uint8_t>();
-  const at::Half* sp = scales.data_ptr<at::Half>();
-  const at::Half* mp = has_mins ? mins->data_ptr<at::Half>() : nullptr;
-  const int64_t w_row = qweight.size(1);
+  const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
+  const int64_t w_row = w.qweight.size(1);
   const int32_t symmetric_zero = has_mins ? 0 : static_cast<int32_t>(zero_point);
   const float* bp = nullptr;
   torch::Tensor bias_f;
@@ -614,26 +740,30 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
 
 #if LC_VNNI
   if (vnni) {
+    const void* sp = w.scales.data_ptr();
+    const void* mp = has_mins ? w.mins.data_ptr() : nullptr;
+    const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
+    const int64_t param_bytes = w.k_scales ? 1 : 2;
     alignas(64) int32_t index_values[16];
     for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
     const __m512i scale_index = _mm512_load_si512(index_values);
     const int64_t weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
     const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     if (M == 1) {
-      const GemvFn gemv = pick_gemv(precise, !has_mins, L.u4);
+      const GemvFn gemv = pick_gemv(precise, !has_mins, L.u4, w.k_scales);
       at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
         for (int64_t pass = begin; pass < end; ++pass) {
           const int64_t n = pass * kRowsPerPass;
           const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
           float dots[kRowsPerPass];
-          gemv(pass_view(wp, sp, mp, n, N, w_row, groups, interleaved), w_row, groups, chunks, weight_bytes, L,
-               rows[0], count, dots);
+          gemv(pass_view(wp, sp, mp, up, param_bytes, n, N, w_row, groups, interleaved), w_row, groups, chunks,
+               weight_bytes, L, rows[0], count, dots);
           for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
         }
       });
       return out;
     }
-    const PanelFn panel = pick_panel(precise, !has_mins, L.u4);
+    const PanelFn panel = pick_panel(precise, !has_mins, L.u4, w.k_scales);
     // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
     // kPanelRows rows (their accumulators in L1), pass by pass
     const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
@@ -647,8 +777,8 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
           for (int64_t pass = band_begin; pass < band_end; ++pass) {
             const int64_t n = pass * kRowsPerPass;
             const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-            panel(pass_view(wp, sp, mp, n, N, w_row, groups, interleaved), groups, chunks, weight_bytes, L,
-                  scale_index, rows.data() + m0, mt, count, dots, kRowsPerPass, acc.data());
+            panel(pass_view(wp, sp, mp, up, param_bytes, n, N, w_row, groups, interleaved), groups, chunks,
+                  weight_bytes, L, scale_index, rows.data() + m0, mt, count, dots, kRowsPerPass, acc.data());
             for (int64_t t = 0; t < mt; ++t) {
               float* o = op + (m0 + t) * N + n;
               for (int r = 0; r < count; ++r) o[r] = bp ? dots[t * kRowsPerPass + r] + bp[n + r] : dots[t * kRowsPerPass + r];
@@ -660,12 +790,14 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     return out;
   }
 #endif
+  const auto [scales_f, mins_f] = w.float_params();
+  const float* sp = scales_f.data_ptr<float>();
+  const float* mp = has_mins ? mins_f.data_ptr<float>() : nullptr;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const uint8_t* w = wp + n * w_row;
-      const at::Half* s = sp + n * groups;
+      const uint8_t* wr = wp + n * w_row;
       for (int64_t m = 0; m < M; ++m) {
-        float v = row_dot_scalar(w, s, groups, L, precise, symmetric_zero, rows[m]);
+        float v = row_dot_scalar(wr, sp + n * groups, groups, L, precise, symmetric_zero, rows[m]);
         if (has_mins) v += offset_dot(mp + n * groups, rows[m].group_terms, groups);
         if (bp) v += bp[n];
         op[m * N + n] = v;
@@ -679,29 +811,22 @@ bool has_vnni() { return LC_VNNI; }
 
 // The dense float32 weight [N, K] (for large batches, where one float GEMM beats per-row integer dots).
 torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
-                         const c10::optional<torch::Tensor>& mins_in, int64_t bits, int64_t group_size, int64_t zero_point,
-                         bool interleaved) {
+                         const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
+                         int64_t bits, int64_t group_size, int64_t zero_point, bool interleaved) {
   const Layout L = make_layout(bits, group_size);
-  torch::Tensor qweight = qweight_in, scales = scales_in;
-  c10::optional<torch::Tensor> mins = mins_in;
-  if (interleaved) {
-    qweight = qweight_in.clone();
-    scales = scales_in.clone();
-    if (mins_in.has_value() && mins_in->defined()) mins = mins_in->clone();
-    interleave_weight(qweight, scales, mins, true);
-  }
-  const int64_t N = qweight.size(0), K = L.u4 ? qweight.size(1) * 2 : qweight.size(1), groups = K / group_size;
-  const bool has_mins = mins.has_value() && mins->defined();
+  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved);
+  const int64_t N = w.qweight.size(0), K = L.u4 ? w.qweight.size(1) * 2 : w.qweight.size(1), groups = K / group_size;
+  const auto [scales_f, mins_f] = w.float_params();
   torch::Tensor out = torch::empty({N, K}, torch::kFloat);
-  const uint8_t* wp = qweight.data_ptr<uint8_t>();
-  const at::Half* sp = scales.data_ptr<at::Half>();
-  const at::Half* mp = has_mins ? mins->data_ptr<at::Half>() : nullptr;
+  const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
+  const float* sp = scales_f.data_ptr<float>();
+  const float* mp = w.has_mins ? mins_f.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       for (int64_t g = 0; g < groups; ++g) {
-        const float scale = half_to_float(sp[n * groups + g]);
-        const float offset = has_mins ? half_to_float(mp[n * groups + g]) : -scale * static_cast<float>(zero_point);
+        const float scale = sp[n * groups + g];
+        const float offset = mp ? mp[n * groups + g] : -scale * static_cast<float>(zero_point);
         float* o = op + n * K + g * group_size;
         if (L.u4) {
           const uint8_t* b = wp + n * (K / 2) + g * 16;
