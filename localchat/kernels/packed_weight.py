@@ -15,8 +15,8 @@ float16 [out, in // group_size]; group_size is 32 (16 for Q6_K).
 Q4_K and Q5_K keep their scales as the file has them (``super_scales``): ``scales`` and ``mins``
 are then the 6-bit sub-scales and sub-mins as uint8, and ``super_scales`` float16 [out, in // 128]
 holds each super-block's (d, dmin) pair (one per 8 groups), so a group's scale is d * scale and its
-min -dmin * min. Nothing is rounded, and the weight reads 4.5 bits per weight instead of 5. Only
-Q6_K's scale products (d x 8-bit sub-scale) are rounded to float16.
+min -dmin * min. Nothing is rounded, and Q4_K reads 4.625 bits per weight instead of 5 (the
+file: 4.5). Only Q6_K's scale products (d x 8-bit sub-scale) are rounded to float16.
 
 On the CPU, the weights the C++ kernel multiplies are ``interleaved``: every block of four rows (the
 rows one pass of the kernel reads together) is stored 64 bytes of codes at a time, row after row (a
