@@ -7,11 +7,10 @@ PrefixRouter (replica_router.py), and follows its deltas from the replica's pipe
 sender thread writes commands (so a full pipe never blocks the event loop) and a reader thread
 hands each message to the event loop.
 
-Failure: a replica that exits (its pipe closes) or sends nothing for DP_TIMEOUT seconds (a heartbeat
-comes every second while idle, a step message at least as often while busy) is declared dead and
-killed; its requests end with an EngineDeadError naming it, /health answers 503, and the remaining
-replicas go on serving new requests. Every wait on a replica ends when the replica answers, dies,
-or times out.
+Failure: a replica that exits (its pipe closes) or sends nothing for DP_TIMEOUT seconds (it sends a
+message at least every second, idle or busy) is declared dead and killed; its requests end with an
+EngineDeadError naming it, /health answers 503, and the remaining replicas go on serving new
+requests. Every wait on a replica ends when the replica answers, dies, or times out.
 
 /metrics keeps every single-engine series, each summed over the replicas (the KV usage weighted by
 their blocks), and adds `localchat_replica_*` series labelled `replica`.
@@ -304,8 +303,6 @@ class DataParallelEngine(AsyncEngine):
             case ("step", outputs, stats):
                 replica.stats = stats
                 self._deliver(outputs)
-            case ("alive", stats):
-                replica.stats = stats
             case ("accepted", request_id, error):
                 tracked = self._requests.get(request_id)
                 if tracked is not None and tracked.accepted is not None:

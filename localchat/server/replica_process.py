@@ -2,10 +2,11 @@
 DataParallelEngine (data_parallel.py) over two one-way pipes.
 
 Commands come in on one pipe (add, abort, embed, stop) and are run between steps; events go out
-on the other: `accepted` per request, one `step` message per engine step (the step's deltas and
-the engine's stats), and an `alive` heartbeat with the stats every HEARTBEAT_SECONDS while idle, so
-the server can tell a hung replica from an idle one. The replica ignores SIGINT and SIGTERM: the
-server stops it with a command, and a closed command pipe (the server is gone) ends it too.
+on the other: `accepted` per request, and a `step` message (deltas and the engine's stats) per
+engine step that produced deltas, and at least every HEARTBEAT_SECONDS whatever happens (idle,
+or steps without deltas), so the server can tell a hung replica from an idle one. The replica
+ignores SIGINT and SIGTERM: the server stops it with a command, and a closed command pipe (the
+server is gone) ends it too.
 """
 
 from __future__ import annotations
@@ -110,18 +111,15 @@ def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
             check = getattr(engine.runner, "check_health", None)  # tensor-parallel ranks
             if check is not None:
                 check()
-            events.send(("alive", engine.stats()))
-            last_sent = time.monotonic()
-            continue
         while commands.poll():
             if not _handle(engine, commands.recv(), events):
                 return
-        if engine.has_unfinished():
-            outputs = engine.step()
-            now = time.monotonic()
-            if outputs or now - last_sent >= HEARTBEAT_SECONDS:
-                events.send(("step", outputs, engine.stats()))
-                last_sent = now
+        outputs = engine.step() if engine.has_unfinished() else []
+        now = time.monotonic()
+        # a step's deltas, or at least one message a second whatever happens (the heartbeat)
+        if outputs or now - last_sent >= HEARTBEAT_SECONDS:
+            events.send(("step", outputs, engine.stats()))
+            last_sent = now
 
 
 def _handle(engine: LLMEngine, message: tuple, events: Connection) -> bool:
