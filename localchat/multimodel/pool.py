@@ -224,13 +224,17 @@ class EnginePool:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_EVERY_S)
-            now = time.monotonic()
-            for name, entry in list(self.loaded.items()):
-                left = self.unloads_in(entry, now)
-                if left is not None and left <= 0:
-                    await self._evict_if_idle(name)
-                    async with self._changed:
-                        self._changed.notify_all()
+            for name in self._expired():
+                await self._evict_if_idle(name)
+                async with self._changed:
+                    self._changed.notify_all()
+
+    def _expired(self) -> list[str]:
+        """The engines past their keep_alive (names only: a Loaded kept in the reaper's frame
+        while it sleeps would keep an evicted engine's memory alive)."""
+        now = time.monotonic()
+        lefts = {name: self.unloads_in(entry, now) for name, entry in self.loaded.items()}
+        return [name for name, left in lefts.items() if left is not None and left <= 0]
 
     async def close(self) -> None:
         if self._reaper is not None:

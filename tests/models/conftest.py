@@ -96,3 +96,17 @@ def cli():
         return runner.invoke(app, list(args), input=input)
 
     return run
+
+
+@pytest.fixture
+def models_dir(default_gguf, tiny_llama_files, tmp_path) -> Path:
+    """DIR with the default GGUF (as smol.gguf) and the tiny llama twice (tiny-a, tiny-b)."""
+    directory = tmp_path / "models"
+    directory.mkdir()
+    (directory / "smol.gguf").symlink_to(default_gguf)
+    for name in ("tiny-a", "tiny-b"):
+        (directory / name).mkdir()
+        for file, data in tiny_llama_files.items():
+            (directory / name / file).write_bytes(data)
+    (directory / "notes.txt").write_text("not a model")
+    return directory

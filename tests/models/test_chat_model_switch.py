@@ -66,3 +66,36 @@ async def test_model_switch_keeps_the_history(cache_dir, default_gguf):
         await reply_done(pilot)
         assert len(messages) == 6 and messages[5].meta["model"] == REGISTRY_DEFAULT
     assert not chat.backend.engine.is_ready  # the app closed the backend it switched to
+
+
+async def test_url_mode_switches_the_servers_model(models_dir, tmp_path):
+    """`chat --url` on a several-model server: the picker lists its /v1/models, the next request
+    names the model picked, and the server swaps its engine (--max-loaded-models 1)."""
+    from localchat.tui.http_backend import OpenAIBackend
+    from tests.models.test_serve_models import _cards, _serve
+
+    args = ["--models-dir", str(models_dir), "--max-loaded-models", "1"]
+    with _serve(tmp_path / "serve.log", *args) as (url, _):
+        backend = OpenAIBackend(url, model="tiny-a")
+        app = ChatApp(backend, ConversationStore(None), conversation=greedy_conversation())
+        async with app.run_test(size=(100, 30)) as pilot:
+            chat = app.chat
+            await send(pilot, "Hi")
+            await reply_done(pilot)
+            await pilot.press("f8")
+            await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker), what="the picker")
+            options = app.screen.query_one(OptionList)
+            ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
+            assert ids == ["smol", "tiny-a", "tiny-b"] and options.highlighted == 1
+            options.highlighted = 0
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: chat.backend.model_name == "smol", what="switch")
+            await reply_done(pilot)
+            await send(pilot, "And you?")
+            await reply_done(pilot)
+            messages = chat.session.conversation.messages
+            assert [m.meta.get("model") for m in messages] == [None, "tiny-a", None, "smol"]
+            body = chat.backend.last_body
+            assert body["model"] == "smol" and body["messages"][1]["content"] == messages[1].content
+            cards = _cards(url)
+            assert cards["smol"]["loaded"] and not cards["tiny-a"]["loaded"]
