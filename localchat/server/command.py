@@ -167,6 +167,11 @@ def serve(
     if models is not None or models_dir is not None:
         if model is not None:
             raise InvalidParameterError("give MODEL or --models/--models-dir, not both")
+        if data_parallel_size > 1:
+            raise InvalidParameterError(
+                "--data-parallel-size serves one model; it does not go with --models/--models-dir",
+                param="data_parallel_size",
+            )
         from localchat.multimodel import command as multi
 
         served = multi.models_to_serve(models, models_dir)

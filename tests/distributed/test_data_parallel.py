@@ -227,12 +227,20 @@ def test_a_killed_or_hung_replica_is_a_clean_error_and_unhealthy_no_hang(server)
     assert "no data-parallel replica is left" in reply.json()["error"]["message"]
 
 
-def test_a_size_below_one_is_refused():
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--data-parallel-size", "0"], "--data-parallel-size must be >= 1"),
+        (["-dp", "2", "--models", "a,b"], "does not go with --models"),
+    ],
+    ids=["below-one", "with-models"],
+)
+def test_a_size_below_one_or_with_several_models_is_refused(flags, message):
     result = subprocess.run(
-        [sys.executable, "-m", "localchat", "serve", "--data-parallel-size", "0"],
+        [sys.executable, "-m", "localchat", "serve", *flags],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2
-    assert "--data-parallel-size must be >= 1" in result.stderr
+    assert message in result.stderr
