@@ -80,6 +80,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_grammar: str | None = None
     allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
+    # ollama's: how long the model stays loaded once idle (`serve --models` acts on it; a
+    # single-model server keeps its model loaded and only checks it)
+    keep_alive: str | float | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from localchat.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from localchat.errors import InvalidParameterError
+from localchat.multimodel.keep_alive import parse_keep_alive
 from localchat.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,6 +39,8 @@ def _common_checks(request: SamplingFields) -> None:
         f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {temperature}",
         "temperature",
     )
+    if request.keep_alive is not None:
+        parse_keep_alive(request.keep_alive)
 
 
 def _logit_bias(request: SamplingFields) -> dict[int, float] | None:

@@ -211,6 +211,9 @@ CASES = [
         "tool_choice",
     ),
     ("tools-malformed", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools"),
+    # a single-model server keeps its model loaded, but a bad keep_alive is still named
+    ("keep-alive-word", CHAT, {"messages": USER, "keep_alive": "soon"}, 400, "keep_alive"),
+    ("keep-alive-bool", COMPLETIONS, {"prompt": "x", "keep_alive": True}, 400, "keep_alive"),
     (
         "tools-and-json",
         CHAT,
@@ -291,3 +294,9 @@ def test_server_still_serves_after_bad_input(http):
     body = response.json()
     assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] <= 3
     assert http.get("/health").status_code == 200
+
+
+def test_a_good_keep_alive_is_accepted(http):
+    for value in ("5m", 0, -1):
+        response = http.post(CHAT, json={"messages": USER, "max_tokens": 2, "keep_alive": value})
+        assert response.status_code == 200, response.text
