@@ -114,10 +114,11 @@ def test_two_models_one_server(two_models, cli):
     assert httpx.get(f"{url}/v1/models/nope").status_code == 404
     rss = asyncio.run(_scenario(url, process.pid))
     print(f"RSS (MiB) after each of {DEFAULT}, {ST_NAME} x3, one loaded at a time: {rss}")
-    # eviction gives the memory back: from the second load on, the RSS after every swap is within
-    # 10% of every other (an engine left behind would add its weights and KV pool, over 10%); the
-    # first load is not the baseline, as the allocator keeps some of the heap it grew
-    assert max(rss[2:]) <= min(rss[2:]) * 1.10, rss
+    # eviction gives the memory back: the last two swaps' RSS is not more than 10% above the two
+    # before them (an engine left behind would add its weights and KV pool, over 10%). It may fall
+    # below them when the allocator hands heap back; the first loads are no baseline, as the
+    # allocator keeps some of the heap it grew
+    assert max(rss[4:]) <= max(rss[2:4]) * 1.10, rss
     cards = _cards(url)
     assert [n for n, c in cards.items() if c["loaded"]] == [ST_NAME]
     assert cards[ST_NAME]["memory_bytes"] > 32 * 2**20  # its weights and the 32 MiB KV pool
