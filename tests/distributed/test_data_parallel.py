@@ -191,8 +191,9 @@ def _stream_until_failure(server: ServeProcess, kill) -> tuple[list[str], float]
         "POST", f"{server.base_url}/v1/completions", json=body, timeout=120
     ) as response:
         for line in response.iter_lines():
-            if line:
-                events.append(line)
+            if not line:  # the blank line between events: without this, kill ran twice
+                continue
+            events.append(line)
             if len(events) == 3:
                 flight = _per_replica(_metrics(server), "requests_in_flight")
                 busy = [r for r, n in flight.items() if n == 1]
