@@ -171,15 +171,11 @@ class PackedWeight:
         rounded), the form the GPU's kernels read; itself when it has no super_scales."""
         if self.super_scales is None:
             return self
-        scales, mins = self.group_params()
+        weight = self.row_major()
+        scales, mins = weight.group_params()
         assert mins is not None
         return replace(
-            self,
-            qweight=self._rows(self.qweight, None, CODE_UNIT),
-            scales=scales.to(torch.float16),
-            mins=mins.to(torch.float16),
-            super_scales=None,
-            interleaved=False,
+            weight, scales=scales.to(torch.float16), mins=mins.to(torch.float16), super_scales=None
         )
 
     def group_params(

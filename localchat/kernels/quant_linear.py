@@ -151,20 +151,14 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
     )
     if not same:
         return tuple(parts)
-    if first.super_scales is not None:  # K-quant scales stack as they are
-        supers = [p.super_scales for p in parts]
-        return PackedWeight(
-            first.layout,
-            torch.cat([p.qweight for p in parts]),
-            torch.cat([p.scales for p in parts]),
-            torch.cat([p.mins for p in parts]),  # type: ignore[misc]
-            first.group_size,
-            0,
-            "+".join(sorted({p.source_type for p in parts})),
-            super_scales=torch.cat(supers),  # type: ignore[arg-type]
-        )
     symmetric = all(p.mins is None and p.zero_point == first.zero_point for p in parts)
-    mins = None if symmetric else torch.cat([p.offsets() for p in parts])
+    supers: torch.Tensor | None = None
+    mins: torch.Tensor | None
+    if first.super_scales is not None:  # K-quant sub-scales, sub-mins and pairs stack as they are
+        supers = torch.cat([p.super_scales for p in parts])  # type: ignore[misc]
+        mins = torch.cat([p.mins for p in parts])  # type: ignore[misc]
+    else:
+        mins = None if symmetric else torch.cat([p.offsets() for p in parts])
     kinds = sorted({p.source_type for p in parts})
     return PackedWeight(
         first.layout,
@@ -174,4 +168,5 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
         first.group_size,
         first.zero_point if symmetric else 0,
         "+".join(kinds),
+        super_scales=supers,
     )

@@ -162,6 +162,10 @@ def test_dispatch_fuses_and_splits(ext):
     torch.testing.assert_close(
         fused.dequantize(), torch.cat([symmetric.dequantize(), q4.dequantize()])
     )
+    a, b = k_quant("u4", 8, 256, seed=1), k_quant("u4", 4, 256, seed=2)
+    stacked = fuse([a, b])  # K-quant parts keep their sub-scales and (d, dmin) pairs
+    assert isinstance(stacked, PackedWeight) and stacked.super_scales is not None
+    assert torch.equal(stacked.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
 
 
 def test_large_parts_are_not_stacked(monkeypatch):

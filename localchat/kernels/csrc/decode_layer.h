@@ -80,7 +80,7 @@ struct PackedRef {
       const int64_t n = pass * kRowsPerPass;
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
-      gemv(pass_view(wp, sp, mp, up, k_scales ? 1 : 2, n, N, w_row, groups, interleaved), w_row, groups, chunks,
+      gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
            weight_bytes, L, act.rows[thread], count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
     }

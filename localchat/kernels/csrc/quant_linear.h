@@ -194,8 +194,6 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
 }
 
 float half_to_float(at::Half h) { return static_cast<float>(h); }
-inline float to_float(at::Half h) { return static_cast<float>(h); }
-inline float to_float(float f) { return f; }
 
 constexpr int kRowsPerPass = 4;  // weight rows one pass of a kernel reads together
 constexpr int kGroupBlock = 16;  // scales (and mins) interleaved this many groups at a time
@@ -231,11 +229,11 @@ struct PassView {
 constexpr int64_t kSupersPerBlock = 4;
 inline int64_t super_row(int64_t groups) { return groups / 4; }
 
-// The view of the pass whose first row is n, in a weight of N rows of w_row bytes and `groups` groups, whose
-// scales and mins are param_bytes wide (2: float16; 1: K-quant sub-scales, with up their (d, dmin) pairs).
-inline PassView pass_view(const uint8_t* wp, const void* sp, const void* mp, const at::Half* up, int64_t param_bytes,
-                          int64_t n, int64_t N, int64_t w_row, int64_t groups, bool interleaved) {
-  const int64_t sup_row = super_row(groups);
+// The view of the pass whose first row is n, in a weight of N rows of w_row bytes and `groups` groups. Its scales
+// and mins are float16, or with up (K-quant scales: the (d, dmin) pairs) the sub-scales and sub-mins as bytes.
+inline PassView pass_view(const uint8_t* wp, const void* sp, const void* mp, const at::Half* up, int64_t n,
+                          int64_t N, int64_t w_row, int64_t groups, bool interleaved) {
+  const int64_t sup_row = super_row(groups), param_bytes = up ? 1 : 2;
   PassView v{wp + n * w_row,
              static_cast<const char*>(sp) + n * groups * param_bytes,
              mp ? static_cast<const char*>(mp) + n * groups * param_bytes : nullptr,
@@ -281,7 +279,6 @@ void interleave_block(T* block, int64_t width, int64_t unit, bool back, T* scrat
 // The bytes of a 64-byte chunk that exist, given how many are left in the row (the last chunk may be short).
 inline __mmask64 chunk_byte_mask(int64_t left) { return left >= 64 ? ~0ULL : ((1ULL << left) - 1); }
 
-// acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later).
 // Lanes of a block of kGroupBlock groups: which of its (d, dmin, d, dmin) halves each group's d and dmin are.
 inline __m512i super_lanes(int which) {
   return _mm512_set_epi32(2 + which, 2 + which, 2 + which, 2 + which, 2 + which, 2 + which, 2 + which, 2 + which,
@@ -299,6 +296,7 @@ inline __m512 load_sub_params(const uint8_t* p, __mmask16 mask) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p)));
 }
 
+// acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later).
 template <bool KQ>
 inline __m512 offset_lanes(const PassView& v, int r, const float* terms, int64_t groups, __m512 acc) {
   for (int64_t g = 0; g < groups; g += 16) {
@@ -472,8 +470,7 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
       hi[r] = U4 ? high_nibbles(raw, low_mask) : raw;
       if (KQ) {  // d * sub-scale, as gemv_rows forms it
         const float d = half_to_float(v.supers(rr, first_group / kGroupBlock)[(first_group % kGroupBlock) / 8 * 2]);
-        const __m512 sub = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_maskz_loadu_epi8(static_cast<__mmask16>(scale_mask), v.group<uint8_t>(v.s, rr, first_group))));
+        const __m512 sub = load_sub_params(v.group<uint8_t>(v.s, rr, first_group), scale_mask);
         s[r] = _mm512_permutexvar_ps(scale_index, _mm512_mul_ps(sub, _mm512_set1_ps(d)));
       } else {
         s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
@@ -536,10 +533,9 @@ GemvFn pick_gemv(bool precise, bool symmetric, bool u4, bool kq) {
 #endif
 
 // sum_g offsets[g] * terms[g]: an asymmetric weight's mins on the portable path.
-template <typename S>
-float offset_dot(const S* offsets, const float* terms, int64_t groups) {
+float offset_dot(const float* offsets, const float* terms, int64_t groups) {
   float sum = 0.f;
-  for (int64_t g = 0; g < groups; ++g) sum += to_float(offsets[g]) * terms[g];
+  for (int64_t g = 0; g < groups; ++g) sum += offsets[g] * terms[g];
   return sum;
 }
 
@@ -578,8 +574,7 @@ int32_t group_dot_scalar(const uint8_t* w, const int8_t* q, int64_t g, const Lay
   return dot;
 }
 
-template <typename S>
-float row_dot_scalar(const uint8_t* w, const S* scales, int64_t groups, const Layout& L, bool precise,
+float row_dot_scalar(const uint8_t* w, const float* scales, int64_t groups, const Layout& L, bool precise,
                      int32_t zero_point, const ActivationRow& a) {
   float sum = 0.f;
   for (int64_t g = 0; g < groups; ++g) {
@@ -594,7 +589,7 @@ float row_dot_scalar(const uint8_t* w, const S* scales, int64_t groups, const La
       dot -= zero_point * codes;
     }
     const float da = a.block_scales[g * L.group_size / kActBlock];
-    sum += to_float(scales[g]) * da * static_cast<float>(dot);
+    sum += scales[g] * da * static_cast<float>(dot);
   }
   return sum;
 }
@@ -743,7 +738,6 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     const void* sp = w.scales.data_ptr();
     const void* mp = has_mins ? w.mins.data_ptr() : nullptr;
     const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
-    const int64_t param_bytes = w.k_scales ? 1 : 2;
     alignas(64) int32_t index_values[16];
     for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
     const __m512i scale_index = _mm512_load_si512(index_values);
@@ -756,7 +750,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
           const int64_t n = pass * kRowsPerPass;
           const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
           float dots[kRowsPerPass];
-          gemv(pass_view(wp, sp, mp, up, param_bytes, n, N, w_row, groups, interleaved), w_row, groups, chunks,
+          gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
                weight_bytes, L, rows[0], count, dots);
           for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
         }
@@ -777,7 +771,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
           for (int64_t pass = band_begin; pass < band_end; ++pass) {
             const int64_t n = pass * kRowsPerPass;
             const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-            panel(pass_view(wp, sp, mp, up, param_bytes, n, N, w_row, groups, interleaved), groups, chunks,
+            panel(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), groups, chunks,
                   weight_bytes, L, scale_index, rows.data() + m0, mt, count, dots, kRowsPerPass, acc.data());
             for (int64_t t = 0; t < mt; ++t) {
               float* o = op + (m0 + t) * N + n;
