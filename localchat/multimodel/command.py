@@ -5,7 +5,6 @@ and `--max-memory`, unloaded once idle past their keep_alive."""
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 from pathlib import Path
 
@@ -71,13 +70,12 @@ async def serve_models(
     parsers: tuple[str | None, str | None],
     pooling: str,
 ) -> None:
-    import uvicorn
-
     from localchat.multimodel.pool import EnginePool
     from localchat.multimodel.router import ModelRouter
     from localchat.server.access_log import access_log
     from localchat.server.app import build_app
     from localchat.server.state import ServerState
+    from localchat.server.uvicorn_run import serve_until_signal, socket_url, uvicorn_server
 
     def build(engine, name):
         state = ServerState(
@@ -109,32 +107,21 @@ async def serve_models(
                 format_bytes(need.total),
                 format_bytes(max_memory),
             )
-    config = uvicorn.Config(
-        access_log(ModelRouter(pool, api_key)),
-        log_config=None,
-        access_log=False,
-        log_level=log_level,
-        timeout_graceful_shutdown=grace_period,  # type: ignore[arg-type]  # a float works
-        lifespan="off",
+    server = uvicorn_server(
+        access_log(ModelRouter(pool, api_key)), log_level=log_level, grace_period=grace_period
     )
-    server = uvicorn.Server(config)
-    host, port = sock.getsockname()[:2]
-    url_host = f"[{host}]" if ":" in host else host
     logger.info(
-        "serving %s (at most %d loaded%s, keep_alive %s) on http://%s:%d%s",
+        "serving %s (at most %d loaded%s, keep_alive %s) on %s%s",
         ", ".join(pool.names),
         max_loaded,
         "" if max_memory is None else f", {format_bytes(max_memory)}",
         format_duration(keep_alive),
-        url_host,
-        port,
+        socket_url(sock),
         " (API key required)" if api_key else "",
     )
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
     pool.start()
     try:
-        await server.serve(sockets=[sock])
+        await serve_until_signal(server, sock)
     finally:
         await pool.close()
         sock.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 from pathlib import Path
 from typing import Annotated, Any
@@ -246,11 +245,10 @@ async def _serve(
     pooling: str = "last",
     data_parallel_size: int = 1,
 ) -> None:
-    import uvicorn
-
     from localchat.engine.async_engine import AsyncEngine
     from localchat.server.app import build_asgi_app
     from localchat.server.state import ServerState
+    from localchat.server.uvicorn_run import serve_until_signal, socket_url, uvicorn_server
 
     engine: AsyncEngine
     if data_parallel_size > 1:  # replicas in processes of their own (server/data_parallel.py)
@@ -275,30 +273,16 @@ async def _serve(
             reasoning_parser=parsers[1],
             pooling=pooling,
         )
-        config = uvicorn.Config(
-            build_asgi_app(server_state, cors_origins),
-            log_config=None,
-            access_log=False,
-            log_level=log_level,
-            timeout_graceful_shutdown=grace_period,
-            lifespan="off",
-        )
-        server = uvicorn.Server(config)
-        host, port = sock.getsockname()[:2]
-        url_host = f"[{host}]" if ":" in host else host
+        app = build_asgi_app(server_state, cors_origins)
+        server = uvicorn_server(app, log_level=log_level, grace_period=grace_period)
         logger.info(
-            "serving %s (max_model_len %d) on http://%s:%d%s",
+            "serving %s (max_model_len %d) on %s%s",
             server_state.model_name,
             info.max_model_len,
-            url_host,
-            port,
+            socket_url(sock),
             " (API key required)" if api_key else "",
         )
-        # uvicorn re-raises the signal that stopped it once it is done; a no-op handler makes that a
-        # clean exit
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: None)
-        await server.serve(sockets=[sock])
+        await serve_until_signal(server, sock)
     finally:
         await engine.shutdown()
         sock.close()
