@@ -14,7 +14,7 @@ from localchat.server.chat_reply import ReplyParser, ReplyPiece
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
 from localchat.server.sampling import chat_sampling_params
-from localchat.server.state import ServerState, require_api_key, server_of
+from localchat.server.state import ServerState, require_api_key, server_for
 from localchat.server.streaming import respond, start_generation
 from localchat.server.structured import checked_grammar
 from localchat.server.tools import plan_tools
@@ -122,17 +122,10 @@ def _parser_factory(
 async def create_chat_completion(
     request: Request, data: Annotated[ChatCompletionRequest, JSON_BODY]
 ) -> Response:
-    server = server_of(request)
-    server.check_model(data.model)
+    server = server_for(request, data.model)
     plan = plan_tools(data, server.tools, server.special_token_id)
     tool_grammar = (plan.grammar, str(data.tool_choice)) if plan.grammar else None
-    prompt = server.render_chat(
-        data.messages,
-        chat_template_kwargs=data.chat_template_kwargs,
-        add_generation_prompt=data.add_generation_prompt,
-        continue_final_message=data.continue_final_message,
-        tools=plan.template_tools,
-    )
+    prompt = server.render_chat(data, plan.template_tools)
     role = "assistant" if data.add_generation_prompt else data.messages[-1].role
     reasoning = server.reasoning if role == "assistant" else None
     tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""

@@ -12,7 +12,7 @@ from localchat.errors import InvalidParameterError
 from localchat.server.logprobs import CompletionLogprobs, TokenStrings
 from localchat.server.protocol import JSON_BODY, CompletionRequest
 from localchat.server.sampling import completion_sampling_params
-from localchat.server.state import require_api_key, server_of
+from localchat.server.state import require_api_key, server_for
 from localchat.server.streaming import respond, start_generation
 from localchat.server.structured import checked_grammar
 
@@ -95,8 +95,7 @@ class CompletionDialect:
 async def create_completion(
     request: Request, data: Annotated[CompletionRequest, JSON_BODY]
 ) -> Response:
-    server = server_of(request)
-    server.check_model(data.model)
+    server = server_for(request, data.model)
     defaults = server.engine.model_info.generation_defaults  # generation_config.json
     params = completion_sampling_params(defaults.fill_request(data), await checked_grammar(data))
     prompts = parse_prompts(data.prompt)

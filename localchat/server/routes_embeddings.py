@@ -12,7 +12,7 @@ from litestar import Request, post
 from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.server.protocol import JSON_BODY, EmbeddingRequest
 from localchat.server.routes_completions import parse_prompts
-from localchat.server.state import require_api_key, server_of
+from localchat.server.state import require_api_key, server_for
 
 ENCODINGS = ("float", "base64")
 
@@ -27,8 +27,7 @@ def _inputs(data: EmbeddingRequest, tokenize) -> list[list[int]]:
 
 @post("/v1/embeddings", status_code=200, guards=[require_api_key], summary="Create embeddings")
 async def create_embeddings(request: Request, data: Annotated[EmbeddingRequest, JSON_BODY]) -> dict:
-    server = server_of(request)
-    server.check_model(data.model)
+    server = server_for(request, data.model)
     if data.encoding_format not in ENCODINGS:
         raise InvalidParameterError(
             f"encoding_format must be float or base64, got {data.encoding_format!r}",

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from localchat import __version__
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import JSON_BODY, DetokenizeRequest, TokenizeRequest
-from localchat.server.state import require_api_key, server_of
+from localchat.server.state import require_api_key, server_for, server_of
 
 
 @get("/v1/models", guards=[require_api_key], summary="List the served model")
@@ -58,18 +58,11 @@ async def version() -> dict:
     summary="Token ids of a prompt or conversation",
 )
 async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]) -> dict:
-    server = server_of(request)
-    server.check_model(data.model)
+    server = server_for(request, data.model)
     if (data.prompt is None) == (data.messages is None):
         raise InvalidParameterError("give exactly one of prompt and messages", param="prompt")
     if data.messages is not None:
-        tokens = server.render_chat(
-            data.messages,
-            chat_template_kwargs=data.chat_template_kwargs,
-            add_generation_prompt=data.add_generation_prompt,
-            continue_final_message=data.continue_final_message,
-            tools=data.tools,
-        )
+        tokens = server.render_chat(data, data.tools)
     else:
         assert data.prompt is not None  # exactly one of the two, as checked above
         tokens = server.engine.tokenize(data.prompt, add_special_tokens=data.add_special_tokens)
@@ -85,8 +78,7 @@ async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]
 
 @post("/detokenize", status_code=200, guards=[require_api_key], summary="Text of token ids")
 async def detokenize(request: Request, data: Annotated[DetokenizeRequest, JSON_BODY]) -> dict:
-    server = server_of(request)
-    server.check_model(data.model)
+    server = server_for(request, data.model)
     vocab_size = len(server.engine.tokenizer) if server.engine.tokenizer is not None else None
     bad = next((t for t in data.tokens if t >= vocab_size), None) if vocab_size else None
     if bad is not None:

@@ -22,6 +22,7 @@ from localchat.server.tools import template_messages
 
 if TYPE_CHECKING:
     from localchat.engine.async_engine import AsyncEngine
+    from localchat.server.protocol import ChatCompletionRequest, TokenizeRequest
 
 # chat_template_kwargs may not override what the server itself passes to the template
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -67,18 +68,23 @@ class ServerState:
             )
 
     def render_chat(
-        self, messages: list, *, chat_template_kwargs: dict | None, **kwargs
+        self, data: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None
     ) -> list[int]:
-        if not messages:
+        """The prompt of a request's messages, rendered with the template options it carries."""
+        if not data.messages:
             raise InvalidParameterError("messages must hold at least one message", param="messages")
-        clash = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & set(data.chat_template_kwargs or {}))
         if clash:
             raise InvalidParameterError(
                 f"chat_template_kwargs may not set {', '.join(clash)}", param="chat_template_kwargs"
             )
         try:
             return self.engine.render_chat(
-                template_messages(messages), chat_template_kwargs=chat_template_kwargs, **kwargs
+                template_messages(data.messages),
+                chat_template_kwargs=data.chat_template_kwargs,
+                add_generation_prompt=data.add_generation_prompt,
+                continue_final_message=data.continue_final_message,
+                tools=tools,
             )
         except LocalchatError:
             raise
@@ -94,6 +100,14 @@ class ServerState:
 
 def server_of(request: Request) -> ServerState:
     return request.app.state.server
+
+
+def server_for(request: Request, model: str | None) -> ServerState:
+    """The server, once it is known to serve the request's model (the opening of every route that
+    takes one)."""
+    server = server_of(request)
+    server.check_model(model)
+    return server
 
 
 def require_api_key(connection: ASGIConnection, _handler: BaseRouteHandler) -> None:
