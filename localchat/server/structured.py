@@ -37,8 +37,9 @@ def _is_object(schema: dict[str, Any]) -> bool:
 def strict_schema(schema: Any, param: str, where: str) -> dict[str, Any]:
     """A copy of `schema` with `additionalProperties: false` on every object in it, nested ones
     too, as OpenAI's strict mode makes it; a schema strict mode cannot take (not an object at the
-    top, an object that allows other properties) is a 400 naming `param` and the place (`where`,
-    e.g. "tools[0].function.parameters")."""
+    top, an object that allows other properties, an object whose `required` does not list every
+    one of its properties) is a 400 naming `param` and the place (`where`, e.g.
+    "tools[0].function.parameters")."""
     if not isinstance(schema, dict) or not _is_object(schema):
         raise InvalidParameterError(
             f"{where} must be an object schema ({{'type': 'object', ...}}) with strict",
@@ -57,6 +58,7 @@ def _strict(node: Any, param: str, path: str) -> Any:
                 f"{path}.additionalProperties must be false with strict", param=param
             )
         node["additionalProperties"] = False
+        _check_all_required(node, param, path)
     for key in _SCHEMA_MAPS:
         if isinstance(node.get(key), dict):
             node[key] = {
@@ -70,6 +72,24 @@ def _strict(node: Any, param: str, path: str) -> Any:
         if key in node:
             node[key] = _strict(node[key], param, f"{path}.{key}")
     return node
+
+
+def _check_all_required(node: dict[str, Any], param: str, path: str) -> None:
+    """OpenAI's strict mode: every property of an object is listed in its `required` (an optional
+    field is written as a required one that may be null)."""
+    properties = node.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return
+    required = node.get("required", [])
+    if not isinstance(required, list):
+        raise InvalidParameterError(
+            f"{path}.required must be a list of every property's name with strict", param=param
+        )
+    if missing := [name for name in properties if name not in required]:
+        names = ", ".join(repr(name) for name in missing)
+        raise InvalidParameterError(
+            f"{path}.required must list every property with strict; missing {names}", param=param
+        )
 
 
 def _loaded(schema: str, param: str) -> Any:

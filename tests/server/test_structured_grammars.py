@@ -39,15 +39,17 @@ def accepts(grammar: str, text: str) -> bool:
     return matcher.try_consume_tokens(data) == len(data) and matcher.is_accepting()
 
 
-NESTED = {
+NESTED = {  # every property required, as strict mode wants
     "type": "object",
     "properties": {
         "city": {"type": "string"},
-        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]},
         "stops": {"type": "array", "items": {"$ref": "#/$defs/stop"}},
     },
-    "required": ["city"],
-    "$defs": {"stop": {"type": "object", "properties": {"name": {"type": "string"}}}},
+    "required": ["city", "where", "stops"],
+    "$defs": {
+        "stop": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    },
 }
 
 
@@ -72,9 +74,9 @@ def _call(arguments: dict) -> str:
 @pytest.mark.parametrize(
     "extra",
     [
-        {"city": "Oslo", "country": "NO"},
-        {"city": "Oslo", "where": {"lat": 1, "lon": 2}},
-        {"city": "Oslo", "stops": [{"name": "a", "time": 3}]},
+        {"city": "Oslo", "where": {"lat": 1}, "stops": [{"name": "a"}], "country": "NO"},
+        {"city": "Oslo", "where": {"lat": 1, "lon": 2}, "stops": [{"name": "a"}]},
+        {"city": "Oslo", "where": {"lat": 1}, "stops": [{"name": "a", "time": 3}]},
     ],
     ids=["top", "nested", "in-defs"],
 )
@@ -91,10 +93,43 @@ def test_strict_tool_takes_no_other_properties(extra):
     [
         ({"type": "object", "additionalProperties": True}, "parameters.additionalProperties"),
         (
-            {"type": "object", "properties": {"a": {"type": "object", "additionalProperties": {}}}},
+            {
+                "type": "object",
+                "properties": {"a": {"type": "object", "additionalProperties": {}}},
+                "required": ["a"],
+            },
             "parameters.properties.a.additionalProperties",
         ),
         ({"type": "string"}, "parameters must be an object schema"),
+        (
+            {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"]},
+            "parameters.required must list every property with strict; missing 'b'",
+        ),
+        (
+            {"type": "object", "properties": {"a": {}, "b": {}}},
+            "parameters.required must list every property with strict; missing 'a', 'b'",
+        ),
+        (
+            {"type": "object", "properties": {"a": {}}, "required": "a"},
+            "parameters.required must be a list",
+        ),
+        (
+            {**NESTED, "properties": {**NESTED["properties"], "where": {"properties": {"x": {}}}}},
+            "parameters.properties.where.required must list every property with strict; "
+            "missing 'x'",
+        ),
+        (
+            {**NESTED, "$defs": {"stop": {"type": "object", "properties": {"name": {}}}}},
+            "parameters.$defs.stop.required must list every property with strict",
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"p": {"anyOf": [{"type": "null"}, {"properties": {"q": {}}}]}},
+                "required": ["p"],
+            },
+            "parameters.properties.p.anyOf[1].required must list every property",
+        ),
     ],
 )
 def test_schemas_strict_mode_cannot_take_are_named(parameters, where):
@@ -109,7 +144,8 @@ def test_schemas_strict_mode_cannot_take_are_named(parameters, where):
 
 
 def test_strict_response_format():
-    spec = {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    spec = {"name": "x", "schema": schema}
     loose = request_grammar(_chat(response_format={"type": "json_schema", "json_schema": spec}))
     strict = request_grammar(
         _chat(response_format={"type": "json_schema", "json_schema": {**spec, "strict": True}})
@@ -117,10 +153,16 @@ def test_strict_response_format():
     assert loose is not None and strict is not None
     assert accepts(loose[0], '{"a":1,"b":2}') and not accepts(strict[0], '{"a":1,"b":2}')
     assert accepts(strict[0], '{"a":1}')
-    wrong = {**spec, "schema": {"type": "array"}, "strict": True}
-    with pytest.raises(InvalidParameterError) as error:
-        request_grammar(_chat(response_format={"type": "json_schema", "json_schema": wrong}))
-    assert error.value.param == "response_format"
+    for bad, message in [
+        ({"type": "array"}, "must be an object schema"),
+        ({**schema, "required": []}, "schema.required must list every property with strict"),
+    ]:
+        wrong = {**spec, "schema": bad, "strict": True}
+        with pytest.raises(InvalidParameterError) as error:
+            request_grammar(_chat(response_format={"type": "json_schema", "json_schema": wrong}))
+        assert error.value.param == "response_format" and message in str(error.value)
+    loose_ok = {**spec, "schema": {**schema, "required": []}}  # without strict, optional is fine
+    assert request_grammar(_chat(response_format={"type": "json_schema", "json_schema": loose_ok}))
 
 
 OBJECT = json_grammar({"type": "object", "properties": {"a": {"type": "integer"}}}, "test")
@@ -154,7 +196,7 @@ def test_tool_schemas_keep_their_refs():
         "additionalProperties": False,
     }
     functions = [{"name": "go", "parameters": NESTED}, {"name": "tree", "parameters": recursive}]
-    nested = '{"city":"Oslo","stops":[{"name":"a"}]}'
+    nested = '{"city":"Oslo","where":{"lat":1},"stops":[{"name":"a"}]}'
     for parser_class in (HermesParser, MistralParser):
         grammar = parser_class().grammar(functions, True, lambda text: None)
         if parser_class is HermesParser:
