@@ -210,6 +210,7 @@ def bench(
     from rich.console import Console
 
     from localchat.bench.big_model import run_big_model
+    from localchat.bench.online import OnlineOptions
     from localchat.bench.report import build_payload, print_report, write_json
     from localchat.bench.runner import parse_peers, run_offline, run_online_bench
     from localchat.bench.workloads import select_workload
@@ -237,17 +238,16 @@ def bench(
                 "with an offline run's figures through --baseline FILE",
                 param="compare",
             )
-        outcome = run_online_bench(
-            config,
-            chosen,
+        options = OnlineOptions(
             url,
             concurrency=concurrency,
             request_rate=request_rate,
-            served_model_name=served_model_name,
+            model=served_model_name,
             api_key=api_key,
             timeout=timeout,
-            baseline=baseline,
-            show_progress=show_progress,
+        )
+        outcome = run_online_bench(
+            config, chosen, options, baseline=baseline, show_progress=show_progress
         )
         workload_info.update(
             url=url,

@@ -14,6 +14,7 @@ import asyncio
 import math
 import random
 import time
+from dataclasses import dataclass
 
 import httpx
 
@@ -22,6 +23,31 @@ from localchat.bench.records import RequestRecord, RunResult
 from localchat.bench.workloads import BenchRequest
 from localchat.client import APIError, AsyncClient
 from localchat.errors import LocalchatError
+
+
+@dataclass(frozen=True)
+class OnlineOptions:
+    """How online mode reaches the server and paces the requests: built once from the command
+    line and passed through to the run."""
+
+    url: str
+    concurrency: int | None = None  # the most requests in flight (None: all of them)
+    request_rate: float = math.inf  # Poisson arrivals per second (inf: all at once)
+    model: str | None = None  # the model to name (None: the server's first in /v1/models)
+    api_key: str | None = None
+    timeout: float = 600.0  # seconds to wait for any one read
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise LocalchatError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if not self.request_rate > 0:
+            raise LocalchatError(f"--request-rate must be > 0 (or inf), got {self.request_rate}")
+
+    def describe(self) -> str:
+        mode = f"concurrency {self.concurrency}" if self.concurrency else "unbounded concurrency"
+        if math.isfinite(self.request_rate):
+            mode += f", {self.request_rate:g} req/s Poisson"
+        return mode
 
 
 async def served_model(client: AsyncClient) -> str:
@@ -66,29 +92,21 @@ async def _send(
 
 
 async def _run(
-    url: str,
-    requests: list[BenchRequest],
-    *,
-    concurrency: int | None,
-    request_rate: float,
-    seed: int,
-    model: str | None,
-    api_key: str | None,
-    timeout: float,
-    advance: Advance,
+    options: OnlineOptions, requests: list[BenchRequest], seed: int, advance: Advance
 ) -> RunResult:
+    concurrency, request_rate = options.concurrency, options.request_rate
     limits = httpx.Limits(
         max_connections=concurrency or len(requests) + 1, max_keepalive_connections=None
     )
     async with AsyncClient(
-        url,
-        api_key=api_key,
-        model=model,
-        timeout=httpx.Timeout(timeout, connect=10.0),
+        options.url,
+        api_key=options.api_key,
+        model=options.model,
+        timeout=httpx.Timeout(options.timeout, connect=10.0),
         limits=limits,
     ) as client:
         base = client.base_url
-        client.model = model or await served_model(client)
+        client.model = options.model or await served_model(client)
         # one short request first (as vllm bench serve does): fails fast on a wrong URL, warms the
         # server
         probe = RequestRecord(1, 2)
@@ -114,39 +132,16 @@ async def _run(
             tasks.append(asyncio.create_task(one(request, record)))
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    mode = f"concurrency {concurrency}" if concurrency else "unbounded concurrency"
-    if math.isfinite(request_rate):
-        mode += f", {request_rate:g} req/s Poisson"
-    return RunResult("server", f"{client.model} @ {base} ({mode})", records, duration)
+    label = f"{client.model} @ {base} ({options.describe()})"
+    return RunResult("server", label, records, duration)
 
 
 def run_online(
-    url: str,
+    options: OnlineOptions,
     requests: list[BenchRequest],
     *,
-    concurrency: int | None = None,
-    request_rate: float = math.inf,
     seed: int = 0,
-    model: str | None = None,
-    api_key: str | None = None,
-    timeout: float = 600.0,
     advance: Advance = _noop,
 ) -> RunResult:
     """Send the requests and time every streamed chunk; failures are counted, not raised."""
-    if concurrency is not None and concurrency < 1:
-        raise LocalchatError(f"--concurrency must be >= 1, got {concurrency}")
-    if not request_rate > 0:
-        raise LocalchatError(f"--request-rate must be > 0 (or inf), got {request_rate}")
-    return asyncio.run(
-        _run(
-            url,
-            requests,
-            concurrency=concurrency,
-            request_rate=request_rate,
-            seed=seed,
-            model=model,
-            api_key=api_key,
-            timeout=timeout,
-            advance=advance,
-        )
-    )
+    return asyncio.run(_run(options, requests, seed, advance))

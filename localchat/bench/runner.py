@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localchat.bench import progress
 from localchat.bench.records import RunResult, figures, ratio
@@ -19,6 +20,9 @@ from localchat.bench.workloads import (
     random_requests,
     user_messages,
 )
+
+if TYPE_CHECKING:
+    from localchat.bench.online import OnlineOptions
 
 PEERS = {
     "hf": "hf",
@@ -195,13 +199,8 @@ def _online_vocabulary(config) -> tuple[str, list[int]]:
 def run_online_bench(
     config,
     workload: Workload,
-    url: str,
+    options: OnlineOptions,
     *,
-    concurrency: int | None,
-    request_rate: float,
-    served_model_name: str | None,
-    api_key: str | None,
-    timeout: float,
     baseline: str | None,
     show_progress: bool,
 ) -> BenchOutcome:
@@ -215,19 +214,9 @@ def run_online_bench(
     name, token_ids = _online_vocabulary(config)
     requests = random_requests(workload, token_ids, config.seed)
     total = sum(r.output_len for r in requests)
-    outcome = BenchOutcome(served_model_name or name)
+    outcome = BenchOutcome(options.model or name)
     with progress.token_progress(show_progress, "server", total) as advance:
-        result = run_online(
-            url,
-            requests,
-            concurrency=concurrency,
-            request_rate=request_rate,
-            seed=config.seed,
-            model=served_model_name,
-            api_key=api_key,
-            timeout=timeout,
-            advance=advance,
-        )
+        result = run_online(options, requests, seed=config.seed, advance=advance)
     server = outcome.add("server", result, workload.kind)
     if baseline_fig is not None:
         column, fig = baseline_fig

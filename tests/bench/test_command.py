@@ -101,6 +101,8 @@ def test_online_masks_the_api_key(monkeypatch, tmp_path):
         (["--workload", "c9"], "--workload must be one of"),
         (["--input-len", "9:3"], "--input-len must be MIN:MAX"),
         (["--hf-batch-size", "0"], "--hf-batch-size must be >= 1"),
+        (["--url", "http://x:1", "--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--url", "http://x:1", "--request-rate", "0"], "--request-rate must be > 0"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message):
