@@ -14,6 +14,7 @@ from localchat import LLM, SamplingParams
 from localchat.config import EngineConfig
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.utils import parse_memory_size
+from tests.tiny_models import TINY_SIZES
 
 # Copies of ../shared/models/*/config.json (the architectures we have no weights for), so a clean
 # checkout has them.
@@ -51,16 +52,7 @@ def test_gguf_and_safetensors_checkpoints_give_the_same_logits(float_llm, hf_mod
 
 def tiny_config(name: str, **overrides) -> dict:
     config = json.loads((SHARED_MODELS / name / "config.json").read_text())
-    config.update(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        max_position_embeddings=2048,
-        torch_dtype="float32",
-    )
+    config.update(TINY_SIZES, vocab_size=512, max_position_embeddings=2048, torch_dtype="float32")
     if "head_dim" in config:
         config["head_dim"] = 32 if name.startswith("qwen3") else 16
     config.update(overrides)

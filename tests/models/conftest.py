@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from localchat.cli import app
 from tests.models.fake_hub import FakeHub, Repo
+from tests.tiny_models import TINY_SIZES
 
 GGUF_REPO = "acme/Tiny-Chat-GGUF"
 GGUF_FILE = "tiny-chat.Q4_1.gguf"
@@ -45,11 +46,7 @@ def tiny_llama_files(default_gguf, tmp_path_factory) -> dict[str, bytes]:
 
     out = tmp_path_factory.mktemp("tiny-llama")
     config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_SIZES,
         vocab_size=49152,
         max_position_embeddings=512,
         tie_word_embeddings=True,
