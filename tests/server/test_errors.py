@@ -13,218 +13,113 @@ pytestmark = pytest.mark.slow
 USER = [{"role": "user", "content": "Hi"}]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
+F_TOOL = [{"type": "function", "function": {"name": "f"}}]
+
+
+def _chat(case_id: str, param: str, **fields) -> tuple:
+    """A case: USER's chat request with `fields`, a 400 naming `param`."""
+    return (case_id, CHAT, {"messages": USER, **fields}, 400, param)
+
+
+def _completion(case_id: str, param: str, **fields) -> tuple:
+    """A case: a completion of "x" with `fields` (which may replace the prompt), a 400 naming
+    `param`."""
+    return (case_id, COMPLETIONS, {"prompt": "x", **fields}, 400, param)
+
+
 CASES = [
     # (id, path, json body or raw bytes, status, param)
     ("invalid-json", CHAT, b'{"messages": [', 400, None),
     ("body-not-object", CHAT, [1, 2], 400, None),
     ("missing-messages", CHAT, {"model": None}, 400, "messages"),
-    ("malformed-temperature", CHAT, {"messages": USER, "temperature": "hot"}, 400, "temperature"),
+    _chat("malformed-temperature", "temperature", temperature="hot"),
     ("malformed-content", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, None),
-    (
-        "image-part",
-        CHAT,
-        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-        400,
-        "messages",
+    _chat(
+        "image-part", "messages", messages=[{"role": "user", "content": [{"type": "image_url"}]}]
     ),
-    ("unknown-role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
-    ("empty-messages", CHAT, {"messages": []}, 400, "messages"),
-    ("temperature-low", CHAT, {"messages": USER, "temperature": -0.5}, 400, "temperature"),
-    ("temperature-high", CHAT, {"messages": USER, "temperature": 1000}, 400, "temperature"),
-    ("top-p-zero", CHAT, {"messages": USER, "top_p": 0}, 400, "top_p"),
-    ("top-p-high", CHAT, {"messages": USER, "top_p": 1.5}, 400, "top_p"),
-    ("n-zero", CHAT, {"messages": USER, "n": 0}, 400, "n"),
-    ("max-tokens-zero", CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
-    (
-        "max-completion-tokens-negative",
-        CHAT,
-        {"messages": USER, "max_completion_tokens": -3},
-        400,
-        "max_completion_tokens",
+    _chat("unknown-role", "messages", messages=[{"role": "wizard", "content": "x"}]),
+    _chat("empty-messages", "messages", messages=[]),
+    _chat("temperature-low", "temperature", temperature=-0.5),
+    _chat("temperature-high", "temperature", temperature=1000),
+    _chat("top-p-zero", "top_p", top_p=0),
+    _chat("top-p-high", "top_p", top_p=1.5),
+    _chat("n-zero", "n", n=0),
+    _chat("max-tokens-zero", "max_tokens", max_tokens=0),
+    _chat("max-completion-tokens-negative", "max_completion_tokens", max_completion_tokens=-3),
+    _chat("top-logprobs-21", "top_logprobs", logprobs=True, top_logprobs=21),
+    _chat("top-logprobs-without-logprobs", "top_logprobs", top_logprobs=2),
+    _chat("seed-over-int64", "seed", seed=2**63),
+    _chat("seed-under-int64", "seed", seed=-(2**63) - 1),
+    _chat(
+        "stream-options-without-stream", "stream_options", stream_options={"include_usage": True}
     ),
-    (
-        "top-logprobs-21",
-        CHAT,
-        {"messages": USER, "logprobs": True, "top_logprobs": 21},
-        400,
-        "top_logprobs",
-    ),
-    (
-        "top-logprobs-without-logprobs",
-        CHAT,
-        {"messages": USER, "top_logprobs": 2},
-        400,
-        "top_logprobs",
-    ),
-    ("seed-over-int64", CHAT, {"messages": USER, "seed": 2**63}, 400, "seed"),
-    ("seed-under-int64", CHAT, {"messages": USER, "seed": -(2**63) - 1}, 400, "seed"),
-    (
-        "stream-options-without-stream",
-        CHAT,
-        {"messages": USER, "stream_options": {"include_usage": True}},
-        400,
-        "stream_options",
-    ),
-    ("presence-penalty", CHAT, {"messages": USER, "presence_penalty": 3}, 400, "presence_penalty"),
-    (
-        "template-kwargs-clash",
-        CHAT,
-        {"messages": USER, "chat_template_kwargs": {"messages": []}},
-        400,
-        "chat_template_kwargs",
-    ),
+    _chat("presence-penalty", "presence_penalty", presence_penalty=3),
+    _chat("template-kwargs-clash", "chat_template_kwargs", chat_template_kwargs={"messages": []}),
     ("unknown-model", CHAT, {"messages": USER, "model": "gpt-9"}, 404, "model"),
-    ("completion-bad-prompt", COMPLETIONS, {"prompt": [["a"], 1]}, 400, "prompt"),
+    _completion("completion-bad-prompt", "prompt", prompt=[["a"], 1]),
     ("completion-missing-prompt", COMPLETIONS, {"max_tokens": 3}, 400, "prompt"),
-    ("completion-empty-prompt", COMPLETIONS, {"prompt": ""}, 400, "prompt"),
-    ("completion-token-out-of-vocab", COMPLETIONS, {"prompt": [10**9]}, 400, "prompt"),
-    ("completion-logprobs-21", COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    _completion("completion-empty-prompt", "prompt", prompt=""),
+    _completion("completion-token-out-of-vocab", "prompt", prompt=[10**9]),
+    _completion("completion-logprobs-21", "logprobs", logprobs=21),
     ("completion-unknown-model", COMPLETIONS, {"prompt": "x", "model": "nope"}, 404, "model"),
     ("tokenize-neither", "/tokenize", {}, 400, "prompt"),
     ("detokenize-out-of-vocab", "/detokenize", {"tokens": [10**9]}, 400, "tokens"),
     ("unknown-route", "/v1/nothing", {}, 404, None),
     # OpenAI's ranges, and the fields of constrained decoding and tool calls
-    ("temperature-over-2", CHAT, {"messages": USER, "temperature": 2.5}, 400, "temperature"),
-    (
-        "completion-temperature-3",
-        COMPLETIONS,
-        {"prompt": "x", "temperature": 3},
-        400,
-        "temperature",
-    ),
-    (
-        "frequency-penalty",
-        CHAT,
-        {"messages": USER, "frequency_penalty": -3},
-        400,
-        "frequency_penalty",
-    ),
-    ("n-200", CHAT, {"messages": USER, "n": 200}, 400, "n"),
-    ("logit-bias-key", CHAT, {"messages": USER, "logit_bias": {"hi": 1}}, 400, "logit_bias"),
-    ("logit-bias-value", CHAT, {"messages": USER, "logit_bias": {"5": 101}}, 400, "logit_bias"),
-    (
-        "logit-bias-vocab",
-        CHAT,
-        {"messages": USER, "logit_bias": {"99999999": 1}},
-        400,
-        "logit_bias",
-    ),
-    (
-        "allowed-ids-empty",
-        CHAT,
-        {"messages": USER, "allowed_token_ids": []},
-        400,
-        "allowed_token_ids",
-    ),
-    (
-        "allowed-ids-vocab",
-        COMPLETIONS,
-        {"prompt": "x", "allowed_token_ids": [10**8]},
-        400,
-        "allowed_token_ids",
-    ),
-    ("bad-words-empty", CHAT, {"messages": USER, "bad_words": [""]}, 400, "bad_words"),
-    (
-        "response-format-type",
-        CHAT,
-        {"messages": USER, "response_format": {"type": "xml"}},
-        400,
-        "response_format",
-    ),
-    (
-        "json-schema-missing",
-        CHAT,
-        {"messages": USER, "response_format": {"type": "json_schema"}},
-        400,
-        "response_format",
-    ),
-    (
+    _chat("temperature-over-2", "temperature", temperature=2.5),
+    _completion("completion-temperature-3", "temperature", temperature=3),
+    _chat("frequency-penalty", "frequency_penalty", frequency_penalty=-3),
+    _chat("n-200", "n", n=200),
+    _chat("logit-bias-key", "logit_bias", logit_bias={"hi": 1}),
+    _chat("logit-bias-value", "logit_bias", logit_bias={"5": 101}),
+    _chat("logit-bias-vocab", "logit_bias", logit_bias={"99999999": 1}),
+    _chat("allowed-ids-empty", "allowed_token_ids", allowed_token_ids=[]),
+    _completion("allowed-ids-vocab", "allowed_token_ids", allowed_token_ids=[10**8]),
+    _chat("bad-words-empty", "bad_words", bad_words=[""]),
+    _chat("response-format-type", "response_format", response_format={"type": "xml"}),
+    _chat("json-schema-missing", "response_format", response_format={"type": "json_schema"}),
+    _completion(
         "json-schema-invalid",
-        COMPLETIONS,
-        {
-            "prompt": "x",
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "x", "schema": {"type": "strin"}},
-            },
-        },
-        400,
         "response_format",
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "strin"}},
+        },
     ),
-    (
+    _chat(
         "structured-two-kinds",
-        CHAT,
-        {"messages": USER, "structured_outputs": {"regex": "a", "choice": ["b"]}},
-        400,
         "structured_outputs",
+        structured_outputs={"regex": "a", "choice": ["b"]},
     ),
-    (
-        "structured-bad-regex",
-        CHAT,
-        {"messages": USER, "structured_outputs": {"regex": "a("}},
-        400,
-        "structured_outputs",
-    ),
-    (
+    _chat("structured-bad-regex", "structured_outputs", structured_outputs={"regex": "a("}),
+    _chat(
         "structured-bad-grammar",
-        CHAT,
-        {"messages": USER, "structured_outputs": {"grammar": "start: nothing"}},
-        400,
         "structured_outputs",
+        structured_outputs={"grammar": "start: nothing"},
     ),
-    ("guided-choice-empty", CHAT, {"messages": USER, "guided_choice": []}, 400, "guided_choice"),
-    ("guided-json-text", COMPLETIONS, {"prompt": "x", "guided_json": "{no"}, 400, "guided_json"),
-    (
-        "two-constraints",
-        CHAT,
-        {"messages": USER, "guided_regex": "a", "response_format": {"type": "json_object"}},
-        400,
-        "guided_regex",
+    _chat("guided-choice-empty", "guided_choice", guided_choice=[]),
+    _completion("guided-json-text", "guided_json", guided_json="{no"),
+    _chat(
+        "two-constraints", "guided_regex", guided_regex="a", response_format={"type": "json_object"}
     ),
-    (
-        "tool-choice-no-tools",
-        CHAT,
-        {"messages": USER, "tool_choice": "required"},
-        400,
-        "tool_choice",
-    ),
-    (
-        "tool-choice-word",
-        CHAT,
-        {
-            "messages": USER,
-            "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": "always",
-        },
-        400,
-        "tool_choice",
-    ),
-    (
+    _chat("tool-choice-no-tools", "tool_choice", tool_choice="required"),
+    _chat("tool-choice-word", "tool_choice", tools=F_TOOL, tool_choice="always"),
+    _chat(
         "tool-choice-unknown-name",
-        CHAT,
-        {
-            "messages": USER,
-            "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": {"type": "function", "function": {"name": "g"}},
-        },
-        400,
         "tool_choice",
+        tools=F_TOOL,
+        tool_choice={"type": "function", "function": {"name": "g"}},
     ),
-    ("tools-malformed", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools"),
+    _chat("tools-malformed", "tools", tools=[{"type": "function"}]),
     # a single-model server keeps its model loaded, but a bad keep_alive is still named
-    ("keep-alive-word", CHAT, {"messages": USER, "keep_alive": "soon"}, 400, "keep_alive"),
-    ("keep-alive-bool", COMPLETIONS, {"prompt": "x", "keep_alive": True}, 400, "keep_alive"),
-    (
+    _chat("keep-alive-word", "keep_alive", keep_alive="soon"),
+    _completion("keep-alive-bool", "keep_alive", keep_alive=True),
+    _chat(
         "tools-and-json",
-        CHAT,
-        {
-            "messages": USER,
-            "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": "required",
-            "response_format": {"type": "json_object"},
-        },
-        400,
         "response_format",
+        tools=F_TOOL,
+        tool_choice="required",
+        response_format={"type": "json_object"},
     ),
 ]
 
