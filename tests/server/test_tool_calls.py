@@ -34,6 +34,17 @@ SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
+def _ask(**fields) -> dict:
+    """The keyword arguments of a chat request: ASK with TOOLS to the served model, and `fields`
+    (which may replace any of them)."""
+    return {"model": MODEL, "messages": ASK, "tools": TOOLS, **fields}
+
+
+def _named(name: str) -> dict:
+    """tool_choice forcing the function `name`."""
+    return {"type": "function", "function": {"name": name}}
+
+
 def _check_calls(calls) -> None:
     assert calls
     for call in calls:
@@ -41,23 +52,29 @@ def _check_calls(calls) -> None:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-def test_required_returns_valid_calls(openai_client, parallel):
-    reply = openai_client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=parallel,
-        max_tokens=120,
-        temperature=0.7,
-        seed=11,
-    )
-    choice = reply.choices[0]
+REQUIRED = {"tool_choice": "required", "max_tokens": 120, "temperature": 0.7, "seed": 11}
+NAMED = {"tool_choice": _named("get_time"), "max_tokens": 80, "temperature": 0}
+
+
+@pytest.mark.parametrize(
+    "fields, count, name",
+    [
+        pytest.param({**REQUIRED, "parallel_tool_calls": False}, 1, None, id="required"),
+        pytest.param({**REQUIRED, "parallel_tool_calls": True}, None, None, id="parallel"),
+        pytest.param(NAMED, 1, "get_time", id="named"),
+    ],
+)
+def test_forced_calls_are_valid(openai_client, fields, count, name):
+    """tool_choice required (one call, or parallel ones) or naming a function: the reply is valid
+    calls, `count` of them where it is given, all to `name` where it is given."""
+    choice = openai_client.chat.completions.create(**_ask(**fields)).choices[0]
+    calls = choice.message.tool_calls
     assert choice.finish_reason == "tool_calls"
-    _check_calls(choice.message.tool_calls)
-    if not parallel:
-        assert len(choice.message.tool_calls) == 1
+    _check_calls(calls)
+    if count is not None:
+        assert len(calls) == count
+    if name is not None:
+        assert {c.function.name for c in calls} == {name}
 
 
 def _streamed_calls(stream) -> tuple[dict[int, dict], list]:
@@ -92,14 +109,7 @@ def _check_streamed(calls: dict[int, dict]) -> None:
 
 
 def test_required_streamed_assembles_like_whole(openai_client):
-    kwargs = dict(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=120,
-    )
+    kwargs = _ask(tool_choice="required", parallel_tool_calls=False, max_tokens=120)
     whole = openai_client.chat.completions.create(**kwargs, temperature=0).choices[0]
     stream = openai_client.chat.completions.create(**kwargs, temperature=0, stream=True)
     calls, reasons = _streamed_calls(stream)
@@ -110,25 +120,14 @@ def test_required_streamed_assembles_like_whole(openai_client):
     ]
 
 
-@pytest.mark.parametrize("choice", ["required", "named"])
-def test_streamed_arguments_come_token_by_token(openai_client, choice):
-    tool_choice = (
-        "required"
-        if choice == "required"
-        else {"type": "function", "function": {"name": "get_weather"}}
-    )
-    kwargs = dict(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice=tool_choice,
-        max_tokens=200,
-        temperature=0.8,
-        seed=5,
-    )
+@pytest.mark.parametrize(
+    "tool_choice", ["required", _named("get_weather")], ids=["required", "named"]
+)
+def test_streamed_arguments_come_token_by_token(openai_client, tool_choice):
+    kwargs = _ask(tool_choice=tool_choice, max_tokens=200, temperature=0.8, seed=5)
     calls, _ = _streamed_calls(openai_client.chat.completions.create(**kwargs, stream=True))
     _check_streamed(calls)
-    if choice == "named":
+    if tool_choice != "required":
         assert [c["name"] for c in calls.values()] == ["get_weather"]
     # the openai client's own stream helper assembles the same calls
     with openai_client.chat.completions.stream(**kwargs) as stream:
@@ -144,14 +143,14 @@ def test_parallel_calls_stream_with_indexes(openai_client, http):
         for t in ("<|im_end|>", "<|endoftext|>")
     ]
     stream = openai_client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Weather in Paris, and the time in Tokyo?"}],
-        tools=TOOLS,
-        tool_choice="required",
-        max_tokens=160,
-        temperature=0,
-        logit_bias={str(token[0]): -100 for token in ends if len(token) == 1},
-        stream=True,
+        **_ask(
+            messages=[{"role": "user", "content": "Weather in Paris, and the time in Tokyo?"}],
+            tool_choice="required",
+            max_tokens=160,
+            temperature=0,
+            logit_bias={str(token[0]): -100 for token in ends if len(token) == 1},
+            stream=True,
+        )
     )
     calls, reasons = _streamed_calls(stream)
     assert reasons[-1] == "length" and len(calls) >= 3
@@ -159,28 +158,14 @@ def test_parallel_calls_stream_with_indexes(openai_client, http):
     assert len({c["id"] for c in calls.values()}) == len(calls)
 
 
-def test_named_function_is_called(openai_client):
+@pytest.mark.parametrize("tool_choice", ["none", "auto"])
+def test_tool_choice_none_and_auto_answer_in_text(openai_client, tool_choice):
     reply = openai_client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
-        max_tokens=80,
-        temperature=0,
+        **_ask(tool_choice=tool_choice, max_tokens=16, temperature=0)
     )
-    calls = reply.choices[0].message.tool_calls
-    assert [c.function.name for c in calls] == ["get_time"]
-    _check_calls(calls)
-
-
-def test_tool_choice_none_and_auto_answer_in_text(openai_client):
-    for choice in ("none", "auto"):
-        reply = openai_client.chat.completions.create(
-            model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=16, temperature=0
-        )
-        message = reply.choices[0].message
-        assert message.content and not message.tool_calls
-        assert reply.choices[0].finish_reason in ("stop", "length")
+    message = reply.choices[0].message
+    assert message.content and not message.tool_calls
+    assert reply.choices[0].finish_reason in ("stop", "length")
 
 
 def test_strict_tool_schema(openai_client, http):
@@ -190,14 +175,14 @@ def test_strict_tool_schema(openai_client, http):
     tool = {"type": "function", "function": {"name": "where", "parameters": loose, "strict": True}}
     for seed in range(3):
         reply = openai_client.chat.completions.create(
-            model=MODEL,
-            messages=ASK,
-            tools=[tool],
-            tool_choice="required",
-            parallel_tool_calls=False,
-            max_tokens=60,
-            temperature=1.0,
-            seed=seed,
+            **_ask(
+                tools=[tool],
+                tool_choice="required",
+                parallel_tool_calls=False,
+                max_tokens=60,
+                temperature=1.0,
+                seed=seed,
+            )
         )
         arguments = json.loads(reply.choices[0].message.tool_calls[0].function.arguments)
         assert set(arguments) <= {"city"}
