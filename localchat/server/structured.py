@@ -147,7 +147,8 @@ def lark_grammar(grammar: Any, param: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(grammar)
 
 
-def _response_format(value: dict[str, Any]) -> str | None:
+def response_format_grammar(value: dict[str, Any]) -> str | None:
+    """The grammar of a `response_format` value (None for text); a malformed one is a 400."""
     kind = value.get("type")
     if kind == "text":
         return None
@@ -201,7 +202,7 @@ def request_grammar(request: SamplingFields) -> tuple[str, str] | None:
     """The grammar a request asks for and the field that asked, or None; at most one may ask."""
     found: list[tuple[str, str]] = []
     if request.response_format is not None:
-        grammar = _response_format(request.response_format)
+        grammar = response_format_grammar(request.response_format)
         if grammar is not None:
             found.append((grammar, "response_format"))
     if request.structured_outputs is not None:

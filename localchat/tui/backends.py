@@ -5,24 +5,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from localchat.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from localchat.client import ToolCallDelta
+    from localchat.tui.json_mode import JsonMode
 
 
 @dataclass
 class ChatRequest:
-    """One turn: the messages for the chat template, the sampling settings, the template kwargs."""
+    """One turn: the messages for the chat template, the sampling settings, the template kwargs,
+    and the JSON the reply must be (`/json`; None: free text)."""
 
     messages: list[dict]
     sampling: dict
     chat_template_kwargs: dict | None = None
+    json_mode: JsonMode | None = None
 
 
 @dataclass
 class ReplyDelta:
-    """A piece of a streamed reply. `thinking` and `text` are new text only; the counters and
-    timings describe the reply so far (None where the backend cannot tell)."""
+    """A piece of a streamed reply. `thinking` and `text` are new text only, `tool_calls` pieces of
+    the calls a server parsed out of the reply; the counters and timings describe the reply so far
+    (None where the backend cannot tell)."""
 
     text: str = ""
     thinking: str = ""
@@ -32,6 +40,7 @@ class ReplyDelta:
     cached_tokens: int | None = None
     ttft: float | None = None
     tokens_per_s: float | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass

@@ -72,6 +72,15 @@ COMMANDS: tuple[Command, ...] = (
         palette=False,
     ),
     Command(
+        "json",
+        "JSON replies",
+        "Constrain the next replies to JSON: any object, or the JSON schema in a file; "
+        "'off' frees them",
+        "json",
+        usage="[FILE|off]",
+        palette=False,
+    ),
+    Command(
         "model",
         "Switch model",
         "Chat on with another model, keeping the history (no name: pick an installed one)",

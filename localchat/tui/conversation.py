@@ -22,13 +22,18 @@ class StoredMessage:
     """One message of a conversation as the TUI keeps it (a row of the store's `messages` table),
     not the API's wire message (`server.protocol.ChatMessage`). Assistant messages keep their
     thinking apart from the answer, whether the user stopped them, and `meta`: prompt/cached/
-    completion tokens, ttft, tokens_per_s, finish_reason, error."""
+    completion tokens, ttft, tokens_per_s, finish_reason, error, and the tool calls a server
+    parsed out of the reply (`tool_calls`: [{id, name, arguments}])."""
 
     role: str
     content: str
     thinking: str = ""
     stopped: bool = False
     meta: dict = field(default_factory=dict)
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return self.meta.get("tool_calls") or []
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,9 +95,16 @@ class Conversation:
                     "",
                 ]
             lines += [message.content, ""]
+            for call in message.tool_calls:
+                lines += [f"**Tool call:** `{tool_call_text(call)}`", ""]
             if message.stopped:
                 lines += ["*(stopped)*", ""]
         return "\n".join(lines)
+
+
+def tool_call_text(call: dict) -> str:
+    """A tool call as one line: `name(arguments)`."""
+    return f"{call.get('name') or '?'}({call.get('arguments') or ''})"
 
 
 def title_from(text: str, width: int = 40) -> str:

@@ -12,6 +12,7 @@ from localchat.config import EngineConfig
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.model_source import resolve_model
 from localchat.engine.sampling_params import SamplingParams
+from localchat.reasoning import reasoning_parser_for, reply_thinking
 from localchat.tui.backends import (
     BackendStats,
     ChatBackend,
@@ -42,6 +43,7 @@ class EngineBackend(ChatBackend):
 
             self.model_name = DEFAULT_MODEL_NAME
         self.description = "in-process engine"
+        self.reasoning: str | None = None  # qwen3 when the chat template has <think> (as serve)
 
     def _progress(self, message: str) -> None:  # called from the engine thread while loading
         if self._on_progress is not None and self._loop is not None:
@@ -53,6 +55,8 @@ class EngineBackend(ChatBackend):
             await self.engine.start()
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
+        template = self.engine.chat_template
+        self.reasoning = reasoning_parser_for(None, template.source if template else None)
 
     def prompt_token_ids(self, request: ChatRequest) -> list[int]:
         return self.engine.render_chat(
@@ -69,8 +73,8 @@ class EngineBackend(ChatBackend):
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[ReplyDelta, None]:
         token_ids = self.prompt_token_ids(request)
-        params = SamplingParams(**request.sampling)
-        tail = self.engine.detokenize(token_ids[-4:], skip_special_tokens=False)
+        tail = self.engine.detokenize(token_ids[-8:], skip_special_tokens=False)
+        params = SamplingParams(**request.sampling, grammar=self._grammar(request, tail))
         splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
         timer = ReplyTimer()
         stream = await self.engine.add_request(token_ids, params)
@@ -98,6 +102,19 @@ class EngineBackend(ChatBackend):
                 )
         finally:
             await stream.aclose()
+
+    def _grammar(self, request: ChatRequest, prompt_tail: str) -> str | None:
+        """The /json grammar, applied after the reply's thinking (which stays free) when the
+        template thinks, as `serve` does."""
+        if request.json_mode is None:
+            return None
+        grammar = request.json_mode.grammar
+        thinking = reply_thinking(self.reasoning, prompt_tail)
+        if thinking is not None:
+            from localchat.server.structured import after_reasoning
+
+            grammar = after_reasoning(grammar, thinking)
+        return grammar
 
     def stats(self) -> BackendStats | None:
         stats = self.engine.stats()

@@ -28,9 +28,9 @@ class ServerError(LocalchatError):
 
 
 def sampling_body(request: ChatRequest) -> dict:
-    """The request's sampling settings and template kwargs as chat-completions fields; vLLM's
-    extensions (top_k, repetition_penalty, chat_template_kwargs) are sent only when they differ from
-    the defaults."""
+    """The request's sampling settings, template kwargs and JSON mode as chat-completions fields;
+    vLLM's extensions (top_k, repetition_penalty, chat_template_kwargs) are sent only when they
+    differ from the defaults."""
     sampling = request.sampling
     body = {"temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0)}
     if sampling.get("max_tokens") is not None:
@@ -43,6 +43,8 @@ def sampling_body(request: ChatRequest) -> dict:
         body["repetition_penalty"] = sampling["repetition_penalty"]
     if request.chat_template_kwargs:
         body["chat_template_kwargs"] = request.chat_template_kwargs
+    if request.json_mode is not None:
+        body["response_format"] = request.json_mode.response_format
     return body
 
 
@@ -142,7 +144,7 @@ class OpenAIBackend(ChatBackend):
                 if delta.finish_reason is not None:
                     rest = splitter.flush()
                     thinking, text = thinking + rest[0], text + rest[1]
-                timer.add(1 if (delta.reasoning or delta.text) else 0)
+                timer.add(1 if (delta.reasoning or delta.text or delta.tool_calls) else 0)
                 yield ReplyDelta(
                     text,
                     delta.reasoning + thinking,
@@ -150,6 +152,7 @@ class OpenAIBackend(ChatBackend):
                     timer.tokens,
                     ttft=timer.ttft,
                     tokens_per_s=timer.tokens_per_s,
+                    tool_calls=delta.tool_calls,
                 )
         except APIError as exc:
             raise ServerError.from_api(exc) from None

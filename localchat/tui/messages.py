@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
 
-from localchat.tui.conversation import StoredMessage
+from localchat.tui.conversation import StoredMessage, tool_call_text
 from localchat.tui.session import reply_meta_text
 
 
@@ -98,8 +98,8 @@ def block_end(text: str) -> int:
 
 
 class AssistantMessage(Vertical):
-    """A reply: a collapsible thinking block, the answer as Markdown, and a line of facts about the
-    turn.
+    """A reply: a collapsible thinking block, the answer as Markdown, the tool calls a server
+    parsed out of it (a block of their own), and a line of facts about the turn.
 
     While streaming, the text not yet in the Markdown shows as plain text below it (the tail). When
     the tail outgrows its reserved lines, its complete blocks (paragraphs, closed code fences) move
@@ -121,6 +121,11 @@ class AssistantMessage(Vertical):
         self.markdown = Markdown(message.content if message else "")
         self.tail = StreamingText(classes="tail")
         self.tail.display = False
+        self.calls_text = ""
+        self.calls = Static("", markup=False, classes="tool-calls")
+        self.calls.display = False
+        if message is not None:
+            self._show_calls(message)
         self.meta = Static(
             self._meta_text(message) if message is not None else "waiting for the first token…",
             markup=False,
@@ -133,6 +138,7 @@ class AssistantMessage(Vertical):
         yield self.thinking_block
         yield self.markdown
         yield self.tail
+        yield self.calls
         yield self.meta
 
     @staticmethod
@@ -141,6 +147,16 @@ class AssistantMessage(Vertical):
         if message.stopped:
             text = "■ stopped" + (f" · {text}" if text else "")
         return text
+
+    def _show_calls(self, message: StoredMessage) -> bool:
+        """Show the message's tool calls, one line each; False when they did not change."""
+        text = "\n".join(f"⚙ tool call  {tool_call_text(call)}" for call in message.tool_calls)
+        if text == self.calls_text:
+            return False
+        self.calls_text = text
+        self.calls.update(text)
+        self.calls.display = bool(text)
+        return True
 
     def set_meta(self, text: str) -> None:
         """The line under a streaming reply; one line long, so it never needs a new layout."""
@@ -153,7 +169,8 @@ class AssistantMessage(Vertical):
         thinking, text = message.thinking[len(self.thinking) :], message.content[self._shown_text :]
         self._shown_text = len(message.content)
         await self.add(thinking, text)
-        return bool(thinking or text)
+        calls = self._show_calls(message)
+        return bool(thinking or text or calls)
 
     async def add(self, thinking: str, text: str) -> None:
         """Append a streamed piece of thinking and/or answer."""
@@ -194,6 +211,7 @@ class AssistantMessage(Vertical):
             self.thinking_block.display = bool(self.thinking)
         if self.thinking:
             self.thinking_block.collapsed = True
+        self._show_calls(message)
         self.set_class(message.stopped, "stopped")
         self.meta.update(self._meta_text(message))
 

@@ -13,6 +13,7 @@ from localchat.tui.conversation import (
     StoredMessage,
     title_from,
 )
+from localchat.tui.json_mode import JsonMode
 from localchat.tui.store import ConversationStore
 
 CONTEXT_WARNING = 0.8  # warn when the next turn would fill this much of the context
@@ -47,6 +48,7 @@ class ChatSession:
         self.conversation = conversation or Conversation()
         self.context_start = 0
         self.prompt_tokens: int | None = None
+        self.json_mode: JsonMode | None = None  # /json: what the next replies must be
 
     # --- switching conversations ------------------------------------------------------------------
     def new_conversation(self) -> Conversation:
@@ -138,6 +140,7 @@ class ChatSession:
             conversation.template_messages(start, end),
             dict(conversation.settings),
             conversation.chat_template_kwargs(),
+            self.json_mode,
         )
 
     async def plan_turn(self) -> TurnPlan:

@@ -34,6 +34,7 @@ class StatusInfo:
     context_warning: bool = False
     kv_cache_usage: float | None = None
     prefix_cache_hits: int | None = None
+    json_mode: str | None = None  # /json's label ("JSON", "JSON city.json") while it is on
 
 
 _STATE_STYLES = {
@@ -57,6 +58,8 @@ class StatusBar(Widget):
             Text(info.model, style="bold"),
             Text(f"● {info.state.value}", style=_STATE_STYLES[info.state]),
         ]
+        if info.json_mode is not None:
+            parts.append(Text(f"{{}} {info.json_mode}", style="bold magenta"))
         if info.ttft is not None:
             parts.append(Text(f"TTFT {info.ttft:.2f} s"))
         if info.tokens_per_s is not None:

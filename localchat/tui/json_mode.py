@@ -1,0 +1,85 @@
+"""The chat's `/json`: replies constrained to JSON (`response_format` json_object) or to the schema
+in a file (json_schema), for the in-process engine (an llguidance grammar) and for a server (the
+`response_format` field)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localchat.errors import InvalidParameterError
+
+OFF_WORDS = ("off", "none", "no", "false", "0")
+
+
+@dataclass(frozen=True)
+class JsonMode:
+    """What `/json` turned on: a label for the status bar, the `response_format` a server gets,
+    and the grammar the in-process engine follows."""
+
+    label: str
+    response_format: dict[str, Any]
+    grammar: str
+
+
+def _schema_name(path: Path) -> str:
+    """The json_schema `name` OpenAI accepts (letters, digits, _ and -, at most 64) from a file."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", path.stem).strip("_")[:64] or "schema"
+
+
+def _read_schema(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidParameterError(f"/json: there is no file {path}", param="json") from None
+    except IsADirectoryError:
+        raise InvalidParameterError(f"/json: {path} is a directory", param="json") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidParameterError(f"/json: cannot read {path}: {reason}", param="json") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(
+            f"/json: {path} is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+            param="json",
+        ) from None
+    if not isinstance(schema, dict):
+        raise InvalidParameterError(
+            f"/json: {path} holds a JSON {type(schema).__name__}, not a schema object",
+            param="json",
+        )
+    return schema
+
+
+def parse_json_command(args: str) -> JsonMode | None:
+    """The mode `/json ARGS` asks for: no argument (or `on`) any JSON object, `off` none, anything
+    else the path of a JSON schema file. A file that cannot be read, is not JSON, or is not a
+    schema the grammar can follow raises an InvalidParameterError saying which."""
+    from localchat.engine.guided_decoding import validate_grammar
+    from localchat.server.structured import response_format_grammar
+
+    arg = args.strip()
+    if arg.lower() in OFF_WORDS:
+        return None
+    if arg.lower() in ("", "on", "object"):
+        response_format: dict[str, Any] = {"type": "json_object"}
+        label = "JSON"
+    else:
+        path = Path(arg).expanduser()
+        schema = _read_schema(path)
+        spec = {"name": _schema_name(path), "schema": schema}
+        response_format, label = {"type": "json_schema", "json_schema": spec}, f"JSON {path.name}"
+    try:
+        grammar = response_format_grammar(response_format)
+        assert grammar is not None  # json_object and json_schema always have one
+        validate_grammar(grammar, "response_format")
+    except InvalidParameterError as exc:
+        detail = exc.message.removeprefix("invalid response_format: ")
+        raise InvalidParameterError(
+            f"/json: {arg} is not a JSON schema replies can follow: {detail}", param="json"
+        ) from None
+    return JsonMode(label, response_format, grammar)
