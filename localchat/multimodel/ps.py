@@ -21,15 +21,14 @@ def ps(
     ] = None,
 ) -> None:
     """Show a `localchat serve` server's models: memory, idle time, when each unloads."""
-    import httpx
+    from localchat.client import APIError, Client
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=5)
-        response.raise_for_status()
-        cards = response.json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise LocalchatError(f"no localchat server answered at {url}: {exc}") from None
+        with Client(url, api_key=api_key or "", timeout=5) as client:
+            cards = client.model_cards()
+    except (APIError, ValueError, KeyError, TypeError) as exc:
+        reason = exc.describe() if isinstance(exc, APIError) else exc
+        raise LocalchatError(f"no localchat server answered at {url}: {reason}") from None
     rows = [("NAME", "LOADED", "MEMORY", "CONTEXT", "IDLE", "UNTIL")]
     for card in cards:
         loaded = card.get("loaded", True)  # a single-model server has its one model loaded
