@@ -1,38 +1,71 @@
-"""The CPU GEMV's read bandwidth in both weight layouts (row-major and interleaved), alternating the
-two in one process so that the machine's drift hits both alike.
+"""The CPU GEMV's speed on an 8B model's shapes, alternating the variants of each in one process so
+that the machine's drift hits them alike.
 
     python benchmarks/gemv_bandwidth.py [--rounds 40]
 
-Shapes: an 8B model's gate/up (Q4_K-like u4, 14336 x 4096) and down (Q6_K-like u8 group 16,
-4096 x 14336) from DRAM (eight copies, 0.3-0.5 GB, cycled), and a 4096 x 4096 u4 one that stays in
-L3. Prints GB/s (weight bytes read per second): mean over rounds and best round.
+- gate/up (Q4_K-like u4, 14336 x 4096) from DRAM, row-major against interleaved;
+- down (Q6_K-like, group 16, 4096 x 14336) from DRAM, a byte per code (u8) against 6 bits (u6);
+- a 4096 x 4096 u4 weight that stays in L3, row-major against interleaved.
+
+DRAM shapes cycle through eight copies (0.3-0.5 GB). Prints, per variant, microseconds per GEMV and
+GB/s (weight bytes read per second): the mean over rounds and the best round.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 
 from localchat.kernels.cpu_extension import cpu_kernels
-from localchat.kernels.packed_weight import PackedWeight
+from localchat.kernels.packed_weight import PackedWeight, pack_u6
 from localchat.kernels.quant_linear import interleave_for_kernel, quant_linear
 
-SHAPES = [  # name, layout, out, in, group, copies
-    ("gate/up u4 (DRAM)", "u4", 14336, 4096, 32, 8),
-    ("down u8 g16 (DRAM)", "u8", 4096, 14336, 16, 8),
-    ("u4 4096x4096 (L3)", "u4", 4096, 4096, 32, 1),
+Maker = Callable[[], PackedWeight]
+
+
+def u4_weight(rows: int, cols: int) -> PackedWeight:
+    codes = torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8)
+    scales = (torch.rand(rows, cols // 32) * 0.01).half()
+    mins = (-torch.rand(rows, cols // 32) * 0.08).half()
+    return PackedWeight("u4", codes, scales, mins, 32)
+
+
+def q6_weight(rows: int, cols: int, layout: str) -> PackedWeight:
+    codes = torch.randint(0, 64, (rows, cols), dtype=torch.uint8)
+    scales = (torch.rand(rows, cols // 16) * 0.01).half()
+    qweight = pack_u6(codes) if layout == "u6" else codes
+    return PackedWeight(layout, qweight, scales, None, 16, zero_point=32)
+
+
+COMPARISONS: list[tuple[str, int, list[tuple[str, Maker]]]] = [  # name, copies, variants
+    (
+        "gate/up u4 14336x4096 (DRAM)",
+        8,
+        [
+            ("row-major", lambda: u4_weight(14336, 4096)),
+            ("interleaved", lambda: interleave_for_kernel(u4_weight(14336, 4096))),
+        ],
+    ),
+    (
+        "down Q6_K-like 4096x14336 (DRAM)",
+        8,
+        [
+            ("u8", lambda: interleave_for_kernel(q6_weight(4096, 14336, "u8"))),
+            ("u6", lambda: interleave_for_kernel(q6_weight(4096, 14336, "u6"))),
+        ],
+    ),
+    (
+        "u4 4096x4096 (L3)",
+        1,
+        [
+            ("row-major", lambda: u4_weight(4096, 4096)),
+            ("interleaved", lambda: interleave_for_kernel(u4_weight(4096, 4096))),
+        ],
+    ),
 ]
-
-
-def random_weight(layout: str, rows: int, cols: int, group: int) -> PackedWeight:
-    codes = torch.randint(0, 256, (rows, cols // 2 if layout == "u4" else cols), dtype=torch.uint8)
-    scales = (torch.rand(rows, cols // group) * 0.01).half()
-    if layout == "u4":
-        mins = (-torch.rand(rows, cols // group) * 0.08).half()
-        return PackedWeight("u4", codes, scales, mins, 32)
-    return PackedWeight("u8", codes & 63, scales, None, group, zero_point=32)
 
 
 def main() -> None:
@@ -43,26 +76,27 @@ def main() -> None:
     if cpu_kernels() is None:
         raise SystemExit("the C++ CPU kernels cannot be built here")
     torch.set_num_threads(args.threads)
-    for name, layout, rows, cols, group, copies in SHAPES:
-        plain = [random_weight(layout, rows, cols, group) for _ in range(copies)]
-        inter = [interleave_for_kernel(random_weight(layout, rows, cols, group)) for _ in plain]
-        x = torch.randn(1, cols)
+    for name, copies, variants in COMPARISONS:
+        weights = {label: [make() for _ in range(copies)] for label, make in variants}
+        x = torch.randn(1, next(iter(weights.values()))[0].in_features)
         reps = 1 if copies > 1 else 20
-        seconds = {"row-major": [], "interleaved": []}
+        seconds: dict[str, list[float]] = {label: [] for label in weights}
         for i in range(args.rounds):
-            order = [("row-major", plain), ("interleaved", inter)]
-            for label, weights in order if i % 2 else order[::-1]:
+            order = list(weights.items())
+            for label, ws in order if i % 2 else order[::-1]:
                 start = time.perf_counter()
                 for _ in range(reps):
-                    for w in weights:
+                    for w in ws:
                         quant_linear(x, w)
-                seconds[label].append((time.perf_counter() - start) / (reps * len(weights)))
-        nbytes = plain[0].nbytes
-        cells = [
-            f"{label} {nbytes * len(t) / sum(t) / 1e9:.1f} (best {nbytes / min(t) / 1e9:.1f})"
-            for label, t in seconds.items()
-        ]
-        print(f"{name}: " + " | ".join(cells) + " GB/s", flush=True)
+                seconds[label].append((time.perf_counter() - start) / (reps * len(ws)))
+        cells = []
+        for label, t in seconds.items():
+            nbytes, mean = weights[label][0].nbytes, sum(t) / len(t)
+            cells.append(
+                f"{label} {mean * 1e6:.0f} us, {nbytes / mean / 1e9:.1f} GB/s "
+                f"(best {min(t) * 1e6:.0f} us, {nbytes / min(t) / 1e9:.1f})"
+            )
+        print(f"{name}: " + " | ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

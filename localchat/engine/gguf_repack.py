@@ -13,10 +13,11 @@ its codes. We split them into one code array and float16 scale/min arrays
 | Q8_0 | 32, 34 | u8 | d * (q + 128 - 128) |
 | Q4_K | 256, 144 | u4 | (d * sc) * q - dmin * mn, per 32 |
 | Q5_K | 256, 176 | u8 | (d * sc) * q - dmin * mn, per 32 |
-| Q6_K | 256, 210 | u8, group 16 | (d * sc) * (q - 32), per 16 |
+| Q6_K | 256, 210 | u6, group 16 | (d * sc) * (q - 32), per 16 |
 
-Q4_0, Q4_1, Q5_x and Q8_0 repack exactly. For K-quants, the product of the super-block scale and a
-6- or 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
+Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit sub-scales and
+(d, dmin) pairs are kept as the file has them. For Q6_K, the product of the super-block scale
+and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
 scale).
 """
 
@@ -29,7 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from localchat.kernels.cpu_extension import cpu_kernels
-from localchat.kernels.packed_weight import PackedWeight, pack_u4
+from localchat.kernels.packed_weight import PackedWeight, pack_u4, pack_u6
 
 DENSE_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 QUANTIZED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -97,6 +98,9 @@ def _q5_low(qs: torch.Tensor, rows: int) -> torch.Tensor:
 _SYMMETRIC_ZERO = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.Q6_K: 32}
 
 
+_LAYOUTS = {T.Q4_0: "u4", T.Q4_1: "u4", T.Q4_K: "u4", T.Q6_K: "u6"}
+
+
 def repack(
     data: np.ndarray, qtype: T, shape: tuple[int, int], order: torch.Tensor | None = None
 ) -> PackedWeight:
@@ -114,7 +118,7 @@ def repack(
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     parts = ext.repack_gguf(raw, int(qtype), order)
     return PackedWeight(
-        "u4" if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else "u8",
+        _LAYOUTS.get(qtype, "u8"),
         parts[0],
         parts[1],
         parts[2] if len(parts) >= 3 else None,
@@ -190,8 +194,8 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
         sub = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
         d = _f16(b[..., 208:210]).to(torch.float32).unsqueeze(-1)
         return PackedWeight(
-            "u8",
-            codes,
+            "u6",
+            pack_u6(codes),
             (d * sub).reshape(rows, -1).to(torch.float16),
             None,
             16,

@@ -5,8 +5,12 @@ Every GGUF block type is repacked into one of two layouts, keeping the file's in
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
   (ggml's order). ``qweight`` is uint8 [out, in // 2]. Q4_0, Q4_1 and Q4_K land here.
-- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1, Q5_K
-  and Q6_K land here (5- and 6-bit codes are stored in a byte: exact, but larger than the file).
+- ``u6``: 6-bit unsigned codes in two planes, ``qweight`` uint8 [out, in // 2 + in // 4]: a row's
+  low nibbles first (in // 2 bytes; within each group of 16, byte i holds weight i in its low nibble
+  and weight i + 8 in its high one), then its top two bits (in // 4 bytes; see ``pack_u6``). Group
+  size 16, ``in`` a multiple of 128: Q6_K lands here, in 6 bits per weight as the file has it.
+- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1 and Q5_K
+  land here (5-bit codes are stored in a byte: exact, but larger than the file).
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -31,7 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u8")
+LAYOUTS = ("u4", "u6", "u8")
+U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
 GROUP_UNIT = 16  # scales (and mins) stored together when interleaved
@@ -88,8 +93,8 @@ def _gather_rows(t: torch.Tensor, rows: torch.Tensor, unit: int) -> torch.Tensor
 class PackedWeight:
     """A quantized projection weight; see the module docstring for the layouts."""
 
-    layout: str  # "u4" or "u8"
-    qweight: torch.Tensor  # uint8 [out, in // 2] (u4) or [out, in] (u8)
+    layout: str  # "u4", "u6" or "u8"
+    qweight: torch.Tensor  # uint8 [out, in // 2] (u4), [out, 3 * in // 4] (u6) or [out, in] (u8)
     scales: torch.Tensor  # float16 [out, in // group_size]
     mins: (
         torch.Tensor | None
@@ -125,6 +130,12 @@ class PackedWeight:
             raise ValueError(
                 f"in_features {in_features} is not a multiple of group_size {self.group_size}"
             )
+        if self.layout == "u6" and (
+            self.group_size != 16 or in_features % U6_CHUNK or self.qweight.shape[1] % 3
+        ):
+            raise ValueError(
+                f"u6 weights need group_size 16 and in_features a multiple of {U6_CHUNK}"
+            )
         expected = (out_features, in_features // self.group_size)
         if tuple(self.scales.shape) != expected or (
             self.mins is not None and tuple(self.mins.shape) != expected
@@ -134,11 +145,13 @@ class PackedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.qweight.shape
+        if self.layout == "u6":
+            return rows, cols // 3 * 4
         return rows, cols * 2 if self.layout == "u4" else cols
 
     @property
     def bits(self) -> int:
-        return 4 if self.layout == "u4" else 8
+        return int(self.layout[1])
 
     @property
     def in_features(self) -> int:
@@ -154,10 +167,11 @@ class PackedWeight:
         return self.qweight.nbytes + self.scales.nbytes + sum(extra)
 
     def to(self, device: torch.device | str) -> PackedWeight:
-        """On the CPU as it is; elsewhere (the GPU's kernels) row-major with float16 scales."""
+        """On the CPU as it is; elsewhere (the GPU's kernels) row-major with float16 scales, and
+        u6 codes a byte each."""
         weight = self
         if torch.device(device).type != "cpu":
-            weight = self.row_major().with_float16_scales()
+            weight = self.row_major().with_float16_scales().with_byte_codes()
         return replace(
             weight,
             qweight=weight.qweight.to(device),
@@ -177,6 +191,14 @@ class PackedWeight:
         return replace(
             weight, scales=scales.to(torch.float16), mins=mins.to(torch.float16), super_scales=None
         )
+
+    def with_byte_codes(self) -> PackedWeight:
+        """The weight with u6 codes stored a byte each (the u8 layout, row-major); itself when it
+        is not u6."""
+        if self.layout != "u6":
+            return self
+        weight = self.row_major()
+        return replace(weight, layout="u8", qweight=weight.codes().to(torch.uint8))
 
     def group_params(
         self, rows: torch.Tensor | slice | None = None
@@ -242,6 +264,8 @@ class PackedWeight:
         q = self._rows(self.qweight, rows, CODE_UNIT)
         if self.layout == "u8":
             return q.to(torch.int32)
+        if self.layout == "u6":
+            return unpack_u6(q)
         groups = q.reshape(*q.shape[:-1], -1, 16).to(torch.int32)
         return torch.cat((groups & 0x0F, groups >> 4), dim=-1).reshape(*q.shape[:-1], -1)
 
@@ -264,6 +288,43 @@ def pack_u4(codes: torch.Tensor) -> torch.Tensor:
     """uint8 [out, in // 2] from int codes in [0, 15] of shape [out, in] (in a multiple of 32)."""
     groups = codes.to(torch.uint8).reshape(codes.shape[0], -1, 2, 16)
     return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(codes.shape[0], -1)
+
+
+def _u6_vectors(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two 64-value vectors the kernel forms from each 128-weight chunk of [..., in]: weights
+    i and i + 8 of every group of 16 (the low and high nibbles of the chunk's 64 bytes)."""
+    g = t.reshape(*t.shape[:-1], -1, 8, 2, 8)
+    return g[..., 0, :].flatten(-2), g[..., 1, :].flatten(-2)
+
+
+def pack_u6(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [out, in // 2 + in // 4] from int codes in [0, 63] of shape [out, in] (in a multiple
+    of 128). The first plane holds the low nibbles (byte 8g + i of a group's 8: weight i low,
+    weight i + 8 high). The second holds 32 bytes per 128-weight chunk: byte j has the top two bits
+    of the chunk's low-nibble vector at positions j and 32 + j in bits 0-1 and 2-3, and of its
+    high-nibble vector at j and 32 + j in bits 4-5 and 6-7 (how the kernel spreads them)."""
+    c = codes.to(torch.uint8)
+    out = c.shape[0]
+    groups = c.reshape(out, -1, 2, 8)
+    nibbles = ((groups[:, :, 0] & 0x0F) | ((groups[:, :, 1] & 0x0F) << 4)).reshape(out, -1)
+    low, high = _u6_vectors(c >> 4)  # [out, chunks, 64] each
+    top = low[..., :32] | (low[..., 32:] << 2) | (high[..., :32] << 4) | (high[..., 32:] << 6)
+    return torch.cat((nibbles, top.reshape(out, -1)), dim=1)
+
+
+def unpack_u6(qweight: torch.Tensor) -> torch.Tensor:
+    """The int32 codes [..., in] of u6 qweight rows [..., in // 2 + in // 4] (pack_u6's inverse)."""
+    q = qweight.to(torch.int32)
+    cols = q.shape[-1] // 3 * 4
+    nibbles, top = q[..., : cols // 2], q[..., cols // 2 :]
+    pairs = nibbles.reshape(*q.shape[:-1], -1, 8)
+    low4 = torch.stack((pairs & 0x0F, pairs >> 4), dim=-2).flatten(-3)
+    top = top.reshape(*q.shape[:-1], -1, 32)
+    low = torch.cat((top & 3, (top >> 2) & 3), dim=-1)
+    high = torch.cat(((top >> 4) & 3, top >> 6), dim=-1)
+    split = (*low.shape[:-1], 8, 8)  # [..., chunks, group, position]
+    top2 = torch.stack((low.reshape(split), high.reshape(split)), dim=-2)
+    return low4 | (top2.reshape(*q.shape[:-1], cols) << 4)
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

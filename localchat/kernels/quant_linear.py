@@ -84,7 +84,9 @@ def _one(
     if use_triton(x):
         from localchat.kernels.triton_quant_linear import triton_quant_linear
 
-        return triton_quant_linear(x, weight.row_major().with_float16_scales(), bias)
+        return triton_quant_linear(
+            x, weight.row_major().with_float16_scales().with_byte_codes(), bias
+        )
     return quant_linear_reference(x, weight, bias).to(x.dtype)
 
 

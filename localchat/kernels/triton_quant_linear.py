@@ -7,9 +7,10 @@ tl.dot with a float32 accumulator. Device memory per parameter, as the weight is
 
 - ``u4`` (Q4_0, Q4_1, Q4_K, int4): 0.5 byte of code + 4 bytes of scale and min per 32 weights =
   0.625 B (0.5625 B when symmetric). A 70B Llama in u4 is about 44 GB; Q4_K_M, whose Q6_K tensors
-  (about a sixth of the weights) land in ``u8``, about 50 GB: either fits on one 141 GB H200 with
-  room for the KV cache.
-- ``u8`` (Q8_0, Q5_*, Q6_K, int8): 1 byte + 2 (symmetric) or 4 bytes per group = 1.0625 to 1.125 B.
+  (about a sixth of the weights) reach the GPU as ``u8``, about 50 GB: either fits on one 141 GB
+  H200 with room for the KV cache.
+- ``u8`` (Q8_0, Q5_*, int8, and Q6_K, whose 6-bit ``u6`` codes move to the GPU a byte each): 1 byte
+  + 2 (symmetric) or 4 bytes per group = 1.0625 to 1.125 B.
 
 Packed u4 bytes hold weights j and j + 16 of a 32-group. Rather than interleaving the nibbles back
 into order, the kernel splits the reduction: low nibbles meet the x columns g*32 + j, high nibbles

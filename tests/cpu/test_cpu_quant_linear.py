@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.kernels.packed_weight import PackedWeight, pack_u4, quantize_weight
+from localchat.kernels.packed_weight import PackedWeight, pack_u4, pack_u6, quantize_weight
 from localchat.kernels.quant_linear import fuse, quant_linear, quant_linear_reference
 
 
@@ -33,6 +33,11 @@ def symmetric_u8(rows: int, cols: int, group: int, zero_point: int, seed: int = 
     return PackedWeight("u8", codes, scales, None, group, zero_point=zero_point)
 
 
+def as_u6(w: PackedWeight) -> PackedWeight:
+    """A Q6_K-like u8 weight (group 16, codes 0..63) in the u6 layout."""
+    return PackedWeight("u6", pack_u6(w.qweight), w.scales, None, 16, zero_point=w.zero_point)
+
+
 def k_quant(layout: str, rows: int, cols: int, seed: int = 2) -> PackedWeight:
     """A Q4_K-like (u4) or Q5_K-like (u8) weight: 6-bit sub-scales and mins, (d, dmin) per 256."""
     generator = torch.Generator().manual_seed(seed)
@@ -51,6 +56,8 @@ def weights(rows: int, cols: int):
     k_quants = {}
     if cols % 256 == 0:  # K-quant rows are whole super-blocks
         k_quants = {"u4-kquant": k_quant("u4", rows, cols), "u8-kquant": k_quant("u8", rows, cols)}
+    if cols % 128 == 0:  # u6 rows are whole 128-weight chunks
+        k_quants["u6-g16-sym"] = as_u6(symmetric_u8(rows, cols, 16, 32, seed=4))
     return k_quants | {
         "u4-asym": quantize_weight(dense, 4),
         "u8-asym": quantize_weight(dense, 8),
@@ -68,7 +75,6 @@ def weights(rows: int, cols: int):
 
 
 def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True):
-    bits = 4 if w.layout == "u4" else 8
     return ext.quant_linear(
         x,
         w.qweight,
@@ -76,7 +82,7 @@ def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True)
         w.mins,
         w.super_scales,
         bias,
-        bits,
+        w.bits,
         w.group_size,
         w.zero_point,
         precise,
@@ -128,12 +134,12 @@ def test_vnni_and_portable_paths_are_exact_on_representable_values(ext):
     x = torch.randint(-127, 128, (5, 256), generator=generator).float()
     x[:, ::32] = 127.0
     expected = (x.double() @ w.dequantize().double().T).float()
-    for precise in (False, True):
-        for vnni in (True, False):
-            assert torch.equal(run(ext, x, w, precise=precise, vnni=vnni), expected), (
-                precise,
-                vnni,
-            )
+    for weight in (w, as_u6(w)):
+        for rows in (1, 5):  # the GEMV and the panel kernel
+            for precise in (False, True):
+                for vnni in (True, False):
+                    got = run(ext, x[:rows], weight, precise=precise, vnni=vnni)
+                    assert torch.equal(got, expected[:rows]), (weight.layout, precise, vnni)
 
 
 def test_dispatch_fuses_and_splits(ext):
@@ -198,8 +204,7 @@ def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
 
     monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
     for name, w in weights(40, 160).items():
-        bits = 4 if w.layout == "u4" else 8
-        args = (w.qweight, w.scales, w.mins, w.super_scales, bits, w.group_size, w.zero_point)
+        args = (w.qweight, w.scales, w.mins, w.super_scales, w.bits, w.group_size, w.zero_point)
         dense = ext.dequantize(*args, w.interleaved)
         torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
         gate_up = torch.randn(35, 320)

@@ -30,7 +30,7 @@ def copy(w: PackedWeight) -> PackedWeight:
 
 # rows: whole blocks of four, a partial block, fewer than one block; columns: whole 64-byte pieces
 # and a short last one (576 / 2 = 288 bytes), 16-group blocks and a short one
-SHAPES = [(40, 576), (37, 96), (3, 64), (13, 1536), (13, 768), (8, 512)]
+SHAPES = [(40, 576), (37, 96), (3, 64), (13, 1536), (13, 768), (8, 512), (9, 640)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -73,13 +73,12 @@ def test_every_path_gives_the_same_bits_in_both_layouts(ext, shape):
         inter = interleave_for_kernel(w)
         dense = plain.dequantize()
         assert torch.equal(inter.dequantize(), dense), name
-        bits = 4 if w.layout == "u4" else 8
         cpp_dense = ext.dequantize(
             inter.qweight,
             inter.scales,
             inter.mins,
             inter.super_scales,
-            bits,
+            w.bits,
             w.group_size,
             w.zero_point,
             True,

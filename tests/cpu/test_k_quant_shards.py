@@ -1,5 +1,7 @@
 """Tensor-parallel cuts of a K-quant weight (sub-scales with a (d, dmin) pair per 256 inputs):
-on super-block boundaries they keep the compact scales, inside one they take float16 scales."""
+on super-block boundaries they keep the compact scales, inside one they take float16 scales. And
+Q6_K's u6 weights, cut plane by plane on their 128-weight chunks, a byte per code elsewhere or on
+the GPU."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import torch
 
 from localchat.engine.distributed.sharded_weights import take_columns, take_rows
 from localchat.kernels.quant_linear import quant_linear
-from tests.cpu.test_cpu_quant_linear import k_quant
+from tests.cpu.test_cpu_quant_linear import as_u6, k_quant, symmetric_u8
 
 
 def test_cuts_on_super_blocks_keep_the_file_scales():
@@ -37,3 +39,19 @@ def test_leaving_the_cpu_takes_float16_scales():
     moved = k_quant("u8", 4, 512).to("meta")  # the GPU's kernels read one float16 scale per group
     assert moved.super_scales is None and moved.scales.dtype == torch.float16
     assert moved.mins is not None and moved.mins.dtype == torch.float16
+
+
+def test_u6_weights_are_cut_and_moved_a_byte_per_code():
+    """Q6_K's two-plane u6 codes: a TP column cut inside a 128-weight chunk, and the GPU, take them
+    a byte each (u8)."""
+    w = as_u6(symmetric_u8(12, 768, 16, 32))
+    dense = w.dequantize()
+    shard = take_columns(w, 256, 512)  # on its 128-weight chunks: both planes cut
+    assert shard.layout == "u6" and torch.equal(shard.dequantize(), dense[:, 256:512])
+    inside = take_columns(w, 64, 448)
+    assert inside.layout == "u8" and torch.equal(inside.dequantize(), dense[:, 64:448])
+    rows = take_rows(w, torch.tensor([2, 5, 11]))
+    assert rows.layout == "u6" and torch.equal(rows.dequantize(), dense[[2, 5, 11]])
+    moved = w.to("meta")
+    assert moved.layout == "u8" and tuple(moved.qweight.shape) == (12, 768)
+    assert torch.equal(w.with_byte_codes().dequantize(), dense)

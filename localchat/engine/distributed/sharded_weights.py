@@ -7,10 +7,12 @@ file's codes, scales and mins unchanged.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from localchat.errors import InvalidParameterError
-from localchat.kernels.packed_weight import GROUPS_PER_SUPER, PackedWeight
+from localchat.kernels.packed_weight import GROUPS_PER_SUPER, U6_CHUNK, PackedWeight
 
 Weight = torch.Tensor | PackedWeight | tuple[PackedWeight, ...]
 
@@ -41,6 +43,21 @@ def take_columns(weight: Weight, start: int, end: int) -> Weight:
     return _packed_columns(weight, start, end)
 
 
+def _u6_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
+    """Columns of a u6 weight: both planes cut where the cut falls on its 128-weight chunks, else
+    the codes a byte each (u8)."""
+    if start % U6_CHUNK or end % U6_CHUNK:
+        return _packed_columns(weight.with_byte_codes(), start, end)
+    weight = weight.row_major()
+    q, half = weight.qweight, weight.in_features // 2
+    planes = (q[:, start // 2 : end // 2], q[:, half + start // 4 : half + end // 4])
+    return replace(
+        weight,
+        qweight=torch.cat(planes, dim=1),
+        scales=weight.scales[:, start // 16 : end // 16].contiguous(),
+    )
+
+
 def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
     group = weight.group_size
     if start % group or end % group:
@@ -49,6 +66,8 @@ def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
             f"{group} inputs; columns [{start}, {end}) do not (use fewer ranks)",
             param="tensor_parallel_size",
         )
+    if weight.layout == "u6":
+        return _u6_columns(weight, start, end)
     per_byte = 2 if weight.layout == "u4" else 1
     super_columns = group * GROUPS_PER_SUPER
     if weight.super_scales is not None and (start % super_columns or end % super_columns):

@@ -48,14 +48,14 @@ struct PackedRef {
     (void)WeightArgs(qweight, scales, symmetric ? c10::optional<torch::Tensor>() : mins,
                      k_scales ? c10::optional<torch::Tensor>(supers) : c10::optional<torch::Tensor>(), false);
     N = qweight.size(0);
-    K = L.u4 ? qweight.size(1) * 2 : qweight.size(1);
+    K = L.in_features(qweight.size(1));
     groups = K / L.group_size;
     w_row = qweight.size(1);
     chunks = (K + L.chunk_values - 1) / L.chunk_values;
-    weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
+    weight_bytes = L.code_bytes(K);
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
-    gemv = pick_gemv(precise, symmetric, L.u4, k_scales);
+    gemv = pick_gemv(precise, symmetric, L.bits(), k_scales);
     reserve(1);
   }
   PackedRef(const PackedRef&) = delete;

@@ -36,20 +36,21 @@ enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
 
 struct BlockFormat {
   int64_t weights, bytes, group_size;
-  bool u4, has_mins;
+  int bits;  // the PackedWeight layout: 4 (u4), 6 (u6) or 8 (u8)
+  bool has_mins;
   bool k_scales = false;  // Q4_K/Q5_K: 6-bit sub-scales and mins kept as bytes, with (d, dmin) per 256
 };
 
 BlockFormat block_format(int64_t type) {
   switch (type) {
-    case kQ4_0: return {32, 18, 32, true, false};
-    case kQ4_1: return {32, 20, 32, true, true};
-    case kQ5_0: return {32, 22, 32, false, false};
-    case kQ5_1: return {32, 24, 32, false, true};
-    case kQ8_0: return {32, 34, 32, false, false};
-    case kQ4_K: return {256, 144, 32, true, true, true};
-    case kQ5_K: return {256, 176, 32, false, true, true};
-    case kQ6_K: return {256, 210, 16, false, false};
+    case kQ4_0: return {32, 18, 32, 4, false};
+    case kQ4_1: return {32, 20, 32, 4, true};
+    case kQ5_0: return {32, 22, 32, 8, false};
+    case kQ5_1: return {32, 24, 32, 8, true};
+    case kQ8_0: return {32, 34, 32, 8, false};
+    case kQ4_K: return {256, 144, 32, 4, true, true};
+    case kQ5_K: return {256, 176, 32, 8, true, true};
+    case kQ6_K: return {256, 210, 16, 6, false};
     default: TORCH_CHECK(false, "unsupported GGUF block type ", type);
   }
 }
@@ -73,16 +74,33 @@ inline void k_scale_min(const uint8_t* q, int s, int& scale, int& min) {
   }
 }
 
-// The outputs of one row: codes, and float16 scales/mins per group, or (K-quants) byte sub-scales/mins per group
-// with a float16 (d, dmin) pair per super-block.
+// The outputs of one row: codes (u6: its first plane, then `top`, its second), and float16 scales/mins per group,
+// or (K-quants) byte sub-scales/mins per group with a float16 (d, dmin) pair per super-block.
 struct RowOut {
   uint8_t* codes;
+  uint8_t* top;
   at::Half* scales;
   at::Half* mins;
   uint8_t* sub_scales;
   uint8_t* sub_mins;
   at::Half* supers;
 };
+
+// 128 codes (0..63) as a u6 chunk: 64 bytes of low nibbles (weights i, i + 8 of each group of 16) and 32 bytes of
+// top bits (packed_weight.py's pack_u6).
+void pack_u6_chunk(const uint8_t* codes, uint8_t* nibbles, uint8_t* top) {
+  for (int g = 0; g < 8; ++g) {
+    for (int i = 0; i < 8; ++i) {
+      nibbles[8 * g + i] = (codes[16 * g + i] & 0x0F) | ((codes[16 * g + 8 + i] & 0x0F) << 4);
+    }
+  }
+  auto top2 = [&](int vector, int position) {  // the top bits at a position of the low (0) or high (1) vector
+    return codes[16 * (position / 8) + 8 * vector + position % 8] >> 4;
+  };
+  for (int j = 0; j < 32; ++j) {
+    top[j] = static_cast<uint8_t>(top2(0, j) | (top2(0, 32 + j) << 2) | (top2(1, j) << 4) | (top2(1, 32 + j) << 6));
+  }
+}
 
 // One block of row `in` into the row's outputs at block index b.
 void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
@@ -151,7 +169,7 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
       const float d = load_float_half(in + 208);
       for (int g = 0; g < 16; ++g) scales[b * 16 + g] = at::Half(d * static_cast<float>(sc[g]));
       for (int half = 0; half < 2; ++half) {
-        uint8_t* out = codes + b * 256 + half * 128;
+        uint8_t out[128];
         const uint8_t* l = ql + half * 64;
         const uint8_t* h = qh + half * 32;
         // weight 32q + i: the low 4 bits from ql (q = 0, 1: low nibbles; 2, 3: high nibbles of the same
@@ -163,6 +181,8 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
             out[32 * q + i] = ((low[i] >> low_shift) & 0x0F) | (((h[i] >> high_shift) & 3) << 4);
           }
         }
+        const int64_t chunk = 2 * b + half;
+        pack_u6_chunk(out, codes + chunk * 64, o.top + chunk * 32);
       }
       break;
     }
@@ -189,7 +209,7 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   }
   auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
   auto f16 = torch::TensorOptions().dtype(torch::kHalf);
-  torch::Tensor qweight = torch::empty({rows, f.u4 ? cols / 2 : cols}, u8);
+  torch::Tensor qweight = torch::empty({rows, f.bits == 4 ? cols / 2 : f.bits == 6 ? cols / 2 + cols / 4 : cols}, u8);
   torch::Tensor scales = torch::empty({rows, groups}, f.k_scales ? u8 : f16);
   torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f.k_scales ? u8 : f16) : torch::Tensor();
   torch::Tensor supers = f.k_scales ? torch::empty({rows, 2 * blocks}, f16) : torch::Tensor();
@@ -210,6 +230,7 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
       uint8_t* row_scales = sp + r * groups * param_bytes;
       uint8_t* row_mins = mp ? mp + r * groups * param_bytes : nullptr;
       const RowOut out{qp + r * q_row,
+                       qp + r * q_row + cols / 2,
                        reinterpret_cast<at::Half*>(row_scales),
                        reinterpret_cast<at::Half*>(row_mins),
                        row_scales,

@@ -5,7 +5,8 @@
 // signed activation codes) and is scaled once per group:
 //   sum_k w_k x_k = sum_g scale_g * da_g * sum_{k in g} code_k * qa_k  +  sum_g min_g * da_g * sum_{k in g} qa_k
 // A 64-byte "chunk" of weight codes holds 4 groups (u4: 128 weights; u8 group 16: 64 weights) or 2 groups
-// (u8 group 32: 64 weights); each of the 16 int32 lanes of a dot product belongs to exactly one group.
+// (u8 group 32: 64 weights); a u6 chunk is 64 bytes of low nibbles (8 groups of 16: 128 weights) and 32 bytes
+// of top bits from the row's second plane. Each of the 16 int32 lanes of a dot product belongs to one group.
 // The activations are laid out per chunk to match, so no shuffles run in the inner loop.
 //
 // With precise=true each activation is carried by two int8 codes, x = da * (q1 + q2 / 256), about 16 bits
@@ -42,21 +43,32 @@ constexpr int kActBlock = 32;   // activation values sharing one int8 scale
 constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
 
 struct Layout {
-  bool u4;
+  bool nibbles;          // two codes per byte of the (first) plane: u4, and u6's low nibbles
+  bool u6;               // u6: the top two bits of each code come from a second plane (packed_weight.py)
   int group_size;
   int groups_per_chunk;  // weight groups in one 64-byte chunk
   int chunk_values;      // weights (= activation values) per chunk
-  int act_chunk_bytes;   // int8 activation bytes per chunk (u4: low-nibble half, then high-nibble half)
+  int act_chunk_bytes;   // int8 activation bytes per chunk (nibbles: low-nibble half, then high-nibble half)
+
+  int bits() const { return u6 ? 6 : nibbles ? 4 : 8; }
+  // bytes of a row's (first) plane of codes, and of the whole row, for K weights
+  int64_t code_bytes(int64_t K) const { return nibbles ? K / 2 : K; }
+  int64_t row_bytes(int64_t K) const { return u6 ? K / 2 + K / 4 : code_bytes(K); }
+  int64_t in_features(int64_t row) const { return u6 ? row / 3 * 4 : nibbles ? row * 2 : row; }
 };
 
 Layout make_layout(int64_t bits, int64_t group_size) {
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
   if (bits == 4) {
     TORCH_CHECK(group_size == 32, "u4 weights need group_size 32");
-    return {true, 32, 4, 128, 128};
+    return {true, false, 32, 4, 128, 128};
+  }
+  if (bits == 6) {
+    TORCH_CHECK(group_size == 16, "u6 weights need group_size 16");
+    return {true, true, 16, 8, 128, 128};
   }
   TORCH_CHECK(group_size == 16 || group_size == 32, "u8 weights need group_size 16 or 32");
-  return {false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64};
+  return {false, false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64};
 }
 
 // int8 activations for one row, arranged for the layout, with per-lane scales and per-group sums.
@@ -113,10 +125,11 @@ void arrange(const int8_t* src_all, int8_t* dst_all, const Layout& L, int64_t ch
   for (int64_t c = 0; c < chunks; ++c) {
     int8_t* dst = dst_all + c * L.act_chunk_bytes;
     const int8_t* src = src_all + c * L.chunk_values;
-    if (L.u4) {  // low nibbles carry values 0..15 of each group, high nibbles 16..31
-      for (int j = 0; j < 4; ++j) {
-        std::memcpy(dst + 16 * j, src + 32 * j, 16);
-        std::memcpy(dst + 64 + 16 * j, src + 32 * j + 16, 16);
+    if (L.nibbles) {  // low nibbles carry the first half of each group's values, high nibbles the second
+      const int half = L.group_size / 2;
+      for (int j = 0; j < L.groups_per_chunk; ++j) {
+        std::memcpy(dst + half * j, src + L.group_size * j, half);
+        std::memcpy(dst + 64 + half * j, src + L.group_size * j + half, half);
       }
     } else {
       std::memcpy(dst, src, 64);
@@ -177,7 +190,7 @@ void quantize_chunks(const float* x, int64_t K, const Layout& L, int64_t c0, int
       // subtracting zero_point * sum(codes) in int32 keeps symmetric types exact (Q8_0 codes sit at +128:
       // in floats, the two terms would cancel)
       int32_t sum = 0;
-      for (int half = 0; zero_point != 0 && half < (L.u4 ? 2 : 1); ++half) {
+      for (int half = 0; zero_point != 0 && half < (L.nibbles ? 2 : 1); ++half) {
         for (int i = 0; i < 4; ++i) {
           const int64_t at = c * L.act_chunk_bytes + half * 64 + lane * 4 + i;
           sum += precise ? 256 * a.codes[at] + a.codes2[at] : a.codes[at];
@@ -329,18 +342,18 @@ struct ActivationChunk {
   __m512 lane_scales;
 };
 
-template <bool PRECISE, bool SYMMETRIC, bool U4>
+template <bool PRECISE, bool SYMMETRIC, int BITS>
 inline ActivationChunk load_chunk(const ActivationRow& a, int64_t c, const Layout& L) {
   ActivationChunk k;
   const int8_t* codes = a.codes + c * L.act_chunk_bytes;
   k.a_lo = _mm512_load_si512(codes);
-  k.a_hi = U4 ? _mm512_load_si512(codes + 64) : k.a_lo;
+  k.a_hi = BITS != 8 ? _mm512_load_si512(codes + 64) : k.a_lo;
   k.b_lo = k.a_lo;
   k.b_hi = k.a_hi;
   if (PRECISE) {
     const int8_t* codes2 = a.codes2 + c * L.act_chunk_bytes;
     k.b_lo = _mm512_load_si512(codes2);
-    k.b_hi = U4 ? _mm512_load_si512(codes2 + 64) : k.b_lo;
+    k.b_hi = BITS != 8 ? _mm512_load_si512(codes2 + 64) : k.b_lo;
   }
   k.lane_scales = _mm512_load_ps(a.lane_scales + c * 16);
   k.zsums = SYMMETRIC ? _mm512_load_si512(a.lane_zsums + c * 16) : _mm512_setzero_si512();
@@ -351,10 +364,10 @@ inline ActivationChunk load_chunk(const ActivationRow& a, int64_t c, const Layou
 // times sd, the lanes' weight scale x activation scale. Every kernel goes through this with sd = s * lane_scale
 // computed the same way, so a (row, row) pair's result is the same in all.
 // (accumulate: the same, from the lanes' weight scales s.)
-template <bool PRECISE, bool SYMMETRIC, bool U4>
+template <bool PRECISE, bool SYMMETRIC, int BITS>
 inline __m512 accumulate_scaled(__m512i lo, __m512i hi, __m512 sd, const ActivationChunk& k, __m512 acc) {
   __m512i dot, dot2;
-  if (U4) {
+  if (BITS != 8) {
     dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.a_lo), hi, k.a_hi);
     if (PRECISE) dot2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, k.b_lo), hi, k.b_hi);
   } else {
@@ -366,9 +379,9 @@ inline __m512 accumulate_scaled(__m512i lo, __m512i hi, __m512 sd, const Activat
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sd, acc);
 }
 
-template <bool PRECISE, bool SYMMETRIC, bool U4>
+template <bool PRECISE, bool SYMMETRIC, int BITS>
 inline __m512 accumulate(__m512i lo, __m512i hi, __m512 s, const ActivationChunk& k, __m512 acc) {
-  return accumulate_scaled<PRECISE, SYMMETRIC, U4>(lo, hi, _mm512_mul_ps(s, k.lane_scales), k, acc);
+  return accumulate_scaled<PRECISE, SYMMETRIC, BITS>(lo, hi, _mm512_mul_ps(s, k.lane_scales), k, acc);
 }
 
 // The high nibbles of every byte (GFNI: one affine transform that shifts each byte right by 4).
@@ -381,6 +394,44 @@ inline __m512i high_nibbles(__m512i raw, __m512i low_mask) {
 #endif
 }
 
+#if defined(__GFNI__)
+// u6: per 64-bit lane, the affine transforms that move a top-bits byte's pair (0-1, 2-3: the low-nibble vector's
+// positions j and 32 + j; 4-5, 6-7: the high-nibble vector's) into bits 4-5, all other bits zero.
+inline __m512i top_bits_matrix(int64_t first, int64_t second) {
+  return _mm512_set_epi64(second, second, second, second, first, first, first, first);
+}
+#endif
+
+// The codes of row r's chunk c as the two vectors the dot products take: u4 and u6 a chunk's low and high nibbles
+// (u6 with their top two bits from the second plane, whose 64-byte chunks start at chunk top0), u8 the bytes.
+template <int BITS>
+inline void unpack_chunk(const PassView& v, int r, int64_t c, int64_t top0, __mmask64 byte_mask, __m512i& lo,
+                         __m512i& hi) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, v.codes(r, c));
+  if (BITS == 8) {
+    lo = hi = raw;
+    return;
+  }
+  if (BITS == 4) {
+    lo = _mm512_and_si512(raw, low_mask);
+    hi = high_nibbles(raw, low_mask);
+    return;
+  }
+  const __m512i top = _mm512_broadcast_i64x4(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v.codes(r, top0 + c / 2) + 32 * (c & 1))));
+#if defined(__GFNI__)
+  const __m512i top_lo = _mm512_gf2p8affine_epi64_epi8(top, top_bits_matrix(0x01020000, 0x04080000), 0);
+  const __m512i top_hi = _mm512_gf2p8affine_epi64_epi8(top, top_bits_matrix(0x10200000, 0x40800000), 0);
+#else
+  const __m512i pair = _mm512_set1_epi8(0x30);
+  const __m512i top_lo = _mm512_and_si512(_mm512_sllv_epi64(top, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), pair);
+  const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi64(top, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), pair);
+#endif
+  lo = _mm512_ternarylogic_epi32(raw, low_mask, top_lo, 0xEA);  // (raw & 0x0F) | top_lo
+  hi = _mm512_or_si512(high_nibbles(raw, low_mask), top_hi);
+}
+
 // Per chunk j of a block of kGroupBlock groups, the lanes' group within the block: j * groups_per_chunk +
 // lane / (16 / groups_per_chunk).
 struct ChunkIndex {
@@ -391,16 +442,20 @@ struct ChunkIndex {
         lanes[j][lane] = std::min(15, j * groups_per_chunk + lane / (16 / groups_per_chunk));
   }
 };
-const ChunkIndex kChunkIndex2(2), kChunkIndex4(4);
+const ChunkIndex kChunkIndex2(2), kChunkIndex4(4), kChunkIndex8(8);
+
+inline const ChunkIndex& chunk_index(int groups_per_chunk) {
+  return groups_per_chunk == 8 ? kChunkIndex8 : groups_per_chunk == 4 ? kChunkIndex4 : kChunkIndex2;
+}
 
 // One activation row (a decode) against kRowsPerPass (or fewer) weight rows: the activation codes are loaded once
 // per chunk for all of them. Per block of kGroupBlock groups, each row's weight scales are multiplied by the
 // activation scales once (sd), and each chunk picks its lanes from sd with one permute.
-template <bool PRECISE, bool SYMMETRIC, bool U4, bool KQ>
+template <bool PRECISE, bool SYMMETRIC, int BITS, bool KQ>
 void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks, int64_t weight_bytes,
                const Layout& L, const ActivationRow& a, int rows, float* out) {
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const ChunkIndex& index = L.groups_per_chunk == 4 ? kChunkIndex4 : kChunkIndex2;
+  const ChunkIndex& index = chunk_index(L.groups_per_chunk);
+  const int64_t top0 = weight_bytes / kChunkBytes;  // u6: the second plane's first chunk
   const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
   __m512 acc[kRowsPerPass];
   for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm512_setzero_ps();
@@ -428,14 +483,14 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     for (int64_t c = c0; c < c1; ++c) {
       const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - c * kChunkBytes);
       const __m512i lanes = _mm512_load_si512(index.lanes[c - c0]);
-      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, U4>(a, c, L);
+      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, BITS>(a, c, L);
       for (int r = 0; r < rows; ++r) {
-        const uint8_t* codes = v.codes(r, c);
-        __builtin_prefetch(codes + kPrefetchRows * w_row);  // the same chunk two passes on (both layouts)
-        const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, codes);
-        const __m512i lo = U4 ? _mm512_and_si512(raw, low_mask) : raw;
-        const __m512i hi = U4 ? high_nibbles(raw, low_mask) : raw;
-        acc[r] = accumulate_scaled<PRECISE, SYMMETRIC, U4>(lo, hi, _mm512_permutexvar_ps(lanes, sd[r]), chunk, acc[r]);
+        // the same chunk two passes on (both layouts), and u6's top bits every other chunk
+        __builtin_prefetch(v.codes(r, c) + kPrefetchRows * w_row);
+        if (BITS == 6 && (c & 1) == 0) __builtin_prefetch(v.codes(r, top0 + c / 2) + kPrefetchRows * w_row);
+        __m512i lo, hi;
+        unpack_chunk<BITS>(v, r, c, top0, byte_mask, lo, hi);
+        acc[r] = accumulate_scaled<PRECISE, SYMMETRIC, BITS>(lo, hi, _mm512_permutexvar_ps(lanes, sd[r]), chunk, acc[r]);
       }
     }
   }
@@ -449,11 +504,11 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
 // is unpacked into registers once and meets every row of the block, whose accumulators live in `acc` (L1,
 // kRowsPerPass vectors per row). Per (activation row, weight row) pair it runs gemv_rows' operations in the
 // same order, so its results equal a decode's bit for bit.
-template <bool PRECISE, bool SYMMETRIC, bool U4, bool KQ>
+template <bool PRECISE, bool SYMMETRIC, int BITS, bool KQ>
 void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weight_bytes, const Layout& L,
                 const __m512i scale_index, const ActivationRow* acts, int64_t mt, int rows, float* out,
                 int64_t out_stride, __m512* acc) {
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const int64_t top0 = weight_bytes / kChunkBytes;
   for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * kChunkBytes;
@@ -465,24 +520,22 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
     __m512 s[kRowsPerPass];
     for (int r = 0; r < kRowsPerPass; ++r) {
       const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
-      const __m512i raw = _mm512_maskz_loadu_epi8(byte_mask, v.codes(rr, c));
-      lo[r] = U4 ? _mm512_and_si512(raw, low_mask) : raw;
-      hi[r] = U4 ? high_nibbles(raw, low_mask) : raw;
+      unpack_chunk<BITS>(v, rr, c, top0, byte_mask, lo[r], hi[r]);
       if (KQ) {  // d * sub-scale, as gemv_rows forms it
         const float d = half_to_float(v.supers(rr, first_group / kGroupBlock)[(first_group % kGroupBlock) / 8 * 2]);
         const __m512 sub = load_sub_params(v.group<uint8_t>(v.s, rr, first_group), scale_mask);
         s[r] = _mm512_permutexvar_ps(scale_index, _mm512_mul_ps(sub, _mm512_set1_ps(d)));
       } else {
-        s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_cvtph_ps(
+        s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps256_ps512(_mm256_cvtph_ps(
             _mm_maskz_loadu_epi16(scale_mask, v.group<at::Half>(v.s, rr, first_group)))));
       }
     }
     for (int64_t t = 0; t < mt; ++t) {
       const ActivationRow& a = acts[t];
-      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, U4>(a, c, L);
+      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, BITS>(a, c, L);
       __m512* row_acc = acc + t * kRowsPerPass;
       for (int r = 0; r < kRowsPerPass; ++r) {
-        row_acc[r] = accumulate<PRECISE, SYMMETRIC, U4>(lo[r], hi[r], s[r], chunk, row_acc[r]);
+        row_acc[r] = accumulate<PRECISE, SYMMETRIC, BITS>(lo[r], hi[r], s[r], chunk, row_acc[r]);
       }
     }
   }
@@ -495,18 +548,25 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   }
 }
 
-// pick(precise, symmetric, u4, kq) with each flag as a std::bool_constant: the kernel instantiation for a weight
-// (K-quant scales come only with mins, so kq is never instantiated with symmetric).
+// pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
+// the kernel instantiation for a weight (K-quant scales come only with mins, so kq is never instantiated with
+// symmetric; u6 holds only Q6_K, which is symmetric without K-quant scales).
 template <typename Pick>
-auto pick_kernel(bool precise, bool symmetric, bool u4, bool kq, Pick pick) {
+auto pick_kernel(bool precise, bool symmetric, int bits, bool kq, Pick pick) {
   using T = std::true_type;
   using F = std::false_type;
   auto with = [&](auto p, auto u) {
     if (symmetric) return pick(p, T{}, u, F{});
     return kq ? pick(p, F{}, u, T{}) : pick(p, F{}, u, F{});
   };
-  if (u4) return precise ? with(T{}, T{}) : with(F{}, T{});
-  return precise ? with(T{}, F{}) : with(F{}, F{});
+  auto with_bits = [&](auto p) {
+    if (bits == 6) {
+      TORCH_CHECK(symmetric && !kq, "u6 weights are symmetric, without K-quant scales");
+      return pick(p, T{}, std::integral_constant<int, 6>{}, F{});
+    }
+    return bits == 4 ? with(p, std::integral_constant<int, 4>{}) : with(p, std::integral_constant<int, 8>{});
+  };
+  return precise ? with_bits(T{}) : with_bits(F{});
 }
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -515,8 +575,8 @@ constexpr int64_t kPanelRows = 32;
 using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const __m512i,
                          const ActivationRow*, int64_t, int, float*, int64_t, __m512*);
 
-PanelFn pick_panel(bool precise, bool symmetric, bool u4, bool kq) {
-  return pick_kernel(precise, symmetric, u4, kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
+PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq) {
+  return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
     return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
 }
@@ -524,8 +584,8 @@ PanelFn pick_panel(bool precise, bool symmetric, bool u4, bool kq) {
 using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, const Layout&, const ActivationRow&,
                         int, float*);
 
-GemvFn pick_gemv(bool precise, bool symmetric, bool u4, bool kq) {
-  return pick_kernel(precise, symmetric, u4, kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
+GemvFn pick_gemv(bool precise, bool symmetric, int bits, bool kq) {
+  return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
     return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
 }
@@ -561,10 +621,21 @@ std::pair<torch::Tensor, torch::Tensor> k_scales_as_floats(const torch::Tensor& 
   return {scales, mins};
 }
 
-// Portable path: the same arithmetic, one group at a time.
-int32_t group_dot_scalar(const uint8_t* w, const int8_t* q, int64_t g, const Layout& L) {
+// Code n of a u6 row of K weights (packed_weight.py's pack_u6).
+inline int u6_code(const uint8_t* row, int64_t K, int64_t n) {
+  const int64_t chunk = n / 128, within = n % 128, i = within % 16;
+  const int64_t position = within / 16 * 8 + i % 8;  // in the chunk's low- or high-nibble vector
+  const int nibble = (row[n / 16 * 8 + i % 8] >> (i < 8 ? 0 : 4)) & 0x0F;
+  const int pair = 2 * (i < 8 ? 0 : 2) + 2 * static_cast<int>(position / 32);
+  return nibble | (((row[K / 2 + chunk * 32 + position % 32] >> pair) & 3) << 4);
+}
+
+// Portable path: the same arithmetic, one group at a time (w: the row of K weights).
+int32_t group_dot_scalar(const uint8_t* w, int64_t K, const int8_t* q, int64_t g, const Layout& L) {
   int32_t dot = 0;
-  if (L.u4) {
+  if (L.u6) {
+    for (int i = 0; i < L.group_size; ++i) dot += u6_code(w, K, g * L.group_size + i) * q[i];
+  } else if (L.nibbles) {
     const uint8_t* b = w + g * 16;
     for (int i = 0; i < 16; ++i) dot += (b[i] & 0x0F) * q[i] + (b[i] >> 4) * q[i + 16];
   } else {
@@ -578,8 +649,9 @@ float row_dot_scalar(const uint8_t* w, const float* scales, int64_t groups, cons
                      int32_t zero_point, const ActivationRow& a) {
   float sum = 0.f;
   for (int64_t g = 0; g < groups; ++g) {
-    int32_t dot = group_dot_scalar(w, a.natural + g * L.group_size, g, L);
-    if (precise) dot = dot * 256 + group_dot_scalar(w, a.natural2 + g * L.group_size, g, L);
+    const int64_t K = groups * L.group_size;
+    int32_t dot = group_dot_scalar(w, K, a.natural + g * L.group_size, g, L);
+    if (precise) dot = dot * 256 + group_dot_scalar(w, K, a.natural2 + g * L.group_size, g, L);
     if (zero_point) {
       int32_t codes = 0;
       for (int i = 0; i < L.group_size; ++i) {
@@ -705,7 +777,8 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   const torch::Tensor x = x_in.to(torch::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = w.qweight.size(0);
   TORCH_CHECK(K % kActBlock == 0, "in_features must be a multiple of 32");
-  TORCH_CHECK(w.qweight.size(1) == (L.u4 ? K / 2 : K), "qweight does not match in_features");
+  TORCH_CHECK(!L.u6 || K % 128 == 0, "u6 weights need in_features a multiple of 128");
+  TORCH_CHECK(w.qweight.size(1) == L.row_bytes(K), "qweight does not match in_features");
   const int64_t groups = K / L.group_size;
   TORCH_CHECK(w.scales.size(0) == N && w.scales.size(1) == groups, "scales shape mismatch");
   const bool has_mins = w.has_mins;
@@ -741,10 +814,10 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     alignas(64) int32_t index_values[16];
     for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
     const __m512i scale_index = _mm512_load_si512(index_values);
-    const int64_t weight_bytes = L.u4 ? groups * 16 : groups * L.group_size;
+    const int64_t weight_bytes = L.code_bytes(K);
     const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     if (M == 1) {
-      const GemvFn gemv = pick_gemv(precise, !has_mins, L.u4, w.k_scales);
+      const GemvFn gemv = pick_gemv(precise, !has_mins, L.bits(), w.k_scales);
       at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
         for (int64_t pass = begin; pass < end; ++pass) {
           const int64_t n = pass * kRowsPerPass;
@@ -757,7 +830,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
       });
       return out;
     }
-    const PanelFn panel = pick_panel(precise, !has_mins, L.u4, w.k_scales);
+    const PanelFn panel = pick_panel(precise, !has_mins, L.bits(), w.k_scales);
     // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
     // kPanelRows rows (their accumulators in L1), pass by pass
     const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
@@ -809,7 +882,7 @@ torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& s
                          int64_t bits, int64_t group_size, int64_t zero_point, bool interleaved) {
   const Layout L = make_layout(bits, group_size);
   const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved);
-  const int64_t N = w.qweight.size(0), K = L.u4 ? w.qweight.size(1) * 2 : w.qweight.size(1), groups = K / group_size;
+  const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1)), groups = K / group_size;
   const auto [scales_f, mins_f] = w.float_params();
   torch::Tensor out = torch::empty({N, K}, torch::kFloat);
   const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
@@ -822,7 +895,12 @@ torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& s
         const float scale = sp[n * groups + g];
         const float offset = mp ? mp[n * groups + g] : -scale * static_cast<float>(zero_point);
         float* o = op + n * K + g * group_size;
-        if (L.u4) {
+        if (L.u6) {
+          const uint8_t* row = wp + n * L.row_bytes(K);
+          for (int i = 0; i < group_size; ++i) {
+            o[i] = static_cast<float>(u6_code(row, K, g * group_size + i)) * scale + offset;
+          }
+        } else if (L.nibbles) {
           const uint8_t* b = wp + n * (K / 2) + g * 16;
           for (int i = 0; i < 16; ++i) {
             o[i] = static_cast<float>(b[i] & 0x0F) * scale + offset;
