@@ -49,9 +49,11 @@ def generate(
     engine_config=None,
 ) -> None:
     """Generate one reply to PROMPT with the in-process engine, streamed as it is produced."""
+    from localchat.engine.distributed.torchrun import join_torchrun
     from localchat.engine.llm import LLM
     from localchat.engine.sampling_params import SamplingParams
 
+    engine_config = join_torchrun(engine_config)  # under torchrun, ranks > 0 serve rank 0 and exit
     if prompt == "-":
         prompt = sys.stdin.read()
     llm = LLM(config=engine_config)

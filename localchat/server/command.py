@@ -179,6 +179,13 @@ def serve(
         raise InvalidParameterError(
             "--max-loaded-models, --max-memory and --keep-alive go with --models or --models-dir"
         )
+    from localchat.engine.distributed.torchrun import join_torchrun
+
+    several = data_parallel_size > 1 or models is not None or models_dir is not None
+    # under torchrun, ranks > 0 serve rank 0 and exit here, before binding the port
+    engine_config = join_torchrun(
+        engine_config, alone="--data-parallel-size or --models" if several else None
+    )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

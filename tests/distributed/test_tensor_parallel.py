@@ -35,6 +35,22 @@ PROMPTS = [
 ]
 
 
+# 8 query heads and 2 KV heads: splits over 2 or 4 ranks
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 1001,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+
 def _greedy_run(llm: LLM) -> tuple[list[list[int]], int]:
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params)
@@ -106,20 +122,7 @@ def _dummy_runs(config_dir, size: int, prompts: list[list[int]]):
 
 def test_tiny_random_model_at_tp4_matches_one_rank(tmp_path):
     """8 query heads, 2 KV heads on 4 ranks (each KV head on two), an uneven vocabulary."""
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "vocab_size": 1001,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     prompts = [[5, 17, 900, 3, 42, 1000, 7] * 6, [11, 12, 13], [999]]
     (tokens, logits), (tp_tokens, tp_logits) = _dummy_runs(tmp_path, 4, prompts)
     assert tp_tokens == tokens
@@ -205,17 +208,80 @@ def test_the_server_fails_the_stream_and_turns_unhealthy_when_a_rank_dies(
         assert health.status_code == 503
 
 
-def test_an_idle_server_turns_unhealthy_when_a_rank_dies(default_gguf, tmp_path):
-    """No request runs, so no collective notices: the engine's idle health check does."""
+@pytest.mark.parametrize(
+    ("how", "detail"),
+    [
+        (signal.SIGKILL, "tensor-parallel group failed: rank 2 exited"),
+        (signal.SIGSTOP, "rank 2 did not answer a health ping within 3 s (hung)"),
+    ],
+    ids=["dies", "hangs"],
+)
+def test_an_idle_server_turns_unhealthy_when_a_rank_dies_or_hangs(
+    default_gguf, tmp_path, monkeypatch, how, detail
+):
+    """No request runs, so no collective notices: the engine's idle health check does (a dead
+    rank by its exit, a hung one by a ping it does not answer)."""
+    monkeypatch.setenv("LOCALCHAT_TP_PING_TIMEOUT", "3")
     args = ("-tp", "3", "--kv-cache-memory", "64MiB", "--max-model-len", "1024")
     with serve_process(tmp_path / "serve.log", *args) as server:
-        os.kill(_ranks(server.process.pid)[1].pid, signal.SIGKILL)
-        deadline = time.monotonic() + 15
+        time.sleep(5)  # idle pings answered meanwhile: healthy
+        assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
+        rank = _ranks(server.process.pid)[1]
+        os.kill(rank.pid, how)
+        deadline = time.monotonic() + 20
         while (health := httpx.get(f"{server.base_url}/health", timeout=10)).status_code == 200:
-            assert time.monotonic() < deadline, "still healthy 15 s after a rank died"
+            assert time.monotonic() < deadline, "still healthy 20 s after a rank died or hung"
             time.sleep(0.2)
         assert health.status_code == 503
-        assert "tensor-parallel group failed: rank 2 exited" in health.json()["detail"]
+        assert detail in health.json()["detail"]
+        deadline = time.monotonic() + 20  # the group is torn down: the hung rank is killed
+        while rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the hung rank is still there"
+            time.sleep(0.2)
         short = {"prompt": "Hello", "max_tokens": 4, "temperature": 0}
         reply = httpx.post(f"{server.base_url}/v1/completions", json=short, timeout=30)
         assert reply.status_code == 503
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_object"},
+        {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "person",
+                "schema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                    "required": ["name", "age"],
+                },
+            },
+        },
+    ],
+    ids=["json_object", "json_schema"],
+)
+def test_a_constrained_request_at_tp3_gives_the_json_of_one_rank(default_gguf, response_format):
+    """The grammar masks the logits on rank 0, where sampling happens: the same valid JSON."""
+    from localchat.server.structured import response_format_grammar
+
+    grammar = response_format_grammar(response_format)
+    assert grammar is not None
+    ask = "Return a JSON object with the keys name and age for a person called Ann, aged 30."
+    messages = [{"role": "user", "content": ask}]
+    params = SamplingParams(temperature=0, max_tokens=96, grammar=grammar)
+    texts = []
+    for tp in (1, 3):
+        llm = LLM(tensor_parallel_size=tp, kv_cache_memory="64MiB", max_model_len=1024)
+        try:
+            output = llm.generate([llm.render_chat(messages)], params)[0].outputs[0]
+            assert output.finish_reason == "stop", output.text  # a whole JSON value
+            texts.append(output.text)
+        finally:
+            if tp > 1:
+                _close(llm)
+    assert texts[0] == texts[1]
+    value = json.loads(texts[1])
+    assert isinstance(value, dict)
+    if response_format["type"] == "json_schema":
+        assert isinstance(value["name"], str) and isinstance(value["age"], int)

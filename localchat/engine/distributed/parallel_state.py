@@ -2,6 +2,10 @@
 
 Every collective has a timeout (the process group's), so a rank that hangs turns into an error
 instead of a wait forever; a rank that dies closes its sockets, which gloo reports at once.
+
+Besides the group the model's tensors go through (NCCL on CUDA, gloo on the CPU), every rank joins
+a gloo control group on the CPU: the health pings go through it (each with a timeout of its own,
+so a hung rank is found while idle too), and so, under torchrun, do rank 0's commands.
 """
 
 from __future__ import annotations
@@ -15,6 +19,15 @@ import torch.distributed as dist
 
 # LOCALCHAT_TP_TIMEOUT=S: seconds any one collective (or the rendezvous) may take.
 COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("LOCALCHAT_TP_TIMEOUT", "120")))
+# LOCALCHAT_TP_PING_TIMEOUT=S: seconds an idle rank may take to answer a health ping.
+PING_TIMEOUT = timedelta(seconds=float(os.environ.get("LOCALCHAT_TP_PING_TIMEOUT", "10")))
+# LOCALCHAT_TP_LOAD_TIMEOUT=S: seconds a rank may take to load its shard; under torchrun also the
+# longest an idle rank waits for rank 0's next command (rank 0 pings every second while idle).
+LOAD_TIMEOUT = float(os.environ.get("LOCALCHAT_TP_LOAD_TIMEOUT", "600"))
+# commands rank 0 broadcasts under torchrun, each with up to COMMAND_WIDTH - 1 integers
+COMMANDS = ("forward", "logits", "kv", "ping", "exit")
+COMMAND_WIDTH = 8
+_state: dict[str, object] = {}  # "control": the gloo control group; "from_env": joined by torchrun
 
 
 def free_address() -> str:
@@ -35,11 +48,78 @@ def init_group(rank: int, world_size: int, address: str, device: torch.device) -
         world_size=world_size,
         timeout=COLLECTIVE_TIMEOUT,
     )
+    _join_control()
+
+
+def init_from_env(device: torch.device) -> None:
+    """Join the group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method="env://",
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+    _state["from_env"] = True
+    _join_control()
+
+
+def _join_control() -> None:
+    _state["control"] = dist.new_group(
+        backend="gloo", timeout=timedelta(seconds=max(LOAD_TIMEOUT, COLLECTIVE_TIMEOUT.seconds))
+    )
+
+
+def joined_from_env() -> bool:
+    """Whether this process joined a group torchrun started (not one rank 0 spawned)."""
+    return bool(_state.get("from_env")) and dist.is_initialized()
+
+
+def control_group():
+    return _state["control"]
 
 
 def destroy_group() -> None:
+    _state.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def ping(timeout: timedelta = PING_TIMEOUT) -> None:
+    """Rank 0: wait for every other rank's answer to a ping (sent to them just before); raise
+    RuntimeError naming the first rank that did not answer within `timeout`."""
+    group = control_group()
+    answers = [torch.zeros(1) for _ in range(1, dist.get_world_size())]
+    works = [dist.irecv(a, src=r, group=group) for r, a in enumerate(answers, 1)]
+    for rank, work in enumerate(works, 1):
+        assert work is not None  # None only for a rank outside the group
+        try:
+            work.wait(timeout=timeout)
+        except RuntimeError:
+            raise RuntimeError(
+                f"rank {rank} did not answer a health ping within "
+                f"{timeout.total_seconds():g} s (hung)"
+            ) from None
+
+
+def answer_ping() -> None:
+    dist.send(torch.ones(1), dst=0, group=control_group())
+
+
+def send_command(command: str, values: tuple[int, ...] = ()) -> None:
+    """Rank 0, under torchrun: broadcast a command and its integers over the control group."""
+    message = torch.zeros(COMMAND_WIDTH, dtype=torch.int64)
+    message[0] = COMMANDS.index(command)
+    message[1 : 1 + len(values)] = torch.tensor(values, dtype=torch.int64)
+    dist.broadcast(message, src=0, group=control_group())
+
+
+def receive_command() -> tuple[str, list[int]]:
+    """The other ranks' side of send_command."""
+    message = torch.zeros(COMMAND_WIDTH, dtype=torch.int64)
+    dist.broadcast(message, src=0, group=control_group())
+    values = message.tolist()
+    return COMMANDS[values[0]], values[1:]
 
 
 def all_reduce(tensor: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.parallel_layers import TensorParallelDecoder
 from localchat.engine.distributed.step_transfer import batch_payload
+from localchat.engine.distributed.torchrun import TorchrunGroup
 from localchat.engine.distributed.worker import WorkerArgs
 from localchat.engine.distributed.worker_pool import WorkerPool
 from localchat.engine.model_runner import ModelRunner
@@ -43,7 +44,8 @@ def _collective(method: F) -> F:
 
 
 class TensorParallelRunner(ModelRunner):
-    """Rank 0 of `config.tensor_parallel_size`; spawns and drives the others."""
+    """Rank 0 of `config.tensor_parallel_size`; spawns and drives the others (or, under torchrun,
+    drives the ranks torchrun started)."""
 
     def __init__(self, model, hf_config, *, runtime: EngineRuntime, **kwargs) -> None:
         """ModelRunner's arguments, plus the runtime the other ranks load from."""
@@ -52,7 +54,8 @@ class TensorParallelRunner(ModelRunner):
         assert isinstance(self.model, TensorParallelDecoder)
         self.world_size = config.tensor_parallel_size
         self.error: EngineDeadError | None = None
-        address = parallel_state.free_address()
+        from_env = parallel_state.joined_from_env()
+        address = "" if from_env else parallel_state.free_address()
         workers = [
             WorkerArgs(
                 rank,
@@ -67,7 +70,9 @@ class TensorParallelRunner(ModelRunner):
             )
             for rank in range(1, self.world_size)
         ]
-        self.pool = WorkerPool(workers, runtime.device)
+        self.pool: WorkerPool | TorchrunGroup = (
+            TorchrunGroup(workers[0]) if from_env else WorkerPool(workers, runtime.device)
+        )
         self.model.announce_logits = self._announce_logits
 
     def bytes_per_block(self) -> int:
@@ -100,7 +105,8 @@ class TensorParallelRunner(ModelRunner):
         parallel_state.broadcast(hidden.contiguous())
 
     def check_health(self) -> None:
-        """Raise EngineDeadError if a rank has exited (the engine calls this while idle, when no
+        """Raise EngineDeadError if a rank has exited or does not answer a ping within
+        LOCALCHAT_TP_PING_TIMEOUT (the engine calls this every second while idle, when no
         collective would notice)."""
         if self.error is not None:
             raise self.error
@@ -108,6 +114,11 @@ class TensorParallelRunner(ModelRunner):
         if exited:
             self.error = self.pool.failure(RuntimeError(f"found {exited} while idle"))
             raise self.error
+        try:
+            self.pool.ping()
+        except (RuntimeError, OSError) as exc:
+            self.error = self.pool.failure(exc)
+            raise self.error from exc
 
     def close(self) -> None:
         self.pool.close()

@@ -1,9 +1,10 @@
 """Ranks 1..N-1: load this rank's shard, then run each forward pass and logits projection rank 0
 announces. A worker never sees a tokenizer, a scheduler or a sampler.
 
-Commands arrive over a pipe from rank 0 (so an idle worker waits without a collective that could
-time out, and rank 0's exit closes the pipe, which ends the worker); the tensors they need arrive
-by broadcast.
+Spawned ranks get their commands over a pipe from rank 0 (so an idle worker waits without a
+collective that could time out, and rank 0's exit closes the pipe, which ends the worker); ranks
+torchrun started get them by broadcast over the control group (torchrun.py). The tensors they need
+arrive by broadcast either way.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import functools
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -39,12 +42,16 @@ class WorkerArgs:
     num_threads: int
 
 
-def _build(args: WorkerArgs) -> ModelRunner:
+def build_shard(args: WorkerArgs, device: torch.device | None = None) -> ModelRunner:
+    """Load this rank's shard; a spawned rank (no `device` given) joins the group first."""
     config = args.config
-    device = torch.device("cuda", args.rank) if args.device_type == "cuda" else torch.device("cpu")
+    if device is None:
+        device = (
+            torch.device("cuda", args.rank) if args.device_type == "cuda" else torch.device("cpu")
+        )
+        parallel_state.init_group(args.rank, args.world_size, args.address, device)
     if device.type == "cpu":
         torch.set_num_threads(args.num_threads)
-    parallel_state.init_group(args.rank, args.world_size, args.address, device)
     hf_config = load_hf_config(args.files)
     model = load_model(
         args.files,
@@ -67,13 +74,21 @@ def _build(args: WorkerArgs) -> ModelRunner:
     )
 
 
-@torch.inference_mode()
-def _serve(runner: ModelRunner, conn: Connection) -> None:
-    while True:
+def _from_pipe(conn: Connection) -> Callable[[], tuple[str, Any]]:
+    def receive() -> tuple[str, Any]:
         try:
-            command, value = conn.recv()
+            return conn.recv()
         except EOFError:  # rank 0 is gone
-            return
+            return "exit", None
+
+    return receive
+
+
+@torch.inference_mode()
+def serve_commands(runner: ModelRunner, receive: Callable[[], tuple[str, Any]]) -> None:
+    """Run rank 0's commands until it says exit."""
+    while True:
+        command, value = receive()
         if command == "forward":
             input_ids, positions, md = receive_batch(value, runner.device)
             runner._forward(input_ids, positions, md)
@@ -82,6 +97,8 @@ def _serve(runner: ModelRunner, conn: Connection) -> None:
             runner.model.compute_logits(parallel_state.broadcast(hidden))
         elif command == "kv":
             runner.allocate_kv_cache(value)
+        elif command == "ping":
+            parallel_state.answer_ping()
         elif command == "exit":
             return
 
@@ -91,13 +108,13 @@ def run_worker(args: WorkerArgs, conn: Connection) -> None:
     load's error), then serve."""
     conn.send(("started", None))
     try:
-        runner = _build(args)
+        runner = build_shard(args)
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         sys.exit(1)
     conn.send(("ready", None))
     try:
-        _serve(runner, conn)
+        serve_commands(runner, _from_pipe(conn))
     except Exception as exc:  # a collective failed: rank 0 reports it; exit non-zero
         print(f"localchat tensor-parallel rank {args.rank}: {exc}", file=sys.stderr)
         sys.exit(1)

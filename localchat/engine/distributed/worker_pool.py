@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -19,8 +18,7 @@ from localchat.engine.distributed.worker import WorkerArgs, run_worker
 from localchat.errors import EngineDeadError
 
 logger = logging.getLogger("localchat.engine")
-# LOCALCHAT_TP_LOAD_TIMEOUT=S: seconds a rank may take to load its shard.
-LOAD_TIMEOUT = float(os.environ.get("LOCALCHAT_TP_LOAD_TIMEOUT", "600"))
+LOAD_TIMEOUT = parallel_state.LOAD_TIMEOUT
 STARTED_HINT = (
     "it exited before starting; a script that uses tensor parallelism needs an "
     "`if __name__ == '__main__':` guard, since each rank is spawned and imports the main module"
@@ -70,6 +68,11 @@ class WorkerPool:
     def send(self, command: str, value: object = None) -> None:
         for pipe in self.pipes:
             pipe.send((command, value))
+
+    def ping(self) -> None:
+        """Raise RuntimeError naming a rank that does not answer within the ping timeout."""
+        self.send("ping")
+        parallel_state.ping()
 
     def exited(self) -> str:
         """Which ranks have exited ('' when all run); a cheap check (waitpid, no blocking)."""
