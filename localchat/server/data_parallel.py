@@ -8,9 +8,11 @@ sender thread writes commands (so a full pipe never blocks the event loop) and a
 hands each message to the event loop.
 
 Failure: a replica that exits (its pipe closes) or sends nothing for DP_TIMEOUT seconds (it sends a
-message at least every second, idle or busy) is declared dead and killed; its requests end with an
-EngineDeadError naming it, /health answers 503, and the remaining replicas go on serving new
-requests. Every wait on a replica ends when the replica answers, dies, or times out.
+message at least every second, idle or busy) is declared dead and killed; a request it had not yet
+accepted is routed again to a live replica, its accepted requests end with an EngineDeadError
+naming it, /health answers 503, and the remaining replicas go on serving new requests. Every wait
+on a replica ends when the replica answers, dies, or times out. The replicas report the prefix
+blocks their engines evicted, which the router drops.
 
 /metrics keeps every single-engine series, each summed over the replicas (the KV usage weighted by
 their blocks), and adds `localchat_replica_*` series labelled `replica`.
@@ -167,6 +169,7 @@ class _Tracked:
     replica: Replica
     tokens: list[int]
     accepted: asyncio.Future | None
+    params: SamplingParams
 
 
 class DataParallelEngine(AsyncEngine):
@@ -300,12 +303,15 @@ class DataParallelEngine(AsyncEngine):
     def _on_event(self, replica: Replica, message: tuple) -> None:
         replica.last_seen = time.monotonic()
         match message:
-            case ("step", outputs, stats):
+            case ("step", outputs, stats, evicted):
                 replica.stats = stats
-                self._deliver(outputs)
+                self.router.evict(evicted, replica.index)
+                self._deliver_from(replica, outputs)
             case ("accepted", request_id, error):
                 tracked = self._requests.get(request_id)
-                if tracked is not None and tracked.accepted is not None:
+                if tracked is None or tracked.replica is not replica:
+                    return  # retried elsewhere: this replica never had it
+                if tracked.accepted is not None:
                     if error is not None:  # refused: never in the replica's engine
                         self._forget(request_id)
                     _settle(tracked.accepted, error)
@@ -337,10 +343,10 @@ class DataParallelEngine(AsyncEngine):
         code = replica.process.exitcode
         self._fail(replica, "it exited" + (f" with code {code}" if code is not None else ""))
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver_from(self, replica: Replica, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             tracked = self._requests.get(output.request_id)
-            if tracked is None:
+            if tracked is None or tracked.replica is not replica:  # retried elsewhere
                 continue
             for out in output.outputs:
                 if out.index == 0:
@@ -378,6 +384,8 @@ class DataParallelEngine(AsyncEngine):
             tracked = self._forget(request_id)
             assert tracked is not None
             if tracked.accepted is not None:
+                if report and not self._stopping and self._resend(request_id, tracked):
+                    continue  # it never reached that replica's engine: another one runs it
                 _settle(tracked.accepted, error)
             tracked.stream.queue.put_nowait(error)
         for embed_id in [e for e, (_, r) in self._embeds.items() if r is replica]:
@@ -431,23 +439,17 @@ class DataParallelEngine(AsyncEngine):
             raise InvalidParameterError(
                 f"request id {request_id!r} is already in use", param="request_id"
             )
-        loads = [self._capacity(r) for r in self.replicas]
-        if all(load is None for load in loads):
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop)
+        accepted: asyncio.Future = loop.create_future()
+        tracked = _Tracked(
+            stream, self.replicas[0], list(tokens), accepted, params or SamplingParams()
+        )
+        if not self._send(request_id, tracked):
             raise QueueFullError(
                 f"too many requests are waiting (more than {self.max_waiting} beyond the "
                 "running batch on every replica); retry later"
             )
-        hashes = self.router.block_hashes(tokens)
-        index, by_prefix = self.router.choose(hashes, loads)
-        replica = self.replicas[index]
-        replica.routed["prefix" if by_prefix else "load"] += 1
-        self.router.record(hashes, index)
-        loop = asyncio.get_running_loop()
-        stream = _Stream(loop)
-        accepted: asyncio.Future = loop.create_future()
-        self._requests[request_id] = _Tracked(stream, replica, list(tokens), accepted)
-        replica.in_flight += 1
-        replica.send(("add", request_id, tokens, params or SamplingParams()))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -457,6 +459,35 @@ class DataParallelEngine(AsyncEngine):
             self._forget(request_id)
             raise
         return RequestStream(self, request_id, stream, tokens)
+
+    def _send(self, request_id: str, tracked: _Tracked) -> bool:
+        """Route a request not yet accepted and send it to its replica; False when every replica
+        is full (or gone)."""
+        loads = [self._capacity(r) for r in self.replicas]
+        if all(load is None for load in loads):
+            return False
+        hashes = self.router.block_hashes(tracked.tokens)
+        index, by_prefix = self.router.choose(hashes, loads)
+        replica = tracked.replica = self.replicas[index]
+        replica.routed["prefix" if by_prefix else "load"] += 1
+        self.router.record(hashes, index)
+        self._requests[request_id] = tracked
+        replica.in_flight += 1
+        replica.send(("add", request_id, list(tracked.tokens), tracked.params))
+        return True
+
+    def _resend(self, request_id: str, tracked: _Tracked) -> bool:
+        """Its replica failed before accepting the request: send it to another live one."""
+        failed = tracked.replica.index
+        if not self._send(request_id, tracked):
+            return False
+        logger.warning(
+            "request %s: data-parallel replica %d failed before accepting it; retried on %d",
+            request_id,
+            failed,
+            tracked.replica.index,
+        )
+        return True
 
     def abort(self, request_id: str) -> None:
         tracked = self._requests.get(request_id)

@@ -9,8 +9,10 @@ block matched, or when the matching replica has too many more requests in flight
 loaded one (both thresholds exceeded, as in SGLang's cache-aware router), the least loaded replica
 takes it. Replicas with equal loads take turns, so light traffic fills every replica's cache.
 
-The table is the router's own view: a replica may have evicted a block since, which costs a
-prefill there, never a wrong answer.
+The table is the router's own view, corrected by the replicas: each reports, about once a second,
+the cached blocks its engine has evicted since its last report (as the router's hashes, see
+`chain_hash`), and `evict` drops them, so a prefix a replica no longer holds stops drawing
+requests to it. A block evicted since the last report costs a prefill there, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
+
+
+def chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
+    """The router's hash of a block of `tokens` after the block hashed `parent` (0 for the first);
+    the same in every process (a tuple of ints hashes without the per-process string seed)."""
+    return hash((parent, tokens))
 
 
 class PrefixRouter:
@@ -44,7 +52,7 @@ class PrefixRouter:
         hashes = []
         parent = 0
         for start in range(0, len(tokens) - size + 1, size):
-            parent = hash((parent, tuple(tokens[start : start + size])))
+            parent = chain_hash(parent, tuple(tokens[start : start + size]))
             hashes.append(parent)
         return hashes
 
@@ -98,12 +106,18 @@ class PrefixRouter:
         while len(table) > self.max_blocks:
             table.popitem(last=False)
 
+    def evict(self, hashes: Sequence[int], replica: int) -> None:
+        """`replica` no longer holds these blocks (its engine evicted them)."""
+        bit = 1 << replica
+        table = self.table
+        for block in hashes:
+            holders = table.get(block, 0) & ~bit
+            if holders:
+                table[block] = holders
+            else:
+                table.pop(block, None)
+
     def forget(self, replica: int) -> None:
         """Drop a replica that is gone from every entry."""
         bit = 1 << replica
-        for block in [b for b, holders in self.table.items() if holders & bit]:
-            holders = self.table[block] & ~bit
-            if holders:
-                self.table[block] = holders
-            else:
-                del self.table[block]
+        self.evict([block for block, holders in self.table.items() if holders & bit], replica)

@@ -66,3 +66,44 @@ def test_the_table_is_bounded_least_recently_used_first():
     assert len(router.table) == 4
     assert router.matched_blocks(old, 0) == 0  # its first block went first
     assert router.matched_blocks(new, 1) == 3
+
+
+def test_evicted_blocks_stop_drawing_requests_to_the_replica():
+    router = PrefixRouter()
+    hashes = router.block_hashes(SYSTEM + list(range(40)))
+    router.record(hashes, 0)
+    router.record(hashes[:2], 1)
+    assert router.choose(hashes, [0, 0]) == (0, True)
+    router.evict(hashes[2:], 0)  # replica 0 dropped everything past the shared two blocks
+    assert router.matched_blocks(hashes, 0) == 2
+    assert hashes[3] not in router.table  # no holder left
+    router.evict(hashes[:1], 0)
+    assert router.choose(hashes, [0, 0]) == (1, True)  # only replica 1 still holds the start
+
+
+def test_the_eviction_tracker_reports_a_block_manager_s_evictions_as_router_hashes():
+    """A real BlockManager: what it drops comes back in the router's hashes of the same tokens."""
+    from localchat.engine.block_manager import BlockManager
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.engine.sequence import Request, Sequence
+    from localchat.server.replica_process import EvictionTracker
+
+    manager = BlockManager(num_blocks=6, block_size=4)
+    router = PrefixRouter(block_size=4)
+    tracker = EvictionTracker(manager)
+
+    def run(tokens: list[int]) -> None:
+        seq = Sequence(Request(f"r{tokens[0]}", tokens, SamplingParams()), 0, tokens)
+        assert manager.allocate(seq, len(tokens), manager.find_cached_prefix(seq))
+        manager.free(seq)
+
+    first = list(range(100, 116))  # 4 full blocks
+    run(first)
+    assert tracker.evicted() == []  # learned, nothing dropped yet
+    assert len(tracker.known) == 4
+    run(list(range(200, 216)))  # 4 more blocks in a pool of 6: 2 of the first are evicted
+    gone = tracker.evicted()
+    # the pool takes the least recently freed first: the first prompt's last two blocks
+    assert set(gone) == set(router.block_hashes(first)[2:])
+    # what remains of the first prompt is still known, under the router's own hashes
+    assert set(router.block_hashes(first)) - set(gone) <= set(tracker.known.values())
