@@ -24,6 +24,7 @@ from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sequence import Request
 from localchat.engine.text_codec import TextCodec
 from localchat.errors import (
     EngineDeadError,
@@ -54,11 +55,22 @@ class _Abort:
 
 @dataclass(frozen=True, slots=True)
 class _Embed:
-    """Pooled hidden states of prompts, run between steps; `done` gets the vectors or the error."""
+    """Pooled hidden states of prompts, one embedding request each (ids `request_ids`) in the
+    engine's scheduler; `done` gets the vectors or the error."""
 
     prompts: list[list[int]]
     pooling: str
     done: asyncio.Future
+    request_ids: list[str]
+
+
+@dataclass
+class _EmbedGroup:
+    """The vectors of one embed() call as its requests finish."""
+
+    done: asyncio.Future
+    vectors: list[list[float] | None]
+    left: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +151,9 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
         self._streams: dict[str, _Stream] = {}
+        self._embedding_slots: dict[
+            str, tuple[_EmbedGroup, int]
+        ] = {}  # engine thread: request -> slot
         self._ids = itertools.count()
         self._ready = threading.Event()
         self._stopping = False
@@ -259,12 +274,19 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]:
-        """One pooled, L2-normalized hidden-state vector per prompt (engine.embed, run on the engine
-        thread between steps)."""
+        """One pooled, L2-normalized hidden-state vector per prompt: embedding requests of the
+        engine's scheduler (LLMEngine.add_embeddings), batched with the running generation.
+        Cancelling the call aborts them."""
         self._check_alive()
         done: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._commands.put(_Embed(prompts, pooling, done))
-        return await done
+        ids = [f"embed-{next(self._ids)}" for _ in prompts]
+        self._commands.put(_Embed(prompts, pooling, done, ids))
+        try:
+            return await done
+        except asyncio.CancelledError:
+            for request_id in ids:
+                self.abort(request_id)
+            raise
 
     def stats(self) -> EngineStats | None:
         """The engine's figures as of its last step; None until it has loaded."""
@@ -301,6 +323,8 @@ class AsyncEngine:
                 # before delivering, so consumers see the step's state
                 self._stats = engine.stats()
                 self._deliver(outputs)
+                if self._embedding_slots:
+                    self._deliver_embeddings(engine.take_embedded())
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
             self.error = exc
@@ -330,11 +354,10 @@ class AsyncEngine:
                     return False
                 case _Add():
                     self._add(engine, command)
-                case _Embed(prompts, pooling, done):
-                    result = embed_or_error(engine, prompts, pooling)
-                    with contextlib.suppress(RuntimeError):  # that event loop is closed
-                        done.get_loop().call_soon_threadsafe(_settle, done, result)
+                case _Embed():
+                    self._add_embeddings(engine, command)
                 case _Abort(request_id):
+                    self._embedding_slots.pop(request_id, None)
                     output = engine.abort(request_id)
                     if output is not None:
                         self._stats = engine.stats()
@@ -345,6 +368,30 @@ class AsyncEngine:
         result = add_or_error(engine, command.request_id, command.prompt, command.params)
         if stream is not None:
             stream.loop.call_soon_threadsafe(_settle, command.accepted, result)
+
+    def _add_embeddings(self, engine: LLMEngine, command: _Embed) -> None:
+        try:
+            engine.add_embeddings(command.request_ids, command.prompts, command.pooling)
+        except Exception as exc:
+            error = exc if isinstance(exc, LocalchatError) else _invalid_input(exc)
+            with contextlib.suppress(RuntimeError):  # that event loop is closed
+                command.done.get_loop().call_soon_threadsafe(_settle, command.done, error)
+            return
+        group = _EmbedGroup(command.done, [None] * len(command.prompts), len(command.prompts))
+        for index, request_id in enumerate(command.request_ids):
+            self._embedding_slots[request_id] = (group, index)
+
+    def _deliver_embeddings(self, requests: list[Request]) -> None:
+        for request in requests:
+            slot = self._embedding_slots.pop(request.request_id, None)
+            if slot is None or request.embedding is None:  # aborted meanwhile
+                continue
+            group, index = slot
+            group.vectors[index] = request.embedding.tolist()
+            group.left -= 1
+            if group.left == 0:
+                with contextlib.suppress(RuntimeError):  # that event loop is closed
+                    group.done.get_loop().call_soon_threadsafe(_settle, group.done, group.vectors)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
@@ -374,6 +421,10 @@ class AsyncEngine:
             elif isinstance(command, _Embed):
                 with contextlib.suppress(RuntimeError):
                     command.done.get_loop().call_soon_threadsafe(_settle, command.done, error)
+        embeds, self._embedding_slots = self._embedding_slots, {}
+        for group, _ in embeds.values():
+            with contextlib.suppress(RuntimeError):
+                group.done.get_loop().call_soon_threadsafe(_settle, group.done, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream in streams.values():
@@ -404,7 +455,11 @@ def embed_or_error(
     except LocalchatError as exc:
         return exc
     except Exception as exc:  # bad input must not take the engine down
-        return InvalidParameterError(f"invalid input: {exc}", param="input")
+        return _invalid_input(exc)
+
+
+def _invalid_input(exc: Exception) -> InvalidParameterError:
+    return InvalidParameterError(f"invalid input: {exc}", param="input")
 
 
 def _put_all(items) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -30,11 +31,12 @@ from localchat.errors import (
     EmptyPromptError,
     InvalidParameterError,
     PromptTooLongError,
-    QueueFullError,
 )
 
 logger = logging.getLogger("localchat.engine")
 POOLING = ("last", "mean")  # how embed() turns a prompt's hidden states into one vector
+EMBED_PARAMS = SamplingParams(max_tokens=1)  # an embedding's prompt must fit as a prompt does
+_embed_ids = itertools.count()
 
 
 @dataclass
@@ -109,6 +111,8 @@ class LLMEngine:
         self.runner.grammar_compiler = self.grammar_compiler
         self._compiling: list[Request] = []  # requests whose grammar is compiling
         self.requests: dict[str, Request] = {}
+        self._embedded: list[Request] = []  # embedding requests done, until take_embedded()
+        self._held_outputs: list[RequestOutput] = []  # steps run by embed(), for the next step()
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
 
@@ -238,10 +242,17 @@ class LLMEngine:
         return self._request_output(request, outputs)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether step() has work or outputs to give (those of steps embed() ran count)."""
+        return bool(self._held_outputs) or self.scheduler.has_unfinished()
 
     # --- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        if self._held_outputs:  # generation that advanced while embed() stepped
+            outputs, self._held_outputs = [*self._held_outputs, *outputs], []
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         failed = self._settle_grammars() if self._compiling else []
         batch = self.scheduler.schedule()
         if not batch:
@@ -261,6 +272,10 @@ class LLMEngine:
         deltas: dict[str, list[CompletionOutput]] = {}
         for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results, strict=True):
             seq.num_computed_tokens += num_new
+            if seq.request.pooling is not None:
+                if seq.num_computed_tokens >= seq.num_tokens:
+                    self._finish_embedding(seq)
+                continue
             if result is None:
                 continue
             token_id, logprob = result
@@ -349,51 +364,69 @@ class LLMEngine:
             prompt_logprobs,
         )
 
-    def embed(self, prompts: list[list[int]], pooling: str = "last") -> list[torch.Tensor]:
-        """L2-normalized float32 vectors of the final hidden states of each prompt, pooled over its
-        tokens (`mean`) or taken at its last (`last`). Prefill only, in groups of at most
-        max_num_batched_tokens tokens; the KV blocks are freed at once (their full blocks stay in
-        the prefix cache)."""
+    # --- embeddings -------------------------------------------------------------------------------
+    def add_embeddings(
+        self, request_ids: list[str], prompts: list[list[int]], pooling: str = "last"
+    ) -> list[Request]:
+        """Queue one embedding request per prompt (all checked before any is queued). Each is a
+        sequence of the scheduler like any other, prefilled within the step's token budget next to
+        the running decodes (in chunks if need be); it never samples, and its blocks are freed once
+        its prompt is computed. Its L2-normalized float32 vector, of the final hidden states pooled
+        over its tokens (`mean`) or taken at its last (`last`), is then in `request.embedding`, and
+        the request among those take_embedded() returns."""
         if pooling not in POOLING:
             raise InvalidParameterError(
                 f"pooling must be one of {', '.join(POOLING)}", param="pooling"
             )
         for token_ids in prompts:
-            self._validate_prompt(token_ids, SamplingParams(max_tokens=1))
-        vectors: list[torch.Tensor] = []
-        budget = self.scheduler.max_num_batched_tokens
-        group: list[list[int]] = []
-        for token_ids in [*prompts, []]:
-            if group and (not token_ids or sum(map(len, group)) + len(token_ids) > budget):
-                vectors.extend(self._embed_group(group, pooling))
-                group = []
-            group.append(token_ids)
-        return vectors
+            self._validate_prompt(token_ids, EMBED_PARAMS)
+        taken = [i for i in request_ids if i in self.requests]
+        if taken or len(set(request_ids)) != len(request_ids):
+            raise InvalidParameterError(
+                f"request id {(taken or request_ids)[0]!r} is already in use", param="request_id"
+            )
+        requests = []
+        for request_id, token_ids in zip(request_ids, prompts, strict=True):
+            params = SamplingParams(max_tokens=1)
+            request = Request(request_id, list(token_ids), params, pooling=pooling)
+            self.scheduler.add(request.seqs[0])
+            self.requests[request_id] = request
+            requests.append(request)
+        return requests
 
-    def _embed_group(self, prompts: list[list[int]], pooling: str) -> list[torch.Tensor]:
-        # one-token prompts first: the runner's batches put decode-shaped rows before the rest
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) != 1)
-        seqs = [
-            Request(f"embed-{i}", prompts[i], SamplingParams(max_tokens=1)).seqs[0] for i in order
-        ]
-        allocated = []
+    def _finish_embedding(self, seq: Sequence) -> None:
+        request = seq.request
+        self.scheduler.finish(seq)
+        pooled, seq.pooled = seq.pooled, None
+        assert pooled is not None  # the runner pooled every chunk
+        if request.pooling == "mean":
+            pooled = pooled / seq.num_tokens
+        request.embedding = torch.nn.functional.normalize(pooled, dim=0).cpu()
+        del self.requests[request.request_id]
+        self._embedded.append(request)
+
+    def take_embedded(self) -> list[Request]:
+        """The embedding requests finished since the last call (their vectors in `embedding`)."""
+        done, self._embedded = self._embedded, []
+        return done
+
+    def embed(self, prompts: list[list[int]], pooling: str = "last") -> list[torch.Tensor]:
+        """The embeddings of `prompts` (as add_embeddings computes them), stepping the engine until
+        they are done. Requests generating meanwhile advance in the same steps; their outputs come
+        from the next step()."""
+        ids = [f"embed-{next(_embed_ids)}" for _ in prompts]
+        requests = self.add_embeddings(ids, prompts, pooling)
+        mine = {id(request) for request in requests}
         try:
-            for seq in seqs:
-                if not self.block_manager.allocate(seq, seq.num_tokens):
-                    raise QueueFullError(
-                        "not enough free KV cache for these inputs now; retry later"
-                    )
-                allocated.append(seq)
-            states = self.runner.hidden_states(seqs)
+            while any(request.embedding is None for request in requests):
+                self._held_outputs.extend(self._step())
+        except BaseException:
+            for request_id in ids:
+                self.abort(request_id)
+            raise
         finally:
-            for seq in allocated:
-                self.block_manager.free(seq)
-        pooled = [h[-1] if pooling == "last" else h.mean(dim=0) for h in states]
-        vectors = [torch.nn.functional.normalize(v.float(), dim=0).cpu() for v in pooled]
-        result: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
-        for position, index in enumerate(order):
-            result[index] = vectors[position]
-        return result
+            self._embedded = [r for r in self._embedded if id(r) not in mine]
+        return [request.embedding for request in requests if request.embedding is not None]
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity

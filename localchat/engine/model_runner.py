@@ -124,15 +124,18 @@ class ModelRunner:
         seqs = [batch.seqs[i] for i in order]
         num_new = [batch.num_new_tokens[i] for i in order]
         input_ids, positions, md, sample_rows = self._prepare(seqs, num_new)
+        sample_rows = [row for row in sample_rows if seqs[row].request.pooling is None]
         sampling_seqs = [seqs[row] for row in sample_rows]
         if self.graphs is not None and md.num_decodes == len(seqs) <= self.graphs.max_batch_size:
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             hidden = self._forward(input_ids, positions, md)
         for row, seq in enumerate(seqs):
+            chunk = hidden[md.query_start_loc_cpu[row] : md.query_start_loc_cpu[row + 1]]
             if seq.prompt_logprobs is not None:
-                chunk = hidden[md.query_start_loc_cpu[row] : md.query_start_loc_cpu[row + 1]]
                 fill_prompt_logprobs(seq, chunk, seq.num_computed_tokens, self.model.compute_logits)
+            if seq.request.pooling is not None:  # an embedding: pooled, never sampled
+                pool_chunk(seq, chunk)
         results: list = [None] * len(batch.seqs)
         if not sample_rows:
             return results
@@ -154,15 +157,6 @@ class ModelRunner:
             [seq], [seq.num_tokens - seq.num_computed_tokens]
         )
         return self.model.compute_logits(self._forward(input_ids, positions, md)).float()
-
-    @torch.inference_mode()
-    def hidden_states(self, seqs: list[Sequence]) -> list[torch.Tensor]:
-        """Final (normed) hidden states of each whole sequence, blocks allocated, one-token
-        sequences first; for embeddings."""
-        input_ids, positions, md, _ = self._prepare(seqs, [seq.num_tokens for seq in seqs])
-        hidden = self._forward(input_ids, positions, md)
-        starts = md.query_start_loc_cpu
-        return [hidden[starts[row] : starts[row + 1]] for row in range(len(seqs))]
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
@@ -227,3 +221,15 @@ class ModelRunner:
             return tensor
         # through pinned memory (torch caches those buffers), so the copy is asynchronous
         return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+def pool_chunk(seq: Sequence, chunk: torch.Tensor) -> None:
+    """Fold the final hidden states of an embedding's prefill chunk (starting at
+    `seq.num_computed_tokens`) into `seq.pooled`: their float32 sum (mean pooling; the engine
+    divides), or the last token's state once the chunk reaches the prompt's end (last pooling)."""
+    if seq.request.pooling == "mean":
+        total = chunk.float().sum(dim=0)
+        start = seq.num_computed_tokens
+        seq.pooled = total if start == 0 or seq.pooled is None else seq.pooled + total
+    elif seq.num_computed_tokens + len(chunk) == seq.num_tokens:
+        seq.pooled = chunk[-1].float()

@@ -37,7 +37,9 @@ class Scheduler:
     prefilled in chunks from what is left of the budget. When the pool runs dry the newest running
     sequence is preempted: its blocks are freed and it is recomputed later (its cached blocks often
     survive). Waiting sequences are admitted in arrival order while budget, sequence slots and
-    blocks last.
+    blocks last. Embedding requests are sequences too: they take part in the same budget and are
+    prefilled (in chunks if need be) alongside the decodes, but never take the prefix cache, whose
+    tokens they would have no hidden states of.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
@@ -87,13 +89,16 @@ class Scheduler:
             if self._waits_for_sibling(seq) or _waits_for_grammar(seq):
                 skipped.append(seq)
                 continue
-            cached = self.block_manager.find_cached_prefix(seq)
+            embedding = seq.request.pooling is not None
+            cached = [] if embedding else self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(seq, num_new, cached):
                 self.waiting.appendleft(seq)
                 break
-            if seq.num_cached_tokens is None:
+            if embedding:
+                seq.num_cached_tokens = 0
+            elif seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_cached
                 self.block_manager.record_prefix_query(seq.num_prompt_tokens, num_cached)
             seq.status = SequenceStatus.RUNNING

@@ -77,6 +77,9 @@ class Sequence:
         self.detokenizer: IncrementalDetokenizer | None = None
         # its own grammar matcher, once the request's grammar has compiled
         self.grammar: GrammarState | None = None
+        # an embedding request's pooled float32 hidden state so far (the sum of the chunks computed
+        # with mean pooling, the last token's with last pooling), filled by the model runner
+        self.pooled: torch.Tensor | None = None
         self.first_token_time: float | None = None
 
     @property
@@ -121,6 +124,10 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     # grammar, logit_bias, allowed_token_ids, bad_words: set by the engine when params ask for any
     constraints: RequestConstraints | None = None
+    # an embedding request (prefill only, never samples): how its hidden states are pooled, and its
+    # L2-normalized vector once the prompt is computed
+    pooling: str | None = None
+    embedding: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.seqs = [Sequence(self, i, self.prompt_token_ids) for i in range(self.params.n)]

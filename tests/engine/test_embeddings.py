@@ -1,11 +1,13 @@
-"""LLMEngine.embed on the float default model equals pooling transformers' final hidden states."""
+"""LLMEngine.embed on the float default model equals pooling transformers' final hidden states, in
+one step or in prefill chunks; embeddings run in the scheduler's steps next to generation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from localchat.errors import InvalidParameterError
+from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import EmptyPromptError, InvalidParameterError
 
 pytestmark = pytest.mark.slow
 
@@ -17,11 +19,7 @@ def test_embed_equals_a_direct_forward_pass(float_llm, hf_model, pooling):
     ids = [float_llm.engine.tokenize(text) for text in TEXTS]
     vectors = float_llm.engine.embed(ids, pooling)
     for token_ids, vector in zip(ids, vectors, strict=True):
-        with torch.inference_mode():
-            out = hf_model(torch.tensor([token_ids]), output_hidden_states=True)
-        hidden = out.hidden_states[-1][0]
-        pooled = hidden[-1] if pooling == "last" else hidden.mean(dim=0)
-        expected = torch.nn.functional.normalize(pooled, dim=0)
+        expected = _expected(hf_model, token_ids, pooling)
         torch.testing.assert_close(vector, expected, atol=2e-4, rtol=1e-3)
     # nothing stays allocated
     assert float_llm.engine.block_manager.usage == 0
@@ -31,3 +29,83 @@ def test_embed_rejects_unknown_pooling(float_llm):
     with pytest.raises(InvalidParameterError) as error:
         float_llm.engine.embed([[1, 2]], "max")
     assert error.value.param == "pooling"
+
+
+def _expected(hf_model, token_ids: list[int], pooling: str) -> torch.Tensor:
+    with torch.inference_mode():
+        out = hf_model(torch.tensor([token_ids]), output_hidden_states=True)
+    hidden = out.hidden_states[-1][0]
+    pooled = hidden[-1] if pooling == "last" else hidden.mean(dim=0)
+    return torch.nn.functional.normalize(pooled, dim=0)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embed_in_prefill_chunks_equals_a_direct_forward_pass(
+    float_llm, hf_model, pooling, monkeypatch
+):
+    """A prompt longer than a step's token budget is prefilled in chunks; the pooled vector is the
+    same as one forward pass over it."""
+    engine = float_llm.engine
+    monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 5)
+    ids = engine.tokenize("Paged attention splits the KV cache into fixed-size blocks of tokens.")
+    assert len(ids) > 10
+    steps = []
+    run = engine.runner.run
+    monkeypatch.setattr(engine.runner, "run", lambda batch: steps.append(batch) or run(batch))
+    [vector] = engine.embed([ids], pooling)
+    assert len(steps) == -(-len(ids) // 5)
+    torch.testing.assert_close(vector, _expected(hf_model, ids, pooling), atol=2e-4, rtol=1e-3)
+    assert engine.block_manager.usage == 0
+
+
+def _generate(engine, request_id: str, prompt: list[int], during=None) -> list[int]:
+    """Greedy tokens of one request, stepping the engine; `during()` runs after its second step."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    engine.add_request(request_id, prompt, params)
+    tokens: list[int] = []
+    steps = 0
+    while engine.has_unfinished():
+        for output in engine.step():
+            assert output.request_id == request_id
+            tokens += output.outputs[0].token_ids
+        steps += 1
+        if steps == 2 and during is not None:
+            during()
+    return tokens
+
+
+def test_embeddings_share_the_steps_of_running_decodes(llm, monkeypatch):
+    """embed() while a request decodes: the embeddings' prefill and the decode run in the same
+    batches, the request's tokens are the ones it gets alone (none lost: those of the steps embed()
+    ran come from the next step()), and the vectors are those computed alone."""
+    engine = llm.engine
+    prompt = engine.tokenize("Once upon a time")
+    texts = ["The cat sat on the mat.", "A second, somewhat longer sentence to embed here.", "x"]
+    ids = [engine.tokenize(text) for text in texts]
+    alone_tokens = _generate(engine, "alone", prompt)
+    alone_vectors = engine.embed(ids, "mean")
+    batches = []
+    run = engine.runner.run
+
+    def spy(batch):
+        batches.append([seq.request.pooling for seq in batch.seqs])
+        return run(batch)
+
+    monkeypatch.setattr(engine.runner, "run", spy)
+    vectors = []
+    tokens = _generate(engine, "busy", prompt, lambda: vectors.extend(engine.embed(ids, "mean")))
+    assert tokens == alone_tokens
+    assert any("mean" in kinds and None in kinds for kinds in batches), batches
+    for vector, alone in zip(vectors, alone_vectors, strict=True):
+        torch.testing.assert_close(vector, alone, atol=1e-4, rtol=1e-3)
+    assert engine.block_manager.usage == 0 and not engine.requests
+
+
+def test_add_embeddings_checks_every_prompt_first(llm):
+    engine = llm.engine
+    with pytest.raises(EmptyPromptError) as error:
+        engine.add_embeddings(["a", "b"], [[1, 2], []], "last")
+    assert error.value.param == "prompt" and not engine.requests
+    with pytest.raises(InvalidParameterError, match="already in use"):
+        engine.add_embeddings(["same", "same"], [[1, 2], [3]], "last")
+    assert not engine.has_unfinished()

@@ -4,6 +4,9 @@ the same vectors as the offline engine, and its errors."""
 from __future__ import annotations
 
 import base64
+import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -63,3 +66,46 @@ def test_embedding_errors(http, body, param):
     response = http.post("/v1/embeddings", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def _stream_tokens(http, prompt: str, times: list[float], max_tokens: int) -> None:
+    """Stream a completion, noting when each piece of text arrives."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    body["temperature"] = 0
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                times.append(time.monotonic())
+
+
+def test_embeddings_interleave_with_streams(http, wait_idle):
+    """Embedding requests are prefilled in the scheduler's steps next to the running decodes:
+    a request larger than a step's token budget (512 on the CPU) leaves the streams producing
+    tokens while it is computed, and it is answered long before the streams end; its vectors are
+    those it gets alone."""
+    inputs = [" ".join(f"item{i}-{j}" for j in range(70)) for i in range(4)]  # ~1400 tokens
+    alone = np.array([d["embedding"] for d in _post(http, input=inputs)["data"]])
+    wait_idle()
+    streams = [[] for _ in range(3)]
+    threads = [
+        threading.Thread(target=_stream_tokens, args=(http, f"Story {i}:", times, 120))
+        for i, times in enumerate(streams)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while not all(len(times) >= 2 for times in streams):  # every stream is decoding
+        assert time.monotonic() < deadline, [len(t) for t in streams]
+        time.sleep(0.01)
+    start = time.monotonic()
+    loaded = _post(http, input=inputs)
+    end = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=120)
+    during = [sum(start < t < end for t in times) for times in streams]
+    assert all(n >= 2 for n in during), (during, end - start)  # run at once, it would be 0 or 1
+    assert all(times[-1] > end for times in streams), "the embeddings waited for the streams"
+    vectors = np.array([d["embedding"] for d in loaded["data"]])
+    assert np.allclose(vectors, alone, atol=1e-4)
+    assert loaded["usage"] == _post(http, input=inputs)["usage"]
