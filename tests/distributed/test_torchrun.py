@@ -4,6 +4,7 @@ line, against one process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.distributed.test_tensor_parallel import TINY_LLAMA
@@ -51,7 +53,9 @@ def tiny_model(default_gguf, tmp_path_factory) -> Path:
     return directory
 
 
-def _nodes(port: int, command: list[str], logs: Path) -> list[subprocess.Popen]:
+def _nodes(
+    port: int, command: list[str], logs: Path, env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     """Node 1 then node 0 of a 2-node torchrun job, each one process, the same command line."""
     processes = []
     for node in (1, 0):
@@ -74,7 +78,7 @@ def _nodes(port: int, command: list[str], logs: Path) -> list[subprocess.Popen]:
             *command,
         ]
         with open(logs / f"node{node}.out", "w") as out, open(logs / f"node{node}.err", "w") as err:
-            processes.append(subprocess.Popen(launcher, stdout=out, stderr=err))
+            processes.append(subprocess.Popen(launcher, stdout=out, stderr=err, env=env))
     return processes
 
 
@@ -106,6 +110,31 @@ def test_two_nodes_generate_the_text_of_one_process_and_both_exit_cleanly(tiny_m
     assert "rank 1 of 2: ready" in rank1 and "rank 1 of 2: rank 0 is done; exiting" in rank1
 
 
+def _serve_on_two_nodes(
+    model: Path, logs: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, subprocess.Popen, str]:
+    """Node 1's and node 0's torchrun, and the URL rank 0 serves on once it says so."""
+    command = ["serve", str(model), "--load-format", "dummy", "--kv-cache-memory", "16MiB"]
+    node1, node0 = _nodes(_free_port(), [*command, "-tp", "2", "--port", "0"], logs, env)
+    deadline = time.monotonic() + 240
+    while True:
+        log = (logs / "node0.err").read_text()
+        if found := re.search(r"on (http://127\.0\.0\.1:\d+)", log):
+            return node1, node0, found.group(1)
+        if node0.poll() is not None or node1.poll() is not None or time.monotonic() > deadline:
+            _wait([node0, node1], timeout=1)
+            raise AssertionError(f"not serving:\n{log}\n{(logs / 'node1.err').read_text()}")
+        time.sleep(0.5)
+
+
+def _rank_process(launcher: subprocess.Popen) -> psutil.Process:
+    """The localchat process a torchrun launcher started (its one rank)."""
+    children = psutil.Process(launcher.pid).children()
+    ranks = [c for c in children if "localchat" in " ".join(c.cmdline())]
+    assert len(ranks) == 1, children
+    return ranks[0]
+
+
 def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp_path):
     reference = subprocess.run(
         [sys.executable, "-m", "localchat", "generate", "-m", str(tiny_model), *GENERATE, PROMPT],
@@ -114,19 +143,8 @@ def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp
         timeout=180,
     )
     assert reference.returncode == 0, reference.stderr
-    command = ["serve", str(tiny_model), "--load-format", "dummy", "--kv-cache-memory", "16MiB"]
-    command += ["-tp", "2", "--port", "0"]
-    node1, node0 = _nodes(_free_port(), command, tmp_path)
+    node1, node0, url = _serve_on_two_nodes(tiny_model, tmp_path)
     try:
-        deadline = time.monotonic() + 240
-        url = None
-        while url is None:
-            log = (tmp_path / "node0.err").read_text()
-            assert node0.poll() is None and node1.poll() is None, log
-            assert time.monotonic() < deadline, log
-            found = re.search(r"on (http://127\.0\.0\.1:\d+)", log)
-            url = found.group(1) if found else None
-            time.sleep(0.5)
         assert "serving" not in (tmp_path / "node1.err").read_text()  # rank 1 binds no port
         body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0}
         reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
@@ -140,6 +158,40 @@ def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp
     rank1 = (tmp_path / "node1.err").read_text()
     assert "rank 1 of 2: rank 0 is done; exiting" in rank1, rank1
     assert codes[1] == 0
+
+
+def test_a_hung_rank_on_the_other_node_turns_rank_0_unhealthy(tiny_model, tmp_path):
+    """Rank 1 is not rank 0's child (no exit to see): the idle ping finds it hung."""
+    env = {**os.environ, "LOCALCHAT_TP_PING_TIMEOUT": "3"}
+    node1, node0, url = _serve_on_two_nodes(tiny_model, tmp_path, env)
+    rank1 = _rank_process(node1)
+    try:
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        rank1.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while (health := httpx.get(f"{url}/health", timeout=10)).status_code == 200:
+            assert time.monotonic() < deadline, "still healthy 30 s after rank 1 hung"
+            time.sleep(0.3)
+        assert "rank 1 did not answer a health ping within 3 s (hung)" in health.json()["detail"]
+        body = {"prompt": PROMPT, "max_tokens": 4}
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 503
+    finally:
+        node0.send_signal(signal.SIGTERM)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rank1.kill()  # SIGKILL ends a stopped process too
+        _wait([node0, node1], timeout=60)
+
+
+def test_the_other_ranks_exit_nonzero_when_rank_0_dies(tiny_model, tmp_path):
+    node1, node0, _ = _serve_on_two_nodes(tiny_model, tmp_path)
+    try:
+        _rank_process(node0).kill()
+        started = time.monotonic()
+        assert _wait([node1], timeout=60) == [1]  # torchrun reports its rank's failure
+        assert time.monotonic() - started < 30
+    finally:
+        _wait([node0], timeout=60)
+    assert "rank 1 of 2: " in (tmp_path / "node1.err").read_text()
 
 
 def _refused(env: dict[str, str], *command: str) -> str:
