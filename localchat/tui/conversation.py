@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from localchat.client import Delta, StreamAssembler
+
+if TYPE_CHECKING:
+    from localchat.client import ToolCallDelta
 
 DEFAULT_SETTINGS: dict = {
     "temperature": 0.7,
@@ -102,9 +108,31 @@ class Conversation:
         return "\n".join(lines)
 
 
+class ToolCallFold:
+    """Joins the tool-call pieces of a streamed reply into its `meta["tool_calls"]`."""
+
+    def __init__(self, message: StoredMessage):
+        self.message = message
+        self._assembler = StreamAssembler()
+
+    def add(self, pieces: list[ToolCallDelta]) -> None:
+        if not pieces:
+            return
+        self._assembler.add(Delta("", tool_calls=pieces))
+        calls = self._assembler.completion().tool_calls
+        self.message.meta["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+        ]
+
+
 def tool_call_text(call: dict) -> str:
     """A tool call as one line: `name(arguments)`."""
     return f"{call.get('name') or '?'}({call.get('arguments') or ''})"
+
+
+def tool_call_line(call: dict) -> str:
+    """A tool call as the chat shows it."""
+    return f"⚙ tool call  {tool_call_text(call)}"
 
 
 def title_from(text: str, width: int = 40) -> str:

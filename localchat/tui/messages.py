@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
 
-from localchat.tui.conversation import StoredMessage, tool_call_text
+from localchat.tui.conversation import StoredMessage, tool_call_line
 from localchat.tui.session import reply_meta_text
 
 
@@ -150,7 +150,7 @@ class AssistantMessage(Vertical):
 
     def _show_calls(self, message: StoredMessage) -> bool:
         """Show the message's tool calls, one line each; False when they did not change."""
-        text = "\n".join(f"⚙ tool call  {tool_call_text(call)}" for call in message.tool_calls)
+        text = "\n".join(tool_call_line(call) for call in message.tool_calls)
         if text == self.calls_text:
             return False
         self.calls_text = text

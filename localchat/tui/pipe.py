@@ -7,7 +7,12 @@ import sys
 from typing import TextIO
 
 from localchat.tui.backends import ChatBackend, ReplyStats
-from localchat.tui.conversation import Conversation, StoredMessage
+from localchat.tui.conversation import (
+    Conversation,
+    StoredMessage,
+    ToolCallFold,
+    tool_call_line,
+)
 from localchat.tui.session import ChatSession
 from localchat.tui.store import ConversationStore
 
@@ -22,8 +27,9 @@ async def run_pipe(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> None:
-    """Send `text` as the next user message and stream the answer (thinking goes to stderr). The
-    turn is stored like a TUI turn, so `localchat chat --resume` continues it."""
+    """Send `text` as the next user message and stream the answer (thinking goes to stderr, and the
+    tool calls a server parsed out of it follow it, a line each). The turn is stored like a TUI
+    turn, so `localchat chat --resume` continues it."""
     session = ChatSession(backend, store, conversation)
     try:
         await backend.start()
@@ -41,6 +47,7 @@ async def run_pipe(
             ReplyStats(),
         )
         position = session.add_reply(message)
+        calls = ToolCallFold(message)
         try:
             async for delta in backend.stream(plan.request):
                 if delta.thinking:
@@ -51,16 +58,19 @@ async def run_pipe(
                     out.flush()
                 message.content += delta.text
                 message.thinking += delta.thinking
+                calls.add(delta.tool_calls)
                 stats.apply(delta)
         except BaseException:
             message.stopped = True
             raise
         finally:
             message.meta.update(stats.as_meta())
-            if message.content or message.thinking:
+            if message.content or message.thinking or message.tool_calls:
                 session.save_message(position)
             else:
                 session.remove_from(position)
+        for call in message.tool_calls:
+            out.write(f"\n{tool_call_line(call)}")
         out.write("\n")
         out.flush()
     finally:

@@ -11,10 +11,9 @@ from collections.abc import Callable
 from textual.timer import Timer
 from textual.widget import Widget
 
-from localchat.client import Delta, StreamAssembler
 from localchat.errors import LocalchatError
-from localchat.tui.backends import ChatBackend, ChatRequest, ReplyDelta, ReplyStats
-from localchat.tui.conversation import StoredMessage
+from localchat.tui.backends import ChatBackend, ChatRequest, ReplyStats
+from localchat.tui.conversation import StoredMessage, ToolCallFold
 from localchat.tui.messages import AssistantMessage
 from localchat.tui.session import ChatSession
 
@@ -45,7 +44,7 @@ class ReplyWriter:
         self.stats = ReplyStats()
         self.stopped = False
         self.error: str | None = None
-        self._calls = StreamAssembler()  # the tool calls a server parsed, joined piece by piece
+        self._calls = ToolCallFold(self.message)  # the tool calls a server parsed
 
     async def write(self, request: ChatRequest, clock_owner: Widget) -> None:
         """Stream the reply to `request`; `clock_owner` runs the paint timer."""
@@ -60,8 +59,7 @@ class ReplyWriter:
             async for delta in stream:
                 message.content += delta.text
                 message.thinking += delta.thinking
-                if delta.tool_calls:
-                    self._add_tool_calls(delta)
+                self._calls.add(delta.tool_calls)
                 stats.apply(delta)
                 if time.monotonic() - last_save >= SAVE_EVERY_S:
                     message.meta.update(stats.as_meta())
@@ -80,18 +78,10 @@ class ReplyWriter:
             message.meta.update(stats.as_meta())
         await self._finish(position)
 
-    def _add_tool_calls(self, delta: ReplyDelta) -> None:
-        """Fold a delta's call pieces into `meta["tool_calls"]` ({id, name, arguments} each)."""
-        self._calls.add(Delta("", tool_calls=delta.tool_calls))
-        calls = self._calls.completion().tool_calls
-        self.message.meta["tool_calls"] = [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
-        ]
-
     @property
     def empty(self) -> bool:
         message = self.message
-        return not (message.content or message.thinking or message.meta.get("tool_calls"))
+        return not (message.content or message.thinking or message.tool_calls)
 
     async def _paint(self) -> None:
         if await self.view.catch_up(self.message):

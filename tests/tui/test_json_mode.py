@@ -2,11 +2,12 @@
 (`--url`). The grammar makes even the tiny default model's replies valid JSON (checked with
 json.loads and, for a schema file, jsonschema); a bad file or schema is a message in the chat and
 changes nothing. With `--url`, a server's reasoning shows as thinking and its tool calls in a block
-of their own."""
+of their own (and in pipe mode, after the answer)."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from localchat.tui.app import ChatApp
 from localchat.tui.engine_backend import EngineBackend
 from localchat.tui.http_backend import OpenAIBackend
 from localchat.tui.messages import AssistantMessage, Notice
+from localchat.tui.pipe import run_pipe
 from localchat.tui.status_bar import StatusBar
 from localchat.tui.store import ConversationStore
 from tests.serve_process import serve_process
@@ -212,38 +214,47 @@ def _sse(*chunks) -> bytes:
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
 
 
+def _tool_call_server(request: httpx.Request) -> httpx.Response:
+    """A scripted OpenAI-style server (no server sends tool calls to a chat that offers no tools):
+    its reply's call arrives as an id and name, then argument fragments."""
+    if request.url.path == "/v1/models":
+        return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 512}]})
+    if request.url.path == "/tokenize":
+        return httpx.Response(404)
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather"}}
+
+    def piece(arguments: str) -> dict:
+        return {"index": 0, "function": {"arguments": arguments}}
+
+    body = _sse(
+        {"choices": [{"delta": {"reasoning_content": "The user wants weather."}}]},
+        {"choices": [{"delta": {"tool_calls": [call]}}]},
+        {"choices": [{"delta": {"tool_calls": [piece("{")]}}]},
+        {"choices": [{"delta": {"tool_calls": [piece('"c":1}')]}, "finish_reason": "tool_calls"}]},
+    )
+    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+
+CALLS = [{"id": "call_1", "name": "weather", "arguments": '{"c":1}'}]
+
+
 async def test_a_servers_tool_calls_show_in_a_block_of_their_own():
-    """No server sends tool calls to a chat that offers no tools, so this one is scripted: an
-    OpenAI-style stream whose call arrives as an id and name, then argument fragments."""
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 512}]})
-        if request.url.path == "/tokenize":
-            return httpx.Response(404)
-        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather"}}
-
-        def piece(arguments: str) -> dict:
-            return {"index": 0, "function": {"arguments": arguments}}
-
-        body = _sse(
-            {"choices": [{"delta": {"reasoning_content": "The user wants weather."}}]},
-            {"choices": [{"delta": {"tool_calls": [call]}}]},
-            {"choices": [{"delta": {"tool_calls": [piece("{")]}}]},
-            {
-                "choices": [
-                    {"delta": {"tool_calls": [piece('"c":1}')]}, "finish_reason": "tool_calls"}
-                ]
-            },
-        )
-        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-
-    backend = OpenAIBackend("http://x", transport=httpx.MockTransport(handler))
+    backend = OpenAIBackend("http://x", transport=httpx.MockTransport(_tool_call_server))
     async with _one_reply(backend, "Weather?") as (app, message):
         assert message.role == "assistant" and message.content == ""  # kept: it has a call
-        assert message.tool_calls == [{"id": "call_1", "name": "weather", "arguments": '{"c":1}'}]
-        assert message.thinking == "The user wants weather."
+        assert message.tool_calls == CALLS and message.thinking == "The user wants weather."
         view = app.chat.query(AssistantMessage).last()
         assert view.calls.display and str(view.calls.render()) == '⚙ tool call  weather({"c":1})'
         assert "tool call" not in view.markdown.source
         assert '**Tool call:** `weather({"c":1})`' in app.chat.session.conversation.to_markdown()
+
+
+async def test_pipe_mode_prints_a_servers_tool_calls():
+    store = ConversationStore(None)
+    out, err = io.StringIO(), io.StringIO()
+    backend = OpenAIBackend("http://x", transport=httpx.MockTransport(_tool_call_server))
+    await run_pipe(backend, store, "Weather?", out=out, err=err)
+    assert out.getvalue() == '\n⚙ tool call  weather({"c":1})\n'
+    assert err.getvalue() == "The user wants weather."
+    stored = store.load(store.last_id())
+    assert stored is not None and stored.messages[-1].tool_calls == CALLS
