@@ -66,7 +66,8 @@ def init_from_env(device: torch.device) -> None:
 
 def _join_control() -> None:
     _state["control"] = dist.new_group(
-        backend="gloo", timeout=timedelta(seconds=max(LOAD_TIMEOUT, COLLECTIVE_TIMEOUT.seconds))
+        backend="gloo",
+        timeout=timedelta(seconds=max(LOAD_TIMEOUT, COLLECTIVE_TIMEOUT.total_seconds())),
     )
 
 
