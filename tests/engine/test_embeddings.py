@@ -3,9 +3,13 @@ one step or in prefill chunks; embeddings run in the scheduler's steps next to g
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
+from localchat.config import EngineConfig
+from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import EmptyPromptError, InvalidParameterError
 
@@ -109,3 +113,34 @@ def test_add_embeddings_checks_every_prompt_first(llm):
     with pytest.raises(InvalidParameterError, match="already in use"):
         engine.add_embeddings(["same", "same"], [[1, 2], [3]], "last")
     assert not engine.has_unfinished()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_async_embeddings_beside_a_stream_and_cancelled(default_gguf):
+    """AsyncEngine.embed: its requests run in the scheduler beside a stream; cancelling the call
+    aborts them (nothing is left running), and the engine embeds on afterwards."""
+    config = EngineConfig(max_model_len=1024, kv_cache_memory="64MiB", max_num_batched_tokens=64)
+    engine = await AsyncEngine(config).start()
+    try:
+        long = engine.tokenize(" ".join(f"word{i}" for i in range(150)))
+        params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        stream = await engine.add_request("Once upon a time", params)
+        task = asyncio.create_task(engine.embed([long] * 8, "mean"))  # ~50 steps of 64 tokens
+        while engine.stats().num_running < 2:  # the embeddings are being prefilled
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        tokens, steps = [], 0
+        async for output in stream:
+            tokens += output.outputs[0].token_ids
+            steps += 1
+            if steps == 3:  # aborted at the next step, not computed on
+                assert not [r for r in engine.engine.requests if r.startswith("embed-")]
+        assert len(tokens) == 24
+        while engine.stats().num_running or engine.stats().num_waiting:
+            await asyncio.sleep(0.01)
+        [vector] = await engine.embed([long[:50]], "last")
+        assert len(vector) == 576  # SmolLM2-135M's hidden size
+    finally:
+        await engine.shutdown()
