@@ -15,6 +15,8 @@ import httpx
 import jsonschema
 import pytest
 
+from localchat.config import EngineConfig
+from localchat.engine.async_engine import AsyncEngine
 from localchat.tui.app import ChatApp
 from localchat.tui.engine_backend import EngineBackend
 from localchat.tui.http_backend import OpenAIBackend
@@ -144,6 +146,30 @@ def _serve(tmp_path_factory, *args: str):
     args += ("--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--threads", "1")
     with serve_process(log_path, *args, timeout=180) as server:
         yield server.base_url
+
+
+async def test_json_leaves_the_thinking_free_in_process(default_gguf):
+    """With a template that opens <think>, the in-process grammar applies after the thinking (as
+    serve's does): the tiny model's reply, all thinking within 8 tokens, is free text, not JSON."""
+    config = EngineConfig(
+        chat_template=str(THINK_TEMPLATE), max_model_len=512, kv_cache_memory="32MiB"
+    )
+    engine = AsyncEngine(config)
+    backend = GrammarSpy(engine)
+    app = ChatApp(backend, ConversationStore(None), conversation=greedy_conversation())
+    try:
+        async with app.run_test(size=(120, 30)) as pilot:
+            await send(pilot, "/json")
+            await send(pilot, "What is 2 + 2?")
+            await reply_done(pilot)
+    finally:
+        await engine.shutdown()
+    message = app.chat.session.conversation.messages[-1]
+    assert backend.reasoning == "qwen3"
+    grammar = json.loads(backend.grammars[-1] or "{}")
+    assert grammar["grammars"][0]["name"] == "localchat_reasoning"
+    assert message.thinking and not message.thinking.lstrip().startswith("{"), message
+    assert message.content == ""
 
 
 @pytest.fixture(scope="module")
