@@ -265,11 +265,10 @@ class ChatScreen(ChatCore):
         self.app.push_screen(ModelPicker(choices, self.backend.model_name), apply)
 
     def action_show_settings(self) -> None:
-        self.app.push_screen(
-            TextScreen(
-                "Settings", settings_text(self.session.conversation, self.backend, self.store.path)
-            )
-        )
+        session = self.session
+        json_mode = session.json_mode.label if session.json_mode else None
+        text = settings_text(session.conversation, self.backend, self.store.path, json_mode)
+        self.app.push_screen(TextScreen("Settings", text))
 
     async def action_show_prompt(self) -> None:
         if not self.ready.is_set() or self.load_error:

@@ -11,9 +11,13 @@ from localchat.tui.conversation import Conversation
 
 
 def settings_text(
-    conversation: Conversation, backend: ChatBackend, store_path: str | Path | None
+    conversation: Conversation,
+    backend: ChatBackend,
+    store_path: str | Path | None,
+    json_mode: str | None = None,
 ) -> str:
-    """The /show text: the model, the conversation, its system prompt and sampling settings."""
+    """The /show text: the model, the conversation, its system prompt and sampling settings, and
+    what /json turned on (its label)."""
     think = "default" if conversation.think is None else ("on" if conversation.think else "off")
     lines = [
         f"model:          {backend.model_name} ({backend.description})",
@@ -22,6 +26,7 @@ def settings_text(
         f"store:          {store_path or 'in memory (--no-history)'}",
         f"system prompt:  {conversation.system_prompt or '(none)'}",
         f"think:          {think}",
+        f"json:           {json_mode or 'off'}",
         "",
     ] + [f"{name + ':':<16}{value}" for name, value in conversation.settings.items()]
     return "\n".join(lines)

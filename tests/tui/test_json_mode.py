@@ -22,6 +22,7 @@ from localchat.tui.engine_backend import EngineBackend
 from localchat.tui.http_backend import OpenAIBackend
 from localchat.tui.messages import AssistantMessage, Notice
 from localchat.tui.pipe import run_pipe
+from localchat.tui.screens import TextScreen
 from localchat.tui.status_bar import StatusBar
 from localchat.tui.store import ConversationStore
 from tests.serve_process import serve_process
@@ -123,6 +124,11 @@ async def test_json_on_the_in_process_engine(chat_engine, schema_files):
 
         await send(pilot, f"/json {schema_files['person']}")
         assert "{} JSON person.json" in _status(app)
+        await send(pilot, "/show")
+        assert isinstance(app.screen, TextScreen) and "json:           JSON person.json" in (
+            app.screen.text
+        )
+        await pilot.press("escape")
         await _bad_files_change_nothing(pilot, app, schema_files)
         for _ in range(2):  # the mode stays on for the following replies
             jsonschema.validate(await _ask(pilot, app), PERSON)
