@@ -133,11 +133,12 @@ class GGUFCheckpoint:
 
 
 def gguf_weights(
-    path: Path, index: dict, dequantize: bool = False
+    path: Path, index: dict, dequantize: bool = False, interleave: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
     """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized
-    types as PackedWeights (their codes kept), F32/F16/BF16 as tensors; with `dequantize`, all as
-    float32 tensors (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
+    types as PackedWeights (their codes kept; with `interleave`, in the CPU kernel's layout),
+    F32/F16/BF16 as tensors; with `dequantize`, all as float32 tensors (the reference path). `index`
+    is GGUFCheckpoint.tensor_index()."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -171,7 +172,7 @@ def gguf_weights(
             ).reshape(shape)
             weight = torch.from_numpy(np.ascontiguousarray(array))
         else:
-            weight = repack(raw, qtype, shape, order)  # rows reordered while repacking
+            weight = repack(raw, qtype, shape, order, interleave)  # rows reordered while repacking
         if order is not None and isinstance(weight, torch.Tensor):
             weight = weight[order].contiguous()
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:

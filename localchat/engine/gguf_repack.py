@@ -102,10 +102,15 @@ _LAYOUTS = {T.Q4_0: "u4", T.Q4_1: "u4", T.Q4_K: "u4", T.Q6_K: "u6"}
 
 
 def repack(
-    data: np.ndarray, qtype: T, shape: tuple[int, int], order: torch.Tensor | None = None
+    data: np.ndarray,
+    qtype: T,
+    shape: tuple[int, int],
+    order: torch.Tensor | None = None,
+    interleave: bool = False,
 ) -> PackedWeight:
     """A PackedWeight from one GGUF tensor's raw blocks; `shape` is (out, in) (numpy order). With
-    `order`, output row r is the file's row order[r]. Runs the C++ repack
+    `order`, output row r is the file's row order[r]; with `interleave`, it comes in the CPU
+    kernel's interleaved layout when that kernel runs here. Runs the C++ repack
     (kernels/csrc/gguf_repack.h) when the CPU kernels are built, else the torch reference below; the
     two are equal bit for bit."""
     rows = shape[0]
@@ -116,7 +121,8 @@ def repack(
         return weight if order is None else weight.select_rows(order)
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
-    parts = ext.repack_gguf(raw, int(qtype), order)
+    interleave = interleave and ext.has_vnni()
+    parts = ext.repack_gguf(raw, int(qtype), order, interleave)
     return PackedWeight(
         _LAYOUTS.get(qtype, "u8"),
         parts[0],
@@ -126,6 +132,7 @@ def repack(
         zero_point=_SYMMETRIC_ZERO.get(qtype, 0),
         source_type=qtype.name,
         super_scales=parts[3] if len(parts) == 4 else None,
+        interleaved=interleave,
     )
 
 

@@ -118,7 +118,11 @@ def load_model(
     else:
         if gguf:
             index = json.loads((files.directory / TENSOR_INDEX).read_text())
-            tensors = gguf_weights(files.source.path, index, dequantize=quantization == "none")
+            # the CPU kernel's layout straight away, unless a TP shard is cut from the rows first
+            interleave = device.type == "cpu" and shard is None
+            tensors = gguf_weights(
+                files.source.path, index, dequantize=quantization == "none", interleave=interleave
+            )
         else:
             tensors = _iter_safetensors(_safetensors_files(files.directory))
         try:

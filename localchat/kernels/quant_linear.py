@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
-from localchat.kernels.packed_weight import PackedWeight
+from localchat.kernels.packed_weight import ROWS_PER_BLOCK, PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
@@ -144,6 +144,11 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
         return first
     if sum(p.nbytes for p in parts) > FUSE_MAX_BYTES:
         return tuple(parts)
+    # interleaved parts stack as they are when each is whole blocks of rows; otherwise row-major
+    interleaved = all(p.interleaved and p.shape[0] % ROWS_PER_BLOCK == 0 for p in parts)
+    if not interleaved:
+        parts = [p.row_major() for p in parts]
+        first = parts[0]
     same = all(
         p.layout == first.layout
         and p.group_size == first.group_size
@@ -171,4 +176,5 @@ def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
         first.zero_point if symmetric else 0,
         "+".join(kinds),
         super_scales=supers,
+        interleaved=interleaved,
     )

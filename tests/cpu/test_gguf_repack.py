@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack, repack_reference
 from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.quant_linear import interleave_for_kernel
 
 # byte offsets of each type's float16 fields inside a block (random bytes there could be inf/nan)
 _F16_FIELDS = {
@@ -87,6 +88,31 @@ def test_cpp_repack_equals_the_torch_reference_bit_for_bit(qtype):
         assert torch.equal(
             fast.super_scales.view(torch.int16), reference.super_scales.view(torch.int16)
         )
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_repack_straight_into_the_interleaved_layout(qtype):
+    """Repacking with interleave gives what interleaving the repacked weight gives (42 rows: the
+    last two stay row-major)."""
+    ext = cpu_kernels()
+    if ext is None or not ext.has_vnni():
+        pytest.skip("the interleaved layout is the VNNI kernel's")
+    rows, cols = 42, 512
+    data = random_blocks(qtype, rows, cols, seed=5)
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(2))
+    direct = repack(data, qtype, (rows, cols), order, interleave=True)
+    later = interleave_for_kernel(repack(data, qtype, (rows, cols), order))
+    assert direct.interleaved and later.interleaved
+    for got, expected in [
+        (direct.qweight, later.qweight),
+        (direct.scales, later.scales),
+        (direct.mins, later.mins),
+        (direct.super_scales, later.super_scales),
+    ]:
+        assert (got is None) == (expected is None)
+        if got is not None:
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    assert torch.equal(direct.dequantize(), repack(data, qtype, (rows, cols), order).dequantize())
 
 
 def test_repack_rejects_unsupported_type():

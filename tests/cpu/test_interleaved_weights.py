@@ -106,3 +106,19 @@ def test_row_lookups_and_moves_read_the_interleaved_layout(ext):
     assert not picked.interleaved and torch.equal(picked.qweight, plain.qweight[order])
     moved = inter.to("meta")  # leaving the CPU: row-major again
     assert not moved.interleaved and moved.qweight.shape == plain.qweight.shape
+
+
+def test_fusing_interleaved_parts(ext):
+    """Parts of whole 4-row blocks stack interleaved as they are; a part with a partial block makes
+    the stack row-major. Either way the fused weight multiplies like its parts."""
+    from localchat.kernels.quant_linear import fuse
+
+    for rows in (8, 6):
+        for name, w in weights(rows, 512).items():
+            parts = [copy(w), copy(w)]
+            plain = fuse([copy(w), copy(w)])
+            fused = fuse([interleave_for_kernel(p) for p in parts])
+            assert fused.interleaved == (rows % 4 == 0), (name, rows)
+            assert torch.equal(fused.dequantize(), plain.dequantize()), (name, rows)
+            x = torch.randn(1, 512)
+            assert torch.equal(quant_linear(x, fused), quant_linear(x, plain)), (name, rows)

@@ -59,6 +59,7 @@ def _u6_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
 
 
 def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
+    weight = weight.row_major()
     group = weight.group_size
     if start % group or end % group:
         raise InvalidParameterError(

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "quant_linear.h"
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -194,8 +196,10 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
 
 // raw: uint8 [rows, row_bytes] (the tensor's blocks); order: output row r takes input row order[r] (or
 // None). Returns [qweight, scales], [qweight, scales, mins], or for K-quants [qweight, sub-scales, sub-mins,
-// supers] (uint8, uint8, float16 [rows, 2 * blocks]), as PackedWeight holds them.
-std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order) {
+// supers] (uint8, uint8, float16 [rows, 2 * blocks]), as PackedWeight holds them; with `interleave`, in the
+// kernel's interleaved layout (quant_linear.h), each block of rows rearranged while it is still in cache.
+std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order,
+                                       bool interleave) {
   const BlockFormat f = block_format(type);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.stride(1) == 1, "raw must be uint8 [rows, bytes]");
   const int64_t rows = raw.size(0), row_bytes = raw.size(1);
@@ -222,7 +226,11 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   uint8_t* mp = f.has_mins ? static_cast<uint8_t*>(mins.data_ptr()) : nullptr;
   at::Half* up = f.k_scales ? supers.data_ptr<at::Half>() : nullptr;
   const int64_t q_row = qweight.size(1), param_bytes = f.k_scales ? 1 : 2;
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  const int64_t param_row = groups * param_bytes, super_row_halves = 2 * blocks;
+  const int64_t row_blocks = (rows + kRowsPerPass - 1) / kRowsPerPass;
+  at::parallel_for(0, row_blocks, 4, [&](int64_t block_begin, int64_t block_end) {
+    std::vector<uint8_t> scratch(kRowsPerPass * std::max(q_row, param_row) + 64);
+    const int64_t begin = block_begin * kRowsPerPass, end = std::min(rows, block_end * kRowsPerPass);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t from = idx ? idx[r] : r;
       TORCH_CHECK(from >= 0 && from < rows, "order has an out-of-range row");
@@ -237,6 +245,22 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
                        row_mins,
                        up ? up + r * 2 * blocks : nullptr};
       for (int64_t b = 0; b < blocks; ++b) repack_block(type, in + b * f.bytes, b, out);
+      if (!interleave || (r + 1) % kRowsPerPass || r + 1 > rows / kRowsPerPass * kRowsPerPass) continue;
+      const int64_t first = r + 1 - kRowsPerPass;  // a whole block of rows is written: interleave it
+      interleave_block(qp + first * q_row, q_row, kChunkBytes, false, scratch.data());
+      for (uint8_t* params : {sp, mp}) {
+        if (params == nullptr) continue;
+        if (f.k_scales) {
+          interleave_block(params + first * param_row, groups, kGroupBlock, false, scratch.data());
+        } else {
+          interleave_block(reinterpret_cast<at::Half*>(params) + first * groups, groups, kGroupBlock, false,
+                           reinterpret_cast<at::Half*>(scratch.data()));
+        }
+      }
+      if (up) {
+        interleave_block(up + first * super_row_halves, super_row_halves, kSupersPerBlock, false,
+                         reinterpret_cast<at::Half*>(scratch.data()));
+      }
     }
   });
   if (f.k_scales) return {qweight, scales, mins, supers};
