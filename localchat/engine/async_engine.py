@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 from localchat.config import EngineConfig
 from localchat.engine.chat_template import ChatTemplate
+from localchat.engine.embedding_groups import EmbeddingGroups
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.sequence import Request
 from localchat.engine.text_codec import TextCodec
 from localchat.errors import (
     EngineDeadError,
@@ -62,15 +62,6 @@ class _Embed:
     pooling: str
     done: asyncio.Future
     request_ids: list[str]
-
-
-@dataclass
-class _EmbedGroup:
-    """The vectors of one embed() call as its requests finish."""
-
-    done: asyncio.Future
-    vectors: list[list[float] | None]
-    left: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +142,8 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
         self._streams: dict[str, _Stream] = {}
-        self._embedding_slots: dict[
-            str, tuple[_EmbedGroup, int]
-        ] = {}  # engine thread: request -> slot
+        # engine thread: the embed() calls waiting, by their futures
+        self._embeddings: EmbeddingGroups[asyncio.Future] = EmbeddingGroups()
         self._ids = itertools.count()
         self._ready = threading.Event()
         self._stopping = False
@@ -323,8 +313,9 @@ class AsyncEngine:
                 # before delivering, so consumers see the step's state
                 self._stats = engine.stats()
                 self._deliver(outputs)
-                if self._embedding_slots:
-                    self._deliver_embeddings(engine.take_embedded())
+                if self._embeddings:
+                    for done, vectors in self._embeddings.collect(engine.take_embedded()):
+                        _settle_from_thread(done, vectors)
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
             self.error = exc
@@ -357,7 +348,7 @@ class AsyncEngine:
                 case _Embed():
                     self._add_embeddings(engine, command)
                 case _Abort(request_id):
-                    self._embedding_slots.pop(request_id, None)
+                    self._embeddings.discard(request_id)
                     output = engine.abort(request_id)
                     if output is not None:
                         self._stats = engine.stats()
@@ -370,28 +361,11 @@ class AsyncEngine:
             stream.loop.call_soon_threadsafe(_settle, command.accepted, result)
 
     def _add_embeddings(self, engine: LLMEngine, command: _Embed) -> None:
-        try:
-            engine.add_embeddings(command.request_ids, command.prompts, command.pooling)
-        except Exception as exc:
-            error = exc if isinstance(exc, LocalchatError) else _invalid_input(exc)
-            with contextlib.suppress(RuntimeError):  # that event loop is closed
-                command.done.get_loop().call_soon_threadsafe(_settle, command.done, error)
-            return
-        group = _EmbedGroup(command.done, [None] * len(command.prompts), len(command.prompts))
-        for index, request_id in enumerate(command.request_ids):
-            self._embedding_slots[request_id] = (group, index)
-
-    def _deliver_embeddings(self, requests: list[Request]) -> None:
-        for request in requests:
-            slot = self._embedding_slots.pop(request.request_id, None)
-            if slot is None or request.embedding is None:  # aborted meanwhile
-                continue
-            group, index = slot
-            group.vectors[index] = request.embedding.tolist()
-            group.left -= 1
-            if group.left == 0:
-                with contextlib.suppress(RuntimeError):  # that event loop is closed
-                    group.done.get_loop().call_soon_threadsafe(_settle, group.done, group.vectors)
+        error = self._embeddings.add(
+            engine, command.done, command.request_ids, command.prompts, command.pooling
+        )
+        if error is not None:
+            _settle_from_thread(command.done, error)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
@@ -419,12 +393,9 @@ class AsyncEngine:
             ):
                 stream.loop.call_soon_threadsafe(_settle, command.accepted, error)
             elif isinstance(command, _Embed):
-                with contextlib.suppress(RuntimeError):
-                    command.done.get_loop().call_soon_threadsafe(_settle, command.done, error)
-        embeds, self._embedding_slots = self._embedding_slots, {}
-        for group, _ in embeds.values():
-            with contextlib.suppress(RuntimeError):
-                group.done.get_loop().call_soon_threadsafe(_settle, group.done, error)
+                _settle_from_thread(command.done, error)
+        for done in self._embeddings.drain():
+            _settle_from_thread(done, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream in streams.values():
@@ -446,20 +417,10 @@ def add_or_error(
         return InvalidParameterError(f"invalid request: {exc}")
 
 
-def embed_or_error(
-    engine: LLMEngine, prompts: list[list[int]], pooling: str
-) -> list[list[float]] | LocalchatError:
-    """engine.embed's vectors as lists, or the error to hand its caller."""
-    try:
-        return [v.tolist() for v in engine.embed(prompts, pooling)]
-    except LocalchatError as exc:
-        return exc
-    except Exception as exc:  # bad input must not take the engine down
-        return _invalid_input(exc)
-
-
-def _invalid_input(exc: Exception) -> InvalidParameterError:
-    return InvalidParameterError(f"invalid input: {exc}", param="input")
+def _settle_from_thread(future: asyncio.Future, result) -> None:
+    """Settle `future` (a result, or an exception to raise) on its own event loop."""
+    with contextlib.suppress(RuntimeError):  # that event loop is closed
+        future.get_loop().call_soon_threadsafe(_settle, future, result)
 
 
 def _put_all(items) -> None:

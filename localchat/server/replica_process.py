@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import add_or_error, embed_or_error
+from localchat.engine.async_engine import add_or_error
 from localchat.engine.block_manager import BlockManager
+from localchat.engine.embedding_groups import EmbeddingGroups
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.text_codec import TextCodec
@@ -153,15 +154,19 @@ class EvictionTracker:
 def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
     last_sent = last_report = time.monotonic()
     tracker = EvictionTracker(engine.block_manager)
+    embeddings: EmbeddingGroups[int] = EmbeddingGroups()  # embed calls waiting, by their ids
     while True:
         if not engine.has_unfinished() and not commands.poll(HEARTBEAT_SECONDS):
             check = getattr(engine.runner, "check_health", None)  # tensor-parallel ranks
             if check is not None:
                 check()
         while commands.poll():
-            if not _handle(engine, commands.recv(), events):
+            if not _handle(engine, commands.recv(), events, embeddings):
                 return
         outputs = engine.step() if engine.has_unfinished() else []
+        if embeddings:
+            for embed_id, vectors in embeddings.collect(engine.take_embedded()):
+                events.send(("embedded", embed_id, vectors))
         now = time.monotonic()
         # a step's deltas, or at least one message a second whatever happens (the heartbeat)
         if outputs or now - last_sent >= HEARTBEAT_SECONDS:
@@ -172,7 +177,9 @@ def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
             last_sent = now
 
 
-def _handle(engine: LLMEngine, message: tuple, events: Connection) -> bool:
+def _handle(
+    engine: LLMEngine, message: tuple, events: Connection, embeddings: EmbeddingGroups[int]
+) -> bool:
     """Run one command; False once asked to stop."""
     match message:
         case ("add", request_id, prompt, params):
@@ -184,7 +191,11 @@ def _handle(engine: LLMEngine, message: tuple, events: Connection) -> bool:
             if output is not None:
                 events.send(("step", [output], engine.stats(), []))
         case ("embed", embed_id, prompts, pooling):
-            events.send(("embedded", embed_id, embed_or_error(engine, prompts, pooling)))
+            # queued in the scheduler beside the running requests; sent once all are in
+            ids = [f"embed-{embed_id}-{i}" for i in range(len(prompts))]
+            error = embeddings.add(engine, embed_id, ids, prompts, pooling)
+            if error is not None:
+                events.send(("embedded", embed_id, error))
         case ("stop",):
             for request_id in list(engine.requests):
                 engine.abort(request_id)
