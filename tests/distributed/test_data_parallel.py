@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -18,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve_process import ServeProcess, serve_process
+from tests.stream_timing import beside_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -195,28 +195,18 @@ def test_embeddings_run_in_a_replicas_scheduler_beside_the_streams(server):
     inputs = [" ".join(f"item{i}-{j}" for j in range(70)) for i in range(4)]  # ~1400 tokens
     url = f"{server.base_url}/v1/embeddings"
     alone = [httpx.post(url, json={"input": t}, timeout=60).json()["data"][0] for t in inputs]
-    streams: list[list[float]] = [[], []]
-    threads = [
-        threading.Thread(target=_stream_times, args=(server, f"Story {i}:", times))
-        for i, times in enumerate(streams)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while not all(len(times) >= 2 for times in streams):  # both replicas are decoding
-        assert time.monotonic() < deadline, [len(t) for t in streams]
-        time.sleep(0.01)
-    start = time.monotonic()
-    together = httpx.post(url, json={"input": inputs}, timeout=120)
-    end = time.monotonic()
-    for thread in threads:
-        thread.join(timeout=120)
+    run = beside_streams(
+        2,
+        lambda i, times: _stream_times(server, f"Story {i}:", times),
+        lambda: httpx.post(url, json={"input": inputs}, timeout=120),
+    )
+    together = run.result
     assert together.status_code == 200, together.text
     # the longest wait for a stream's next token while the embeddings ran: a step or two of the
     # three (0.64 of the time measured, with both replicas on 2 cores); run between the replica's
     # steps, it is all of it for the stream on the same replica (0.99 measured)
-    gaps = [max(np.diff([start, *(t for t in times if start < t < end), end])) for times in streams]
-    assert max(gaps) < 0.85 * (end - start), (gaps, end - start)
+    gaps = run.longest_gaps()
+    assert max(gaps) < 0.85 * (run.end - run.start), (gaps, run.end - run.start)
     for got, expected in zip(together.json()["data"], alone, strict=True):
         assert np.allclose(got["embedding"], expected["embedding"], atol=1e-4)
     bad = httpx.post(url, json={"input": [[10**9]]}, timeout=60)

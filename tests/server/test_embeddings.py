@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 
 import numpy as np
 import pytest
+
+from tests.stream_timing import beside_streams
 
 pytestmark = pytest.mark.slow
 
@@ -87,27 +88,17 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
     inputs = [" ".join(f"item{i}-{j}" for j in range(70)) for i in range(4)]  # ~1400 tokens
     alone = np.array([d["embedding"] for d in _post(http, input=inputs)["data"]])
     wait_idle()
-    streams = [[] for _ in range(3)]
-    threads = [
-        threading.Thread(target=_stream_tokens, args=(http, f"Story {i}:", times, 120))
-        for i, times in enumerate(streams)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while not all(len(times) >= 2 for times in streams):  # every stream is decoding
-        assert time.monotonic() < deadline, [len(t) for t in streams]
-        time.sleep(0.01)
-    start = time.monotonic()
-    loaded = _post(http, input=inputs)
-    end = time.monotonic()
-    for thread in threads:
-        thread.join(timeout=120)
+    run = beside_streams(
+        3,
+        lambda i, times: _stream_tokens(http, f"Story {i}:", times, 120),
+        lambda: _post(http, input=inputs),
+    )
+    loaded, start, end = run.result, run.start, run.end
     # the longest wait for a stream's next token while the embeddings ran: about a step (a third
     # of the time, with 3 steps' worth of input); run between steps, it would be all of it
-    gaps = [max(np.diff([start, *(t for t in times if start < t < end), end])) for times in streams]
+    gaps = run.longest_gaps()
     assert all(gap < 0.6 * (end - start) for gap in gaps), (gaps, end - start)
-    assert all(times[-1] > end for times in streams), "the embeddings waited for the streams"
+    assert all(times[-1] > end for times in run.streams), "the embeddings waited for the streams"
     vectors = np.array([d["embedding"] for d in loaded["data"]])
     assert np.allclose(vectors, alone, atol=1e-4)
     assert loaded["usage"] == _post(http, input=inputs)["usage"]
