@@ -83,6 +83,9 @@ def _pull_process(ref: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "localchat", "pull", ref],
         env=env,
+        # Ctrl+C as in a terminal: a suite started in the background (`cmd &` in a script) has
+        # SIGINT ignored, and a child inherits that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
