@@ -19,6 +19,7 @@ from localchat.bench.records import ratio
 from localchat.bench.runner import BenchOutcome
 from localchat.bench.workloads import Workload, random_requests
 from localchat.errors import InvalidParameterError, LocalchatError
+from localchat.models.gguf_header import read_header
 
 DEFAULT_THREADS = 2  # DESIGN.md: C4 runs on 2 threads
 RANDOM_FILE_VERSION = 1  # bump when make_gguf writes different files, so a cached one is made again
@@ -79,6 +80,18 @@ def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
     return name, [i for i, kind in enumerate(types.contents()) if kind == _NORMAL_TOKEN]
 
 
+def kv_pool_bytes(path: Path, tokens: int, block_size: int) -> int:
+    """The bytes of a float32 KV pool of `tokens` tokens (whole blocks) for the GGUF at `path`."""
+    header = read_header(path)
+    layers, heads = header.arch_field("block_count"), header.arch_field("attention.head_count")
+    kv_heads = header.arch_field("attention.head_count_kv") or heads
+    head_dim = (
+        header.arch_field("attention.key_length") or header.arch_field("embedding_length") // heads
+    )
+    blocks = -(-tokens // block_size)
+    return blocks * block_size * 2 * layers * kv_heads * head_dim * 4
+
+
 def _warm_page_cache(path: Path) -> None:
     with open(path, "rb", buffering=0) as f:
         while f.read(64 << 20):
@@ -122,9 +135,14 @@ def run_big_model(
     threads = config.num_threads or DEFAULT_THREADS
     n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in requests) + 8
     # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it
-    # never uses
+    # never uses: the KV pool holds the n_ctx tokens of llama.cpp's (the default 1 GiB would hold
+    # 4k, and zeroing the rest costs seconds of load where fresh memory is slow to touch)
     engine_config = replace(
-        config, model=str(path), num_threads=threads, max_model_len=config.max_model_len or n_ctx
+        config,
+        model=str(path),
+        num_threads=threads,
+        max_model_len=config.max_model_len or n_ctx,
+        kv_cache_memory=config.kv_cache_memory or kv_pool_bytes(path, n_ctx, config.block_size),
     )
     outcome = BenchOutcome(path.name, notes=notes)
     outcome.notes.append(

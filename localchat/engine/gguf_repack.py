@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
+from localchat.engine.memory import huge_pages_wanted
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import PackedWeight, pack_u4, pack_u6
 
@@ -122,7 +123,7 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and ext.has_vnni()
-    parts = ext.repack_gguf(raw, int(qtype), order, interleave)
+    parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
     return PackedWeight(
         _LAYOUTS.get(qtype, "u8"),
         parts[0],

@@ -125,3 +125,15 @@ def test_the_random_file_is_made_once(tmp_path, default_gguf):
     assert path == target and path.stat().st_size > 100 << 20
     mtime = path.stat().st_mtime_ns
     assert bench_file(None, str(target), workload, show_progress=False).stat().st_mtime_ns == mtime
+
+
+def test_the_kv_pool_holds_the_peers_context(tiny_file):
+    """C4 gives localchat's KV pool the tokens llama.cpp's n_ctx holds, in whole blocks."""
+    from localchat.bench.big_model import kv_pool_bytes
+    from localchat.engine.llm_engine import LLMEngine
+
+    budget = kv_pool_bytes(tiny_file, 40, 16)
+    engine = LLMEngine(EngineConfig(model=str(tiny_file), max_model_len=40, kv_cache_memory=budget))
+    pool = engine.runner.kv_cache
+    assert pool is not None and pool.shape[2] == 3  # ceil(40 / 16) blocks
+    assert pool.numel() * pool.element_size() == budget

@@ -197,9 +197,10 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
 // raw: uint8 [rows, row_bytes] (the tensor's blocks); order: output row r takes input row order[r] (or
 // None). Returns [qweight, scales], [qweight, scales, mins], or for K-quants [qweight, sub-scales, sub-mins,
 // supers] (uint8, uint8, float16 [rows, 2 * blocks]), as PackedWeight holds them; with `interleave`, in the
-// kernel's interleaved layout (quant_linear.h), each block of rows rearranged while it is still in cache.
+// kernel's interleaved layout (quant_linear.h), each block of rows rearranged while it is still in cache; with
+// `huge_pages`, qweight is asked for as transparent huge pages before it is written.
 std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order,
-                                       bool interleave) {
+                                       bool interleave, bool huge_pages) {
   const BlockFormat f = block_format(type);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.stride(1) == 1, "raw must be uint8 [rows, bytes]");
   const int64_t rows = raw.size(0), row_bytes = raw.size(1);
@@ -217,7 +218,7 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   torch::Tensor scales = torch::empty({rows, groups}, f.k_scales ? u8 : f16);
   torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f.k_scales ? u8 : f16) : torch::Tensor();
   torch::Tensor supers = f.k_scales ? torch::empty({rows, 2 * blocks}, f16) : torch::Tensor();
-  advise_huge_pages(qweight);
+  if (huge_pages) advise_huge_pages(qweight);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   const int64_t src_stride = raw.stride(0);
   const int64_t* idx = reorder ? index.data_ptr<int64_t>() : nullptr;

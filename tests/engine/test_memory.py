@@ -1,0 +1,61 @@
+"""engine/memory.py: when the KV pool and packed weights are asked for as huge pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from localchat.engine import memory
+
+
+def _virtio_device(root: Path, name: str, device_id: int, features: str) -> None:
+    device = root / name
+    device.mkdir(parents=True)
+    (device / "device").write_text(f"0x{device_id:04x}\n")
+    (device / "features").write_text(features + "\n")
+
+
+@pytest.fixture
+def virtio(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("LOCALCHAT_HUGE_PAGES", raising=False)
+    monkeypatch.setattr(memory, "VIRTIO_DEVICES", tmp_path)
+    memory.huge_pages_wanted.cache_clear()
+    yield tmp_path
+    memory.huge_pages_wanted.cache_clear()
+
+
+def test_huge_pages_by_default_without_a_reporting_balloon(virtio):
+    _virtio_device(virtio, "virtio0", 0x0002, "1" * 64)  # a block device: not a balloon
+    _virtio_device(virtio, "virtio1", memory.VIRTIO_ID_BALLOON, "0110000" + "0" * 57)
+    assert memory.huge_pages_wanted()
+
+
+def test_no_huge_pages_where_the_balloon_reports_free_pages(virtio):
+    _virtio_device(virtio, "virtio0", memory.VIRTIO_ID_BALLOON, "0110010100" + "0" * 54)
+    assert not memory.huge_pages_wanted()
+
+
+def test_no_virtio_bus_means_huge_pages(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCALCHAT_HUGE_PAGES", raising=False)
+    monkeypatch.setattr(memory, "VIRTIO_DEVICES", tmp_path / "absent")
+    memory.huge_pages_wanted.cache_clear()
+    try:
+        assert memory.huge_pages_wanted()
+    finally:
+        memory.huge_pages_wanted.cache_clear()
+
+
+@pytest.mark.parametrize("choice, wanted", [("0", False), ("1", True)])
+def test_the_environment_decides(virtio, monkeypatch, choice, wanted):
+    _virtio_device(virtio, "virtio0", memory.VIRTIO_ID_BALLOON, "0110010100" + "0" * 54)
+    monkeypatch.setenv("LOCALCHAT_HUGE_PAGES", choice)
+    assert memory.huge_pages_wanted() is wanted
+
+
+@pytest.mark.parametrize("choice", ["0", "1"])
+def test_resident_zeros_is_zero_either_way(virtio, monkeypatch, choice):
+    monkeypatch.setenv("LOCALCHAT_HUGE_PAGES", choice)
+    pool = memory.resident_zeros((3, 1 << 20), torch.float32)
+    assert pool.shape == (3, 1 << 20) and not pool.any()
