@@ -1,10 +1,17 @@
-"""The `localchat` command: thin Typer wiring; each command's work lives in its own module."""
+"""The `localchat` command: thin Typer wiring. Each command lives in its package's `cli.py`
+(`generate` in engine/, `chat` in tui/, `serve` in server/, `bench` in bench/, `pull`/`list`/`show`/
+`rm`/`alias` in models/, `ps` in multimodel/)."""
 
 from __future__ import annotations
 
 import typer
 
-from localchat.generate_command import generate
+from localchat.bench.cli import bench
+from localchat.engine.cli import generate
+from localchat.models import cli as models_cli
+from localchat.multimodel.cli import ps
+from localchat.server.cli import serve
+from localchat.tui.cli import chat
 
 app = typer.Typer(
     name="localchat",
@@ -14,26 +21,14 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(generate)
-from localchat.tui.cli_entry import chat  # noqa: E402
-
 app.command()(chat)
-from localchat.server.command import serve  # noqa: E402
-
 app.command()(serve)
-from localchat.bench.command import bench  # noqa: E402
-
 app.command()(bench)
-
-
-from localchat.models import commands as model_commands  # noqa: E402
-
-app.command()(model_commands.pull)
-app.command("list")(model_commands.list_models)
-app.command()(model_commands.show)
-app.command()(model_commands.rm)
-app.command()(model_commands.alias)
-from localchat.multimodel.ps import ps  # noqa: E402
-
+app.command()(models_cli.pull)
+app.command("list")(models_cli.list_models)
+app.command()(models_cli.show)
+app.command()(models_cli.rm)
+app.command()(models_cli.alias)
 app.command()(ps)
 
 

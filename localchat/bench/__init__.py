@@ -12,5 +12,5 @@ gguf_shapes.py, random_gguf.py  random-weight GGUF files of any shape and quanti
                (benchmarks/make_gguf.py)
 online.py      any OpenAI-compatible server over streaming /v1/completions
 report.py      the rich table and the --json file
-command.py     the Typer command
+cli.py         the Typer command
 """

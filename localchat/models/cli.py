@@ -1,4 +1,4 @@
-"""The Typer commands `pull`, `list`, `show`, `rm` and `alias` (cli.py registers them)."""
+"""The Typer commands `pull`, `list`, `show`, `rm` and `alias` (localchat/cli.py registers them)."""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ def serve(
                 "--data-parallel-size serves one model; it does not go with --models/--models-dir",
                 param="data_parallel_size",
             )
-        from localchat.multimodel import command as multi
+        from localchat.multimodel import serve as multi
 
         served = multi.models_to_serve(models, models_dir)
         budget, keep = multi.check_limits(max_loaded_models, max_memory, keep_alive or "5m")
