@@ -22,6 +22,7 @@ from localchat.config import EngineConfig
 from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.embedding_groups import EmbeddingGroups
 from localchat.engine.llm_engine import EngineStats, LLMEngine
+from localchat.engine.memory import freeze_gc
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
@@ -300,6 +301,7 @@ class AsyncEngine:
             self._codec = engine.codec.copy()
             self._stats = engine.stats()
             self.engine = engine
+            freeze_gc()  # what is alive now lives as long as the engine: see memory.py
         except BaseException as exc:  # reported by start()
             self.error = exc
             self._ready.set()

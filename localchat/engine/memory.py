@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import logging
 import os
 from pathlib import Path
@@ -20,6 +21,19 @@ from pathlib import Path
 import torch
 
 logger = logging.getLogger("localchat.engine")
+
+
+def freeze_gc() -> None:
+    """Collect garbage, then put every object alive now out of the cyclic collector's reach
+    (gc.freeze), as a server does once it is loaded. A process holding torch, transformers and a
+    model tracks ~370k objects; a full collection walks them all while holding the GIL, 146 ms
+    measured here, which stalls the engine thread and the event loop alike (a streamed reply of 256
+    tokens took one). Frozen, the same collection took 12 ms. Objects frozen by an earlier call are
+    unfrozen first, so the cycles of an engine that was let go are collected now."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
 MMAP_THRESHOLD_BYTES = 1 << 20

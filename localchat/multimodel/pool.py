@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import gc
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localchat.config import EngineConfig
+from localchat.engine.memory import freeze_gc
 from localchat.errors import InvalidParameterError, ModelNotFoundError
 from localchat.utils import format_bytes
 
@@ -246,8 +246,9 @@ class EnginePool:
 
 
 def _release_memory() -> None:
-    """Drop the evicted engine's objects now and hand freed heap pages back to the system."""
-    gc.collect()
+    """Drop the evicted engine's objects now (its cycles too, frozen with the rest at load) and
+    hand freed heap pages back to the system."""
+    freeze_gc()
     libc = ctypes.util.find_library("c")
     if libc:
         with contextlib.suppress(OSError, AttributeError):

@@ -59,3 +59,25 @@ def test_resident_zeros_is_zero_either_way(virtio, monkeypatch, choice):
     monkeypatch.setenv("LOCALCHAT_HUGE_PAGES", choice)
     pool = memory.resident_zeros((3, 1 << 20), torch.float32)
     assert pool.shape == (3, 1 << 20) and not pool.any()
+
+
+def test_freeze_gc_freezes_what_lives_and_frees_what_an_earlier_freeze_held():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node  # a cycle: only the cyclic collector frees it
+    alive = weakref.ref(node)
+    try:
+        memory.freeze_gc()
+        assert gc.get_freeze_count() > 0
+        del node
+        gc.collect()
+        assert alive() is not None  # frozen: out of the collector's reach
+        memory.freeze_gc()
+        assert alive() is None  # unfrozen and collected by the next call
+    finally:
+        gc.unfreeze()

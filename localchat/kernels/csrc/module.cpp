@@ -7,14 +7,19 @@
 #include "rms_norm.h"
 #include "sampling.h"
 
+// Every kernel runs without the GIL (its arguments are converted before, its result after): the event
+// loop thread, a chat's UI or a server's, runs Python while the engine thread is in a kernel, instead of
+// taking the GIL in the engine's short Python stretches between them and making it wait for it back.
+using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_linear", &quant_linear, "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
-  m.def("decode_attention", &decode_attention, "rotary + KV store + paged attention for a batch of decodes");
-  m.def("add_rms_norm", &add_rms_norm, "residual += x; rms_norm(residual) (float32)");
-  m.def("repack_gguf", &repack_gguf, "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
-  m.def("sample_tokens", &sample_tokens, "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");
-  m.def("interleave_weight", &interleave_weight, "a packed weight's rows into (or, back=True, out of) the interleaved layout, in place");
-  m.def("dequantize", &dequantize, "the dense float32 weight of a packed u4/u8 weight");
+  m.def("quant_linear", &quant_linear, NoGil(), "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
+  m.def("decode_attention", &decode_attention, NoGil(), "rotary + KV store + paged attention for a batch of decodes");
+  m.def("add_rms_norm", &add_rms_norm, NoGil(), "residual += x; rms_norm(residual) (float32)");
+  m.def("repack_gguf", &repack_gguf, NoGil(), "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
+  m.def("sample_tokens", &sample_tokens, NoGil(), "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");
+  m.def("interleave_weight", &interleave_weight, NoGil(), "a packed weight's rows into (or, back=True, out of) the interleaved layout, in place");
+  m.def("dequantize", &dequantize, NoGil(), "the dense float32 weight of a packed u4/u8 weight");
 #if LC_VNNI
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
@@ -24,7 +29,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
       .def("bind_caches", &DecodeStack::bind_caches)
-      .def("forward", &DecodeStack::forward)
+      .def("forward", &DecodeStack::forward, NoGil())
       .def("profile", &DecodeStack::profile, "start/stop counting cycles per phase; returns and resets the totals");
 #endif
   m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
