@@ -24,13 +24,18 @@ SAVE_EVERY_S = 1.0
 # each paint (and the frame Textual draws after it) is time the engine loses; once per token would
 # cost it ~15%, and 10 paints a second about 10% (benchmarks/chat_vs_engine.py).
 PAINT_EVERY_S = 0.15
+# A paint is skipped while the event loop has used more than this share of a core since the last
+# one (a paint that laid the screen out costs several times one that did not), but never for longer
+# than PAINT_AT_LEAST_EVERY_S: the UI's cost stays bounded whatever Textual has to redo.
+UI_CPU_BUDGET = 0.05
+PAINT_AT_LEAST_EVERY_S = 0.5
 
 
 class ReplyWriter:
     """Streams one reply into `view`: every delta is folded into the message and its ReplyStats at
-    once (cheap); the view is painted at most every PAINT_EVERY_S and the message stored every
-    SAVE_EVERY_S. A stop (the task cancelled) or a failure keeps what was written, marked; an empty
-    reply is removed."""
+    once (cheap); the view is painted at most every PAINT_EVERY_S, less often while the UI is over
+    its CPU budget, and the message stored every SAVE_EVERY_S. A stop (the task cancelled) or a
+    failure keeps what was written, marked; an empty reply is removed."""
 
     def __init__(
         self,
@@ -45,6 +50,7 @@ class ReplyWriter:
         self.stopped = False
         self.error: str | None = None
         self._calls = ToolCallFold(self.message)  # the tool calls a server parsed
+        self._last_paint = time.monotonic(), time.thread_time()
 
     async def write(self, request: ChatRequest, clock_owner: Widget) -> None:
         """Stream the reply to `request`; `clock_owner` runs the paint timer."""
@@ -84,6 +90,12 @@ class ReplyWriter:
         return not (message.content or message.thinking or message.tool_calls)
 
     async def _paint(self) -> None:
+        wall, cpu = time.monotonic(), time.thread_time()  # the event loop's thread
+        last_wall, last_cpu = self._last_paint
+        elapsed = wall - last_wall
+        if elapsed < PAINT_AT_LEAST_EVERY_S and cpu - last_cpu > UI_CPU_BUDGET * elapsed:
+            return
+        self._last_paint = wall, cpu
         if await self.view.catch_up(self.message):
             self.view.set_meta(f"writing… {self.stats.completion_tokens} tok")
             self.on_paint(self.stats)
