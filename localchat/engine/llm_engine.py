@@ -392,6 +392,7 @@ class LLMEngine:
             self.scheduler.add(request.seqs[0])
             self.requests[request_id] = request
             requests.append(request)
+            self._prompt_tokens_total += len(token_ids)  # as vLLM counts pooling requests'
         return requests
 
     def _finish_embedding(self, seq: Sequence) -> None:

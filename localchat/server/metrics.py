@@ -124,7 +124,7 @@ class ServerMetrics:
             )
             yield _counter(
                 "localchat_prompt_tokens",
-                "Prompt tokens of accepted requests.",
+                "Prompt tokens of accepted requests (generation and embeddings).",
                 stats.prompt_tokens_total,
             )
             yield _counter(

@@ -65,6 +65,12 @@ def _serve(log_path: Path, *args: str):
         log.close()
 
 
+def _sample(url: str, name: str) -> float:
+    """One sample of the server's /metrics, by its name with labels."""
+    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    return float(next(line.rpartition(" ")[2] for line in lines if line.startswith(f"{name} ")))
+
+
 def _cards(url: str) -> dict[str, dict]:
     return {card["id"]: card for card in httpx.get(f"{url}/v1/models").json()["data"]}
 
@@ -131,6 +137,13 @@ def test_two_models_one_server(two_models, cli):
     assert success and all(f'model_name="{ST_NAME}"' in x for x in success)
     assert "localchat_models_loaded 1.0" in metrics
     assert f'localchat_model_memory_bytes{{model_name="{ST_NAME}"}}' in metrics
+    # an embedding's input tokens count in its model's prompt tokens, by exactly its usage
+    prompt_tokens = f'localchat_prompt_tokens_total{{model_name="{ST_NAME}"}}'
+    before = _sample(url, prompt_tokens)
+    body = {"model": ST_NAME, "input": ["Hello there", "A second input"]}
+    usage = httpx.post(f"{url}/v1/embeddings", json=body, timeout=60).json()["usage"]
+    assert usage["prompt_tokens"] > 2
+    assert _sample(url, prompt_tokens) - before == usage["prompt_tokens"]
 
     table = [line.split() for line in cli("ps", "--url", url).stdout.splitlines()]
     assert table[0] == ["NAME", "LOADED", "MEMORY", "CONTEXT", "IDLE", "UNTIL"]

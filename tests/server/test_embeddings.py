@@ -1,5 +1,5 @@
-"""/v1/embeddings through a real server on the default model: shapes, usage, base64 equal to float,
-the same vectors as the offline engine, and its errors."""
+"""/v1/embeddings through a real server on the default model: shapes, usage (also in /metrics),
+base64 equal to float, the same vectors as the offline engine, and its errors."""
 
 from __future__ import annotations
 
@@ -44,6 +44,15 @@ def test_embeddings_shape_usage_and_encodings(http, llm):
     assert np.allclose(by_ids, vectors[0], atol=1e-4)
     offline = [v.numpy() for v in llm.engine.embed(ids, "last")]
     assert np.allclose(offline, vectors, atol=1e-4)
+
+
+def test_embedding_tokens_count_in_prompt_tokens_total(http, wait_idle, metrics):
+    """/metrics adds an embedding request's input tokens to localchat_prompt_tokens_total, as it
+    does a generation request's prompt: by exactly its usage.prompt_tokens."""
+    before = wait_idle()["localchat_prompt_tokens_total"]
+    usage = _post(http, input=TEXTS)["usage"]
+    assert usage["prompt_tokens"] > len(TEXTS)
+    assert metrics()["localchat_prompt_tokens_total"] - before == usage["prompt_tokens"]
 
 
 def test_openai_client_embeddings(openai_client):
