@@ -54,7 +54,7 @@ def _u6_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
     return replace(
         weight,
         qweight=torch.cat(planes, dim=1),
-        scales=weight.scales[:, start // 16 : end // 16].contiguous(),
+        scales=weight.scales[:, start // weight.group_size : end // weight.group_size].contiguous(),
     )
 
 
