@@ -37,14 +37,9 @@ def test_no_huge_pages_where_the_balloon_reports_free_pages(virtio):
     assert not memory.huge_pages_wanted()
 
 
-def test_no_virtio_bus_means_huge_pages(tmp_path, monkeypatch):
-    monkeypatch.delenv("LOCALCHAT_HUGE_PAGES", raising=False)
-    monkeypatch.setattr(memory, "VIRTIO_DEVICES", tmp_path / "absent")
-    memory.huge_pages_wanted.cache_clear()
-    try:
-        assert memory.huge_pages_wanted()
-    finally:
-        memory.huge_pages_wanted.cache_clear()
+def test_no_virtio_bus_means_huge_pages(virtio, monkeypatch):
+    monkeypatch.setattr(memory, "VIRTIO_DEVICES", virtio / "absent")
+    assert memory.huge_pages_wanted()
 
 
 @pytest.mark.parametrize("choice, wanted", [("0", False), ("1", True)])
