@@ -13,11 +13,13 @@ from localchat.kernels.quant_linear import quant_linear
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-    )
+    """Whether oneDNN can repack this weight here: float32 anywhere it is built, bfloat16 only on
+    CPUs with its bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; not AVX2-only ones)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
