@@ -131,12 +131,16 @@ async def test_async_embeddings_beside_a_stream_and_cancelled(default_gguf):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        tokens, steps = [], 0
+        # aborted at the engine's next step, not computed on: within three of the stream's steps
+        # (counted by the engine, not by the outputs the stream has queued since before the cancel)
+        cancelled_at = engine.stats().generation_tokens_total
+        async with asyncio.timeout(30):
+            while engine.stats().generation_tokens_total < cancelled_at + 3:
+                await asyncio.sleep(0.005)
+        assert not [r for r in engine.engine.requests if r.startswith("embed-")]
+        tokens = []
         async for output in stream:
             tokens += output.outputs[0].token_ids
-            steps += 1
-            if steps == 3:  # aborted at the next step, not computed on
-                assert not [r for r in engine.engine.requests if r.startswith("embed-")]
         assert len(tokens) == 24
         while engine.stats().num_running or engine.stats().num_waiting:
             await asyncio.sleep(0.01)
