@@ -122,7 +122,7 @@ def repack(
         return weight if order is None else weight.select_rows(order)
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
-    interleave = interleave and ext.has_vnni()
+    interleave = interleave and bool(ext.simd_isa())
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
     return PackedWeight(
         _LAYOUTS.get(qtype, "u8"),

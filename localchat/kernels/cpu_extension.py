@@ -20,6 +20,7 @@ logger = logging.getLogger("localchat.kernels")
 _SOURCES = (
     "module.cpp",
     "quant_linear.h",
+    "quant_linear_avx2.h",
     "decode_attention.h",
     "decode_layer.h",
     "rms_norm.h",

@@ -1,5 +1,5 @@
-"""Projections with PackedWeight weights: the C++ VNNI kernel on the CPU, Triton on CUDA, torch
-otherwise.
+"""Projections with PackedWeight weights: the C++ vector kernel (AVX-512 VNNI or AVX2) on the CPU,
+Triton on CUDA, torch otherwise.
 
 A fused projection (q/k/v, gate/up) whose parts came in different layouts (Q4_K_M files store attn_v
 as Q6_K next to Q4_K q/k), or whose parts are large (an 8B model's), is a tuple of PackedWeights:
@@ -118,14 +118,36 @@ def quant_linear(
     return out.reshape(*lead, out.shape[-1])
 
 
+def embedding_rows(weight: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of a packed embedding as dense `dtype` [*ids.shape, in]: one C++ call on the
+    CPU (reading only those rows, in either layout), PackedWeight.dequantize elsewhere. Both give
+    the same floats."""
+    ext = cpu_kernels() if weight.device.type == "cpu" else None
+    if ext is None:
+        return weight.dequantize(ids, dtype=dtype)
+    out = ext.dequantize_rows(
+        weight.qweight,
+        weight.scales,
+        weight.mins,
+        weight.super_scales,
+        weight.bits,
+        weight.group_size,
+        weight.zero_point,
+        weight.interleaved,
+        ids,
+    )
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
 def interleave_for_kernel(weight: QuantWeight) -> QuantWeight:
     """The weight in the C++ kernel's interleaved layout (packed_weight.py), rearranged in place,
-    when that kernel will multiply it (a CPU with the VNNI build); otherwise the weight as it is.
-    The old PackedWeight must not be used afterwards: its tensors are the new one's."""
+    when that kernel will multiply it (a CPU with the AVX-512 VNNI or AVX2 build); otherwise the
+    weight as it is. The old PackedWeight must not be used afterwards: its tensors are the new
+    one's."""
     if isinstance(weight, tuple):
         return tuple(interleave_for_kernel(part) for part in weight)  # type: ignore[misc]
     ext = cpu_kernels()
-    if ext is None or not ext.has_vnni() or weight.interleaved or weight.device.type != "cpu":
+    if ext is None or not bool(ext.simd_isa()) or weight.interleaved or weight.device.type != "cpu":
         return weight
     ext.interleave_weight(weight.qweight, weight.scales, weight.mins, weight.super_scales, False)
     return replace(weight, interleaved=True)

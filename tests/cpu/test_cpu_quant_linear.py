@@ -1,4 +1,5 @@
-"""The C++ CPU kernel (AVX-512 VNNI and its portable twin) against torch references."""
+"""The C++ CPU kernel (AVX-512 VNNI or AVX2, whichever this CPU has, and its portable twin) against
+torch references."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def test_repack_straight_into_the_interleaved_layout(qtype):
     """Repacking with interleave gives what interleaving the repacked weight gives (42 rows: the
     last two stay row-major)."""
     ext = cpu_kernels()
-    if ext is None or not ext.has_vnni():
+    if ext is None or not bool(ext.simd_isa()):
         pytest.skip("the interleaved layout is the VNNI kernel's")
     rows, cols = 42, 512
     data = random_blocks(qtype, rows, cols, seed=5)

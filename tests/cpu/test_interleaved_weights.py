@@ -14,7 +14,7 @@ from localchat.kernels.packed_weight import (
     PackedWeight,
     interleave_rows,
 )
-from localchat.kernels.quant_linear import interleave_for_kernel, quant_linear
+from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel, quant_linear
 from tests.cpu.test_cpu_quant_linear import run, weights
 
 
@@ -106,6 +106,24 @@ def test_row_lookups_and_moves_read_the_interleaved_layout(ext):
     assert not picked.interleaved and torch.equal(picked.qweight, plain.qweight[order])
     moved = inter.to("meta")  # leaving the CPU: row-major again
     assert not moved.interleaved and moved.qweight.shape == plain.qweight.shape
+
+
+@pytest.mark.parametrize("shape", [(41, 576), (13, 1536), (9, 512)])
+def test_the_cpp_row_lookup_equals_the_reference_in_both_layouts(ext, shape):
+    """embedding_rows (the C++ dequantize_rows) gives PackedWeight.dequantize's floats exactly, for
+    every layout, rows in whole blocks, the partial block and the first, in any shape."""
+    rows = shape[0]
+    ids = torch.tensor([[rows - 1, 0, 5], [rows - 2, rows // 2, 1]])
+    for name, w in weights(*shape).items():
+        expected = w.dequantize(ids)
+        assert torch.equal(embedding_rows(copy(w), ids, torch.float32), expected), name
+        inter = interleave_for_kernel(copy(w))
+        assert inter.interleaved
+        assert torch.equal(embedding_rows(inter, ids, torch.float32), expected), name
+        half = embedding_rows(inter, ids[0], torch.bfloat16)
+        assert half.dtype == torch.bfloat16 and torch.equal(half, expected[0].bfloat16()), name
+    with pytest.raises(RuntimeError, match="out of range"):
+        embedding_rows(w, torch.tensor([rows]), torch.float32)
 
 
 def test_fusing_interleaved_parts(ext):

@@ -2,9 +2,10 @@
 call (kernels/csrc/decode_layer.h), in one OpenMP parallel region whose threads meet at barriers
 between steps.
 
-It applies when the model runs float32 on a CPU with the VNNI kernels and every projection is
-quantized (one PackedWeight, or several whose rows stack, as a Q4_K_M file's Q4_K q/k and Q6_K v
-do); otherwise the layers run op by op. Qwen3's per-head q/k norms run inside the layer.
+It applies when the model runs float32 on a CPU with the vector kernels (AVX-512 VNNI or AVX2) and
+every projection is quantized (one PackedWeight, or several whose rows stack, as a Q4_K_M file's
+Q4_K q/k and Q6_K v do); otherwise the layers run op by op. Qwen3's per-head q/k norms run inside
+the layer.
 """
 
 from __future__ import annotations

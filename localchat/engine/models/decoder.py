@@ -24,7 +24,7 @@ from localchat.kernels import (
 from localchat.kernels.decode_attention import fused_decode_attention
 from localchat.kernels.linear import can_pack, linear, linear_silu_and_mul, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
-from localchat.kernels.quant_linear import interleave_for_kernel
+from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel
 
 # The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them),
 # which replace the parameter of the same name as a plain attribute.
@@ -168,7 +168,7 @@ class DecoderForCausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed_tokens, PackedWeight):
-            return self.embed_tokens.dequantize(input_ids, dtype=self.norm.weight.dtype)
+            return embedding_rows(self.embed_tokens, input_ids, self.norm.weight.dtype)
         return F.embedding(input_ids, self.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,7 @@ void rope_and_store(const DecodeToken& t, const PoolShape& p, int64_t h) {
   }
 }
 
-// exp(x - top) in place over n scores; returns their sum (the exp vectorized where AVX-512 is).
+// exp(x - top) in place over n scores; returns their sum (the exp vectorized where AVX-512 or AVX2 is).
 float exp_shifted(float* x, int64_t n, float top) {
   float total = 0.f;
   int64_t i = 0;
@@ -75,6 +75,17 @@ float exp_shifted(float* x, int64_t n, float top) {
     sums = _mm512_add_ps(sums, e);
   }
   total = _mm512_reduce_add_ps(sums);
+#elif LC_EXP256
+  const __m256 shift = _mm256_set1_ps(top);
+  alignas(32) float lanes[8];
+  __m256 sums = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift));
+    _mm256_storeu_ps(x + i, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  _mm256_store_ps(lanes, sums);
+  for (float lane : lanes) total += lane;
 #endif
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - top);

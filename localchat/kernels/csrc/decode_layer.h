@@ -20,7 +20,7 @@
 #include "quant_linear.h"
 #include "vector_math.h"
 
-#if LC_VNNI
+#if LC_SIMD
 namespace {
 
 // A PackedWeight's tensors and what the kernels need to know about them.

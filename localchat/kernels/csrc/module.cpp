@@ -13,14 +13,15 @@
 using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_linear", &quant_linear, NoGil(), "y = x @ W.T for a packed u4/u8 weight (int8 activations, VNNI)");
+  m.def("quant_linear", &quant_linear, NoGil(), "y = x @ W.T for a packed u4/u8 weight (int8 activations; AVX-512 VNNI or AVX2)");
   m.def("decode_attention", &decode_attention, NoGil(), "rotary + KV store + paged attention for a batch of decodes");
   m.def("add_rms_norm", &add_rms_norm, NoGil(), "residual += x; rms_norm(residual) (float32)");
   m.def("repack_gguf", &repack_gguf, NoGil(), "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
   m.def("sample_tokens", &sample_tokens, NoGil(), "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");
   m.def("interleave_weight", &interleave_weight, NoGil(), "a packed weight's rows into (or, back=True, out of) the interleaved layout, in place");
   m.def("dequantize", &dequantize, NoGil(), "the dense float32 weight of a packed u4/u8 weight");
-#if LC_VNNI
+  m.def("dequantize_rows", &dequantize_rows, NoGil(), "rows of a packed weight as float32 (an embedding lookup)");
+#if LC_SIMD
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
                           std::vector<int64_t>, std::vector<int64_t>, c10::optional<torch::Tensor>,
@@ -32,5 +33,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecodeStack::forward, NoGil())
       .def("profile", &DecodeStack::profile, "start/stop counting cycles per phase; returns and resets the totals");
 #endif
-  m.def("has_vnni", &has_vnni, "whether the AVX-512 VNNI path was compiled in");
+  m.def("simd_isa", &simd_isa, "the vector kernels compiled in: 'avx512-vnni', 'avx2', or '' (portable)");
 }

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -36,6 +37,13 @@
 #else
 #define LC_VNNI 0
 #endif
+#if !LC_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define LC_AVX2 1  // quant_linear_avx2.h: the same kernels on 256-bit vectors
+#else
+#define LC_AVX2 0
+#endif
+#define LC_SIMD (LC_VNNI || LC_AVX2)
 
 namespace {
 
@@ -78,6 +86,7 @@ struct ActivationRow {
   float* lane_scales;   // [chunks * 16]
   float* group_terms;   // [groups]: da * sum(codes) of the group (multiplies the group's min)
   int32_t* lane_zsums;  // [chunks * 16]: zero_point * the codes summed per dot-product lane (symmetric types)
+  int32_t* lane_u8_fix; // [chunks * 16]: (128 - zero_point) * the codes summed per lane (AVX2's u8 codes - 128)
   int8_t* natural;      // [chunks * chunk_values] codes in natural order (scalar path)
   int8_t* natural2;
   float* block_scales;  // [K / 32]
@@ -99,7 +108,7 @@ struct ActivationBuffers {
     const int64_t lane_floats = chunks * 16;
     const int64_t int_bytes = ((2 * (code_bytes + chunks * L.chunk_values) + 63) / 64) * 64;
     const int64_t row_bytes =
-        int_bytes + ((2 * lane_floats + groups + K / kActBlock + groups + 16) * 4 + 63) / 64 * 64;
+        int_bytes + ((3 * lane_floats + groups + K / kActBlock + groups + 16) * 4 + 63) / 64 * 64;
     storage.resize(M * row_bytes + 64);
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
     rows.resize(M);
@@ -113,8 +122,9 @@ struct ActivationBuffers {
       float* f = reinterpret_cast<float*>(p + int_bytes);
       a.lane_scales = f;
       a.lane_zsums = reinterpret_cast<int32_t*>(f + lane_floats);
-      a.group_terms = f + 2 * lane_floats;
-      a.block_scales = f + 2 * lane_floats + groups;
+      a.lane_u8_fix = reinterpret_cast<int32_t*>(f + 2 * lane_floats);
+      a.group_terms = f + 3 * lane_floats;
+      a.block_scales = f + 3 * lane_floats + groups;
       a.group_scales = a.block_scales + K / kActBlock;
       std::fill(a.group_scales, a.group_scales + groups + 16, 0.f);
     }
@@ -190,12 +200,13 @@ void quantize_chunks(const float* x, int64_t K, const Layout& L, int64_t c0, int
       // subtracting zero_point * sum(codes) in int32 keeps symmetric types exact (Q8_0 codes sit at +128:
       // in floats, the two terms would cancel)
       int32_t sum = 0;
-      for (int half = 0; zero_point != 0 && half < (L.nibbles ? 2 : 1); ++half) {
+      for (int half = 0; half < (L.nibbles ? 2 : 1); ++half) {
         for (int i = 0; i < 4; ++i) {
           const int64_t at = c * L.act_chunk_bytes + half * 64 + lane * 4 + i;
           sum += precise ? 256 * a.codes[at] + a.codes2[at] : a.codes[at];
         }
       }
+      a.lane_u8_fix[c * 16 + lane] = (128 - zero_point) * sum;
       a.lane_zsums[c * 16 + lane] = zero_point * sum;
     }
   }
@@ -286,6 +297,27 @@ void interleave_block(T* block, int64_t width, int64_t unit, bool back, T* scrat
       else std::memcpy(inter, row_major, sizeof(T) * n);
     }
   }
+}
+
+// pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
+// the kernel instantiation for a weight (K-quant scales come only with mins, so kq is never instantiated with
+// symmetric; u6 holds only Q6_K, which is symmetric without K-quant scales).
+template <typename Pick>
+auto pick_kernel(bool precise, bool symmetric, int bits, bool kq, Pick pick) {
+  using T = std::true_type;
+  using F = std::false_type;
+  auto with = [&](auto p, auto u) {
+    if (symmetric) return pick(p, T{}, u, F{});
+    return kq ? pick(p, F{}, u, T{}) : pick(p, F{}, u, F{});
+  };
+  auto with_bits = [&](auto p) {
+    if (bits == 6) {
+      TORCH_CHECK(symmetric && !kq, "u6 weights are symmetric, without K-quant scales");
+      return pick(p, T{}, std::integral_constant<int, 6>{}, F{});
+    }
+    return bits == 4 ? with(p, std::integral_constant<int, 4>{}) : with(p, std::integral_constant<int, 8>{});
+  };
+  return precise ? with_bits(T{}) : with_bits(F{});
 }
 
 #if LC_VNNI
@@ -501,14 +533,17 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
 }
 
 // A block of activation rows against kRowsPerPass weight rows, for batches and prefill chunks: each weight chunk
-// is unpacked into registers once and meets every row of the block, whose accumulators live in `acc` (L1,
+// is unpacked into registers once and meets every row of the block, whose accumulators live in `scratch` (L1,
 // kRowsPerPass vectors per row). Per (activation row, weight row) pair it runs gemv_rows' operations in the
 // same order, so its results equal a decode's bit for bit.
 template <bool PRECISE, bool SYMMETRIC, int BITS, bool KQ>
 void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weight_bytes, const Layout& L,
-                const __m512i scale_index, const ActivationRow* acts, int64_t mt, int rows, float* out,
-                int64_t out_stride, __m512* acc) {
+                const ActivationRow* acts, int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
   const int64_t top0 = weight_bytes / kChunkBytes;
+  __m512* acc = static_cast<__m512*>(scratch);
+  alignas(64) int32_t index_values[16];  // each lane's group within the chunk
+  for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
+  const __m512i scale_index = _mm512_load_si512(index_values);
   for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * kChunkBytes;
@@ -548,32 +583,18 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   }
 }
 
-// pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
-// the kernel instantiation for a weight (K-quant scales come only with mins, so kq is never instantiated with
-// symmetric; u6 holds only Q6_K, which is symmetric without K-quant scales).
-template <typename Pick>
-auto pick_kernel(bool precise, bool symmetric, int bits, bool kq, Pick pick) {
-  using T = std::true_type;
-  using F = std::false_type;
-  auto with = [&](auto p, auto u) {
-    if (symmetric) return pick(p, T{}, u, F{});
-    return kq ? pick(p, F{}, u, T{}) : pick(p, F{}, u, F{});
-  };
-  auto with_bits = [&](auto p) {
-    if (bits == 6) {
-      TORCH_CHECK(symmetric && !kq, "u6 weights are symmetric, without K-quant scales");
-      return pick(p, T{}, std::integral_constant<int, 6>{}, F{});
-    }
-    return bits == 4 ? with(p, std::integral_constant<int, 4>{}) : with(p, std::integral_constant<int, 8>{});
-  };
-  return precise ? with_bits(T{}) : with_bits(F{});
-}
+// Bytes of accumulators panel_dots needs per activation row.
+constexpr int64_t kPanelScratchPerRow = kRowsPerPass * sizeof(__m512);
+
+#endif
+#include "quant_linear_avx2.h"
+#if LC_SIMD
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
 constexpr int64_t kPanelRows = 32;
 
-using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const __m512i,
-                         const ActivationRow*, int64_t, int, float*, int64_t, __m512*);
+using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const ActivationRow*, int64_t,
+                         int, float*, int64_t, void*);
 
 PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq) {
   return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
@@ -753,7 +774,7 @@ struct WeightArgs {
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
                            const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                            const c10::optional<torch::Tensor>& bias, int64_t bits, int64_t group_size,
-                           int64_t zero_point, bool precise, bool silu_and_mul, bool use_vnni, bool interleaved) {
+                           int64_t zero_point, bool precise, bool silu_and_mul, bool use_simd, bool interleaved) {
   const Layout L = make_layout(bits, group_size);
   TORCH_CHECK(x_in.dim() == 2, "x must be 2-D");
   if (silu_and_mul) {
@@ -769,11 +790,11 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
       }
     });
     return quant_linear(product, qweight_in, scales_in, mins_in, supers_in, bias, bits, group_size, zero_point, precise,
-                        false, use_vnni, interleaved);
+                        false, use_simd, interleaved);
   }
-  const bool vnni = LC_VNNI && use_vnni;
-  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved && !vnni);
-  if (!vnni) interleaved = false;
+  const bool simd = LC_SIMD && use_simd;
+  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved && !simd);
+  if (!simd) interleaved = false;
   const torch::Tensor x = x_in.to(torch::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = w.qweight.size(0);
   TORCH_CHECK(K % kActBlock == 0, "in_features must be a multiple of 32");
@@ -806,14 +827,11 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     bp = bias_f.data_ptr<float>();
   }
 
-#if LC_VNNI
-  if (vnni) {
+#if LC_SIMD
+  if (simd) {
     const void* sp = w.scales.data_ptr();
     const void* mp = has_mins ? w.mins.data_ptr() : nullptr;
     const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
-    alignas(64) int32_t index_values[16];
-    for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
-    const __m512i scale_index = _mm512_load_si512(index_values);
     const int64_t weight_bytes = L.code_bytes(K);
     const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     if (M == 1) {
@@ -835,7 +853,9 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     // kPanelRows rows (their accumulators in L1), pass by pass
     const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
     at::parallel_for(0, passes, 1, [&](int64_t begin, int64_t end) {
-      std::vector<__m512> acc(kPanelRows * kRowsPerPass);
+      // 64-byte aligned (new of an over-aligned type): the accumulators are vectors
+      struct alignas(64) Line { uint8_t bytes[64]; };
+      std::vector<Line> scratch(kPanelRows * kPanelScratchPerRow / sizeof(Line));
       float dots[kPanelRows * kRowsPerPass];
       for (int64_t band_begin = begin; band_begin < end; band_begin += band) {
         const int64_t band_end = std::min(end, band_begin + band);
@@ -845,7 +865,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
             const int64_t n = pass * kRowsPerPass;
             const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
             panel(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), groups, chunks,
-                  weight_bytes, L, scale_index, rows.data() + m0, mt, count, dots, kRowsPerPass, acc.data());
+                  weight_bytes, L, rows.data() + m0, mt, count, dots, kRowsPerPass, scratch.data());
             for (int64_t t = 0; t < mt; ++t) {
               float* o = op + (m0 + t) * N + n;
               for (int r = 0; r < count; ++r) o[r] = bp ? dots[t * kRowsPerPass + r] + bp[n + r] : dots[t * kRowsPerPass + r];
@@ -874,7 +894,40 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   return out;
 }
 
-bool has_vnni() { return LC_VNNI; }
+// The vector kernels compiled in: "avx512-vnni", "avx2", or "" (the portable path).
+std::string simd_isa() { return LC_VNNI ? "avx512-vnni" : LC_AVX2 ? "avx2" : ""; }
+
+namespace {
+
+// One row of K weights as floats: row-major codes (row: the row's bytes), each group's float scale, and its min
+// (mins, asymmetric types) or the zero point, as PackedWeight.dequantize computes them: code * scale + min, or
+// (code - zero_point) * scale.
+void dequantize_row(const uint8_t* row, const float* scales, const float* mins, int64_t zero_point, const Layout& L,
+                    int64_t K, float* out) {
+  const int64_t groups = K / L.group_size;
+  const float zp = static_cast<float>(zero_point);
+  auto value = [&](int code, float scale, float min) {
+    return mins ? static_cast<float>(code) * scale + min : (static_cast<float>(code) - zp) * scale;
+  };
+  for (int64_t g = 0; g < groups; ++g) {
+    const float scale = scales[g], min = mins ? mins[g] : 0.f;
+    float* o = out + g * L.group_size;
+    if (L.u6) {
+      for (int i = 0; i < L.group_size; ++i) o[i] = value(u6_code(row, K, g * L.group_size + i), scale, min);
+    } else if (L.nibbles) {
+      const uint8_t* b = row + g * 16;
+      for (int i = 0; i < 16; ++i) {
+        o[i] = value(b[i] & 0x0F, scale, min);
+        o[i + 16] = value(b[i] >> 4, scale, min);
+      }
+    } else {
+      const uint8_t* b = row + g * L.group_size;
+      for (int i = 0; i < L.group_size; ++i) o[i] = value(b[i], scale, min);
+    }
+  }
+}
+
+}  // namespace
 
 // The dense float32 weight [N, K] (for large batches, where one float GEMM beats per-row integer dots).
 torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
@@ -891,26 +944,54 @@ torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& s
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
+      dequantize_row(wp + n * w.qweight.size(1), sp + n * groups, mp ? mp + n * groups : nullptr, zero_point, L, K,
+                     op + n * K);
+    }
+  });
+  return out;
+}
+
+// Rows `rows` (int64, any shape) of a packed weight as float32 [*rows.shape, K]: an embedding lookup. Only the
+// looked-up rows are read, in either layout (no copy of the weight is restored).
+torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor& scales,
+                              const c10::optional<torch::Tensor>& mins_in,
+                              const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
+                              int64_t zero_point, bool interleaved, const torch::Tensor& rows_in) {
+  const Layout L = make_layout(bits, group_size);
+  const WeightArgs w(qweight, scales, mins_in, supers_in, false);
+  const torch::Tensor rows = rows_in.to(torch::kLong).contiguous();
+  const int64_t N = w.qweight.size(0), w_row = w.qweight.size(1), K = L.in_features(w_row), groups = K / group_size;
+  const int64_t R = rows.numel();
+  std::vector<int64_t> shape(rows.sizes().begin(), rows.sizes().end());
+  shape.push_back(K);
+  torch::Tensor out = torch::empty(shape, torch::kFloat);
+  const int64_t* ids = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < R; ++i) TORCH_CHECK(ids[i] >= 0 && ids[i] < N, "row ", ids[i], " out of range for ", N, " rows");
+  const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
+  const void* sp = w.scales.data_ptr();
+  const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
+  const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> codes(w_row);
+    std::vector<float> row_scales(groups), row_mins(groups);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n = ids[i], r = n % kRowsPerPass;
+      const PassView v = pass_view(wp, sp, mp, up, n - r, N, w_row, groups, interleaved);
+      for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
+        std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
+      }
       for (int64_t g = 0; g < groups; ++g) {
-        const float scale = sp[n * groups + g];
-        const float offset = mp ? mp[n * groups + g] : -scale * static_cast<float>(zero_point);
-        float* o = op + n * K + g * group_size;
-        if (L.u6) {
-          const uint8_t* row = wp + n * L.row_bytes(K);
-          for (int i = 0; i < group_size; ++i) {
-            o[i] = static_cast<float>(u6_code(row, K, g * group_size + i)) * scale + offset;
-          }
-        } else if (L.nibbles) {
-          const uint8_t* b = wp + n * (K / 2) + g * 16;
-          for (int i = 0; i < 16; ++i) {
-            o[i] = static_cast<float>(b[i] & 0x0F) * scale + offset;
-            o[i + 16] = static_cast<float>(b[i] >> 4) * scale + offset;
-          }
+        if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
+          const at::Half* pair = v.supers(r, g / kGroupBlock) + (g % kGroupBlock) / 8 * 2;
+          row_scales[g] = static_cast<float>(*v.group<uint8_t>(v.s, r, g)) * half_to_float(pair[0]);
+          row_mins[g] = -(static_cast<float>(*v.group<uint8_t>(v.m, r, g)) * half_to_float(pair[1]));
         } else {
-          const uint8_t* b = wp + n * K + g * group_size;
-          for (int i = 0; i < group_size; ++i) o[i] = static_cast<float>(b[i]) * scale + offset;
+          row_scales[g] = half_to_float(*v.group<at::Half>(v.s, r, g));
+          if (mp) row_mins[g] = half_to_float(*v.group<at::Half>(v.m, r, g));
         }
       }
+      dequantize_row(codes.data(), row_scales.data(), mp ? row_mins.data() : nullptr, zero_point, L, K, op + i * K);
     }
   });
   return out;
