@@ -73,9 +73,12 @@ class ChatCore(Screen):
         yield Footer()
 
     async def on_mount(self) -> None:
-        if self.resume and (last := self.store.last_id()) is not None:
+        last = self.store.last_id() if self.resume else None
+        if last is not None:
             self.session.open(last)
         await self.render_conversation()
+        if last is not None:
+            await self.say_json_mode()
         await self.refresh_chat_list()
         self.query_one(PromptBox).focus()
         self.refresh_status()
@@ -213,6 +216,12 @@ class ChatCore(Screen):
         if self.session.open(conversation_id) is None:
             self.notify("That conversation no longer exists.", severity="error")
         await self._after_switch()
+        await self.say_json_mode()
+
+    async def say_json_mode(self) -> None:
+        """After a stored conversation opens: say that its /json mode is on again, if it is."""
+        if self.session.json_mode is not None:
+            await self.add_notice(self.session.json_mode.notice())
 
     async def _after_switch(self) -> None:
         await self.render_conversation()

@@ -227,24 +227,19 @@ class ChatScreen(ChatCore):
         self.notify(f"enable_thinking: {'default' if think is None else args.strip()}")
 
     async def action_json(self, args: str = "") -> None:
-        """`/json`, `/json SCHEMA.json`, `/json off`; a file or schema that will not do is said in
-        the chat, and the mode stays as it was."""
+        """`/json`, `/json SCHEMA.json`, `/json off` (the conversation keeps it: resumed, it is on
+        again); a file or schema that will not do is said in the chat, and the mode stays as it
+        was."""
         try:
             mode = parse_json_command(args)
         except LocalchatError as exc:
             await self.add_notice(exc.message, error=True)
             return
-        self.session.json_mode = mode
+        self.session.json_mode = mode  # kept with the conversation
         self.refresh_status()
-        if mode is None:
-            await self.add_notice("JSON off: replies are free text again.")
-        elif mode.response_format["type"] == "json_object":
-            await self.add_notice("JSON on: the next replies are JSON objects (/json off ends it).")
-        else:
-            await self.add_notice(
-                f"JSON on: the next replies follow the schema in {args.strip()} "
-                "(/json off ends it)."
-            )
+        await self.add_notice(
+            "JSON off: replies are free text again." if mode is None else mode.notice()
+        )
 
     async def action_model(self, args: str = "") -> None:
         if args:

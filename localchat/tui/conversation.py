@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from localchat.client import Delta, StreamAssembler
+from localchat.tui.json_mode import JsonMode
 
 if TYPE_CHECKING:
     from localchat.client import ToolCallDelta
@@ -48,7 +49,8 @@ class StoredMessage:
 @dataclass
 class Conversation:
     """A chat: `id` is its SQLite row (None until first stored). `think` is the enable_thinking flag
-    passed to the chat template (None: the template's default)."""
+    passed to the chat template (None: the template's default); `json_mode` what `/json` turned on
+    for its replies (None: free text)."""
 
     id: int | None = None
     title: str = "New chat"
@@ -56,6 +58,7 @@ class Conversation:
     system_prompt: str | None = None
     settings: dict = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
     think: bool | None = None
+    json_mode: JsonMode | None = None
 
     def template_messages(self, first: int = 0, end: int | None = None) -> list[dict]:
         """What goes into the chat template: the system prompt, then messages[first:end] (answers
@@ -79,6 +82,7 @@ class Conversation:
                 "system_prompt": self.system_prompt,
                 "settings": self.settings,
                 "think": self.think,
+                "json_mode": self.json_mode.to_dict() if self.json_mode else None,
                 "messages": [m.to_dict() for m in self.messages],
             },
             indent=2,

@@ -48,12 +48,21 @@ class ChatSession:
         self.conversation = conversation or Conversation()
         self.context_start = 0
         self.prompt_tokens: int | None = None
-        self.json_mode: JsonMode | None = None  # /json: what the next replies must be
+
+    @property
+    def json_mode(self) -> JsonMode | None:
+        """/json: what the next replies must be (the conversation's, stored with it)."""
+        return self.conversation.json_mode
+
+    @json_mode.setter
+    def json_mode(self, mode: JsonMode | None) -> None:
+        self.conversation.json_mode = mode
+        self.save_settings()
 
     # --- switching conversations ------------------------------------------------------------------
     def new_conversation(self) -> Conversation:
-        """A fresh chat keeping the current system prompt and settings (stored once it has a
-        message)."""
+        """A fresh chat keeping the current system prompt and settings, not the /json mode (stored
+        once it has a message)."""
         old = self.conversation
         return self._switch(
             Conversation(
@@ -114,6 +123,7 @@ class ChatSession:
             system_prompt=old.system_prompt,
             settings=dict(old.settings),
             think=old.think,
+            json_mode=old.json_mode,
         )
         self._switch(new)
         self.store.save_conversation(new)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
 from pathlib import Path
 
+from localchat.errors import InvalidParameterError
 from localchat.tui.conversation import Conversation, StoredMessage
+from localchat.tui.json_mode import JsonMode
+
+logger = logging.getLogger("localchat.tui")
 
 DATA_DIR_ENV = "LOCALCHAT_DATA_DIR"
 
@@ -20,7 +25,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     settings TEXT NOT NULL,
     think INTEGER,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    json_mode TEXT
 );
 CREATE TABLE IF NOT EXISTS messages (
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
@@ -33,6 +39,10 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (conversation_id, position)
 );
 """
+
+# Columns added to `conversations` since its first release, each with its type: a database written
+# before gets them (NULL in its rows) when it is opened.
+_ADDED_COLUMNS = {"json_mode": "TEXT"}
 
 
 def data_dir() -> Path:
@@ -61,47 +71,53 @@ class ConversationStore:
         self.db = sqlite3.connect(":memory:" if path is None else str(path))
         self.db.execute("PRAGMA foreign_keys = ON")
         self.db.executescript(_SCHEMA)
+        self._add_columns()
         self.db.commit()
+
+    def _add_columns(self) -> None:
+        """Bring a database from before a column was added up to date (nothing else changes)."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(conversations)")}
+        with self.db:
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE conversations ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self.db.close()
 
     # --- conversations ----------------------------------------------------------------------------
     def save_conversation(self, conversation: Conversation) -> int:
-        """Insert (giving it an id) or update the conversation's title, system prompt and
-        settings."""
+        """Insert (giving it an id) or update the conversation's title, system prompt, settings and
+        /json mode."""
         now = time.time()
         think = None if conversation.think is None else int(conversation.think)
         settings = json.dumps(conversation.settings)
+        mode = conversation.json_mode
+        json_mode = None if mode is None else json.dumps(mode.to_dict())
+        fields = (conversation.title, conversation.system_prompt, settings, think, json_mode, now)
         with self.db:
             if conversation.id is None:
                 cursor = self.db.execute(
                     "INSERT INTO conversations"
-                    " (title, system_prompt, settings, think, created, updated)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (conversation.title, conversation.system_prompt, settings, think, now, now),
+                    " (title, system_prompt, settings, think, json_mode, updated, created)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (*fields, now),
                 )
                 conversation.id = cursor.lastrowid
             else:
                 self.db.execute(
                     "UPDATE conversations"
-                    " SET title=?, system_prompt=?, settings=?, think=?, updated=?"
+                    " SET title=?, system_prompt=?, settings=?, think=?, json_mode=?, updated=?"
                     " WHERE id=?",
-                    (
-                        conversation.title,
-                        conversation.system_prompt,
-                        settings,
-                        think,
-                        now,
-                        conversation.id,
-                    ),
+                    (*fields, conversation.id),
                 )
         assert conversation.id is not None  # the row the INSERT made, or the one updated
         return conversation.id
 
     def load(self, conversation_id: int) -> Conversation | None:
         row = self.db.execute(
-            "SELECT id, title, system_prompt, settings, think FROM conversations WHERE id=?",
+            "SELECT id, title, system_prompt, settings, think, json_mode FROM conversations"
+            " WHERE id=?",
             (conversation_id,),
         ).fetchone()
         if row is None:
@@ -115,7 +131,9 @@ class ConversationStore:
             )
         ]
         think = None if row[4] is None else bool(row[4])
-        return Conversation(row[0], row[1], messages, row[2], json.loads(row[3]), think)
+        return Conversation(
+            row[0], row[1], messages, row[2], json.loads(row[3]), think, _json_mode(row[0], row[5])
+        )
 
     def list_conversations(self) -> list[tuple[int, str]]:
         """(id, title) of every conversation, most recently updated first."""
@@ -171,3 +189,16 @@ class ConversationStore:
                     "DELETE FROM messages WHERE conversation_id=? AND position>=?",
                     (conversation.id, length),
                 )
+
+
+def _json_mode(conversation_id: int, stored: str | None) -> JsonMode | None:
+    """The /json mode a conversation was saved with (None: off). One this version cannot follow
+    any more is left off, with a warning in the log (its row keeps it until the conversation is
+    saved again)."""
+    if stored is None:
+        return None
+    try:
+        return JsonMode.from_dict(json.loads(stored))
+    except (InvalidParameterError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("conversation %s: its /json mode is left off: %s", conversation_id, exc)
+        return None

@@ -28,6 +28,7 @@ from localchat.tui.store import ConversationStore
 from tests.serve_process import serve_process
 
 from .conftest import greedy_conversation, reply_done, send
+from .fakes import FakeBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 PERSON = {
@@ -144,6 +145,71 @@ async def test_json_on_the_in_process_engine(chat_engine, schema_files):
             "(/json off ends it).",
             "JSON off: replies are free text again.",
         ]
+
+
+@contextlib.asynccontextmanager
+async def _resumed(path: Path, backend: FakeBackend, ask: str = "again"):
+    """The app started again on the store at `path` (resuming its last conversation) and its pilot,
+    once `ask` is answered."""
+    app = ChatApp(backend, ConversationStore(path), resume=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await reply_done(pilot)
+        await send(pilot, ask)
+        await reply_done(pilot)
+        yield app, pilot
+
+
+async def test_json_mode_comes_back_with_the_resumed_conversation(data_dir, schema_files):
+    """/json is kept with the conversation: after a restart, resuming it (--resume or the chat
+    list) turns the mode on again, with a notice, and the next request carries it, the schema
+    itself saved (its file may have moved). /json off and a new chat end it."""
+    path, schema_file = data_dir / "c.sqlite3", schema_files["person"]
+    app = ChatApp(FakeBackend(), ConversationStore(path))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await send(pilot, "/json")
+        await send(pilot, "any object")
+        await reply_done(pilot)
+        plain_id, plain = app.chat.session.conversation.id, app.chat.session.json_mode
+        await send(pilot, "/new")
+        assert app.chat.session.json_mode is None and "JSON" not in _status(app)
+        await send(pilot, f"/json {schema_file}")
+        await send(pilot, "a person")
+        await reply_done(pilot)
+        schema_mode = app.chat.session.json_mode
+        await pilot.press("ctrl+q")
+    assert plain is not None and plain.label == "JSON" and plain.path is None
+    assert schema_mode is not None and schema_mode.path == str(schema_file)
+    schema_file.rename(schema_file.with_name("moved.json"))
+
+    backend = FakeBackend()
+    async with _resumed(path, backend) as (app, pilot):
+        assert app.chat.session.json_mode == schema_mode and "{} JSON person.json" in _status(app)
+        sent = backend.requests[-1].json_mode
+        assert sent == schema_mode and sent.response_format["json_schema"]["schema"] == PERSON
+        assert _notices(app) == [
+            (
+                f"JSON on: the next replies follow the schema in {schema_file} "
+                "(/json off ends it).",
+                False,
+            )
+        ]
+        await pilot.press("ctrl+b", "down", "enter")  # the list is newest first
+        await pilot.pause()
+        assert app.chat.session.conversation.id == plain_id
+        assert app.chat.session.json_mode == plain and "{} JSON" in _status(app)
+        assert _notices(app) == [
+            ("JSON on: the next replies are JSON objects (/json off ends it).", False)
+        ]
+        await send(pilot, "more")
+        await reply_done(pilot)
+        assert backend.requests[-1].json_mode == plain
+        await send(pilot, "/json off")
+
+    backend = FakeBackend()
+    async with _resumed(path, backend) as (app, pilot):
+        assert app.chat.session.conversation.id == plain_id
+        assert app.chat.session.json_mode is None and backend.requests[-1].json_mode is None
+        assert _notices(app) == [] and "JSON" not in _status(app)
 
 
 def _serve(tmp_path_factory, *args: str):

@@ -4,6 +4,8 @@ client."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +20,7 @@ from localchat.tui.commands import (
 )
 from localchat.tui.conversation import DEFAULT_SETTINGS, Conversation, StoredMessage
 from localchat.tui.http_backend import OpenAIBackend, ServerError
+from localchat.tui.json_mode import parse_json_command
 from localchat.tui.store import ConversationStore
 from localchat.tui.thinking import ThinkSplitter
 
@@ -113,10 +116,8 @@ CREATE TABLE messages (
 """
 
 
-def test_a_database_written_by_the_released_schema_loads_and_takes_new_messages(tmp_path):
-    import sqlite3
-
-    path = tmp_path / "old.sqlite3"
+def _released_database(path: Path) -> None:
+    """A database as the released schema wrote it: conversation 7, 'old', with two messages."""
     db = sqlite3.connect(path)
     db.executescript(_RELEASED_SCHEMA)
     db.execute(
@@ -133,6 +134,11 @@ def test_a_database_written_by_the_released_schema_loads_and_takes_new_messages(
     )
     db.commit()
     db.close()
+
+
+def test_a_database_written_by_the_released_schema_loads_and_takes_new_messages(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    _released_database(path)
     store = ConversationStore(path)
     conversation = store.load(7)
     assert conversation == Conversation(
@@ -149,6 +155,69 @@ def test_a_database_written_by_the_released_schema_loads_and_takes_new_messages(
     conversation.messages.append(StoredMessage("user", "again"))
     store.save_message(conversation, 2)
     assert [m.content for m in ConversationStore(path).load(7).messages] == ["hi", "hello", "again"]
+
+
+def _columns(path: Path) -> list[str]:
+    db = sqlite3.connect(path)
+    try:
+        return [row[1] for row in db.execute("PRAGMA table_info(conversations)")]
+    finally:
+        db.close()
+
+
+def test_a_released_database_gets_the_json_mode_column_and_keeps_its_conversations(tmp_path):
+    """Opened by this version, a database from before /json was stored gains a json_mode column
+    (NULL: off) and nothing else changes; its conversation then saves a /json mode, the schema
+    with it, which loads again even after the schema file is gone."""
+    path = tmp_path / "old.sqlite3"
+    _released_database(path)
+    assert "json_mode" not in _columns(path)
+    store = ConversationStore(path)
+    assert _columns(path)[-1] == "json_mode"
+    conversation = store.load(7)
+    assert conversation is not None and conversation.json_mode is None
+    assert (conversation.title, conversation.system_prompt, conversation.think) == (
+        "old",
+        "be brief",
+        True,
+    )
+    assert [m.content for m in conversation.messages] == ["hi", "hello"]
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    schema_file = tmp_path / "city.json"
+    schema_file.write_text(json.dumps(schema))
+    conversation.json_mode = parse_json_command(str(schema_file))
+    store.save_conversation(conversation)
+    store.close()
+    schema_file.unlink()
+    again = ConversationStore(path)  # the column is there already: opening again changes nothing
+    assert _columns(path).count("json_mode") == 1
+    loaded = again.load(7)
+    assert loaded == conversation and loaded.json_mode is not None
+    assert loaded.json_mode.label == "JSON city.json" and loaded.json_mode.path == str(schema_file)
+    assert loaded.json_mode.response_format["json_schema"]["schema"] == schema
+
+    loaded.json_mode = parse_json_command("")
+    again.save_conversation(loaded)
+    assert again.load(7).json_mode == parse_json_command("on")
+    loaded.json_mode = None
+    again.save_conversation(loaded)
+    assert again.load(7) == loaded and [m.content for m in loaded.messages] == ["hi", "hello"]
+
+
+def test_a_stored_json_mode_that_no_longer_makes_a_grammar_is_left_off(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    store = ConversationStore(path)
+    conversation = Conversation(title="t", json_mode=parse_json_command(""))
+    store.save_conversation(conversation)
+    broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}
+    with store.db:
+        store.db.execute(
+            "UPDATE conversations SET json_mode=? WHERE id=?",
+            (json.dumps({"label": "JSON x.json", "response_format": broken}), conversation.id),
+        )
+    loaded = store.load(conversation.id)
+    assert loaded is not None and loaded.title == "t" and loaded.json_mode is None
 
 
 def _sse(*chunks) -> bytes:
