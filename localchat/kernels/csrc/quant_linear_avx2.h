@@ -17,10 +17,10 @@ namespace {
 
 constexpr int kPrefetchRowsAvx2 = 2 * kRowsPerPass;  // as on VNNI: two passes ahead
 
-// A weight row's chunk, unpacked: per 32-byte half, the codes the low- and high-nibble activations meet (u8: the
-// signed codes code - 128 and their magnitudes).
-struct Codes {
-  __m256i lo[2], hi[2];
+// 32 bytes (a half) of a weight row's chunk, unpacked: the codes the low- and high-nibble activations meet (u8:
+// the signed codes code - 128 and their magnitudes).
+struct HalfCodes {
+  __m256i lo, hi;
 };
 
 // Per chunk j of a block of kGroupBlock groups and half h of its lanes: the half of the block's 16 scales the
@@ -113,47 +113,45 @@ inline void block_scales(const PassView& v, int r, int64_t g0, int64_t left, __m
   }
 }
 
-// Row r's chunk c (weight_bytes - c * 64 of its bytes left) as the vectors the dot products take.
+// Half h of row r's chunk c (weight_bytes - c * 64 of its bytes left) as the vectors the dot products take.
 template <int BITS>
-inline Codes unpack_chunk(const PassView& v, int r, int64_t c, int64_t top0, int64_t left) {
-  const uint8_t* p = v.codes(r, c);
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  Codes w;
-  for (int h = 0; h < 2; ++h) {
-    const __m256i raw = load_low_bytes32(p + 32 * h, std::max<int64_t>(0, left - 32 * h));
-    if (BITS == 8) {
-      w.lo[h] = _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));  // code - 128, signed
-      w.hi[h] = _mm256_abs_epi8(w.lo[h]);  // its magnitude (128 stays 0x80: 128 as unsigned)
-      continue;
-    }
-    w.lo[h] = _mm256_and_si256(raw, low_mask);
-    w.hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask);
+inline HalfCodes unpack_half(const PassView& v, int r, int64_t c, int64_t top0, int64_t left, int h) {
+  const int64_t bytes = left - 32 * h;  // (std::max would take its operands by reference, through memory)
+  const __m256i raw = load_low_bytes32(v.codes(r, c) + 32 * h, bytes > 0 ? bytes : 0);
+  HalfCodes w;
+  if (BITS == 8) {
+    w.lo = _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));  // code - 128, signed
+    w.hi = _mm256_abs_epi8(w.lo);  // its magnitude (128 stays 0x80: 128 as unsigned)
+    return w;
   }
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  w.lo = _mm256_and_si256(raw, low_mask);
+  w.hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask);
   if (BITS == 6) {  // the top two bits: half 0 takes bit pairs 0-1 and 4-5 of each byte, half 1 pairs 2-3 and 6-7
     const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v.codes(r, top0 + c / 2) + 32 * (c & 1)));
     const __m256i pair = _mm256_set1_epi8(0x30);
-    w.lo[0] = _mm256_or_si256(w.lo[0], _mm256_and_si256(_mm256_slli_epi16(top, 4), pair));
-    w.hi[0] = _mm256_or_si256(w.hi[0], _mm256_and_si256(top, pair));
-    w.lo[1] = _mm256_or_si256(w.lo[1], _mm256_and_si256(_mm256_slli_epi16(top, 2), pair));
-    w.hi[1] = _mm256_or_si256(w.hi[1], _mm256_and_si256(_mm256_srli_epi16(top, 2), pair));
+    const __m256i top_lo = h == 0 ? _mm256_slli_epi16(top, 4) : _mm256_slli_epi16(top, 2);
+    const __m256i top_hi = h == 0 ? top : _mm256_srli_epi16(top, 2);
+    w.lo = _mm256_or_si256(w.lo, _mm256_and_si256(top_lo, pair));
+    w.hi = _mm256_or_si256(w.hi, _mm256_and_si256(top_hi, pair));
   }
   return w;
 }
 
 // The int32 lanes of half h of one weight chunk times one level of activation codes (chunk: that level's codes).
 template <int BITS>
-inline __m256i half_dot(const Codes& w, int h, const int8_t* chunk) {
+inline __m256i half_dot(const HalfCodes& w, int h, const int8_t* chunk) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
-  if (BITS == 8) return _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi[h], _mm256_sign_epi8(a, w.lo[h])), ones);
+  if (BITS == 8) return _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, _mm256_sign_epi8(a, w.lo)), ones);
   const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunk + 64 + 32 * h));
-  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w.lo[h], a), _mm256_maddubs_epi16(w.hi[h], b)), ones);
+  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w.lo, a), _mm256_maddubs_epi16(w.hi, b)), ones);
 }
 
 // The exact integer dot products of half h of weight chunk c (codes w) with activation row a, one per lane:
 // with the second level's (precise), less the zero point's (symmetric), and with u8's 128 x sum(a) put back.
 template <bool PRECISE, bool SYMMETRIC, int BITS>
-inline __m256i lane_dots(const Codes& w, int h, const ActivationRow& a, int64_t c, const Layout& L) {
+inline __m256i lane_dots(const HalfCodes& w, int h, const ActivationRow& a, int64_t c, const Layout& L) {
   const int64_t at = c * L.act_chunk_bytes, lane = c * 16 + 8 * h;
   __m256i dot = half_dot<BITS>(w, h, a.codes + at);
   if (PRECISE) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), half_dot<BITS>(w, h, a.codes2 + at));
@@ -232,9 +230,13 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
         const int rr = r < rows ? r : 0;
         __builtin_prefetch(v.codes(rr, c) + kPrefetchRowsAvx2 * w_row);
         if (BITS == 6 && (c & 1) == 0) __builtin_prefetch(v.codes(rr, top0 + c / 2) + kPrefetchRowsAvx2 * w_row);
-        const Codes w = unpack_chunk<BITS>(v, rr, c, top0, weight_bytes - c * kChunkBytes);
+      }
+      // half by half, so one half's activation codes serve the four rows from registers
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+        for (int r = 0; r < kRowsPerPass; ++r) {
+          const HalfCodes w = unpack_half<BITS>(v, r < rows ? r : 0, c, top0, weight_bytes - c * kChunkBytes, h);
           const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w, h, a, c, L);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd[r], index, c - c0, h), acc[r]);
         }
@@ -259,14 +261,15 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   __m256 block[kRowsPerPass][2];
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t j = c % chunks_per_block, g0 = (c - j) * L.groups_per_chunk;
-    Codes w[kRowsPerPass];
+    HalfCodes w[kRowsPerPass][2];
     __m256 s[kRowsPerPass][2];
     for (int r = 0; r < kRowsPerPass; ++r) {
       const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
       if (j == 0) block_scales<KQ>(v, rr, g0, groups - g0, block[r]);
-      w[r] = unpack_chunk<BITS>(v, rr, c, top0, weight_bytes - c * kChunkBytes);
-      s[r][0] = to_lanes(block[r], index, j, 0);
-      s[r][1] = to_lanes(block[r], index, j, 1);
+      for (int h = 0; h < 2; ++h) {
+        w[r][h] = unpack_half<BITS>(v, rr, c, top0, weight_bytes - c * kChunkBytes, h);
+        s[r][h] = to_lanes(block[r], index, j, h);
+      }
     }
     for (int64_t t = 0; t < mt; ++t) {
       const ActivationRow& a = acts[t];
@@ -274,7 +277,7 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
       __m256* row_acc = acc + t * kRowsPerPass;
       for (int r = 0; r < kRowsPerPass; ++r) {
         for (int h = 0; h < 2; ++h) {
-          const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r], h, a, c, L);
+          const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r][h], h, a, c, L);
           row_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), row_acc[r]);
         }
       }
