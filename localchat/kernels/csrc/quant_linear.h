@@ -193,6 +193,8 @@ void quantize_chunks(const float* x, int64_t K, const Layout& L, int64_t c0, int
   arrange(a.natural + v0, a.codes + c0 * L.act_chunk_bytes, L, c1 - c0);
   if (precise) arrange(a.natural2 + v0, a.codes2 + c0 * L.act_chunk_bytes, L, c1 - c0);
   const int lanes_per_group = 16 / L.groups_per_chunk;
+  // the lane sums serve a zero point (symmetric types) and AVX2's u8 codes; elsewhere they stay zero
+  const bool need_sums = zero_point != 0 || (LC_AVX2 && !L.nibbles);
   for (int64_t c = c0; c < c1; ++c) {
     for (int lane = 0; lane < 16; ++lane) {
       const int64_t g = c * L.groups_per_chunk + lane / lanes_per_group;
@@ -200,7 +202,7 @@ void quantize_chunks(const float* x, int64_t K, const Layout& L, int64_t c0, int
       // subtracting zero_point * sum(codes) in int32 keeps symmetric types exact (Q8_0 codes sit at +128:
       // in floats, the two terms would cancel)
       int32_t sum = 0;
-      for (int half = 0; half < (L.nibbles ? 2 : 1); ++half) {
+      for (int half = 0; half < (need_sums ? (L.nibbles ? 2 : 1) : 0); ++half) {
         for (int i = 0; i < 4; ++i) {
           const int64_t at = c * L.act_chunk_bytes + half * 64 + lane * 4 + i;
           sum += precise ? 256 * a.codes[at] + a.codes2[at] : a.codes[at];
@@ -220,6 +222,11 @@ void quantize_row(const float* x, int64_t K, const Layout& L, int64_t chunks, bo
 float half_to_float(at::Half h) { return static_cast<float>(h); }
 
 constexpr int kRowsPerPass = 4;  // weight rows one pass of a kernel reads together
+// Each weight line is prefetched this many rows (two passes) ahead. The hardware prefetchers do not keep four
+// interleaved row streams ahead of the dot products: measured on 2026-12-01, the Q8_0 LM head streamed from
+// DRAM at 11.6 GB/s without and 18.4 GB/s with it, a decode's layers at 6.9 and 9.0 GB/s.
+constexpr int kPrefetchRows = 2 * kRowsPerPass;
+
 constexpr int kGroupBlock = 16;  // scales (and mins) interleaved this many groups at a time
 
 // Where the kRowsPerPass (or fewer) rows of one pass lie: their codes' chunks and their groups' scales and mins,
@@ -362,10 +369,6 @@ inline __m512 offset_lanes(const PassView& v, int r, const float* terms, int64_t
 // One activation row (a decode) against kRowsPerPass (or fewer) weight rows: the activation codes and lane
 // scales are loaded once per chunk for all of them. An asymmetric weight's mins are applied 16 groups at a time
 // after the chunks, into the same accumulator, so they cost no extra reduction.
-// Each weight line is prefetched this many rows (two passes) ahead. The hardware prefetchers do not keep four
-// interleaved row streams ahead of the dot products: measured on 2026-12-01, the Q8_0 LM head streamed from
-// DRAM at 11.6 GB/s without and 18.4 GB/s with it, a decode's layers at 6.9 and 9.0 GB/s.
-constexpr int kPrefetchRows = 2 * kRowsPerPass;
 
 // One activation row's chunk c, loaded for the dot products: codes (and the second level's), lane scales, and
 // the zero-point sums of a symmetric weight.

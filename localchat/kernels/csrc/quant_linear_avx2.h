@@ -15,8 +15,6 @@
 #if LC_AVX2
 namespace {
 
-constexpr int kPrefetchRowsAvx2 = 2 * kRowsPerPass;  // as on VNNI: two passes ahead
-
 // 32 bytes (a half) of a weight row's chunk, unpacked: the codes the low- and high-nibble activations meet (u8:
 // the signed codes code - 128 and their magnitudes).
 struct HalfCodes {
@@ -207,8 +205,8 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
   constexpr int64_t param_bytes = KQ ? 1 : 2;
   for (int64_t b = 0; b < rows * groups * param_bytes; b += 64) {
-    __builtin_prefetch(static_cast<const char*>(v.s) + kPrefetchRowsAvx2 * groups * param_bytes + b);
-    if (!SYMMETRIC) __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRowsAvx2 * groups * param_bytes + b);
+    __builtin_prefetch(static_cast<const char*>(v.s) + kPrefetchRows * groups * param_bytes + b);
+    if (!SYMMETRIC) __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * groups * param_bytes + b);
   }
   // all kRowsPerPass rows, whatever `rows` (a short pass repeats its first row, results not stored), so the loops
   // unroll and the accumulators stay in registers
@@ -228,8 +226,8 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
 #pragma GCC unroll 4
       for (int r = 0; r < kRowsPerPass; ++r) {
         const int rr = r < rows ? r : 0;
-        __builtin_prefetch(v.codes(rr, c) + kPrefetchRowsAvx2 * w_row);
-        if (BITS == 6 && (c & 1) == 0) __builtin_prefetch(v.codes(rr, top0 + c / 2) + kPrefetchRowsAvx2 * w_row);
+        __builtin_prefetch(v.codes(rr, c) + kPrefetchRows * w_row);
+        if (BITS == 6 && (c & 1) == 0) __builtin_prefetch(v.codes(rr, top0 + c / 2) + kPrefetchRows * w_row);
       }
       // half by half, so one half's activation codes serve the four rows from registers
 #pragma GCC unroll 2
