@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from localchat.tui.app import ChatApp
 from localchat.tui.store import ConversationStore
+from localchat.tui.widgets import PromptBox
 
 from .conftest import reply_done, send, wait_until
 from .fakes import CODE_REPLY, FakeBackend
@@ -27,13 +28,25 @@ async def loaded(pilot) -> None:
     await pilot.pause()
 
 
+async def steady_cursor(pilot) -> None:
+    """The prompt's cursor stops blinking (shown): a picture must not depend on its timing."""
+    for box in pilot.app.query(PromptBox):
+        box.cursor_blink = False
+    await pilot.pause()
+
+
 def test_main_screen(snap_compare):
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=loaded)
+    async def main(pilot):
+        await loaded(pilot)
+        await steady_cursor(pilot)
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=main)
 
 
 def test_help_screen(snap_compare):
     async def open_help(pilot):
         await loaded(pilot)
+        await steady_cursor(pilot)
         await pilot.press("f1")
         await pilot.pause()
 
@@ -46,6 +59,6 @@ def test_conversation_with_code_block(snap_compare):
         await send(pilot, "How do I add two numbers in Python?")
         await reply_done(pilot)
         await pilot.wait_for_scheduled_animations()  # the view scrolls to the reply's end
-        await pilot.pause()
+        await steady_cursor(pilot)
 
     assert snap_compare(make_app([CODE_REPLY]), terminal_size=SIZE, run_before=chat)
