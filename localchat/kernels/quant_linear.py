@@ -22,12 +22,28 @@ from localchat.kernels.packed_weight import ROWS_PER_BLOCK, PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
-# The CPU kernel computes every row of a batch, a prefill chunk or a decode with the same integer
-# arithmetic (bit for bit, whatever the batch), so a prompt's logits do not depend on how much of it
-# the prefix cache held. LOCALCHAT_DENSE_MIN_ROWS=N dequantizes the weight for one float GEMM from N
-# rows on instead: faster for long prompts on small models, but no longer batch-invariant.
-_DENSE_MIN_ROWS = os.environ.get("LOCALCHAT_DENSE_MIN_ROWS", "")
-DENSE_MIN_ROWS = int(_DENSE_MIN_ROWS) if _DENSE_MIN_ROWS else None
+
+def _rows_setting(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    return int(value) or None  # "0": off
+
+
+# The CPU kernel computes every row of a decode or a small batch with the same integer arithmetic
+# (bit for bit, whatever the batch). Where the CPU has bfloat16 instructions, a projection with at
+# least BF16_GEMM_MIN_FEATURES inputs (a 1B model's and up) takes another path from
+# BF16_GEMM_MIN_ROWS rows on (a prefill chunk, a large batch): each band of weight rows is restored
+# into bfloat16 for one oneDNN GEMM, about 3x the integer panel's throughput at 128 rows, at
+# bfloat16's rounding (about 0.3% of the largest output; a row's result then depends on its
+# batch). Small models keep the exact integer path: their prefill is already quick.
+# LOCALCHAT_BF16_GEMM_MIN_ROWS=0 keeps the integer kernel for every batch;
+# LOCALCHAT_DENSE_MIN_ROWS=N dequantizes the whole weight for one float32 GEMM from N rows on.
+BF16_GEMM_MIN_ROWS = _rows_setting(
+    "LOCALCHAT_BF16_GEMM_MIN_ROWS", 64 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+)
+BF16_GEMM_MIN_FEATURES = 2048
+DENSE_MIN_ROWS = _rows_setting("LOCALCHAT_DENSE_MIN_ROWS", None)
 # Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the
 # float32 path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of
 # positions.
@@ -62,6 +78,26 @@ def _one(
         return F.linear(x.to(torch.float32), dense, None if bias is None else bias.float()).to(
             x.dtype
         )
+    if (
+        ext is not None
+        and BF16_GEMM_MIN_ROWS is not None
+        and x.shape[0] >= BF16_GEMM_MIN_ROWS
+        and weight.shape[1] >= BF16_GEMM_MIN_FEATURES
+    ):
+        x = silu_and_mul_ref(x) if silu_and_mul else x
+        out = ext.dense_linear_bf16(
+            x,
+            weight.qweight,
+            weight.scales,
+            weight.mins,
+            weight.super_scales,
+            bits,
+            weight.group_size,
+            weight.zero_point,
+            weight.interleaved,
+        )
+        out = out if bias is None else out + bias.to(torch.float32)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
     if ext is not None:
         out = ext.quant_linear(
             x,

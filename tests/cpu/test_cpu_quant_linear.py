@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from localchat.kernels.packed_weight import PackedWeight, pack_u4, pack_u6, quantize_weight
-from localchat.kernels.quant_linear import fuse, quant_linear, quant_linear_reference
+from localchat.kernels.quant_linear import (
+    fuse,
+    interleave_for_kernel,
+    quant_linear,
+    quant_linear_reference,
+)
 
 
 def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) -> torch.Tensor:
@@ -199,10 +204,38 @@ def test_every_row_is_computed_the_same_whatever_the_batch(ext):
         assert torch.equal(run(ext, x[40:41], w, precise=True), every[40:41]), name
 
 
+def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch):
+    """From BF16_GEMM_MIN_ROWS rows on, bands of restored bfloat16 weight rows feed oneDNN GEMMs:
+    every layout, either row order, the fused SiLU input and a bias, within bfloat16's rounding."""
+    from localchat.kernels import quant_linear as module
+
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", 32)
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
+    for name, w in weights(40, 256).items():
+        for weight in (w, interleave_for_kernel(w)):
+            gate_up = torch.randn(35, 512)
+            bias = torch.randn(40)
+            expected = quant_linear_reference(
+                torch.nn.functional.silu(gate_up[:, :256]) * gate_up[:, 256:], weight, bias
+            )
+            got = quant_linear(gate_up, weight, bias, silu_and_mul=True)
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(got, expected, rtol=0, atol=2e-2 * scale, msg=name)
+            assert (got - expected).abs().mean() < 2e-3 * scale, name
+            small = gate_up[:2]  # the integer kernel below the threshold
+            torch.testing.assert_close(
+                quant_linear(small, weight, bias, silu_and_mul=True),
+                expected[:2],
+                rtol=0,
+                atol=1e-3 * scale,
+            )
+
+
 def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
     """LOCALCHAT_DENSE_MIN_ROWS: from that many rows, the weight is dequantized for a float GEMM."""
     from localchat.kernels import quant_linear as module
 
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", None)
     monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
     for name, w in weights(40, 160).items():
         args = (w.qweight, w.scales, w.mins, w.super_scales, w.bits, w.group_size, w.zero_point)

@@ -21,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("interleave_weight", &interleave_weight, NoGil(), "a packed weight's rows into (or, back=True, out of) the interleaved layout, in place");
   m.def("dequantize", &dequantize, NoGil(), "the dense float32 weight of a packed u4/u8 weight");
   m.def("dequantize_rows", &dequantize_rows, NoGil(), "rows of a packed weight as float32 (an embedding lookup)");
+  m.def("dense_linear_bf16", &dense_linear_bf16, NoGil(), "x @ W.T through bfloat16: one oneDNN GEMM per band of restored weight rows (prefill)");
 #if LC_SIMD
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,

@@ -954,6 +954,45 @@ torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& s
   return out;
 }
 
+// Row n of a packed weight (either layout) as floats: its codes gathered into `codes` (w_row bytes), its scales and
+// mins into `row_scales`/`row_mins` (groups each), then PackedWeight.dequantize's values into out (K floats).
+struct RowRestorer {
+  const WeightArgs& w;
+  const Layout& L;
+  int64_t N, w_row, K, groups, zero_point;
+  bool interleaved;
+  std::vector<uint8_t> codes;
+  std::vector<float> row_scales, row_mins;
+
+  RowRestorer(const WeightArgs& args, const Layout& layout, int64_t zp, bool inter)
+      : w(args), L(layout), N(args.qweight.size(0)), w_row(args.qweight.size(1)), K(layout.in_features(w_row)),
+        groups(K / layout.group_size), zero_point(zp), interleaved(inter), codes(w_row), row_scales(groups),
+        row_mins(groups) {}
+
+  void restore(int64_t n, float* out) {
+    const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
+    const void* sp = w.scales.data_ptr();
+    const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
+    const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
+    const int64_t r = n % kRowsPerPass;
+    const PassView v = pass_view(wp, sp, mp, up, n - r, N, w_row, groups, interleaved);
+    for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
+      std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
+        const at::Half* pair = v.supers(r, g / kGroupBlock) + (g % kGroupBlock) / 8 * 2;
+        row_scales[g] = static_cast<float>(*v.group<uint8_t>(v.s, r, g)) * half_to_float(pair[0]);
+        row_mins[g] = -(static_cast<float>(*v.group<uint8_t>(v.m, r, g)) * half_to_float(pair[1]));
+      } else {
+        row_scales[g] = half_to_float(*v.group<at::Half>(v.s, r, g));
+        if (mp) row_mins[g] = half_to_float(*v.group<at::Half>(v.m, r, g));
+      }
+    }
+    dequantize_row(codes.data(), row_scales.data(), mp ? row_mins.data() : nullptr, zero_point, L, K, out);
+  }
+};
+
 // Rows `rows` (int64, any shape) of a packed weight as float32 [*rows.shape, K]: an embedding lookup. Only the
 // looked-up rows are read, in either layout (no copy of the weight is restored).
 torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor& scales,
@@ -963,39 +1002,51 @@ torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor&
   const Layout L = make_layout(bits, group_size);
   const WeightArgs w(qweight, scales, mins_in, supers_in, false);
   const torch::Tensor rows = rows_in.to(torch::kLong).contiguous();
-  const int64_t N = w.qweight.size(0), w_row = w.qweight.size(1), K = L.in_features(w_row), groups = K / group_size;
+  const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1));
   const int64_t R = rows.numel();
   std::vector<int64_t> shape(rows.sizes().begin(), rows.sizes().end());
   shape.push_back(K);
   torch::Tensor out = torch::empty(shape, torch::kFloat);
   const int64_t* ids = rows.data_ptr<int64_t>();
   for (int64_t i = 0; i < R; ++i) TORCH_CHECK(ids[i] >= 0 && ids[i] < N, "row ", ids[i], " out of range for ", N, " rows");
-  const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
-  const void* sp = w.scales.data_ptr();
-  const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
-  const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> codes(w_row);
-    std::vector<float> row_scales(groups), row_mins(groups);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t n = ids[i], r = n % kRowsPerPass;
-      const PassView v = pass_view(wp, sp, mp, up, n - r, N, w_row, groups, interleaved);
-      for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
-        std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
-      }
-      for (int64_t g = 0; g < groups; ++g) {
-        if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
-          const at::Half* pair = v.supers(r, g / kGroupBlock) + (g % kGroupBlock) / 8 * 2;
-          row_scales[g] = static_cast<float>(*v.group<uint8_t>(v.s, r, g)) * half_to_float(pair[0]);
-          row_mins[g] = -(static_cast<float>(*v.group<uint8_t>(v.m, r, g)) * half_to_float(pair[1]));
-        } else {
-          row_scales[g] = half_to_float(*v.group<at::Half>(v.s, r, g));
-          if (mp) row_mins[g] = half_to_float(*v.group<at::Half>(v.m, r, g));
-        }
-      }
-      dequantize_row(codes.data(), row_scales.data(), mp ? row_mins.data() : nullptr, zero_point, L, K, op + i * K);
-    }
+    RowRestorer restorer(w, L, zero_point, interleaved);
+    for (int64_t i = begin; i < end; ++i) restorer.restore(ids[i], op + i * K);
   });
   return out;
+}
+
+// x [M, K] @ W.T as one bfloat16 GEMM (oneDNN) per band of weight rows, each band restored into a bfloat16 buffer
+// that stays in the caches: for prefill chunks and large batches, where the GEMM beats per-row integer dots.
+// The activations, the weights (dequantized exactly, then rounded) and the result pass through bfloat16.
+torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& qweight, const torch::Tensor& scales,
+                                const c10::optional<torch::Tensor>& mins_in,
+                                const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
+                                int64_t zero_point, bool interleaved) {
+  const Layout L = make_layout(bits, group_size);
+  const WeightArgs w(qweight, scales, mins_in, supers_in, false);
+  const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1));
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K, "x must be [M, ", K, "]");
+  const torch::Tensor x = x_in.to(torch::kBFloat16).contiguous();
+  // about 2 MiB of bfloat16 weights a band (an L2), a multiple of a pass's rows
+  const int64_t band = std::max<int64_t>(kRowsPerPass, ((int64_t{1} << 20) / K) / kRowsPerPass * kRowsPerPass);
+  torch::Tensor buffer = torch::empty({std::min(band, N), K}, torch::kBFloat16);
+  torch::Tensor out_t = torch::empty({N, x.size(0)}, torch::kBFloat16);
+  auto* bp = buffer.data_ptr<at::BFloat16>();
+  for (int64_t n0 = 0; n0 < N; n0 += band) {
+    const int64_t rows = std::min(band, N - n0);
+    at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
+      RowRestorer restorer(w, L, zero_point, interleaved);
+      std::vector<float> row(K);
+      for (int64_t i = begin; i < end; ++i) {
+        restorer.restore(n0 + i, row.data());
+        at::BFloat16* o = bp + i * K;
+        for (int64_t k = 0; k < K; ++k) o[k] = static_cast<at::BFloat16>(row[k]);
+      }
+    });
+    torch::Tensor band_out = out_t.narrow(0, n0, rows);
+    at::mm_out(band_out, buffer.narrow(0, 0, rows), x.t());
+  }
+  return out_t.t().to(torch::kFloat);
 }
