@@ -654,6 +654,18 @@ inline int u6_code(const uint8_t* row, int64_t K, int64_t n) {
   return nibble | (((row[K / 2 + chunk * 32 + position % 32] >> pair) & 3) << 4);
 }
 
+// The 128 codes of chunk c of a u6 row of K weights: u6_code for n = 128 c .. 128 c + 127, without its
+// per-code index arithmetic (each low-nibble byte holds codes i and i + 8 of a 16-code run).
+inline void u6_chunk_codes(const uint8_t* row, int64_t K, int64_t c, uint8_t* codes) {
+  const uint8_t* low = row + c * 64;
+  const uint8_t* high = row + K / 2 + c * 32;
+  for (int p = 0; p < 64; ++p) {
+    const int shift = (p >> 5) * 2, at = (p >> 3) * 16 + (p & 7);
+    codes[at] = static_cast<uint8_t>((low[p] & 0x0F) | (((high[p & 31] >> shift) & 3) << 4));
+    codes[at + 8] = static_cast<uint8_t>((low[p] >> 4) | (((high[p & 31] >> (4 + shift)) & 3) << 4));
+  }
+}
+
 // Portable path: the same arithmetic, one group at a time (w: the row of K weights).
 int32_t group_dot_scalar(const uint8_t* w, int64_t K, const int8_t* q, int64_t g, const Layout& L) {
   int32_t dot = 0;
@@ -912,11 +924,15 @@ void dequantize_row(const uint8_t* row, const float* scales, const float* mins, 
   auto value = [&](int code, float scale, float min) {
     return mins ? static_cast<float>(code) * scale + min : (static_cast<float>(code) - zp) * scale;
   };
+  uint8_t chunk[128];  // a u6 row's codes, one 128-weight chunk at a time
   for (int64_t g = 0; g < groups; ++g) {
     const float scale = scales[g], min = mins ? mins[g] : 0.f;
     float* o = out + g * L.group_size;
     if (L.u6) {
-      for (int i = 0; i < L.group_size; ++i) o[i] = value(u6_code(row, K, g * L.group_size + i), scale, min);
+      const int64_t first = g * L.group_size;
+      if (first % 128 == 0) u6_chunk_codes(row, K, first / 128, chunk);
+      const uint8_t* b = chunk + first % 128;
+      for (int i = 0; i < L.group_size; ++i) o[i] = value(b[i], scale, min);
     } else if (L.nibbles) {
       const uint8_t* b = row + g * 16;
       for (int i = 0; i < 16; ++i) {
@@ -1017,6 +1033,18 @@ torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor&
   return out;
 }
 
+// n floats as bfloat16, rounded to nearest even (vcvtne2ps2bf16 where the CPU has AVX-512 BF16)
+void to_bfloat16(const float* in, int64_t n, at::BFloat16* out) {
+  int64_t k = 0;
+#if LC_VNNI && defined(__AVX512BF16__)
+  for (; k + 32 <= n; k += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(in + k + 16), _mm512_loadu_ps(in + k));
+    _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
+  }
+#endif
+  for (; k < n; ++k) out[k] = static_cast<at::BFloat16>(in[k]);
+}
+
 // x [M, K] @ W.T as one bfloat16 GEMM (oneDNN) per band of weight rows, each band restored into a bfloat16 buffer
 // that stays in the caches: for prefill chunks and large batches, where the GEMM beats per-row integer dots.
 // The activations, the weights (dequantized exactly, then rounded) and the result pass through bfloat16.
@@ -1041,8 +1069,7 @@ torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& 
       std::vector<float> row(K);
       for (int64_t i = begin; i < end; ++i) {
         restorer.restore(n0 + i, row.data());
-        at::BFloat16* o = bp + i * K;
-        for (int64_t k = 0; k < K; ++k) o[k] = static_cast<at::BFloat16>(row[k]);
+        to_bfloat16(row.data(), K, bp + i * K);
       }
     });
     torch::Tensor band_out = out_t.narrow(0, n0, rows);
