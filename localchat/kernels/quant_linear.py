@@ -44,10 +44,23 @@ BF16_GEMM_MIN_ROWS = _rows_setting(
 )
 BF16_GEMM_MIN_FEATURES = 2048
 DENSE_MIN_ROWS = _rows_setting("LOCALCHAT_DENSE_MIN_ROWS", None)
-# Activations enter the CPU kernel as two int8 codes each (~16 bits), so its logits follow the
-# float32 path's; one int8 code (llama.cpp's choice) flips the top token at a few percent of
-# positions.
-PRECISE_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "") in ("", "0")
+# Activations enter the CPU kernel as int8 codes per group of 32 values. A projection with fewer
+# than INT8_ACTIVATION_MIN_FEATURES inputs (a small model's: the default one's) takes two codes per
+# activation (~16 bits), so its logits follow the float32 path's: with one code, the default model's
+# top token differs from the float32 path's at 4.3% of positions, though its perplexity equals
+# llama.cpp's (docs/benchmarks.md, twelfth session). Larger projections (a 1B model's and up) take
+# one code, llama.cpp's own precision (its activations are int8 per 256 values): the second code
+# costs about 15% of an 8B model's decode on AVX2. LOCALCHAT_INT8_ACTIVATIONS=1 takes one code
+# everywhere, =0 two everywhere.
+INT8_ACTIVATION_MIN_FEATURES = 2048
+_INT8_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "")
+
+
+def precise_activations(in_features: int) -> bool:
+    """Whether a projection with `in_features` inputs takes two int8 codes per activation."""
+    if _INT8_ACTIVATIONS:
+        return _INT8_ACTIVATIONS == "0"
+    return in_features < INT8_ACTIVATION_MIN_FEATURES
 
 
 def quant_linear_reference(
@@ -109,7 +122,7 @@ def _one(
             bits,
             weight.group_size,
             weight.zero_point,
-            PRECISE_ACTIVATIONS,
+            precise_activations(weight.shape[1]),
             silu_and_mul,
             True,
             weight.interleaved,

@@ -231,6 +231,27 @@ def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch):
             )
 
 
+def test_large_projections_take_one_activation_code_small_ones_two(ext, monkeypatch):
+    """From INT8_ACTIVATION_MIN_FEATURES inputs on, a projection's activations take one int8 code
+    each (llama.cpp's precision), below it two; LOCALCHAT_INT8_ACTIVATIONS=0/1 sets either
+    everywhere."""
+    from localchat.kernels import quant_linear as module
+
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", None)
+    large = module.INT8_ACTIVATION_MIN_FEATURES
+    for cols in (large // 2, large):
+        for name, w in weights(16, cols).items():
+            x = torch.randn(3, cols)
+            got = quant_linear(x, w)
+            precise = cols < large
+            assert torch.equal(got, run(ext, x, w, precise=precise)), name
+            assert not torch.equal(got, run(ext, x, w, precise=not precise)), name
+    for setting, expected in (("0", True), ("1", False)):
+        monkeypatch.setattr(module, "_INT8_ACTIVATIONS", setting)
+        assert module.precise_activations(16) is expected
+        assert module.precise_activations(large) is expected
+
+
 def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
     """LOCALCHAT_DENSE_MIN_ROWS: from that many rows, the weight is dequantized for a float GEMM."""
     from localchat.kernels import quant_linear as module

@@ -15,6 +15,8 @@ pytestmark = pytest.mark.slow
 
 SHAPES = {
     "llama-q4_k_m": ModelShape("tiny-llama", "llama", 256, 8, 4, 2, 512),
+    # a down projection of 2048 inputs: one activation code there, two in the rest of the layer
+    "llama-wide-mlp": ModelShape("tiny-wide-mlp", "llama", 256, 2, 4, 2, 2048),
     "qwen3-q4_k_m": ModelShape(
         "tiny-qwen3", "qwen3", 256, 4, 4, 2, 512, head_dim=64, explicit_head_dim=True
     ),

@@ -16,7 +16,7 @@ from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.packed_weight import PackedWeight
-from localchat.kernels.quant_linear import PRECISE_ACTIVATIONS
+from localchat.kernels.quant_linear import precise_activations
 
 
 def _parts(weight: PackedWeight | tuple[PackedWeight, ...]) -> list[PackedWeight]:
@@ -98,7 +98,7 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
                 attn.num_heads,
                 attn.num_kv_heads,
                 attn.head_dim,
-                PRECISE_ACTIVATIONS,
+                [precise_activations(projection[0].shape[1]) for projection in projections],
             )
         )
     return CpuDecodeStack(model, ext.DecodeStack(layers, model.norm.weight, model.norm.eps))

@@ -32,14 +32,16 @@ struct PackedRef {
   bool symmetric = true;
   bool interleaved = false;
   bool k_scales = false;  // scales/mins are K-quant sub-scales (bytes) with supers (d, dmin)
+  bool precise = true;    // two int8 codes per activation (quant_linear.h), else one
   GemvFn gemv = nullptr;
   ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
 
   // m, u: undefined or empty when absent
   PackedRef(torch::Tensor q, torch::Tensor s, torch::Tensor m, torch::Tensor u, int64_t bits, int64_t group_size,
-            int64_t zp, bool interleaved_rows, bool precise)
+            int64_t zp, bool interleaved_rows, bool precise_codes)
       : qweight(std::move(q)), scales(std::move(s)), L(make_layout(bits, group_size)) {
     interleaved = interleaved_rows;
+    precise = precise_codes;
     symmetric = !(m.defined() && m.numel() > 0);
     k_scales = u.defined() && u.numel() > 0;
     if (!symmetric) mins = m;
@@ -66,7 +68,7 @@ struct PackedRef {
     if (static_cast<int>(act.rows.size()) < threads) act = ActivationBuffers(threads, K, L);
   }
 
-  void quantize(int thread, const float* x, bool precise) {
+  void quantize(int thread, const float* x) {
     quantize_chunks(x, K, L, 0, chunks, precise, zero_point, act.rows[thread]);
   }
 
@@ -116,8 +118,8 @@ struct Projection {
     for (auto& part : parts) part->reserve(threads);
   }
 
-  void quantize(int thread, const float* x, bool precise) {
-    for (auto& part : parts) part->quantize(thread, x, precise);
+  void quantize(int thread, const float* x) {
+    for (auto& part : parts) part->quantize(thread, x);
   }
 
   // This thread's share of the passes over all parts (each part's rows land after the previous part's).
@@ -164,14 +166,15 @@ class DecodeLayer {
  public:
   // parts: the (qweight, scales, mins, supers) of every PackedWeight (empty tensors where absent), projection
   // by projection (qkv, o, gate_up, down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
-  // zero_point, interleaved) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None.
+  // zero_point, interleaved) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None. precise: per
+  // projection, whether its activations take two int8 codes each (else one).
   DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
               std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,
               std::vector<int64_t> formats, c10::optional<torch::Tensor> qkv_bias,
               c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, int64_t num_heads,
-              int64_t num_kv_heads, int64_t head_dim, bool precise)
+              int64_t num_kv_heads, int64_t head_dim, std::vector<bool> precise)
       : input_norm_(input_norm.contiguous()), post_norm_(post_norm.contiguous()), eps_(static_cast<float>(eps)),
-        precise_(precise), heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim),
+        precise_(std::move(precise)), heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim),
         qkv_(make(parts, formats, part_counts, 0)), o_(make(parts, formats, part_counts, 1)),
         gate_up_(make(parts, formats, part_counts, 2)), down_(make(parts, formats, part_counts, 3)) {
     if (qkv_bias.has_value() && qkv_bias->defined()) qkv_bias_ = qkv_bias->to(torch::kFloat).contiguous();
@@ -233,25 +236,25 @@ class DecodeLayer {
     float* normed = s.normed.data();
     if (incoming) add_into(res, incoming, hidden_);
     rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed);
-    qkv_.quantize(tid, normed, precise_);
+    qkv_.quantize(tid, normed);
     qkv_.multiply(tid, n, qkv_out_.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr);
     phase(kQkv);
     barrier();
     attend(tid, n, s, step);
     phase(kAttention);
     barrier();
-    o_.quantize(tid, merge_attention(n, s), precise_);
+    o_.quantize(tid, merge_attention(n, s));
     o_.multiply(tid, n, o_out_.data(), nullptr);
     phase(kO);
     barrier();
     add_into(res, o_out_.data(), hidden_);
     rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed);
-    gate_up_.quantize(tid, normed, precise_);
+    gate_up_.quantize(tid, normed);
     gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
     phase(kGateUp);
     barrier();
     silu_and_mul(gate_up_out_.data(), gate_up_out_.data() + down_.K, s.product.data(), down_.K);
-    down_.quantize(tid, s.product.data(), precise_);
+    down_.quantize(tid, s.product.data());
     down_.multiply(tid, n, out, nullptr);
     phase(kDown);
     barrier();
@@ -275,11 +278,12 @@ class DecodeLayer {
   Projection make(const std::vector<std::vector<torch::Tensor>>& parts, const std::vector<int64_t>& formats,
                   const std::vector<int64_t>& counts, size_t which) const {
     TORCH_CHECK(counts.size() == 4, "part_counts has one entry per projection");
+    TORCH_CHECK(precise_.size() == 4, "precise has one entry per projection");
     TORCH_CHECK(formats.size() == kFormatFields * parts.size(), "formats has four entries per part");
     size_t first = 0;
     for (size_t i = 0; i < which; ++i) first += counts[i];
     TORCH_CHECK(counts[which] >= 1 && first + counts[which] <= parts.size(), "part_counts does not match parts");
-    return Projection(parts, formats, first, counts[which], precise_);
+    return Projection(parts, formats, first, counts[which], precise_[which]);
   }
 
   // KV head h's key of the current token, (normed,) rotated, in this thread's scratch.
@@ -345,7 +349,7 @@ class DecodeLayer {
   float* v_cache_ = nullptr;
   int64_t block_size_ = 0;
   float eps_;
-  bool precise_;
+  std::vector<bool> precise_;  // per projection (qkv, o, gate_up, down)
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
   Projection qkv_, o_, gate_up_, down_;
   std::vector<float> qkv_out_, partials_, o_out_, gate_up_out_;

@@ -26,7 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
                           std::vector<int64_t>, std::vector<int64_t>, c10::optional<torch::Tensor>,
-                          c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t, bool>())
+                          c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
+                          std::vector<bool>>())
       .def("bind_cache", &DecodeLayer::bind_cache);
   pybind11::class_<DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
