@@ -58,7 +58,9 @@ class BlockManager:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def _salt(self, seq: Sequence):
-        return None if self.enable_prefix_caching else seq.request.request_id
+        # without prefix caching only a request's own samples share blocks: the salt is its first
+        # sequence's id, never reused (a request id can be: a client's or a benchmark's)
+        return None if self.enable_prefix_caching else seq.request.seqs[0].seq_id
 
     def _key(self, seq: Sequence, index: int) -> tuple:
         parent = seq.block_hashes[index - 1] if index else None

@@ -104,6 +104,10 @@ def test_without_prefix_caching_only_samples_of_one_request_share():
     assert admit(bm, a1) == 8
     (b,) = make_seq(range(9), "b")
     assert admit(bm, b) == 0
+    bm.free(a0)
+    bm.free(a1)
+    (again,) = make_seq(range(9), "a")  # a finished request's id, reused
+    assert admit(bm, again) == 0
 
 
 def test_prefix_query_counters_count_prompt_tokens_and_hits_once_per_sequence():
