@@ -66,8 +66,8 @@ def main() -> None:
     requests = random_requests(
         workload, allowed_token_ids(engine.model_info.vocab_size, engine.tokenizer), 0
     )
-    # warm-up, untimed: the grammar's tokenizer is built, and a whole pass first touches the KV
-    # pool and the kernels' buffers (a first pass ran at half the speed of the next ones)
+    # warm-up, untimed: one whole constrained pass, so the grammar's tokenizer is built and the
+    # first timed pass is not the engine's first
     run(engine, requests, constrained=True)
     figures: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     for _ in range(args.rounds):
