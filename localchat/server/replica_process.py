@@ -164,17 +164,19 @@ def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
             if not _handle(engine, commands.recv(), events, embeddings):
                 return
         outputs = engine.step() if engine.has_unfinished() else []
-        if embeddings:
-            for embed_id, vectors in embeddings.collect(engine.take_embedded()):
-                events.send(("embedded", embed_id, vectors))
+        embedded = embeddings.collect(engine.take_embedded()) if embeddings else []
         now = time.monotonic()
-        # a step's deltas, or at least one message a second whatever happens (the heartbeat)
-        if outputs or now - last_sent >= HEARTBEAT_SECONDS:
+        # a step's deltas, the stats that count finished embeddings, or at least one message a
+        # second whatever happens (the heartbeat)
+        if outputs or embedded or now - last_sent >= HEARTBEAT_SECONDS:
             evicted: list[int] = []
             if now - last_report >= HEARTBEAT_SECONDS:
                 evicted, last_report = tracker.evicted(), now
             events.send(("step", outputs, engine.stats(), evicted))
             last_sent = now
+        # after the stats: a /metrics scrape once the answer is out already counts its prompts
+        for embed_id, vectors in embedded:
+            events.send(("embedded", embed_id, vectors))
 
 
 def _handle(

@@ -213,6 +213,18 @@ def test_embeddings_run_in_a_replicas_scheduler_beside_the_streams(server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
 
 
+def test_embeddings_count_on_metrics_as_soon_as_they_are_answered(server):
+    """A replica's stats reach the server before its vectors do: a scrape right after the answer
+    already counts the prompts (they used to wait for the next one-second heartbeat)."""
+    url = f"{server.base_url}/v1/embeddings"
+    for words in (3, 40):
+        before = _metrics(server)["localchat_prompt_tokens_total"][()]
+        reply = httpx.post(url, json={"input": " ".join(["word"] * words)}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        after = _metrics(server)["localchat_prompt_tokens_total"][()]
+        assert after - before == reply.json()["usage"]["prompt_tokens"]
+
+
 def _replica_pids(server: ServeProcess) -> dict[str, int]:
     found = re.findall(r"data-parallel replica (\d+) \(pid (\d+)\) ready", server.log())
     return {index: int(pid) for index, pid in found}
