@@ -8,11 +8,12 @@ sender thread writes commands (so a full pipe never blocks the event loop) and a
 hands each message to the event loop.
 
 Failure: a replica that exits (its pipe closes) or sends nothing for DP_TIMEOUT seconds (it sends a
-message at least every second, idle or busy) is declared dead and killed; a request it had not yet
-accepted is routed again to a live replica, its accepted requests end with an EngineDeadError
-naming it, /health answers 503, and the remaining replicas go on serving new requests. Every wait
-on a replica ends when the replica answers, dies, or times out. The replicas report the prefix
-blocks their engines evicted, which the router drops.
+message at least every second, idle or busy) is declared dead and killed. Its requests that have
+sent the client nothing yet (not accepted, or waiting for a first token) are routed again to a live
+replica, where they start over from their prompts; those that have streamed output end with an
+EngineDeadError naming it. /health answers 503, and the remaining replicas go on serving new
+requests. Every wait on a replica ends when the replica answers, dies, or times out. The replicas
+report the prefix blocks their engines evicted, which the router drops.
 
 /metrics keeps every single-engine series, each summed over the replicas (the KV usage weighted by
 their blocks), and adds `localchat_replica_*` series labelled `replica`.
@@ -163,13 +164,16 @@ class Replica:
 
 @dataclasses.dataclass
 class _Tracked:
-    """A request in flight on a replica: its stream, and its tokens so far (for the router)."""
+    """A request in flight on a replica: its stream, and its tokens so far (for the router);
+    `streamed` once an output went to the client, `aborted` once the client gave it up."""
 
     stream: _Stream
     replica: Replica
     tokens: list[int]
     accepted: asyncio.Future | None
     params: SamplingParams
+    streamed: bool = False
+    aborted: bool = False
 
 
 class DataParallelEngine(AsyncEngine):
@@ -311,9 +315,11 @@ class DataParallelEngine(AsyncEngine):
                 tracked = self._requests.get(request_id)
                 if tracked is None or tracked.replica is not replica:
                     return  # retried elsewhere: this replica never had it
+                if error is not None:  # refused: never in the replica's engine
+                    self._forget(request_id)
+                    if tracked.accepted is None:  # an accepted request's retry: the stream ends
+                        tracked.stream.queue.put_nowait(error)
                 if tracked.accepted is not None:
-                    if error is not None:  # refused: never in the replica's engine
-                        self._forget(request_id)
                     _settle(tracked.accepted, error)
                     tracked.accepted = None
             case ("embedded", embed_id, vectors):
@@ -351,6 +357,7 @@ class DataParallelEngine(AsyncEngine):
             for out in output.outputs:
                 if out.index == 0:
                     tracked.tokens.extend(out.token_ids)
+            tracked.streamed = True
             if output.finished:
                 self._forget(output.request_id)
                 if output.outputs and output.outputs[0].finish_reason != "abort":
@@ -383,9 +390,9 @@ class DataParallelEngine(AsyncEngine):
         for request_id in [r for r, t in self._requests.items() if t.replica is replica]:
             tracked = self._forget(request_id)
             assert tracked is not None
+            if report and not self._stopping and self._resend(request_id, tracked):
+                continue  # the client has seen nothing of it: another replica runs it
             if tracked.accepted is not None:
-                if report and not self._stopping and self._resend(request_id, tracked):
-                    continue  # it never reached that replica's engine: another one runs it
                 _settle(tracked.accepted, error)
             tracked.stream.queue.put_nowait(error)
         for embed_id in [e for e, (_, r) in self._embeds.items() if r is replica]:
@@ -477,14 +484,19 @@ class DataParallelEngine(AsyncEngine):
         return True
 
     def _resend(self, request_id: str, tracked: _Tracked) -> bool:
-        """Its replica failed before accepting the request: send it to another live one."""
+        """Its replica failed before the request sent the client anything: send it, from its
+        prompt (`tokens` has grown only with streamed output), to another live replica."""
+        if tracked.streamed or tracked.aborted:
+            return False
         failed = tracked.replica.index
+        before = "accepting it" if tracked.accepted is not None else "its first token"
         if not self._send(request_id, tracked):
             return False
         logger.warning(
-            "request %s: data-parallel replica %d failed before accepting it; retried on %d",
+            "request %s: data-parallel replica %d failed before %s; retried on %d",
             request_id,
             failed,
+            before,
             tracked.replica.index,
         )
         return True
@@ -492,6 +504,7 @@ class DataParallelEngine(AsyncEngine):
     def abort(self, request_id: str) -> None:
         tracked = self._requests.get(request_id)
         if tracked is not None:
+            tracked.aborted = True
             tracked.replica.send(("abort", request_id))
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]:
