@@ -103,10 +103,13 @@ def plan_tools(
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as chat templates expect them: an assistant's tool-call arguments as objects (the
-    API carries them as JSON text), as transformers' and vLLM's templates read them."""
+    API carries them as JSON text), as transformers' and vLLM's templates read them; a message
+    without content (an assistant's tool calls, `content: null`) has "" as vLLM gives it, for
+    templates that add `message['content']` to a string (SmolLM2's)."""
     result = []
     for message in messages:
         data = message.to_dict()
+        data.setdefault("content", "")
         for call in data.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):

@@ -228,3 +228,21 @@ def test_pydantic_tool_with_a_nested_model(openai_client):
     )
     call = reply.choices[0].message.tool_calls[0]
     assert isinstance(call.function.parsed_arguments, Trip)
+
+
+def test_a_tool_result_round_trips_on_the_default_model(openai_client):
+    """The assistant's call message sent back as the openai client returns it (`content: None`)
+    renders with the default model's template, which adds `message['content']` to a string."""
+    reply = openai_client.chat.completions.create(**_ask(**NAMED))
+    message = reply.choices[0].message
+    assert message.content is None and message.tool_calls
+    call = message.tool_calls[0]
+    messages = [
+        *ASK,
+        message.model_dump(exclude_none=False),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"zone": "CET"}'},
+    ]
+    answer = openai_client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].message.content
