@@ -86,3 +86,45 @@ def test_token_ids_beyond_the_vocabulary_are_named(llm):
     with pytest.raises(InvalidParameterError) as error:
         llm.generate(["x"], SamplingParams(logit_bias={10**8: 1.0}))
     assert error.value.param == "logit_bias"
+
+
+def test_a_request_waits_for_its_grammar_while_the_batch_runs(llm, monkeypatch):
+    """A grammar compiles off the engine thread: while it compiles, its request waits in the
+    scheduler (no token computed) and the other requests keep decoding; then it runs under it."""
+    import threading
+
+    engine = llm.engine
+    compiler = engine.grammar_compiler
+    release = threading.Event()
+    build = compiler._build
+
+    def slow_build(grammar):
+        assert release.wait(60)
+        return build(grammar)
+
+    monkeypatch.setattr(compiler, "_build", slow_build)
+    schema = llguidance.LLMatcher.grammar_from_json_schema(PERSON)
+    engine.add_request(
+        "slow",
+        chat(llm, "Describe a person."),
+        SamplingParams(temperature=0, max_tokens=60, grammar=schema),
+    )
+    engine.add_request(
+        "free", chat(llm, "Hi"), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    )
+    texts: dict[str, str] = {"slow": "", "free": ""}
+    finished: set[str] = set()
+    while "free" not in finished:
+        for output in engine.step():
+            texts[output.request_id] += output.outputs[0].text if output.outputs else ""
+            if output.finished:
+                finished.add(output.request_id)
+    slow = engine.requests["slow"].seqs[0]
+    assert slow.num_computed_tokens == 0 and texts["slow"] == ""
+    release.set()
+    while "slow" not in finished:
+        for output in engine.step():
+            texts[output.request_id] += output.outputs[0].text if output.outputs else ""
+            if output.finished:
+                finished.add(output.request_id)
+    jsonschema.validate(json.loads(texts["slow"]), PERSON)
