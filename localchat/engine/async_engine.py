@@ -26,6 +26,7 @@ from localchat.engine.memory import freeze_gc
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sequence import Request
 from localchat.engine.text_codec import TextCodec
 from localchat.errors import (
     EngineDeadError,
@@ -143,6 +144,8 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
         self._streams: dict[str, _Stream] = {}
+        # engine thread: added requests whose acceptance waits for their grammar (see _accept)
+        self._accepting: dict[str, tuple[asyncio.Future, Request]] = {}
         # engine thread: the embed() calls waiting, by their futures
         self._embeddings: EmbeddingGroups[asyncio.Future] = EmbeddingGroups()
         self._ids = itertools.count()
@@ -246,8 +249,10 @@ class AsyncEngine:
         self._commands.put(_Add(request_id, prompt, params or SamplingParams(), accepted))
         try:
             prompt_token_ids = await accepted
-        except BaseException:
+        except BaseException as exc:
             self._streams.pop(request_id, None)
+            if isinstance(exc, asyncio.CancelledError):  # it may be in the engine already
+                self.abort(request_id)
             raise
         return RequestStream(self, request_id, stream, prompt_token_ids)
 
@@ -314,6 +319,8 @@ class AsyncEngine:
                 outputs = engine.step() if engine.has_unfinished() else []
                 # before delivering, so consumers see the step's state
                 self._stats = engine.stats()
+                if self._accepting:  # before delivering: a rejected request's abort is dropped
+                    self._accept(engine)
                 self._deliver(outputs)
                 if self._embeddings:
                     for done, vectors in self._embeddings.collect(engine.take_embedded()):
@@ -351,16 +358,32 @@ class AsyncEngine:
                     self._add_embeddings(engine, command)
                 case _Abort(request_id):
                     self._embeddings.discard(request_id)
+                    self._accepting.pop(request_id, None)
                     output = engine.abort(request_id)
                     if output is not None:
                         self._stats = engine.stats()
                         self._deliver([output])
 
     def _add(self, engine: LLMEngine, command: _Add) -> None:
-        stream = self._streams.get(command.request_id)
-        result = add_or_error(engine, command.request_id, command.prompt, command.params)
-        if stream is not None:
-            stream.loop.call_soon_threadsafe(_settle, command.accepted, result)
+        added = add_or_error(engine, command.request_id, command.prompt, command.params)
+        if isinstance(added, Request) and has_grammar(added):
+            self._accepting[command.request_id] = (command.accepted, added)
+            return
+        _settle_from_thread(
+            command.accepted, added.prompt_token_ids if isinstance(added, Request) else added
+        )
+
+    def _accept(self, engine: LLMEngine) -> None:
+        """Settle the acceptance of the requests whose grammar has compiled since the last step:
+        their prompt ids, or the compile's error (that request is gone, its stream with it)."""
+        for request_id, (accepted, request) in list(self._accepting.items()):
+            outcome = compiled(engine, request)
+            if outcome is None:
+                continue
+            del self._accepting[request_id]
+            if isinstance(outcome, LocalchatError):
+                self._streams.pop(request_id, None)
+            _settle_from_thread(accepted, outcome)
 
     def _add_embeddings(self, engine: LLMEngine, command: _Embed) -> None:
         error = self._embeddings.add(
@@ -375,8 +398,8 @@ class AsyncEngine:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            if output.finished:
-                del self._streams[output.request_id]
+            if output.finished:  # pop: add_request may have dropped it meanwhile (cancelled)
+                self._streams.pop(output.request_id, None)
             by_loop.setdefault(stream.loop, []).append((stream.queue, output))
         for loop, items in by_loop.items():
             # a RuntimeError: that event loop is closed, nobody is listening
@@ -398,6 +421,9 @@ class AsyncEngine:
                 _settle_from_thread(command.done, error)
         for done in self._embeddings.drain():
             _settle_from_thread(done, error)
+        accepting, self._accepting = self._accepting, {}
+        for accepted, _ in accepting.values():
+            _settle_from_thread(accepted, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream in streams.values():
@@ -409,14 +435,43 @@ class AsyncEngine:
 
 def add_or_error(
     engine: LLMEngine, request_id: str, prompt: str | list[int], params: SamplingParams
-) -> list[int] | LocalchatError:
-    """engine.add_request's prompt token ids, or the error to hand its caller."""
+) -> Request | LocalchatError:
+    """engine.add_request's request, or the error to hand its caller. A request that
+    `has_grammar` is accepted only once `compiled` says so."""
     try:
-        return engine.add_request(request_id, prompt, params).prompt_token_ids
+        return engine.add_request(request_id, prompt, params)
     except LocalchatError as exc:
         return exc
     except Exception as exc:  # a bad prompt must not take the engine down
         return InvalidParameterError(f"invalid request: {exc}")
+
+
+def has_grammar(request: Request) -> bool:
+    """Whether the request's acceptance waits for its grammar to compile (off the engine thread):
+    a grammar that passed the server's tokenizer-free check can still fail for this tokenizer (a
+    token id beyond the vocabulary, an unknown special token), and that is the request's error
+    (a 400), not an abort once the response has begun."""
+    constraints = request.constraints
+    return constraints is not None and constraints.grammar is not None
+
+
+def compiled(engine: LLMEngine, request: Request) -> list[int] | LocalchatError | None:
+    """The acceptance of a request that `has_grammar`: None while the grammar compiles, then the
+    prompt ids, or the compile's error (the request is aborted: drop its abort output). Call it
+    after a step, before handing out its outputs: a step aborts a request whose compile failed
+    only if the compile had failed before the step, so that output is in the step's outputs."""
+    future = request.constraints.grammar if request.constraints else None
+    if future is None:
+        return request.prompt_token_ids
+    if not future.done():
+        return None
+    error = EngineDeadError("the engine shut down") if future.cancelled() else future.exception()
+    if error is None:
+        return request.prompt_token_ids
+    engine.abort(request.request_id)
+    if isinstance(error, LocalchatError):
+        return error
+    return InvalidParameterError(f"invalid grammar: {error}", param="grammar")
 
 
 def _settle_from_thread(future: asyncio.Future, result) -> None:

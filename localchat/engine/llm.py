@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceABC
+from concurrent.futures import Future
 from typing import cast
 
 from localchat.config import EngineConfig
@@ -40,11 +41,18 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
         request_ids = []
+        grammars: list[Future | None] = []
         try:
             for prompt, params in zip(prompt_list, params_list, strict=True):
                 request_id = f"offline-{next(self._ids)}"
-                self.engine.add_request(request_id, prompt, params)
+                request = self.engine.add_request(request_id, prompt, params)
                 request_ids.append(request_id)
+                grammars.append(request.constraints.grammar if request.constraints else None)
+            # a grammar that fails to compile for this tokenizer raises its error here (the engine
+            # would abort its request); the compiles run in parallel meanwhile
+            for future in grammars:
+                if future is not None:
+                    future.result()
             return self._run(request_ids)
         except BaseException:
             for request_id in request_ids:

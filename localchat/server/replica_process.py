@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import add_or_error
+from localchat.engine.async_engine import add_or_error, compiled, has_grammar
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.embedding_groups import EmbeddingGroups
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
+from localchat.engine.outputs import RequestOutput
+from localchat.engine.sequence import Request
 from localchat.engine.text_codec import TextCodec
 from localchat.errors import EngineDeadError, LocalchatError
 from localchat.server.replica_router import chain_hash
@@ -155,15 +157,18 @@ def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
     last_sent = last_report = time.monotonic()
     tracker = EvictionTracker(engine.block_manager)
     embeddings: EmbeddingGroups[int] = EmbeddingGroups()  # embed calls waiting, by their ids
+    accepting: dict[str, Request] = {}  # added, accepted once their grammar compiles
     while True:
         if not engine.has_unfinished() and not commands.poll(HEARTBEAT_SECONDS):
             check = getattr(engine.runner, "check_health", None)  # tensor-parallel ranks
             if check is not None:
                 check()
         while commands.poll():
-            if not _handle(engine, commands.recv(), events, embeddings):
+            if not _handle(engine, commands.recv(), events, embeddings, accepting):
                 return
         outputs = engine.step() if engine.has_unfinished() else []
+        if accepting:
+            outputs = _accept(engine, accepting, outputs, events)
         embedded = embeddings.collect(engine.take_embedded()) if embeddings else []
         now = time.monotonic()
         # a step's deltas, the stats that count finished embeddings, or at least one message a
@@ -179,16 +184,44 @@ def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
             events.send(("embedded", embed_id, vectors))
 
 
+def _accept(
+    engine: LLMEngine,
+    accepting: dict[str, Request],
+    outputs: list[RequestOutput],
+    events: Connection,
+) -> list[RequestOutput]:
+    """Send `accepted` for the requests whose grammar has compiled (before the step's outputs);
+    returns the outputs less the aborts of the requests whose grammar failed."""
+    rejected = set()
+    for request_id, request in list(accepting.items()):
+        outcome = compiled(engine, request)
+        if outcome is None:
+            continue
+        del accepting[request_id]
+        error = outcome if isinstance(outcome, LocalchatError) else None
+        if error is not None:
+            rejected.add(request_id)
+        events.send(("accepted", request_id, error))
+    return [o for o in outputs if o.request_id not in rejected] if rejected else outputs
+
+
 def _handle(
-    engine: LLMEngine, message: tuple, events: Connection, embeddings: EmbeddingGroups[int]
+    engine: LLMEngine,
+    message: tuple,
+    events: Connection,
+    embeddings: EmbeddingGroups[int],
+    accepting: dict[str, Request],
 ) -> bool:
     """Run one command; False once asked to stop."""
     match message:
         case ("add", request_id, prompt, params):
             added = add_or_error(engine, request_id, prompt, params)
-            # the server has the prompt's token ids: only an error goes back
-            events.send(("accepted", request_id, added if isinstance(added, Exception) else None))
+            if isinstance(added, Request) and has_grammar(added):
+                accepting[request_id] = added  # `accepted` once its grammar compiles
+            else:  # the server has the prompt's token ids: only an error goes back
+                events.send(("accepted", request_id, None if isinstance(added, Request) else added))
         case ("abort", request_id):
+            accepting.pop(request_id, None)
             output = engine.abort(request_id)
             if output is not None:
                 events.send(("step", [output], engine.stats(), []))

@@ -130,11 +130,15 @@ async def create_chat_completion(
     reasoning = server.reasoning if role == "assistant" else None
     tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""
     defaults = server.engine.model_info.generation_defaults  # generation_config.json
-    grammar = await checked_grammar(data, tool_grammar, reply_thinking(reasoning, tail))
+    grammar, grammar_param = await checked_grammar(
+        data, tool_grammar, reply_thinking(reasoning, tail)
+    ) or (None, None)
     params = chat_sampling_params(defaults.fill_request(data), grammar)
     if plan.parse and not server.tools.skip_special_tokens:
         params.skip_special_tokens = False  # the call marker is a special token
-    generation = await start_generation(request, server, "chatcmpl", params, [prompt])
+    generation = await start_generation(
+        request, server, "chatcmpl", params, [prompt], grammar_param
+    )
     dialect = ChatDialect(
         server.token_str,
         data.logprobs,

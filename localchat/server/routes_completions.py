@@ -97,9 +97,10 @@ async def create_completion(
 ) -> Response:
     server = server_for(request, data.model)
     defaults = server.engine.model_info.generation_defaults  # generation_config.json
-    params = completion_sampling_params(defaults.fill_request(data), await checked_grammar(data))
+    grammar, grammar_param = await checked_grammar(data) or (None, None)
+    params = completion_sampling_params(defaults.fill_request(data), grammar)
     prompts = parse_prompts(data.prompt)
-    generation = await start_generation(request, server, "cmpl", params, prompts)
+    generation = await start_generation(request, server, "cmpl", params, prompts, grammar_param)
     echoes = []
     if data.echo:
         echoes = [

@@ -19,6 +19,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.errors import InvalidParameterError
 from localchat.server.errors import error_from_exception
 from localchat.server.generation import Generation, until_disconnect
 from localchat.sse import DONE_EVENT
@@ -107,11 +108,22 @@ async def start_generation(
     id_prefix: str,
     params: SamplingParams,
     prompts: list[str | list[int]],
+    grammar_param: str | None = None,
 ) -> Generation:
     """Queue the prompts as one Generation under a new response id (`{id_prefix}-...`), and hand it
-    to the access log line."""
+    to the access log line. `grammar_param` is the request's field that gave `params.grammar`."""
     generation = Generation(server.engine, server.metrics, server.new_id(id_prefix), params)
-    await generation.start(prompts)
+    try:
+        await generation.start(prompts)
+    except InvalidParameterError as exc:
+        # the engine's compile for the model's tokenizer (after checked_grammar's tokenizer-free
+        # check) names its error "grammar": name the client's field instead
+        if grammar_param is None or exc.param != "grammar":
+            raise
+        detail = exc.message.removeprefix("invalid grammar: ")
+        raise InvalidParameterError(
+            f"invalid {grammar_param}: {detail}", param=grammar_param
+        ) from None
     request.state.localchat_generation = generation
     return generation
 

@@ -264,10 +264,10 @@ async def checked_grammar(
     request: SamplingFields,
     tool_grammar: tuple[str, str] | None = None,
     thinking: str | None = None,
-) -> str | None:
+) -> tuple[str, str] | None:
     """The request's grammar (or `tool_grammar`, from a forced tool call), validated off the event
-    loop; None when the output is free. With `thinking` (a reasoning parser is on) the grammar
-    applies only once the thinking has ended."""
+    loop, and the field that gave it; None when the output is free. With `thinking` (a reasoning
+    parser is on) the grammar applies only once the thinking has ended."""
     found = request_grammar(request)
     if tool_grammar is not None:
         if found is not None:
@@ -282,4 +282,4 @@ async def checked_grammar(
     if thinking is not None:
         grammar = after_reasoning(grammar, thinking)
     await asyncio.to_thread(validate_grammar, grammar, param)
-    return grammar
+    return grammar, param

@@ -251,6 +251,24 @@ def _stream_until_failure(server: ServeProcess, kill) -> tuple[list[str], float]
     return events, time.monotonic() - started
 
 
+def test_a_grammar_that_fails_in_the_replicas_compile_is_a_400(server):
+    """The replica answers `accepted` once the grammar compiled: a failed compile is the request's
+    400 (stream or not)."""
+    for stream in (False, True):
+        body = {
+            "prompt": "x",
+            "max_tokens": 4,
+            "stream": stream,
+            "structured_outputs": {"grammar": "start: <[99999999]>"},
+        }
+        response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "structured_outputs"
+    body = {"prompt": "x", "max_tokens": 4, "structured_outputs": {"grammar": 'start: "ok"'}}
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    assert response.json()["choices"][0]["text"] == "ok"
+
+
 def test_a_killed_or_hung_replica_is_a_clean_error_and_unhealthy_no_hang(server):
     pids = _replica_pids(server)
     assert set(pids) == {"0", "1"}

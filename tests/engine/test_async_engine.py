@@ -11,6 +11,7 @@ from localchat import AsyncEngine, EngineConfig, SamplingParams
 from localchat.errors import (
     EmptyPromptError,
     EngineDeadError,
+    InvalidParameterError,
     PromptTooLongError,
     QueueFullError,
 )
@@ -114,6 +115,41 @@ async def test_bad_requests_raise_before_any_output(engine):
         engine, "Still serving?", SamplingParams(temperature=0, max_tokens=4)
     )
     assert text
+
+
+async def test_a_grammar_that_fails_to_compile_raises_at_add_request(engine):
+    """Acceptance waits for the grammar's compile: one llguidance rejects for this tokenizer (but
+    not without it) raises here, not an abort after the stream began; a good one runs."""
+    import llguidance
+
+    bad = llguidance.LLMatcher.grammar_from_lark("start: <[99999999]>")
+    with pytest.raises(InvalidParameterError, match="Token range") as error:
+        await engine.add_request("x", SamplingParams(max_tokens=4, grammar=bad))
+    assert error.value.param == "grammar"
+    good = llguidance.LLMatcher.grammar_from_lark('start: "ok"')
+    text, _, finish = await collect(engine, "x", SamplingParams(max_tokens=4, grammar=good))
+    assert (text, finish) == ("ok", "stop")
+    await wait_idle(engine)
+
+
+async def test_cancelling_an_add_that_waits_for_its_grammar_aborts_it(engine, monkeypatch):
+    import threading
+
+    import llguidance
+
+    compiler = engine.engine.grammar_compiler
+    release, build = threading.Event(), compiler._build
+    monkeypatch.setattr(compiler, "_build", lambda g: release.wait(60) and build(g))
+    grammar = llguidance.LLMatcher.grammar_from_lark("start: /[a-z ]+/")
+    params = SamplingParams(grammar=grammar, max_tokens=4000, ignore_eos=True)  # minutes, if run
+    add = asyncio.create_task(engine.add_request("x", params))
+    await asyncio.sleep(0.3)
+    assert not add.done() and engine.stats().num_waiting == 1
+    add.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await add
+    release.set()
+    await wait_idle(engine)  # aborted in the engine, not left to run unread
 
 
 async def test_waiting_queue_bound(default_gguf):

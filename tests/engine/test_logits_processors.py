@@ -88,6 +88,16 @@ def test_token_ids_beyond_the_vocabulary_are_named(llm):
     assert error.value.param == "logit_bias"
 
 
+def test_a_grammar_that_fails_for_the_tokenizer_raises_offline(llm):
+    """llguidance accepts it without a tokenizer but not with this one: generate raises its error
+    (was an empty "abort" output) and leaves nothing in the engine."""
+    grammar = llguidance.LLMatcher.grammar_from_lark("start: <|nonexistent|>")
+    with pytest.raises(InvalidParameterError, match="unknown special token") as error:
+        llm.generate(["x", "y"], [SamplingParams(max_tokens=4), SamplingParams(grammar=grammar)])
+    assert error.value.param == "grammar"
+    assert not llm.engine.requests
+
+
 def test_a_request_waits_for_its_grammar_while_the_batch_runs(llm, monkeypatch):
     """A grammar compiles off the engine thread: while it compiles, its request waits in the
     scheduler (no token computed) and the other requests keep decoding; then it runs under it."""

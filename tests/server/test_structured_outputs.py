@@ -118,3 +118,33 @@ def test_logit_bias_and_allowed_token_ids(http):
     body = {"prompt": "x", "max_tokens": 5, "allowed_token_ids": [banana], "ignore_eos": True}
     text = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
     assert text == " banana" * 5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    "path,field,param",
+    [
+        (
+            "/v1/chat/completions",
+            {"structured_outputs": {"grammar": "start: <[99999999]>"}},
+            "structured_outputs",
+        ),
+        ("/v1/completions", {"guided_grammar": "start: <|nonexistent|>"}, "guided_grammar"),
+    ],
+    ids=["token-range", "unknown-special-token"],
+)
+def test_a_grammar_that_fails_for_the_tokenizer_is_a_400(http, path, field, param, stream):
+    """These pass the tokenizer-free check and fail only in the engine's compile for the model's
+    tokenizer: still a 400 naming the field, before any stream begins (was a 200 "abort")."""
+    prompt = {"messages": ASK} if path == "/v1/chat/completions" else {"prompt": "A city:"}
+    body = {**prompt, "max_tokens": 8, "stream": stream, **field}
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert error["message"].startswith(f"invalid {param}: "), error
+    # the server still serves a good grammar
+    body = {**prompt, "max_tokens": 8, "structured_outputs": {"grammar": 'start: "ok"'}}
+    response = http.post(path, json=body)
+    assert response.status_code == 200, response.text
