@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from localchat.config import EngineConfig
 from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.embedding_groups import EmbeddingGroups
+from localchat.engine.guided_decoding import grammar_error
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.memory import freeze_gc
 from localchat.engine.model_info import ModelInfo
@@ -471,7 +472,7 @@ def compiled(engine: LLMEngine, request: Request) -> list[int] | LocalchatError 
     engine.abort(request.request_id)
     if isinstance(error, LocalchatError):
         return error
-    return InvalidParameterError(f"invalid grammar: {error}", param="grammar")
+    return grammar_error(error)
 
 
 def _settle_from_thread(future: asyncio.Future, result) -> None:

@@ -24,6 +24,14 @@ from localchat.errors import InvalidParameterError
 logger = logging.getLogger("localchat.engine")
 
 COMPILE_THREADS = 2
+# how a compile's error message starts; the server swaps it for the request's field
+GRAMMAR_ERROR_PREFIX = "invalid grammar: "
+
+
+def grammar_error(detail: object) -> InvalidParameterError:
+    """A grammar that does not compile for the model's tokenizer: the request's error, named
+    `grammar` (the server renames it to the field that gave the grammar)."""
+    return InvalidParameterError(f"{GRAMMAR_ERROR_PREFIX}{detail}", param="grammar")
 
 
 def validate_grammar(grammar: str, param: str) -> None:
@@ -75,7 +83,7 @@ class GrammarCompiler:
             tokenizer = self._ll_tokenizer
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidParameterError(f"invalid grammar: {matcher.get_error()}", param="grammar")
+            raise grammar_error(matcher.get_error())
         return matcher
 
     def fill_bitmask(self, matchers: list, bitmask: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
+from localchat.engine.guided_decoding import GRAMMAR_ERROR_PREFIX
 from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.errors import InvalidParameterError
 from localchat.server.errors import error_from_exception
@@ -120,7 +121,7 @@ async def start_generation(
         # check) names its error "grammar": name the client's field instead
         if grammar_param is None or exc.param != "grammar":
             raise
-        detail = exc.message.removeprefix("invalid grammar: ")
+        detail = exc.message.removeprefix(GRAMMAR_ERROR_PREFIX)
         raise InvalidParameterError(
             f"invalid {grammar_param}: {detail}", param=grammar_param
         ) from None
