@@ -29,8 +29,12 @@ async def test_enter_sends_and_the_reply_streams_in():
         await send(pilot, "hello")
         await wait_until(pilot, lambda: app.query(AssistantMessage), what="the reply view")
         assert app.chat.generating and app.chat.state is ChatState.GENERATING
+        # while the reply streams the prompt's cursor holds still: each blink is a frame drawn on
+        # the engine's cores
+        assert not app.query_one(PromptBox).cursor_blink
         backend.hold.set()
         await reply_done(pilot)
+        assert app.query_one(PromptBox).cursor_blink
         messages = app.chat.session.conversation.messages
         assert [(m.role, m.content) for m in messages] == [
             ("user", "hello"),
