@@ -22,7 +22,7 @@ from localchat.engine.memory import fix_mmap_threshold
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.model_runner import ModelRunner
 from localchat.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from localchat.engine.runtime import EngineRuntime
+from localchat.engine.runtime import EngineRuntime, prefault_kv_memory
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.sequence import Request, Sequence
@@ -70,6 +70,7 @@ class LLMEngine:
     ):
         self.config = config = config or EngineConfig.from_kwargs(**kwargs)
         fix_mmap_threshold()  # before the weights and the first steps: see memory.py
+        kv_memory = prefault_kv_memory(config)  # resident while the model loads
         self.runtime = runtime = EngineRuntime.load(config, progress)
         self.tokenizer = runtime.tokenizer
         # used by this engine's thread only
@@ -92,7 +93,7 @@ class LLMEngine:
         if progress is not None:
             progress("allocating the KV cache")
         num_blocks = runtime.num_kv_blocks(self.runner)
-        self.runner.allocate_kv_cache(num_blocks)
+        self.runner.allocate_kv_cache(num_blocks, kv_memory)
         graphs = None if config.enforce_eager else self.runner.capture_cuda_graphs()
         if graphs is not None:
             logger.info("captured CUDA graphs for decode batches up to %d", graphs.max_batch_size)

@@ -14,7 +14,7 @@ from localchat.engine.forward_context import ForwardContext, forward_context
 from localchat.engine.guided_decoding import GrammarCompiler
 from localchat.engine.layers.rotary import RotaryTables, rope_parameters
 from localchat.engine.logits_processors import apply_constraints
-from localchat.engine.memory import resident_zeros
+from localchat.engine.memory import PrefaultedMemory, resident_zeros
 from localchat.engine.models.decoder import Attention, DecoderForCausalLM
 from localchat.engine.prompt_logprobs import fill_prompt_logprobs
 from localchat.engine.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -62,16 +62,17 @@ class ModelRunner:
         elements = 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim
         return elements * torch.empty(0, dtype=self.dtype).element_size()
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, memory: PrefaultedMemory | None = None) -> None:
         """One pool [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets views of
-        it."""
+        it. On the CPU it is carved from `memory` where that is given and large enough."""
         spec = self.spec
         shape = (2, spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeroed up front on the CPU too, so every page of the pool is resident from the start: the
         # memory the server reports at ready is what it keeps, instead of growing by the pool's size
         # as blocks are first used (llama.cpp clears its cache at start-up too).
         if self.device.type == "cpu":
-            self._bind_kv_cache(resident_zeros(shape, self.dtype))
+            pool = memory.take(shape, self.dtype) if memory is not None else None
+            self._bind_kv_cache(pool if pool is not None else resident_zeros(shape, self.dtype))
         else:
             self._bind_kv_cache(torch.zeros(shape, dtype=self.dtype, device=self.device))
 

@@ -23,6 +23,7 @@ from localchat.engine.loader import (
     load_tokenizer,
     model_files,
 )
+from localchat.engine.memory import PrefaultedMemory
 from localchat.engine.model_source import resolve_model
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import spec_from_config
@@ -130,16 +131,12 @@ class EngineRuntime:
     def num_kv_blocks(self, runner) -> int:
         """Blocks that fit the KV budget; the budget must hold at least one full-length sequence."""
         per_block = runner.bytes_per_block()
-        if self.config.kv_cache_memory is not None:
-            # a size string is parsed to bytes in EngineConfig.__post_init__
-            assert isinstance(self.config.kv_cache_memory, int)
-            budget = self.config.kv_cache_memory
-        elif self.device.type == "cuda":
+        if self.device.type == "cuda" and self.config.kv_cache_memory is None:
             budget = _cuda_kv_budget(
                 runner, self.config.gpu_memory_utilization, self.max_num_batched_tokens
             )
         else:
-            budget = CPU_DEFAULT_KV_MEMORY
+            budget = kv_budget(self.config)
         num_blocks = budget // per_block
         needed = -(-self.max_model_len // self.config.block_size)
         if num_blocks < needed:
@@ -153,6 +150,24 @@ class EngineRuntime:
             )
         logger.info("KV cache: %d blocks (%s)", num_blocks, format_bytes(num_blocks * per_block))
         return int(num_blocks)
+
+
+def kv_budget(config: EngineConfig) -> int:
+    """The KV pool's bytes as configured: --kv-cache-memory, or the CPU default (on a GPU without
+    that option, the budget is what the model leaves; see num_kv_blocks)."""
+    if config.kv_cache_memory is None:
+        return CPU_DEFAULT_KV_MEMORY
+    # a size string is parsed to bytes in EngineConfig.__post_init__
+    assert isinstance(config.kv_cache_memory, int)
+    return config.kv_cache_memory
+
+
+def prefault_kv_memory(config: EngineConfig) -> PrefaultedMemory | None:
+    """Start making the KV pool's memory resident while the model loads, where its size is known
+    before the model is (one CPU process); None elsewhere."""
+    if config.tensor_parallel_size > 1 or _pick_device(config.device).type != "cpu":
+        return None
+    return PrefaultedMemory(kv_budget(config))
 
 
 def _pick_device(name: str) -> torch.device:

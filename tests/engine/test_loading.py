@@ -138,6 +138,19 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
         LLM(str(tmp_path), load_format="dummy")
 
 
+def test_a_cpu_engine_carves_its_kv_pool_from_memory_made_resident_while_it_loaded(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config("qwen3-0.6b")))
+    budget = 16 * 2**20 + 1000  # not a whole number of blocks
+    llm = LLM(str(tmp_path), load_format="dummy", max_model_len=256, kv_cache_memory=budget)
+    pool = llm.engine.runner.kv_cache
+    assert pool is not None and pool.untyped_storage().nbytes() == budget  # the whole budget
+    assert len(llm.engine.block_manager.blocks) == budget // llm.engine.runner.bytes_per_block()
+    out = llm.generate(
+        [[1, 2, 3, 4, 5]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )[0]
+    assert len(out.token_ids) == 4
+
+
 def test_kv_cache_too_small_for_one_sequence_says_so(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(tiny_config("qwen3-0.6b")))
     with pytest.raises(InvalidParameterError, match="max_model_len=2048"):

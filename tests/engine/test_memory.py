@@ -76,3 +76,22 @@ def test_freeze_gc_freezes_what_lives_and_frees_what_an_earlier_freeze_held():
         assert alive() is None  # unfrozen and collected by the next call
     finally:
         gc.unfreeze()
+
+
+def test_zero_on_this_thread_clears_what_was_there():
+    tensor = torch.full((3, 1000), 7.0)
+    assert memory.zero_on_this_thread(tensor)
+    assert not tensor.any()
+    assert memory.resident_zeros((5, 7), torch.float16, one_thread=True).count_nonzero() == 0
+
+
+def test_prefaulted_memory_is_taken_once_as_a_zeroed_tensor_of_the_shape():
+    prefault = memory.PrefaultedMemory(4096)
+    pool = prefault.take((2, 4, 100), torch.float32)  # 3,200 of its 4,096 bytes
+    assert pool is not None and pool.shape == (2, 4, 100) and pool.dtype == torch.float32
+    assert not pool.any() and pool.untyped_storage().nbytes() == 4096
+    assert prefault.take((2, 4, 100), torch.float32) is None  # given away already
+
+
+def test_prefaulted_memory_too_small_for_the_pool_gives_none():
+    assert memory.PrefaultedMemory(1000).take((2, 4, 100), torch.float32) is None

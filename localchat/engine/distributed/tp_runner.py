@@ -17,6 +17,7 @@ from localchat.engine.distributed.step_transfer import batch_payload
 from localchat.engine.distributed.torchrun import TorchrunGroup
 from localchat.engine.distributed.worker import WorkerArgs
 from localchat.engine.distributed.worker_pool import WorkerPool
+from localchat.engine.memory import PrefaultedMemory
 from localchat.engine.model_runner import ModelRunner
 from localchat.engine.runtime import EngineRuntime
 from localchat.errors import EngineDeadError
@@ -81,7 +82,7 @@ class TensorParallelRunner(ModelRunner):
         return shard * self.world_size if self.device.type == "cpu" else shard
 
     @_collective
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, memory: PrefaultedMemory | None = None) -> None:
         self.pool.send("kv", num_blocks)
         super().allocate_kv_cache(num_blocks)
 
