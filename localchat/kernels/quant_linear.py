@@ -72,8 +72,14 @@ def quant_linear_reference(
 
 
 def _one(
-    x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, silu_and_mul: bool
+    x: torch.Tensor,
+    weight: PackedWeight,
+    bias: torch.Tensor | None,
+    silu_and_mul: bool,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """One PackedWeight's product; the bf16 GEMM path writes it into `into` where that is given
+    (and returns `into`), the others return a new tensor."""
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
     bits = weight.bits
     if ext is not None and DENSE_MIN_ROWS is not None and x.shape[0] >= DENSE_MIN_ROWS:
@@ -98,6 +104,7 @@ def _one(
         and weight.shape[1] >= BF16_GEMM_MIN_FEATURES
     ):
         x = silu_and_mul_ref(x) if silu_and_mul else x
+        direct = into if bias is None and x.dtype == torch.float32 else None
         out = ext.dense_linear_bf16(
             x,
             weight.qweight,
@@ -108,7 +115,10 @@ def _one(
             weight.group_size,
             weight.zero_point,
             weight.interleaved,
+            direct,
         )
+        if direct is not None:
+            return direct
         out = out if bias is None else out + bias.to(torch.float32)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
     if ext is not None:
@@ -159,11 +169,15 @@ def quant_linear(
     if isinstance(weight, PackedWeight):
         out = _one(x2, weight, bias, silu_and_mul)
     else:
+        # each part into its columns of one output: a prefill's products are large, and a
+        # concatenation faulted in a second copy of them
         sizes = [part.shape[0] for part in weight]
         biases = [None] * len(weight) if bias is None else bias.split(sizes)
-        out = torch.cat(
-            [_one(x2, part, b, False) for part, b in zip(weight, biases, strict=True)], dim=-1
-        )
+        out = torch.empty(x2.shape[0], sum(sizes), dtype=x2.dtype, device=x2.device)
+        for part, b, columns in zip(weight, biases, out.split(sizes, dim=1), strict=True):
+            result = _one(x2, part, b, False, into=columns)
+            if result is not columns:
+                columns.copy_(result)
     return out.reshape(*lead, out.shape[-1])
 
 

@@ -231,6 +231,27 @@ def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch):
             )
 
 
+def test_a_multi_part_projection_writes_each_part_into_its_columns(ext, monkeypatch):
+    """A tuple of PackedWeights (q, k and v of different types, as in Q4_K_M files) gives each
+    part's own product in its columns: through the bfloat16 GEMM (written in place), with a bias,
+    and through the integer kernel below the row threshold."""
+    from localchat.kernels import quant_linear as module
+
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", 32)
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
+    kinds = weights(40, 256)
+    parts = tuple(interleave_for_kernel(kinds[name]) for name in list(kinds)[:3])
+    bias = torch.randn(sum(p.shape[0] for p in parts))
+    for rows in (35, 2):
+        x = torch.randn(rows, 256)
+        for b in (None, bias):
+            got = quant_linear(x, parts, b)
+            biases = [None] * 3 if b is None else list(b.split([p.shape[0] for p in parts]))
+            pairs = zip(parts, biases, strict=True)
+            alone = torch.cat([quant_linear(x, p, pb) for p, pb in pairs], 1)
+            assert got.shape == (rows, bias.numel()) and torch.equal(got, alone), (rows, b is None)
+
+
 def test_large_projections_take_one_activation_code_small_ones_two(ext, monkeypatch):
     """From INT8_ACTIVATION_MIN_FEATURES inputs on, a projection's activations take one int8 code
     each (llama.cpp's precision), below it two; LOCALCHAT_INT8_ACTIVATIONS=0/1 sets either

@@ -1096,11 +1096,13 @@ void to_bfloat16(const float* in, int64_t n, at::BFloat16* out) {
 
 // x [M, K] @ W.T as one bfloat16 GEMM (oneDNN) per band of weight rows, each band restored into a bfloat16 buffer
 // that stays in the caches: for prefill chunks and large batches, where the GEMM beats per-row integer dots.
-// The activations, the weights (dequantized exactly, then rounded) and the result pass through bfloat16.
+// The activations, the weights (dequantized exactly, then rounded) and the result pass through bfloat16. With
+// `out` (float32 [M, N], any strides: a part's columns of a multi-part projection's output), the result is
+// written there and returned, and no float32 temporary is made.
 torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& qweight, const torch::Tensor& scales,
                                 const c10::optional<torch::Tensor>& mins_in,
                                 const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
-                                int64_t zero_point, bool interleaved) {
+                                int64_t zero_point, bool interleaved, const c10::optional<torch::Tensor>& out) {
   const Layout L = make_layout(bits, group_size);
   const WeightArgs w(qweight, scales, mins_in, supers_in, false);
   const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1));
@@ -1123,6 +1125,13 @@ torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& 
     });
     torch::Tensor band_out = out_t.narrow(0, n0, rows);
     at::mm_out(band_out, buffer.narrow(0, 0, rows), x.t());
+  }
+  if (out.has_value() && out->defined()) {
+    TORCH_CHECK(out->scalar_type() == torch::kFloat && out->dim() == 2 && out->size(0) == x.size(0) && out->size(1) == N,
+                "out must be float32 [", x.size(0), ", ", N, "]");
+    torch::Tensor target = *out;
+    target.copy_(out_t.t());
+    return target;
   }
   return out_t.t().to(torch::kFloat);
 }
