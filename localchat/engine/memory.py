@@ -158,7 +158,10 @@ class PrefaultedMemory:
         self._thread.start()
 
     def _fill(self) -> None:
-        self._memory = resident_zeros((self.nbytes,), torch.uint8, one_thread=True)
+        try:
+            self._memory = resident_zeros((self.nbytes,), torch.uint8, one_thread=True)
+        except (RuntimeError, MemoryError):  # the pool's own allocation then says so
+            self._memory = None
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """The memory as a zeroed tensor of `shape` and `dtype` (waiting for it if need be), once;

@@ -95,3 +95,10 @@ def test_prefaulted_memory_is_taken_once_as_a_zeroed_tensor_of_the_shape():
 
 def test_prefaulted_memory_too_small_for_the_pool_gives_none():
     assert memory.PrefaultedMemory(1000).take((2, 4, 100), torch.float32) is None
+
+
+def test_prefaulted_memory_that_cannot_be_had_gives_none_without_a_traceback(monkeypatch):
+    failures = []
+    monkeypatch.setattr("threading.excepthook", failures.append)
+    assert memory.PrefaultedMemory(1 << 62).take((2,), torch.float32) is None
+    assert failures == []
