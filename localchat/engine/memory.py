@@ -38,6 +38,16 @@ def freeze_gc() -> None:
     gc.freeze()
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
 M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
 MMAP_THRESHOLD_BYTES = 1 << 20
 _applied = False
@@ -49,9 +59,8 @@ def fix_mmap_threshold() -> bool:
     global _applied
     if _applied or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return _applied
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, Windows)
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is None:  # not glibc (macOS, Windows)
         return False
     _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
     if _applied:
@@ -125,16 +134,6 @@ def zero_on_this_thread(tensor: torch.Tensor) -> bool:
     if nbytes:
         _LIBC.memset(ctypes.c_void_p(tensor.data_ptr()), 0, ctypes.c_size_t(nbytes))
     return True
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
 
 
 def _advise_huge_pages(tensor: torch.Tensor) -> None:

@@ -914,9 +914,6 @@ std::string simd_isa() { return LC_VNNI ? "avx512-vnni" : LC_AVX2 ? "avx2" : "";
 
 namespace {
 
-// One row of K weights as floats: row-major codes (row: the row's bytes), each group's float scale, and its min
-// (mins, asymmetric types) or the zero point, as PackedWeight.dequantize computes them: code * scale + min, or
-// (code - zero_point) * scale.
 #if LC_VNNI
 // u6_chunk_codes with AVX-512: the low nibbles of 64 bytes, the top bits of 32 (bits 2q, 2q + 1 for code i of
 // byte p < 32, bits 2q + 2, 2q + 3 for p >= 32; q = 0 for the low nibble, 2 for the high), then each 8-code run
@@ -934,7 +931,13 @@ inline void u6_chunk_codes_avx512(const uint8_t* row, int64_t K, int64_t c, uint
   _mm512_storeu_si512(codes + 64, _mm512_permutex2var_epi64(a, _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4), b));
 }
 
-// dequantize_row 16 values at a time: the scalar loop's operations (code * scale + min, fused as GCC fuses the
+#endif
+
+// One row of K weights as floats: row-major codes (row: the row's bytes), each group's float scale, and its min
+// (mins, asymmetric types) or the zero point, as PackedWeight.dequantize computes them: code * scale + min, or
+// (code - zero_point) * scale.
+#if LC_VNNI
+// With AVX-512, 16 values at a time: the scalar loop's operations (code * scale + min, fused as GCC fuses the
 // scalar's, or (code - zero point) * scale) in vector registers.
 void dequantize_row(const uint8_t* row, const float* scales, const float* mins, int64_t zero_point, const Layout& L,
                     int64_t K, float* out) {
