@@ -226,6 +226,12 @@ constexpr int kRowsPerPass = 4;  // weight rows one pass of a kernel reads toget
 // interleaved row streams ahead of the dot products: measured on 2026-12-01, the Q8_0 LM head streamed from
 // DRAM at 11.6 GB/s without and 18.4 GB/s with it, a decode's layers at 6.9 and 9.0 GB/s.
 constexpr int kPrefetchRows = 2 * kRowsPerPass;
+// An interleaved weight is one stream of codes, prefetched this many bytes ahead instead. Two passes ahead is
+// 16 KiB for a 4096-wide Q4_K weight and 56 KiB for a 14336-wide one, more than L1 holds beside the
+// activations, so the lines were evicted before use. Measured on the Zen 4 EPYC (2026-12-04, 2 threads, all 32
+// layers of the 8B Q4_K_M file from DRAM, two runs each): gate/up 28.6-29.4 GB/s two passes ahead, 30.7-32.9
+// at 2-4 KiB; o 24.7-28.3 and 30.1-31.4; down's Q4_K 21.3-22.7 and 23.9-25.9.
+constexpr int64_t kPrefetchBytes = 4096;
 
 constexpr int kGroupBlock = 16;  // scales (and mins) interleaved this many groups at a time
 
@@ -240,6 +246,8 @@ struct PassView {
   int64_t g_row_step, g_block_step, full_blocks, g_tail_row_step;
   int64_t sup_row_step, sup_block_step, sup_tail_row_step;
 
+  // whether the pass's rows are stored chunk by chunk (one stream of codes)
+  inline bool interleaved() const { return chunk_step == kRowsPerPass * kChunkBytes; }
   inline const uint8_t* codes(int r, int64_t c) const {
     return w + c * chunk_step + r * (c < full_chunks ? row_step : tail_row_step);
   }
@@ -490,6 +498,7 @@ template <bool PRECISE, bool SYMMETRIC, int BITS, bool KQ>
 void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks, int64_t weight_bytes,
                const Layout& L, const ActivationRow& a, int rows, float* out) {
   const ChunkIndex& index = chunk_index(L.groups_per_chunk);
+  const int64_t ahead = v.interleaved() ? kPrefetchBytes : kPrefetchRows * w_row;
   const int64_t top0 = weight_bytes / kChunkBytes;  // u6: the second plane's first chunk
   const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
   __m512 acc[kRowsPerPass];
@@ -520,9 +529,9 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
       const __m512i lanes = _mm512_load_si512(index.lanes[c - c0]);
       const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, BITS>(a, c, L);
       for (int r = 0; r < rows; ++r) {
-        // the same chunk two passes on (both layouts), and u6's top bits every other chunk
-        __builtin_prefetch(v.codes(r, c) + kPrefetchRows * w_row);
-        if (BITS == 6 && (c & 1) == 0) __builtin_prefetch(v.codes(r, top0 + c / 2) + kPrefetchRows * w_row);
+        // this chunk kPrefetchBytes on in an interleaved stream, else two passes on; u6's top bits every other chunk
+        __builtin_prefetch(v.codes(r, c) + ahead);
+        if (BITS == 6 && (c & 1) == 0) __builtin_prefetch(v.codes(r, top0 + c / 2) + ahead);
         __m512i lo, hi;
         unpack_chunk<BITS>(v, r, c, top0, byte_mask, lo, hi);
         acc[r] = accumulate_scaled<PRECISE, SYMMETRIC, BITS>(lo, hi, _mm512_permutexvar_ps(lanes, sd[r]), chunk, acc[r]);
