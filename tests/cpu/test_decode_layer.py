@@ -54,3 +54,20 @@ def test_mixed_types_and_qk_norms_run_the_whole_layer_path(mixed_llm):
     # off by whole units
     for a, b in zip(fused.outputs[0].logprobs, per_op.outputs[0].logprobs, strict=True):
         assert abs(a.logprob - b.logprob) < 5e-3
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_threads_share_each_projection_whatever_their_count(mixed_llm, threads):
+    # three threads on two cores keep one of them behind at every projection, so the others claim
+    # its rows: a row skipped or written twice by the sharing would change the reply or its logprobs
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fused, per_op = _run(mixed_llm, True), _run(mixed_llm, False)
+    finally:
+        torch.set_num_threads(saved)
+    assert fused.token_ids == per_op.token_ids
+    for a, b in zip(fused.outputs[0].logprobs, per_op.outputs[0].logprobs, strict=True):
+        assert abs(a.logprob - b.logprob) < 5e-3

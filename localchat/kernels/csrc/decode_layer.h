@@ -11,6 +11,7 @@
 #endif
 #include <torch/extension.h>
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <tuple>
@@ -68,6 +69,14 @@ struct PackedRef {
     if (static_cast<int>(act.rows.size()) < threads) act = ActivationBuffers(threads, K, L);
   }
 
+  // The bytes one product reads: codes, scales, mins and super-scales.
+  int64_t bytes() const {
+    int64_t total = qweight.nbytes() + scales.nbytes();
+    if (!symmetric) total += mins.nbytes();
+    if (k_scales) total += supers.nbytes();
+    return total;
+  }
+
   void quantize(int thread, const float* x) {
     quantize_chunks(x, K, L, 0, chunks, precise, zero_point, act.rows[thread]);
   }
@@ -92,11 +101,23 @@ struct PackedRef {
 // Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, interleaved).
 constexpr size_t kFormatFields = 4;
 
+// How many passes a thread claims at a time from a range of a projection (its own, or another thread's once
+// its own is done).
+constexpr int64_t kClaimPasses = 8;
+
+// The passes claimed so far from one thread's range, on a cache line of its own.
+struct alignas(64) Claims {
+  std::atomic<int64_t> next{0};
+};
+
 // A projection whose output rows come from one or more PackedWeights, stacked: a GGUF file may store q, k
 // and v (or gate and up) in different types, as Q4_K_M files do.
 struct Projection {
   std::vector<std::unique_ptr<PackedRef>> parts;
   int64_t N = 0, K = 0, passes = 0;
+  double bytes = 0.0;  // what one product reads of the parts' tensors
+  std::unique_ptr<Claims[]> claims;  // one per thread
+  int claim_slots = 0;
 
   // parts: (qweight, scales, mins, supers) each, the last two empty when absent; formats: (bits, group_size,
   // zero_point, interleaved) each
@@ -111,20 +132,66 @@ struct Projection {
       K = parts.back()->K;
       N += parts.back()->N;
       passes += parts.back()->passes;
+      bytes += static_cast<double>(parts.back()->bytes());
     }
   }
 
   void reserve(int threads) {
     for (auto& part : parts) part->reserve(threads);
+    if (claim_slots < threads) {
+      claims = std::make_unique<Claims[]>(threads);
+      claim_slots = threads;
+    }
   }
 
   void quantize(int thread, const float* x) {
     for (auto& part : parts) part->quantize(thread, x);
   }
 
-  // This thread's share of the passes over all parts (each part's rows land after the previous part's).
-  void multiply(int thread, int threads, float* out, const float* bias) const {
-    const int64_t begin = passes * thread / threads, end = passes * (thread + 1) / threads;
+  // The first pass of thread `thread` of `threads`: the threads share the parts' bytes evenly, not their passes,
+  // since parts of different types differ in bytes per row (a Q4_K_M file's q and k are Q4_K, its v often Q6_K,
+  // and an even split of passes left the thread with v about 3 ms a token behind on an 8B model).
+  int64_t first_pass_of(int thread, int threads) const {
+    if (thread >= threads) return passes;
+    const double target = bytes * thread / threads;
+    double before = 0.0;
+    int64_t first = 0;
+    for (const auto& part : parts) {
+      const double part_bytes = static_cast<double>(part->bytes());
+      if (before + part_bytes > target) {
+        const double share = (target - before) / part_bytes;
+        return first + std::min<int64_t>(part->passes, std::llround(share * part->passes));
+      }
+      before += part_bytes;
+      first += part->passes;
+    }
+    return passes;
+  }
+
+  // The product's rows, shared by the threads: each claims kClaimPasses at a time from its own range, then
+  // from the others' until every range is claimed, so a thread the machine slowed down (a vCPU's neighbours,
+  // an interrupt) does not keep the other waiting at the barrier. Each thread claims from its own range's
+  // start and a helper takes the next claim, so both read contiguous runs of the weight.
+  void multiply(int thread, int threads, float* out, const float* bias) {
+    for (int k = 0; k < threads; ++k) {
+      const int owner = (thread + k) % threads;
+      const int64_t begin = first_pass_of(owner, threads), end = first_pass_of(owner + 1, threads);
+      std::atomic<int64_t>& next = claims[owner].next;
+      for (;;) {
+        const int64_t first = begin + next.fetch_add(kClaimPasses, std::memory_order_relaxed);
+        if (first >= end) break;
+        multiply_passes(thread, first, std::min(end, first + kClaimPasses), out, bias);
+      }
+    }
+  }
+
+  // Ready for the next product: each thread resets its own range's claims after the barrier that follows a
+  // product, so the next barrier publishes the reset before the projection is used again.
+  void release(int thread) { claims[thread].next.store(0, std::memory_order_relaxed); }
+
+  // Passes [begin, end) over all parts (each part's rows land after the previous part's), with this thread's
+  // activation row.
+  void multiply_passes(int thread, int64_t begin, int64_t end, float* out, const float* bias) const {
     int64_t first_pass = 0, first_row = 0;
     for (const auto& part : parts) {
       const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
@@ -240,6 +307,7 @@ class DecodeLayer {
     qkv_.multiply(tid, n, qkv_out_.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr);
     phase(kQkv);
     barrier();
+    qkv_.release(tid);
     attend(tid, n, s, step);
     phase(kAttention);
     barrier();
@@ -247,17 +315,20 @@ class DecodeLayer {
     o_.multiply(tid, n, o_out_.data(), nullptr);
     phase(kO);
     barrier();
+    o_.release(tid);
     add_into(res, o_out_.data(), hidden_);
     rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed);
     gate_up_.quantize(tid, normed);
     gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
     phase(kGateUp);
     barrier();
+    gate_up_.release(tid);
     silu_and_mul(gate_up_out_.data(), gate_up_out_.data() + down_.K, s.product.data(), down_.K);
     down_.quantize(tid, s.product.data());
     down_.multiply(tid, n, out, nullptr);
     phase(kDown);
     barrier();
+    down_.release(tid);
   }
 
   // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32 each.
