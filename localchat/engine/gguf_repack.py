@@ -16,7 +16,8 @@ its codes. We split them into one code array and float16 scale/min arrays
 | Q6_K | 256, 210 | u6, group 16 | (d * sc) * (q - 32), per 16 |
 
 Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit sub-scales and
-(d, dmin) pairs are kept as the file has them. For Q6_K, the product of the super-block scale
+(d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
+otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
 and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
 scale).
 """
@@ -31,7 +32,7 @@ from gguf import GGMLQuantizationType as T
 
 from localchat.engine.memory import huge_pages_wanted
 from localchat.kernels.cpu_extension import cpu_kernels
-from localchat.kernels.packed_weight import PackedWeight, pack_u4, pack_u6
+from localchat.kernels.packed_weight import PackedWeight, pack_k_params, pack_u4, pack_u6
 
 DENSE_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 QUANTIZED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -70,11 +71,13 @@ def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _k_group_params(
     blocks: torch.Tensor, rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K blocks [rows, blocks, bytes] -> the 6-bit sub-scales and sub-mins as uint8
-    [rows, groups], and (d, dmin) per block as float16 [rows, 2 * blocks]."""
+    """Q4_K/Q5_K blocks [rows, blocks, bytes] -> the 6-bit sub-scales and sub-mins packed as
+    PackedWeight keeps them (pack_k_params: uint8 [rows, groups] and [rows, groups // 2]), and
+    (d, dmin) per block as float16 [rows, 2 * blocks]."""
     sc, mn = _k_scales(blocks[..., 4:16])
     supers = blocks[..., 0:4].contiguous().view(torch.float16).reshape(rows, -1)
-    return sc.to(torch.uint8).reshape(rows, -1), mn.to(torch.uint8).reshape(rows, -1), supers
+    scales, mins = pack_k_params(sc.reshape(rows, -1), mn.reshape(rows, -1))
+    return scales, mins, supers
 
 
 def _k_low_codes(qs: torch.Tensor, rows: int) -> torch.Tensor:

@@ -16,17 +16,22 @@ A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // 
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
 float16 [out, in // group_size]; group_size is 32 (16 for Q6_K).
 
-Q4_K and Q5_K keep their scales as the file has them (``super_scales``): ``scales`` and ``mins``
-are then the 6-bit sub-scales and sub-mins as uint8, and ``super_scales`` float16 [out, in // 128]
-holds each super-block's (d, dmin) pair (one per 8 groups), so a group's scale is d * scale and its
-min -dmin * min. Nothing is rounded, and Q4_K reads 4.625 bits per weight instead of 5 (the
-file: 4.5). Only Q6_K's scale products (d x 8-bit sub-scale) are rounded to float16.
+Q4_K and Q5_K keep their scales as the file has them (``super_scales``): each group has a 6-bit
+sub-scale and sub-min, and ``super_scales`` float16 [out, in // 128] holds each super-block's
+(d, dmin) pair (one per 8 groups), so a group's scale is d * sub-scale and its min -dmin * sub-min.
+The sub-scales and sub-mins take 12 bits a group, as in the file (``pack_k_params``): ``scales``
+uint8 [out, groups] holds each group's low four bits of both (sub-scale | sub-min << 4) and
+``mins`` uint8 [out, groups // 2] their top two bits, two groups a byte (group 2i in bits 0-3,
+its sub-scale's bits in 0-1 and its sub-min's in 2-3; group 2i + 1 in bits 4-7). Nothing is
+rounded, and Q4_K reads 4.5 bits per weight, as the file does. Only Q6_K's scale products
+(d x 8-bit sub-scale) are rounded to float16.
 
 On the CPU, the weights the C++ kernel multiplies are ``interleaved``: every block of four rows (the
 rows one pass of the kernel reads together) is stored 64 bytes of codes at a time, row after row (a
 short last piece of t bytes likewise), and its scales and mins 16 groups at a time, so a pass reads
-one stream instead of four. Rows past the last whole block stay row-major. The tensors keep their
-shapes; ``codes``, ``dequantize`` and ``select_rows`` read either layout.
+one stream instead of four (K-quant ``mins``, half as wide, 8 bytes at a time). Rows past the
+last whole block stay row-major. The tensors keep their shapes; ``codes``, ``dequantize`` and
+``select_rows`` read either layout.
 """
 
 from __future__ import annotations
@@ -103,7 +108,8 @@ class PackedWeight:
     zero_point: int = 0  # used only when mins is None
     source_type: str = ""  # the GGUF type it came from (Q4_K, ...), for reports
     interleaved: bool = False  # in the CPU kernel's interleaved layout (see the module docstring)
-    # K-quants: (d, dmin) per 8 groups, float16 [out, in // 128]; scales and mins are then uint8
+    # K-quants: (d, dmin) per 8 groups, float16 [out, in // 128]; scales and mins are then the
+    # packed sub-scales and sub-mins (uint8 [out, groups] and [out, groups // 2], pack_k_params)
     super_scales: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -119,12 +125,13 @@ class PackedWeight:
                 self.mins is None
                 or self.mins.dtype != torch.uint8
                 or groups % GROUPS_PER_SUPER
+                or tuple(self.mins.shape) != (out_features, groups // 2)
                 or self.super_scales.dtype != torch.float16
                 or tuple(self.super_scales.shape) != (out_features, groups // 4)
             ):
                 raise ValueError(
-                    "K-quant scales need uint8 mins and float16 super_scales "
-                    f"[{out_features}, {groups // 4}]"
+                    f"K-quant scales need uint8 mins [{out_features}, {groups // 2}] and float16 "
+                    f"super_scales [{out_features}, {groups // 4}]"
                 )
         if in_features % self.group_size or (self.layout == "u4" and self.group_size != 32):
             raise ValueError(
@@ -138,7 +145,9 @@ class PackedWeight:
             )
         expected = (out_features, in_features // self.group_size)
         if tuple(self.scales.shape) != expected or (
-            self.mins is not None and tuple(self.mins.shape) != expected
+            self.mins is not None
+            and self.super_scales is None
+            and tuple(self.mins.shape) != expected
         ):
             raise ValueError(f"scales/mins must have shape {expected}")
 
@@ -204,13 +213,23 @@ class PackedWeight:
         self, rows: torch.Tensor | slice | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Each group's scale and min (None for symmetric types) as float32, row-major."""
-        scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
-        mins = None if self.mins is None else self._rows(self.mins, rows, GROUP_UNIT)
-        if self.super_scales is None or mins is None:
+        if self.super_scales is None or self.mins is None:
+            scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
+            mins = None if self.mins is None else self._rows(self.mins, rows, GROUP_UNIT)
             return scales, None if mins is None else mins.to(torch.float32)
+        sub_scales, sub_mins = unpack_k_params(
+            self._rows(self.scales, rows, GROUP_UNIT), self._rows(self.mins, rows, GROUP_UNIT // 2)
+        )
         pairs = self._rows(self.super_scales, rows, SUPER_UNIT).to(torch.float32)
         pairs = pairs.reshape(*pairs.shape[:-1], -1, 2).repeat_interleave(GROUPS_PER_SUPER, dim=-2)
-        return scales * pairs[..., 0], -(mins.to(torch.float32) * pairs[..., 1])
+        return sub_scales.to(torch.float32) * pairs[..., 0], -(
+            sub_mins.to(torch.float32) * pairs[..., 1]
+        )
+
+    @property
+    def _mins_unit(self) -> int:
+        """The interleaving unit of ``mins``: K-quant top bits are half as wide as the groups."""
+        return GROUP_UNIT // 2 if self.super_scales is not None else GROUP_UNIT
 
     def row_major(self) -> PackedWeight:
         """The weight with its rows in plain order (itself when it is not interleaved)."""
@@ -221,7 +240,9 @@ class PackedWeight:
             self,
             qweight=interleave_rows(self.qweight, CODE_UNIT, back=True),
             scales=interleave_rows(self.scales, GROUP_UNIT, back=True),
-            mins=None if self.mins is None else interleave_rows(self.mins, GROUP_UNIT, back=True),
+            mins=None
+            if self.mins is None
+            else interleave_rows(self.mins, self._mins_unit, back=True),
             super_scales=None if supers is None else interleave_rows(supers, SUPER_UNIT, back=True),
             interleaved=False,
         )
@@ -282,6 +303,23 @@ class PackedWeight:
         else:
             values = codes * scales.unsqueeze(-1) + mins.unsqueeze(-1)
         return values.reshape(*values.shape[:-2], -1).to(dtype)
+
+
+def pack_k_params(
+    sub_scales: torch.Tensor, sub_mins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K-quant 6-bit sub-scales and sub-mins, integers [..., groups] (groups even), as PackedWeight
+    keeps them: (scales, mins) = (low four bits of both, uint8 [..., groups]; top two bits of both,
+    two groups a byte, uint8 [..., groups // 2]). See the module docstring."""
+    s, m = sub_scales.to(torch.uint8), sub_mins.to(torch.uint8)
+    top = ((s >> 4) | ((m >> 4) << 2)).reshape(*s.shape[:-1], -1, 2)
+    return (s & 0x0F) | ((m & 0x0F) << 4), top[..., 0] | (top[..., 1] << 4)
+
+
+def unpack_k_params(scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sub-scales and sub-mins, uint8 [..., groups], of pack_k_params' (scales, mins)."""
+    top = torch.stack((mins & 0x0F, mins >> 4), dim=-1).flatten(-2)
+    return (scales & 0x0F) | ((top & 3) << 4), (scales >> 4) | ((top >> 2) << 4)
 
 
 def pack_u4(codes: torch.Tensor) -> torch.Tensor:

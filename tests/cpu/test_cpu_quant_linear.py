@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.kernels.packed_weight import PackedWeight, pack_u4, pack_u6, quantize_weight
+from localchat.kernels.packed_weight import (
+    PackedWeight,
+    pack_k_params,
+    pack_u4,
+    pack_u6,
+    quantize_weight,
+)
 from localchat.kernels.quant_linear import (
     fuse,
     interleave_for_kernel,
@@ -54,7 +60,8 @@ def k_quant(layout: str, rows: int, cols: int, seed: int = 2) -> PackedWeight:
     sub = torch.randint(0, 64, (rows, groups), dtype=torch.uint8, generator=generator)
     sub_mins = torch.randint(0, 64, (rows, groups), dtype=torch.uint8, generator=generator)
     supers = (torch.rand(rows, groups // 4, generator=generator) * 1e-3 + 1e-5).half()
-    return PackedWeight(layout, qweight, sub, sub_mins, 32, super_scales=supers)
+    scales, mins = pack_k_params(sub, sub_mins)
+    return PackedWeight(layout, qweight, scales, mins, 32, super_scales=supers)
 
 
 def weights(rows: int, cols: int):

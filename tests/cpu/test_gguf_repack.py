@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack, repack_reference
 from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.packed_weight import pack_k_params, unpack_k_params
 from localchat.kernels.quant_linear import interleave_for_kernel
 
 # byte offsets of each type's float16 fields inside a block (random bytes there could be inf/nan)
@@ -113,6 +114,22 @@ def test_repack_straight_into_the_interleaved_layout(qtype):
         if got is not None:
             assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
     assert torch.equal(direct.dequantize(), repack(data, qtype, (rows, cols), order).dequantize())
+
+
+def test_k_quant_sub_scales_take_the_files_twelve_bits_a_group():
+    """Every (sub-scale, sub-min) pair survives the packing, and a Q4_K weight in memory is as
+    large as its blocks in the file (144 bytes a 256 weights, not 148), in both layouts."""
+    values = torch.arange(64 * 64, dtype=torch.int32)
+    sub_scales, sub_mins = (values // 64).reshape(64, 64), (values % 64).reshape(64, 64)
+    scales, mins = pack_k_params(sub_scales, sub_mins)
+    assert scales.shape == (64, 64) and mins.shape == (64, 32)
+    got_scales, got_mins = unpack_k_params(scales, mins)
+    assert torch.equal(got_scales.to(torch.int32), sub_scales)
+    assert torch.equal(got_mins.to(torch.int32), sub_mins)
+    data = random_blocks(T.Q4_K, 8, 768)
+    packed = repack(data, T.Q4_K, (8, 768))
+    assert packed.nbytes == data.nbytes
+    assert interleave_for_kernel(packed).nbytes == data.nbytes
 
 
 def test_repack_rejects_unsupported_type():

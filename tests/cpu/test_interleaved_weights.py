@@ -57,10 +57,12 @@ def test_cpp_rearrangement_equals_the_torch_reference(ext, shape):
         assert inter.interleaved and inter.qweight.data_ptr() == w.qweight.data_ptr()
         assert torch.equal(inter.qweight, interleave_rows(plain.qweight, CODE_UNIT)), name
         assert torch.equal(inter.scales, interleave_rows(plain.scales, GROUP_UNIT)), name
-        if plain.mins is not None:
-            assert torch.equal(inter.mins, interleave_rows(plain.mins, GROUP_UNIT)), name
+        if plain.mins is not None:  # K-quant mins (top bits, two groups a byte): half the unit
+            unit = GROUP_UNIT if plain.super_scales is None else GROUP_UNIT // 2
+            assert torch.equal(inter.mins, interleave_rows(plain.mins, unit)), name
         back = inter.row_major()
         assert torch.equal(back.qweight, plain.qweight) and torch.equal(back.scales, plain.scales)
+        assert plain.mins is None or torch.equal(back.mins, plain.mins), name
         assert interleave_for_kernel(inter) is inter  # already interleaved: untouched
 
 

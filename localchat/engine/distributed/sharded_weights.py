@@ -75,6 +75,8 @@ def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
         # K-quant scales are per super-block: a cut inside one takes the per-group float16 form
         weight = weight.with_float16_scales()
 
+    supers = weight.super_scales
+
     def cut(tensor: torch.Tensor, per_column: int) -> torch.Tensor:
         return tensor[:, start // per_column : end // per_column].contiguous()
 
@@ -82,11 +84,10 @@ def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
         weight.layout,
         cut(weight.qweight, per_byte),
         cut(weight.scales, group),
-        None if weight.mins is None else cut(weight.mins, group),
+        # K-quant mins are the sub-scales' top bits, two groups a byte
+        None if weight.mins is None else cut(weight.mins, group * (1 if supers is None else 2)),
         group,
         weight.zero_point,
         weight.source_type,
-        super_scales=None
-        if weight.super_scales is None
-        else cut(weight.super_scales, super_columns // 2),
+        super_scales=None if supers is None else cut(supers, super_columns // 2),
     )

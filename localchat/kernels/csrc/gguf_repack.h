@@ -40,7 +40,7 @@ struct BlockFormat {
   int64_t weights, bytes, group_size;
   int bits;  // the PackedWeight layout: 4 (u4), 6 (u6) or 8 (u8)
   bool has_mins;
-  bool k_scales = false;  // Q4_K/Q5_K: 6-bit sub-scales and mins kept as bytes, with (d, dmin) per 256
+  bool k_scales = false;  // Q4_K/Q5_K: 6-bit sub-scales and mins kept in 12 bits a group, with (d, dmin) per 256
 };
 
 BlockFormat block_format(int64_t type) {
@@ -91,7 +91,9 @@ constexpr uint64_t kLowNibbles = 0x0F * kEveryByte;
 constexpr uint64_t kHighNibbles = 0xF0 * kEveryByte;
 
 // The outputs of one row: codes (u6: its first plane, then `top`, its second), and float16 scales/mins per group,
-// or (K-quants) byte sub-scales/mins per group with a float16 (d, dmin) pair per super-block.
+// or (K-quants) the sub-scales and sub-mins packed as PackedWeight keeps them (sub_scales: the low four bits of
+// both, a byte a group; sub_mins: their top two bits, two groups a byte) with a float16 (d, dmin) pair per
+// super-block.
 struct RowOut {
   uint8_t* codes;
   uint8_t* top;
@@ -161,11 +163,15 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
       const bool five = type == kQ5_K;
       const uint8_t* qh = in + 16;
       const uint8_t* qs = in + (five ? 48 : 16);
-      for (int s = 0; s < 8; ++s) {
-        int sc, mn;
-        k_scale_min(in + 4, s, sc, mn);
-        o.sub_scales[b * 8 + s] = static_cast<uint8_t>(sc);
-        o.sub_mins[b * 8 + s] = static_cast<uint8_t>(mn);
+      for (int s = 0; s < 8; s += 2) {
+        int top = 0;
+        for (int i = 0; i < 2; ++i) {
+          int sc, mn;
+          k_scale_min(in + 4, s + i, sc, mn);
+          o.sub_scales[b * 8 + s + i] = static_cast<uint8_t>((sc & 0x0F) | ((mn & 0x0F) << 4));
+          top |= ((sc >> 4) | ((mn >> 4) << 2)) << (4 * i);
+        }
+        o.sub_mins[b * 4 + s / 2] = static_cast<uint8_t>(top);
       }
       // sub-blocks 2p and 2p + 1 share 32 bytes of qs: the even one's codes are their low nibbles, the odd one's
       // their high nibbles (Q5_K: plus bit s of qh as bit 4)
@@ -222,7 +228,8 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
 
 // raw: uint8 [rows, row_bytes] (the tensor's blocks); order: output row r takes input row order[r] (or
 // None). Returns [qweight, scales], [qweight, scales, mins], or for K-quants [qweight, sub-scales, sub-mins,
-// supers] (uint8, uint8, float16 [rows, 2 * blocks]), as PackedWeight holds them; with `interleave`, in the
+// supers] (the packed sub-scales and sub-mins: uint8 [rows, groups] and [rows, groups / 2]; float16
+// [rows, 2 * blocks]), as PackedWeight holds them; with `interleave`, in the
 // kernel's interleaved layout (quant_linear.h), each block of rows rearranged while it is still in cache; with
 // `huge_pages`, qweight is asked for as transparent huge pages before it is written.
 std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order,
@@ -242,7 +249,8 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   auto f16 = torch::TensorOptions().dtype(torch::kHalf);
   torch::Tensor qweight = torch::empty({rows, f.bits == 4 ? cols / 2 : f.bits == 6 ? cols / 2 + cols / 4 : cols}, u8);
   torch::Tensor scales = torch::empty({rows, groups}, f.k_scales ? u8 : f16);
-  torch::Tensor mins = f.has_mins ? torch::empty({rows, groups}, f.k_scales ? u8 : f16) : torch::Tensor();
+  torch::Tensor mins = f.has_mins ? torch::empty({rows, f.k_scales ? groups / 2 : groups}, f.k_scales ? u8 : f16)
+                                  : torch::Tensor();
   torch::Tensor supers = f.k_scales ? torch::empty({rows, 2 * blocks}, f16) : torch::Tensor();
   if (huge_pages) advise_huge_pages(qweight);
   const uint8_t* src = raw.data_ptr<uint8_t>();
@@ -253,7 +261,9 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
   uint8_t* mp = f.has_mins ? static_cast<uint8_t*>(mins.data_ptr()) : nullptr;
   at::Half* up = f.k_scales ? supers.data_ptr<at::Half>() : nullptr;
   const int64_t q_row = qweight.size(1), param_bytes = f.k_scales ? 1 : 2;
-  const int64_t param_row = groups * param_bytes, super_row_halves = 2 * blocks;
+  // bytes of a row's scales, and of its mins (K-quant mins: two groups a byte)
+  const int64_t param_row = groups * param_bytes, mins_row = f.k_scales ? groups / 2 : param_row;
+  const int64_t super_row_halves = 2 * blocks;
   const int64_t row_blocks = (rows + kRowsPerPass - 1) / kRowsPerPass;
   at::parallel_for(0, row_blocks, 4, [&](int64_t block_begin, int64_t block_end) {
     std::vector<uint8_t> scratch(kRowsPerPass * std::max(q_row, param_row) + 64);
@@ -263,7 +273,7 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
       TORCH_CHECK(from >= 0 && from < rows, "order has an out-of-range row");
       const uint8_t* in = src + from * src_stride;
       uint8_t* row_scales = sp + r * groups * param_bytes;
-      uint8_t* row_mins = mp ? mp + r * groups * param_bytes : nullptr;
+      uint8_t* row_mins = mp ? mp + r * mins_row : nullptr;
       const RowOut out{qp + r * q_row,
                        qp + r * q_row + cols / 2,
                        reinterpret_cast<at::Half*>(row_scales),
@@ -277,8 +287,10 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
       interleave_block(qp + first * q_row, q_row, kChunkBytes, false, scratch.data());
       for (uint8_t* params : {sp, mp}) {
         if (params == nullptr) continue;
-        if (f.k_scales) {
-          interleave_block(params + first * param_row, groups, kGroupBlock, false, scratch.data());
+        if (f.k_scales) {  // K-quant mins: half as wide, half as many bytes at a time
+          const int64_t width = params == mp ? mins_row : param_row;
+          const int64_t unit = params == mp ? kGroupBlock / 2 : kGroupBlock;
+          interleave_block(params + first * width, width, unit, false, scratch.data());
         } else {
           interleave_block(reinterpret_cast<at::Half*>(params) + first * groups, groups, kGroupBlock, false,
                            reinterpret_cast<at::Half*>(scratch.data()));

@@ -239,8 +239,8 @@ constexpr int kGroupBlock = 16;  // scales (and mins) interleaved this many grou
 // row-major or interleaved (see the top of this file).
 struct PassView {
   const uint8_t* w;
-  const void* s;        // scales: float16, or (K-quant scales) the 6-bit sub-scales as bytes
-  const void* m;        // mins likewise, or null (symmetric types)
+  const void* s;        // scales: float16, or (K-quant scales) the sub-scales' and sub-mins' low bits (k_params)
+  const void* m;        // mins likewise (K-quants: their top bits, two groups a byte), or null (symmetric types)
   const at::Half* sup;  // K-quant scales: (d, dmin) per 8 groups, 4 halves per block of kGroupBlock groups
   int64_t row_step, chunk_step, full_chunks, tail_row_step;
   int64_t g_row_step, g_block_step, full_blocks, g_tail_row_step;
@@ -258,6 +258,12 @@ struct PassView {
     return static_cast<const T*>(base) + b * g_block_step + r * (b < full_blocks ? g_row_step : g_tail_row_step) +
            g % kGroupBlock;
   }
+  // K-quant mins (their top bits): the byte of groups g and g + 1 (g even) of row r, half as wide as group<>
+  inline const uint8_t* half_group(const void* base, int r, int64_t g) const {
+    const int64_t b = g / kGroupBlock;
+    const int64_t at = b * g_block_step + r * (b < full_blocks ? g_row_step : g_tail_row_step) + g % kGroupBlock;
+    return static_cast<const uint8_t*>(base) + at / 2;
+  }
   // (d, dmin) of the (one or two) super-blocks of row r's block b of kGroupBlock groups
   inline const at::Half* supers(int r, int64_t b) const {
     return sup + b * sup_block_step + r * (b < full_blocks ? sup_row_step : sup_tail_row_step);
@@ -269,13 +275,13 @@ constexpr int64_t kSupersPerBlock = 4;
 inline int64_t super_row(int64_t groups) { return groups / 4; }
 
 // The view of the pass whose first row is n, in a weight of N rows of w_row bytes and `groups` groups. Its scales
-// and mins are float16, or with up (K-quant scales: the (d, dmin) pairs) the sub-scales and sub-mins as bytes.
+// and mins are float16, or with up (K-quant scales: the (d, dmin) pairs) the packed sub-scales and sub-mins (k_params).
 inline PassView pass_view(const uint8_t* wp, const void* sp, const void* mp, const at::Half* up, int64_t n,
                           int64_t N, int64_t w_row, int64_t groups, bool interleaved) {
   const int64_t sup_row = super_row(groups), param_bytes = up ? 1 : 2;
   PassView v{wp + n * w_row,
              static_cast<const char*>(sp) + n * groups * param_bytes,
-             mp ? static_cast<const char*>(mp) + n * groups * param_bytes : nullptr,
+             mp ? static_cast<const char*>(mp) + (up ? n * groups / 2 : n * groups * param_bytes) : nullptr,
              up ? up + n * sup_row : nullptr,
              w_row, kChunkBytes, INT64_MAX, w_row,
              groups, kGroupBlock, INT64_MAX, groups,
@@ -314,6 +320,55 @@ void interleave_block(T* block, int64_t width, int64_t unit, bool back, T* scrat
   }
 }
 
+// A K-quant group's 6-bit sub-scale and sub-min from its byte of low bits (scale | min << 4) and the nibble of
+// top bits (scale's in bits 0-1, min's in 2-3) PackedWeight keeps (packed_weight.py's pack_k_params).
+inline void k_params(uint8_t low, int top, int& scale, int& min) {
+  scale = (low & 0x0F) | ((top & 3) << 4);
+  min = (low >> 4) | (((top >> 2) & 3) << 4);
+}
+
+// The nibble of top bits of group g, from the byte `top` that groups g & ~1 and g | 1 share.
+inline int k_top_nibble(uint8_t top, int64_t g) { return (top >> (4 * (g & 1))) & 0x0F; }
+
+#if LC_SIMD
+// The sub-scales and sub-mins of n K-quant groups (n even, at most 16) as 16 bytes each, zero past n: the low
+// bits from the n bytes at `low` and the top bits from the n / 2 bytes at `top` (k_params, 16 at a time).
+inline void k_sub_params(const uint8_t* low, const uint8_t* top, int64_t n, __m128i& scales, __m128i& mins) {
+  __m128i lo, hi;
+  if (n >= 16) {
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(low));
+    hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(top));
+  } else {
+#if LC_VNNI
+    lo = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), low);
+    hi = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (n / 2)) - 1), top);
+#else
+    alignas(16) uint8_t lb[16] = {}, hb[16] = {};
+    std::memcpy(lb, low, n);
+    std::memcpy(hb, top, n / 2);
+    lo = _mm_load_si128(reinterpret_cast<const __m128i*>(lb));
+    hi = _mm_load_si128(reinterpret_cast<const __m128i*>(hb));
+#endif
+  }
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  // byte g takes top byte g / 2, its low nibble for even g, its high one for odd g
+  const __m128i spread = _mm_shuffle_epi8(hi, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+  const __m128i bits = _mm_blendv_epi8(_mm_and_si128(spread, nibble), _mm_and_si128(_mm_srli_epi16(spread, 4), nibble),
+                                       _mm_set1_epi16(static_cast<int16_t>(0xFF00)));
+  // (values below 64 never carry into the next byte of the 16-bit shifts)
+  scales = _mm_or_si128(_mm_and_si128(lo, nibble), _mm_slli_epi16(_mm_and_si128(bits, _mm_set1_epi8(3)), 4));
+  mins = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), nibble),
+                      _mm_slli_epi16(_mm_and_si128(bits, _mm_set1_epi8(12)), 2));
+}
+
+// Row r's sub-scales (which = 0) or sub-mins (1) of groups g .. g + n of a pass, as k_sub_params gives them.
+inline __m128i k_sub_bytes(const PassView& v, int r, int64_t g, int64_t n, int which) {
+  __m128i scales, mins;
+  k_sub_params(v.group<uint8_t>(v.s, r, g), v.half_group(v.m, r, g), n, scales, mins);
+  return which == 0 ? scales : mins;
+}
+#endif
+
 // pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
 // the kernel instantiation for a weight (K-quant scales come only with mins, so kq is never instantiated with
 // symmetric; u6 holds only Q6_K, which is symmetric without K-quant scales).
@@ -351,12 +406,14 @@ inline __m512 load_supers(const PassView& v, int r, int64_t b, int64_t groups_le
   return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>(mask), v.supers(r, b))));
 }
 
-// 16 byte-wide 6-bit sub-scales (or mins) as floats.
-inline __m512 load_sub_params(const uint8_t* p, __mmask16 mask) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p)));
+// Row r's 6-bit sub-scales (which = 0) or sub-mins (1) of groups g .. g + n (n even, at most 16) as floats, zero
+// past n.
+inline __m512 load_sub_params(const PassView& v, int r, int64_t g, int64_t n, int which) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_sub_bytes(v, r, g, std::min<int64_t>(n, 16), which)));
 }
 
-// acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later).
+// acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later). The
+// kernels add these to the dot products' lanes from zero (gemv_rows forms a K-quant's as it goes, in this order).
 template <bool KQ>
 inline __m512 offset_lanes(const PassView& v, int r, const float* terms, int64_t groups, __m512 acc) {
   for (int64_t g = 0; g < groups; g += 16) {
@@ -364,7 +421,7 @@ inline __m512 offset_lanes(const PassView& v, int r, const float* terms, int64_t
     const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
     if (KQ) {  // the mins are -dmin * m
       const __m512 dmin = _mm512_permutexvar_ps(super_lanes(1), load_supers(v, r, g / kGroupBlock, left));
-      const __m512 o = _mm512_mul_ps(load_sub_params(v.group<uint8_t>(v.m, r, g), mask), dmin);
+      const __m512 o = _mm512_mul_ps(load_sub_params(v, r, g, left, 1), dmin);
       acc = _mm512_fnmadd_ps(o, _mm512_maskz_loadu_ps(mask, terms + g), acc);
     } else {
       const __m512 o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group<at::Half>(v.m, r, g)));
@@ -501,13 +558,16 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   const int64_t ahead = v.interleaved() ? kPrefetchBytes : kPrefetchRows * w_row;
   const int64_t top0 = weight_bytes / kChunkBytes;  // u6: the second plane's first chunk
   const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
-  __m512 acc[kRowsPerPass];
-  for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[kRowsPerPass], offsets[kRowsPerPass];  // the dot products' lanes, and (K-quants) the mins'
+  for (int r = 0; r < kRowsPerPass; ++r) acc[r] = offsets[r] = _mm512_setzero_ps();
   // the scales and mins of the rows two passes on (a pass's scales are contiguous in both layouts)
   constexpr int64_t param_bytes = KQ ? 1 : 2;
+  const int64_t min_bytes = KQ ? groups / 2 : groups * param_bytes;  // a row's (K-quants: half as wide)
   for (int64_t b = 0; b < rows * groups * param_bytes; b += 64) {
     __builtin_prefetch(static_cast<const char*>(v.s) + kPrefetchRows * groups * param_bytes + b);
-    if (!SYMMETRIC) __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * groups * param_bytes + b);
+  }
+  for (int64_t b = 0; !SYMMETRIC && b < rows * min_bytes; b += 64) {
+    __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * min_bytes + b);
   }
   for (int64_t c0 = 0; c0 < chunks; c0 += chunks_per_block) {
     const int64_t g0 = c0 * L.groups_per_chunk, left = groups - g0;
@@ -515,9 +575,16 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     const __m512 da = _mm512_loadu_ps(a.group_scales + g0);  // zero past the last group
     __m512 sd[kRowsPerPass];
     for (int r = 0; r < rows; ++r) {
-      if (KQ) {  // d * sub-scale, then times the activation scale
-        const __m512 d = _mm512_permutexvar_ps(super_lanes(0), load_supers(v, r, g0 / kGroupBlock, left));
-        sd[r] = _mm512_mul_ps(_mm512_mul_ps(load_sub_params(v.group<uint8_t>(v.s, r, g0), group_mask), d), da);
+      if (KQ) {  // d * sub-scale, then times the activation scale; the mins' lanes as offset_lanes forms them
+        const __m512 supers = load_supers(v, r, g0 / kGroupBlock, left);
+        __m128i sub_scales, sub_mins;
+        k_sub_params(v.group<uint8_t>(v.s, r, g0), v.half_group(v.m, r, g0), std::min<int64_t>(left, 16), sub_scales,
+                     sub_mins);
+        const __m512 d = _mm512_permutexvar_ps(super_lanes(0), supers);
+        const __m512 dmin = _mm512_permutexvar_ps(super_lanes(1), supers);
+        sd[r] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scales)), d), da);
+        const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_mins)), dmin);
+        offsets[r] = _mm512_fnmadd_ps(o, _mm512_maskz_loadu_ps(group_mask, a.group_terms + g0), offsets[r]);
       } else {
         sd[r] = _mm512_mul_ps(
             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, v.group<at::Half>(v.s, r, g0))), da);
@@ -539,8 +606,8 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     }
   }
   for (int r = 0; r < rows; ++r) {
-    const __m512 total = SYMMETRIC ? acc[r] : offset_lanes<KQ>(v, r, a.group_terms, groups, acc[r]);
-    out[r] = _mm512_reduce_add_ps(total);
+    if (!SYMMETRIC && !KQ) offsets[r] = offset_lanes<KQ>(v, r, a.group_terms, groups, offsets[r]);
+    out[r] = _mm512_reduce_add_ps(SYMMETRIC ? acc[r] : _mm512_add_ps(acc[r], offsets[r]));
   }
 }
 
@@ -570,7 +637,8 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
       unpack_chunk<BITS>(v, rr, c, top0, byte_mask, lo[r], hi[r]);
       if (KQ) {  // d * sub-scale, as gemv_rows forms it
         const float d = half_to_float(v.supers(rr, first_group / kGroupBlock)[(first_group % kGroupBlock) / 8 * 2]);
-        const __m512 sub = load_sub_params(v.group<uint8_t>(v.s, rr, first_group), scale_mask);
+        const __m512 sub = load_sub_params(v, rr, first_group,
+                                           std::min<int64_t>(L.groups_per_chunk, groups - first_group), 0);
         s[r] = _mm512_permutexvar_ps(scale_index, _mm512_mul_ps(sub, _mm512_set1_ps(d)));
       } else {
         s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps256_ps512(_mm256_cvtph_ps(
@@ -589,7 +657,8 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) {
       const __m512 sum = acc[t * kRowsPerPass + r];
-      const __m512 total = SYMMETRIC ? sum : offset_lanes<KQ>(v, r, acts[t].group_terms, groups, sum);
+      const __m512 total =
+          SYMMETRIC ? sum : _mm512_add_ps(sum, offset_lanes<KQ>(v, r, acts[t].group_terms, groups, _mm512_setzero_ps()));
       out[t * out_stride + r] = _mm512_reduce_add_ps(total);
     }
   }
@@ -638,7 +707,7 @@ std::pair<torch::Tensor, torch::Tensor> k_scales_as_floats(const torch::Tensor& 
   const int64_t rows = sub_scales.size(0), groups = sub_scales.size(1);
   torch::Tensor scales = torch::empty({rows, groups}, torch::kFloat), mins = torch::empty({rows, groups}, torch::kFloat);
   const uint8_t* sc = sub_scales.data_ptr<uint8_t>();
-  const uint8_t* mn = sub_mins.data_ptr<uint8_t>();
+  const uint8_t* mn = sub_mins.data_ptr<uint8_t>();  // top bits: two groups a byte
   const at::Half* up = supers.data_ptr<at::Half>();
   float* so = scales.data_ptr<float>();
   float* mo = mins.data_ptr<float>();
@@ -646,8 +715,10 @@ std::pair<torch::Tensor, torch::Tensor> k_scales_as_floats(const torch::Tensor& 
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const at::Half* pair = up + r * super_row(groups) + (g / 8) * 2;
-        so[r * groups + g] = static_cast<float>(sc[r * groups + g]) * half_to_float(pair[0]);
-        mo[r * groups + g] = -(static_cast<float>(mn[r * groups + g]) * half_to_float(pair[1]));
+        int scale, min;
+        k_params(sc[r * groups + g], k_top_nibble(mn[(r * groups + g) / 2], g), scale, min);
+        so[r * groups + g] = static_cast<float>(scale) * half_to_float(pair[0]);
+        mo[r * groups + g] = -(static_cast<float>(min) * half_to_float(pair[1]));
       }
     }
   });
@@ -735,9 +806,10 @@ void interleave_weight(torch::Tensor qweight, torch::Tensor scales, const c10::o
                        const c10::optional<torch::Tensor>& supers, bool back) {
   interleave_rows_inplace(qweight, kChunkBytes, back);
   interleave_rows_inplace(scales, kGroupBlock, back);
+  const bool k_scales = supers.has_value() && supers->defined();
   if (mins.has_value() && mins->defined()) {
     torch::Tensor m = *mins;
-    interleave_rows_inplace(m, kGroupBlock, back);
+    interleave_rows_inplace(m, k_scales ? kGroupBlock / 2 : kGroupBlock, back);  // K-quant mins: half as wide
   }
   if (supers.has_value() && supers->defined()) {
     torch::Tensor u = *supers;
@@ -772,10 +844,15 @@ struct WeightArgs {
     const auto param_type = k_scales ? torch::kUInt8 : torch::kHalf;
     TORCH_CHECK(scales.scalar_type() == param_type && scales.is_contiguous(),
                 k_scales ? "K-quant sub-scales must be contiguous uint8" : "scales must be contiguous float16");
-    if (has_mins) TORCH_CHECK(mins.scalar_type() == param_type && mins.is_contiguous() && mins.sizes() == scales.sizes(),
-                              "mins must be contiguous, typed and shaped like scales");
+    if (has_mins && !k_scales) {
+      TORCH_CHECK(mins.scalar_type() == param_type && mins.is_contiguous() && mins.sizes() == scales.sizes(),
+                  "mins must be contiguous, typed and shaped like scales");
+    }
     if (k_scales) {
       TORCH_CHECK(has_mins, "K-quant scales come with mins");
+      TORCH_CHECK(mins.scalar_type() == torch::kUInt8 && mins.is_contiguous() && mins.dim() == 2 &&
+                      mins.size(0) == scales.size(0) && mins.size(1) * 2 == scales.size(1),
+                  "K-quant mins must be contiguous uint8 [rows, groups / 2]");
       TORCH_CHECK(scales.size(1) % 8 == 0 && supers.scalar_type() == torch::kHalf && supers.is_contiguous() &&
                       supers.size(0) == scales.size(0) && supers.size(1) == super_row(scales.size(1)),
                   "supers must be contiguous float16 [rows, groups / 4] ((d, dmin) per 8 groups)");
@@ -794,7 +871,7 @@ struct WeightArgs {
 // x: [M, K] float32 (other float types are converted); returns float32 [M, N].
 // With silu_and_mul, x is [M, 2K] = [gate | up] and the product silu(gate) * up is what gets multiplied.
 // interleaved: the weight is in the interleaved layout (see the top of this file). supers: a K-quant weight's
-// (d, dmin) per 8 groups, its scales and mins then being the 6-bit sub-scales and mins as bytes.
+// (d, dmin) per 8 groups, its scales and mins then being the packed 6-bit sub-scales and sub-mins (k_params).
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
                            const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                            const c10::optional<torch::Tensor>& bias, int64_t bits, int64_t group_size,
@@ -1059,8 +1136,10 @@ struct RowRestorer {
     for (int64_t g = 0; g < groups; ++g) {
       if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
         const at::Half* pair = v.supers(r, g / kGroupBlock) + (g % kGroupBlock) / 8 * 2;
-        row_scales[g] = static_cast<float>(*v.group<uint8_t>(v.s, r, g)) * half_to_float(pair[0]);
-        row_mins[g] = -(static_cast<float>(*v.group<uint8_t>(v.m, r, g)) * half_to_float(pair[1]));
+        int scale, min;
+        k_params(*v.group<uint8_t>(v.s, r, g), k_top_nibble(*v.half_group(v.m, r, g & ~int64_t{1}), g), scale, min);
+        row_scales[g] = static_cast<float>(scale) * half_to_float(pair[0]);
+        row_mins[g] = -(static_cast<float>(min) * half_to_float(pair[1]));
       } else {
         row_scales[g] = half_to_float(*v.group<at::Half>(v.s, r, g));
         if (mp) row_mins[g] = half_to_float(*v.group<at::Half>(v.m, r, g));

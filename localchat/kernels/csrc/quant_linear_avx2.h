@@ -94,16 +94,29 @@ inline void load_supers(const PassView& v, int r, int64_t b, int64_t groups_left
   for (int i = 0; i < 4; ++i) out[i] = i < n ? half_to_float(p[i]) : 0.f;
 }
 
+// 8 bytes as floats.
+inline __m256 low_bytes_to_floats(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+
 // Row r's weight scales of the block of kGroupBlock groups from g0 (left of them in the row), per half of 8
-// groups: float16 scales, or K-quant sub-scales times their super-block's d.
+// groups: float16 scales, or K-quant sub-scales times their super-block's d. With `offsets` (K-quants), the
+// block's mins times the activation's group terms are taken off it too, as row_offsets does.
 template <bool KQ>
-inline void block_scales(const PassView& v, int r, int64_t g0, int64_t left, __m256 out[2]) {
+inline void block_scales(const PassView& v, int r, int64_t g0, int64_t left, __m256 out[2],
+                         const float* terms = nullptr, __m256* offsets = nullptr) {
   if (KQ) {
-    const uint8_t* sub = v.group<uint8_t>(v.s, r, g0);
     float supers[4];
     load_supers(v, r, g0 / kGroupBlock, left, supers);
-    out[0] = _mm256_mul_ps(bytes_to_floats(sub, left), _mm256_set1_ps(supers[0]));
-    out[1] = _mm256_mul_ps(bytes_to_floats(sub + 8, left - 8), _mm256_set1_ps(supers[2]));
+    __m128i sub, mins;
+    k_sub_params(v.group<uint8_t>(v.s, r, g0), v.half_group(v.m, r, g0), std::min<int64_t>(left, 16), sub, mins);
+    out[0] = _mm256_mul_ps(low_bytes_to_floats(sub), _mm256_set1_ps(supers[0]));
+    out[1] = _mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(sub, 8)), _mm256_set1_ps(supers[2]));
+    if (offsets) {
+      const float* t = terms + g0;
+      *offsets = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(mins), _mm256_set1_ps(supers[1])),
+                                  _mm256_loadu_ps(t), *offsets);
+      *offsets = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(mins, 8)), _mm256_set1_ps(supers[3])),
+                                  _mm256_loadu_ps(t + 8), *offsets);
+    }
   } else {
     const at::Half* s = v.group<at::Half>(v.s, r, g0);
     out[0] = halves_to_floats(s, left);
@@ -167,28 +180,37 @@ inline __m256 to_lanes(const __m256 block[2], const HalfIndex& index, int64_t j,
                                   _mm256_load_si256(reinterpret_cast<const __m256i*>(index.lanes[j][h])));
 }
 
-// The sum of a (row, row) pair's lanes, with an asymmetric weight's mins times the activation group sums first
-// added into them 16 groups at a time.
+// The lanes of an asymmetric weight row's mins times the activation group sums (terms), 16 groups at a time
+// (gemv_rows forms a K-quant's in the same order as it goes).
 template <bool SYMMETRIC, bool KQ>
-inline float finish_row(const PassView& v, int r, const float* terms, int64_t groups, __m256 acc) {
+inline __m256 row_offsets(const PassView& v, int r, const float* terms, int64_t groups) {
+  __m256 acc = _mm256_setzero_ps();
   // (terms past the last group are the activation row's block scales, finite, so zero mins cancel them)
   for (int64_t g = 0; !SYMMETRIC && g < groups; g += 16) {
     const int64_t left = groups - g;
     const float* t = terms + g;
     if (KQ) {  // the mins are -dmin * m
-      const uint8_t* m = v.group<uint8_t>(v.m, r, g);
+      const __m128i m = k_sub_bytes(v, r, g, std::min<int64_t>(left, 16), 1);
       float supers[4];
       load_supers(v, r, g / kGroupBlock, left, supers);
-      acc = _mm256_fnmadd_ps(_mm256_mul_ps(bytes_to_floats(m, left), _mm256_set1_ps(supers[1])), _mm256_loadu_ps(t),
-                             acc);
-      acc = _mm256_fnmadd_ps(_mm256_mul_ps(bytes_to_floats(m + 8, left - 8), _mm256_set1_ps(supers[3])),
-                             _mm256_loadu_ps(t + 8), acc);
+      acc = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)), _mm256_set1_ps(supers[1])),
+                             _mm256_loadu_ps(t), acc);
+      acc = _mm256_fnmadd_ps(
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))), _mm256_set1_ps(supers[3])),
+          _mm256_loadu_ps(t + 8), acc);
     } else {
       const at::Half* m = v.group<at::Half>(v.m, r, g);
       acc = _mm256_fmadd_ps(halves_to_floats(m, left), _mm256_loadu_ps(t), acc);
       acc = _mm256_fmadd_ps(halves_to_floats(m + 8, left - 8), _mm256_loadu_ps(t + 8), acc);
     }
   }
+  return acc;
+}
+
+// The sum of a (row, row) pair's lanes: its dot products' and (asymmetric weights) its mins'.
+template <bool SYMMETRIC>
+inline float finish_row(__m256 acc, __m256 offsets) {
+  if (!SYMMETRIC) acc = _mm256_add_ps(acc, offsets);
   const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   const __m128 sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
   return _mm_cvtss_f32(_mm_add_ss(sum2, _mm_shuffle_ps(sum2, sum2, 1)));
@@ -204,20 +226,23 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   const int64_t top0 = weight_bytes / kChunkBytes;
   const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
   constexpr int64_t param_bytes = KQ ? 1 : 2;
+  const int64_t min_bytes = KQ ? groups / 2 : groups * param_bytes;  // a row's (K-quants: half as wide)
   for (int64_t b = 0; b < rows * groups * param_bytes; b += 64) {
     __builtin_prefetch(static_cast<const char*>(v.s) + kPrefetchRows * groups * param_bytes + b);
-    if (!SYMMETRIC) __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * groups * param_bytes + b);
+  }
+  for (int64_t b = 0; !SYMMETRIC && b < rows * min_bytes; b += 64) {
+    __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * min_bytes + b);
   }
   // all kRowsPerPass rows, whatever `rows` (a short pass repeats its first row, results not stored), so the loops
   // unroll and the accumulators stay in registers
-  __m256 acc[kRowsPerPass];
-  for (int r = 0; r < kRowsPerPass; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[kRowsPerPass], offsets[kRowsPerPass];  // the dot products' lanes, and (K-quants) the mins'
+  for (int r = 0; r < kRowsPerPass; ++r) acc[r] = offsets[r] = _mm256_setzero_ps();
   for (int64_t c0 = 0; c0 < chunks; c0 += chunks_per_block) {
     const int64_t g0 = c0 * L.groups_per_chunk;
     const __m256 da[2] = {_mm256_loadu_ps(a.group_scales + g0), _mm256_loadu_ps(a.group_scales + g0 + 8)};
     __m256 sd[kRowsPerPass][2];
     for (int r = 0; r < kRowsPerPass; ++r) {
-      block_scales<KQ>(v, r < rows ? r : 0, g0, groups - g0, sd[r]);
+      block_scales<KQ>(v, r < rows ? r : 0, g0, groups - g0, sd[r], a.group_terms, &offsets[r]);
       sd[r][0] = _mm256_mul_ps(sd[r][0], da[0]);
       sd[r][1] = _mm256_mul_ps(sd[r][1], da[1]);
     }
@@ -241,7 +266,10 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
       }
     }
   }
-  for (int r = 0; r < rows; ++r) out[r] = finish_row<SYMMETRIC, KQ>(v, r, a.group_terms, groups, acc[r]);
+  for (int r = 0; r < rows; ++r) {
+    if (!KQ) offsets[r] = row_offsets<SYMMETRIC, KQ>(v, r, a.group_terms, groups);
+    out[r] = finish_row<SYMMETRIC>(acc[r], offsets[r]);
+  }
 }
 
 // A block of activation rows against kRowsPerPass weight rows (batches, prefill chunks): each weight chunk is
@@ -283,7 +311,8 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) {
-      out[t * out_stride + r] = finish_row<SYMMETRIC, KQ>(v, r, acts[t].group_terms, groups, acc[t * kRowsPerPass + r]);
+      out[t * out_stride + r] = finish_row<SYMMETRIC>(acc[t * kRowsPerPass + r],
+                                                      row_offsets<SYMMETRIC, KQ>(v, r, acts[t].group_terms, groups));
     }
   }
 }
