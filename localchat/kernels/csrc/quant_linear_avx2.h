@@ -67,13 +67,6 @@ inline __m256i load_low_bytes32(const void* p, int64_t bytes) {
   return _mm256_maskload_epi32(static_cast<const int*>(p), mask);
 }
 
-// n (clamped to 0..8) bytes as floats, zero above n (n a multiple of 4 below 8).
-inline __m256 bytes_to_floats(const uint8_t* p, int64_t n) {
-  const __m128i bytes = n >= 8 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
-                               : load_low_bytes(p, std::max<int64_t>(n, 0));
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-}
-
 // n (clamped to 0..8) float16 values as floats, zero above n.
 inline __m256 halves_to_floats(const at::Half* p, int64_t n) {
   if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -84,8 +77,8 @@ inline __m256 halves_to_floats(const at::Half* p, int64_t n) {
   return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(buffer)));
 }
 
-// (load_low_bytes' masked loads need byte counts in whole 32-bit lanes: K-quant rows are whole super-blocks of
-// 8 groups, and weight rows' code bytes are multiples of 16.)
+// (load_low_bytes' masked loads need byte counts in whole 32-bit lanes: weight rows' code bytes are multiples of
+// 16, and an odd count of float16 values is copied.)
 
 // The (d, dmin, d, dmin) halves of row r's block b as floats (one super-block's pair at a short end).
 inline void load_supers(const PassView& v, int r, int64_t b, int64_t groups_left, float out[4]) {
@@ -94,7 +87,7 @@ inline void load_supers(const PassView& v, int r, int64_t b, int64_t groups_left
   for (int i = 0; i < 4; ++i) out[i] = i < n ? half_to_float(p[i]) : 0.f;
 }
 
-// 8 bytes as floats.
+// The low 8 bytes as floats.
 inline __m256 low_bytes_to_floats(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
 
 // Row r's weight scales of the block of kGroupBlock groups from g0 (left of them in the row), per half of 8
@@ -193,11 +186,9 @@ inline __m256 row_offsets(const PassView& v, int r, const float* terms, int64_t 
       const __m128i m = k_sub_bytes(v, r, g, std::min<int64_t>(left, 16), 1);
       float supers[4];
       load_supers(v, r, g / kGroupBlock, left, supers);
-      acc = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)), _mm256_set1_ps(supers[1])),
-                             _mm256_loadu_ps(t), acc);
-      acc = _mm256_fnmadd_ps(
-          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))), _mm256_set1_ps(supers[3])),
-          _mm256_loadu_ps(t + 8), acc);
+      acc = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(m), _mm256_set1_ps(supers[1])), _mm256_loadu_ps(t), acc);
+      acc = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(m, 8)), _mm256_set1_ps(supers[3])),
+                             _mm256_loadu_ps(t + 8), acc);
     } else {
       const at::Half* m = v.group<at::Half>(v.m, r, g);
       acc = _mm256_fmadd_ps(halves_to_floats(m, left), _mm256_loadu_ps(t), acc);
