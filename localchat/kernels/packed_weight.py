@@ -218,7 +218,7 @@ class PackedWeight:
             mins = None if self.mins is None else self._rows(self.mins, rows, GROUP_UNIT)
             return scales, None if mins is None else mins.to(torch.float32)
         sub_scales, sub_mins = unpack_k_params(
-            self._rows(self.scales, rows, GROUP_UNIT), self._rows(self.mins, rows, GROUP_UNIT // 2)
+            self._rows(self.scales, rows, GROUP_UNIT), self._rows(self.mins, rows, self._mins_unit)
         )
         pairs = self._rows(self.super_scales, rows, SUPER_UNIT).to(torch.float32)
         pairs = pairs.reshape(*pairs.shape[:-1], -1, 2).repeat_interleave(GROUPS_PER_SUPER, dim=-2)
