@@ -368,10 +368,15 @@ inline void k_sub_params(const uint8_t* low, const uint8_t* top, int64_t n, __m1
                       _mm_slli_epi16(_mm_and_si128(bits, _mm_set1_epi8(12)), 2));
 }
 
-// Row r's sub-scales (which = 0) or sub-mins (1) of groups g .. g + n of a pass, as k_sub_params gives them.
+// Row r's sub-scales and sub-mins of a pass's groups g .. g + n (n even; those past the first 16 are left out).
+inline void k_sub_params(const PassView& v, int r, int64_t g, int64_t n, __m128i& scales, __m128i& mins) {
+  k_sub_params(v.group<uint8_t>(v.s, r, g), v.half_group(v.m, r, g), std::min<int64_t>(n, 16), scales, mins);
+}
+
+// Row r's sub-scales (which = 0) or sub-mins (1) of a pass's groups g .. g + n, as k_sub_params gives them.
 inline __m128i k_sub_bytes(const PassView& v, int r, int64_t g, int64_t n, int which) {
   __m128i scales, mins;
-  k_sub_params(v.group<uint8_t>(v.s, r, g), v.half_group(v.m, r, g), n, scales, mins);
+  k_sub_params(v, r, g, n, scales, mins);
   return which == 0 ? scales : mins;
 }
 #endif
@@ -413,10 +418,10 @@ inline __m512 load_supers(const PassView& v, int r, int64_t b, int64_t groups_le
   return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>(mask), v.supers(r, b))));
 }
 
-// Row r's 6-bit sub-scales (which = 0) or sub-mins (1) of groups g .. g + n (n even, at most 16) as floats, zero
-// past n.
+// Row r's 6-bit sub-scales (which = 0) or sub-mins (1) of groups g .. g + n (n even; 16 at most are taken) as
+// floats, zero past n.
 inline __m512 load_sub_params(const PassView& v, int r, int64_t g, int64_t n, int which) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_sub_bytes(v, r, g, std::min<int64_t>(n, 16), which)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_sub_bytes(v, r, g, n, which)));
 }
 
 // acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later). The
@@ -595,8 +600,7 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
       if (KQ) {  // d * sub-scale, then times the activation scale; the mins' lanes as offset_lanes forms them
         const __m512 supers = load_supers(v, r, g0 / kGroupBlock, left);
         __m128i sub_scales, sub_mins;
-        k_sub_params(v.group<uint8_t>(v.s, r, g0), v.half_group(v.m, r, g0), std::min<int64_t>(left, 16), sub_scales,
-                     sub_mins);
+        k_sub_params(v, r, g0, left, sub_scales, sub_mins);
         const __m512 d = _mm512_permutexvar_ps(super_lanes(0), supers);
         const __m512 dmin = _mm512_permutexvar_ps(super_lanes(1), supers);
         sd[r] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scales)), d), da);

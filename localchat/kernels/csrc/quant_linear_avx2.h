@@ -100,7 +100,7 @@ inline void block_scales(const PassView& v, int r, int64_t g0, int64_t left, __m
     float supers[4];
     load_supers(v, r, g0 / kGroupBlock, left, supers);
     __m128i sub, mins;
-    k_sub_params(v.group<uint8_t>(v.s, r, g0), v.half_group(v.m, r, g0), std::min<int64_t>(left, 16), sub, mins);
+    k_sub_params(v, r, g0, left, sub, mins);
     out[0] = _mm256_mul_ps(low_bytes_to_floats(sub), _mm256_set1_ps(supers[0]));
     out[1] = _mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(sub, 8)), _mm256_set1_ps(supers[2]));
     if (offsets) {
@@ -183,7 +183,7 @@ inline __m256 row_offsets(const PassView& v, int r, const float* terms, int64_t 
     const int64_t left = groups - g;
     const float* t = terms + g;
     if (KQ) {  // the mins are -dmin * m
-      const __m128i m = k_sub_bytes(v, r, g, std::min<int64_t>(left, 16), 1);
+      const __m128i m = k_sub_bytes(v, r, g, left, 1);
       float supers[4];
       load_supers(v, r, g / kGroupBlock, left, supers);
       acc = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(m), _mm256_set1_ps(supers[1])), _mm256_loadu_ps(t), acc);
