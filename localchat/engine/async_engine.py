@@ -1,9 +1,11 @@
 """AsyncEngine: one LLMEngine in a background thread, streamed to many asyncio consumers.
 
 The engine thread owns torch; the asyncio side only enqueues commands and reads per-request queues
-of deltas. Deltas of one step reach each event loop in a single call_soon_threadsafe. Leaving the
-`async for` early (break, exception, task cancellation, client disconnect) aborts the request and
-frees its blocks.
+of deltas. Deltas of one step reach each event loop in a single call_soon_threadsafe; a request
+added with a `stream_interval` has its deltas held and handed over at most once per interval, so a
+consumer that does not need every token at once (the chat, which paints a few times a second) wakes
+its event loop far less often. Leaving the `async for` early (break, exception, task cancellation,
+client disconnect) aborts the request and frees its blocks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -80,6 +83,9 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: bool = False
+    interval: float = 0.0  # hand deltas over at most once per this many seconds (0: every step)
+    held: list[RequestOutput] = field(default_factory=list)  # engine thread: waiting for next_at
+    next_at: float = 0.0  # engine thread: when held deltas may go (monotonic clock)
 
 
 class RequestStream:
@@ -145,6 +151,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
         self._streams: dict[str, _Stream] = {}
+        self._holding: dict[str, _Stream] = {}  # engine thread: streams with held deltas
         # engine thread: added requests whose acceptance waits for their grammar (see _accept)
         self._accepting: dict[str, tuple[asyncio.Future, Request]] = {}
         # engine thread: the embed() calls waiting, by their futures
@@ -230,8 +237,14 @@ class AsyncEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        stream_interval: float = 0.0,
     ) -> RequestStream:
-        """Validate and queue a request; raises its LocalchatError here, before any output."""
+        """Validate and queue a request; raises its LocalchatError here, before any output.
+
+        With `stream_interval` (seconds), deltas after the first token are held in the engine
+        thread and handed over together, at most once per interval; the first token and the last
+        delta go at once, so time to first token and the reply's end are not delayed."""
         engine = self._check_alive()
         capacity = engine.scheduler.max_num_seqs + (self.max_waiting or 0)
         if self.max_waiting is not None and len(self._streams) >= capacity:
@@ -244,7 +257,7 @@ class AsyncEngine:
             raise InvalidParameterError(
                 f"request id {request_id!r} is already in use", param="request_id"
             )
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), interval=stream_interval)
         self._streams[request_id] = stream
         accepted: asyncio.Future = stream.loop.create_future()
         self._commands.put(_Add(request_id, prompt, params or SamplingParams(), accepted))
@@ -394,18 +407,51 @@ class AsyncEngine:
             _settle_from_thread(command.done, error)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's deltas to their event loops (holding those of streams with an interval
+        until it has passed), with the held deltas that are due."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        now = time.monotonic()
         for output in outputs:
-            stream = self._streams.get(output.request_id)
+            request_id = output.request_id
+            stream = self._streams.get(request_id)
             if stream is None:
                 continue
             if output.finished:  # pop: add_request may have dropped it meanwhile (cancelled)
-                self._streams.pop(output.request_id, None)
-            by_loop.setdefault(stream.loop, []).append((stream.queue, output))
+                self._streams.pop(request_id, None)
+            elif now < stream.next_at:
+                stream.held.append(output)
+                self._holding[request_id] = stream
+                continue
+            self._hand_over(by_loop, request_id, stream, output, now)
+        for request_id, stream in list(self._holding.items()):
+            if now >= stream.next_at:  # due, though no delta came this step (preempted)
+                self._hand_over(by_loop, request_id, stream, None, now)
         for loop, items in by_loop.items():
             # a RuntimeError: that event loop is closed, nobody is listening
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_put_all, items)
+
+    def _hand_over(
+        self,
+        by_loop: dict[asyncio.AbstractEventLoop, list],
+        request_id: str,
+        stream: _Stream,
+        output: RequestOutput | None,
+        now: float,
+    ) -> None:
+        """Queue the stream's held deltas and `output` for its event loop; once a token has gone,
+        the next delta waits for the stream's interval."""
+        items = by_loop.setdefault(stream.loop, [])
+        handed_tokens = bool(stream.held)  # held deltas come after the first token
+        if stream.held:
+            items.extend((stream.queue, held) for held in stream.held)
+            stream.held = []
+            del self._holding[request_id]
+        if output is not None:
+            items.append((stream.queue, output))
+            handed_tokens = handed_tokens or output.num_output_tokens > 0
+        if stream.interval and handed_tokens:
+            stream.next_at = now + stream.interval
 
     def _fail_all(self, error: BaseException) -> None:
         while True:  # requests still queued will never be added: fail their acceptance
@@ -427,8 +473,11 @@ class AsyncEngine:
             _settle_from_thread(accepted, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        self._holding = {}
         for stream in streams.values():
-            by_loop.setdefault(stream.loop, []).append((stream.queue, error))
+            items = by_loop.setdefault(stream.loop, [])
+            items.extend((stream.queue, held) for held in stream.held)  # what was made, then why
+            items.append((stream.queue, error))
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # as in _deliver: that loop is closed
                 loop.call_soon_threadsafe(_put_all, items)

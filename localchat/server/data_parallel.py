@@ -437,8 +437,12 @@ class DataParallelEngine(AsyncEngine):
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        stream_interval: float = 0.0,
     ) -> RequestStream:
-        """Route and queue a request; raises its LocalchatError here, before any output."""
+        """Route and queue a request; raises its LocalchatError here, before any output.
+        `stream_interval` has no effect here: each delta reaches the event loop as its replica
+        sends it."""
         self._serving()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         request_id = request_id or f"req-{next(self._ids)}"

@@ -22,6 +22,11 @@ from localchat.tui.backends import (
 )
 from localchat.tui.thinking import OPEN, ThinkSplitter
 
+# The engine hands a reply's tokens over at most this often (the first and the last at once): the
+# chat paints every few hundred milliseconds anyway, and a wake-up of the event loop per token is
+# time taken from the engine's threads on a small machine.
+STREAM_INTERVAL_S = 0.05
+
 
 class EngineBackend(ChatBackend):
     """Drive an AsyncEngine in this process. Pass a config to own the engine (started by `start()`,
@@ -77,7 +82,7 @@ class EngineBackend(ChatBackend):
         params = SamplingParams(**request.sampling, grammar=self._grammar(request, tail))
         splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
         timer = ReplyTimer()
-        stream = await self.engine.add_request(token_ids, params)
+        stream = await self.engine.add_request(token_ids, params, stream_interval=STREAM_INTERVAL_S)
         try:
             async for output in stream:
                 piece = output.outputs[0]

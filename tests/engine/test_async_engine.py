@@ -183,3 +183,21 @@ async def test_model_info_and_the_event_loops_own_tokenizer(engine, llm):
     assert engine.tokenizer is not engine.engine.tokenizer
     assert engine.tokenizer._tokenizer is not engine.engine.tokenizer._tokenizer
     assert engine.tokenize("Hello world") == llm.engine.tokenize("Hello world")
+
+
+async def test_a_stream_interval_holds_deltas_and_loses_none(engine):
+    prompt = engine.render_chat([{"role": "user", "content": "Tell me about rivers."}])
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    text, token_ids, _ = await collect(engine, prompt, params)
+    # an interval longer than the reply: the first token goes at once, the rest with the last
+    stream = await engine.add_request(prompt, params, stream_interval=60.0)
+    deltas, waiting = [], []
+    async for delta in stream:
+        deltas.append(delta)
+        waiting.append(stream._stream.queue.qsize())
+    assert "".join(d.outputs[0].text for d in deltas) == text
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == token_ids
+    assert len(deltas[0].outputs[0].token_ids) == 1 and waiting[0] == 0
+    assert waiting[1] == len(deltas) - 2  # all the others came in one hand-over
+    assert deltas[-1].finished
+    await wait_idle(engine)

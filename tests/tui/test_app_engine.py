@@ -125,9 +125,9 @@ async def test_slash_commands_set_the_sampling_params_the_engine_receives(chat_e
     received = []
     add_request = chat_engine.add_request
 
-    async def spy(prompt, params=None, request_id=None):
+    async def spy(prompt, params=None, request_id=None, **kwargs):
         received.append(params)
-        return await add_request(prompt, params, request_id)
+        return await add_request(prompt, params, request_id, **kwargs)
 
     monkeypatch.setattr(chat_engine, "add_request", spy)
     app = make_app(chat_engine)

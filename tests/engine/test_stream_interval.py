@@ -1,0 +1,80 @@
+"""AsyncEngine's stream_interval, on its own: which deltas the engine thread holds, and when they
+go (the engine thread's side, driven by hand with a fake clock)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from localchat.engine import async_engine
+from localchat.engine.async_engine import AsyncEngine, _Stream
+from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.errors import EngineDeadError
+
+
+def delta(token: int | None, finish: str | None = None) -> RequestOutput:
+    tokens = [] if token is None else [token]
+    output = CompletionOutput(0, text=f"<{token}>", token_ids=tokens, finish_reason=finish)
+    return RequestOutput("r", None, [1], [output], finished=finish is not None)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(async_engine.time, "monotonic", lambda: now[0])
+    return now
+
+
+async def received(stream: _Stream) -> list:
+    await asyncio.sleep(0)  # call_soon_threadsafe's callbacks run on the next loop iteration
+    items = []
+    while not stream.queue.empty():
+        item = stream.queue.get_nowait()
+        items.append(item if isinstance(item, BaseException) else item.token_ids)
+    return items
+
+
+async def test_the_first_token_goes_at_once_then_one_hand_over_per_interval(clock):
+    engine = AsyncEngine()
+    stream = engine._streams["r"] = _Stream(asyncio.get_running_loop(), interval=0.05)
+    engine._deliver([delta(None)])  # a step without a token (a prefill chunk) is not held
+    engine._deliver([delta(1)])
+    assert await received(stream) == [[], [1]]
+    for token in (2, 3):
+        clock[0] += 0.02
+        engine._deliver([delta(token)])
+    assert await received(stream) == []
+    clock[0] += 0.02  # 60 ms after the first token
+    engine._deliver([delta(4)])
+    assert await received(stream) == [[2], [3], [4]]
+    clock[0] += 0.01
+    engine._deliver([delta(5)])
+    clock[0] += 0.05
+    engine._deliver([])  # no delta this step (preempted): what is due goes anyway
+    assert await received(stream) == [[5]]
+    clock[0] += 0.01  # 10 ms after that hand-over
+    engine._deliver([delta(6)])
+    assert await received(stream) == []
+    engine._deliver([delta(7, finish="length")])  # the last delta never waits
+    assert await received(stream) == [[6], [7]]
+    assert not engine._holding and "r" not in engine._streams
+
+
+async def test_without_an_interval_every_delta_goes_at_once(clock):
+    engine = AsyncEngine()
+    stream = engine._streams["r"] = _Stream(asyncio.get_running_loop())
+    for token in (1, 2, 3):
+        engine._deliver([delta(token)])
+    assert await received(stream) == [[1], [2], [3]]
+
+
+async def test_a_failing_engine_hands_over_what_it_held_before_the_error(clock):
+    engine = AsyncEngine()
+    stream = engine._streams["r"] = _Stream(asyncio.get_running_loop(), interval=1.0)
+    engine._deliver([delta(1)])
+    engine._deliver([delta(2)])
+    engine._fail_all(EngineDeadError("boom"))
+    first, second, error = await received(stream)
+    assert (first, second, type(error)) == ([1], [2], EngineDeadError)
+    assert not engine._holding
