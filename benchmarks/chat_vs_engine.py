@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import sys
@@ -133,6 +134,8 @@ async def main(args: argparse.Namespace) -> None:
         for index in range(args.rounds):
             alone.append(await engine_alone(engine, settings))
             in_chat.append(await chat(engine, settings, (args.width, args.height)))
+            # each round's app leaves garbage behind: collect it here, not while a reply is timed
+            gc.collect()
             print(
                 f"round {index + 1}: engine {alone[-1].tokens_per_s:.2f} tok/s, "
                 f"chat {in_chat[-1].tokens_per_s:.2f} tok/s; "

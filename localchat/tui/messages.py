@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import ScrollableContainer, Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
 
 from localchat.tui.conversation import StoredMessage, tool_call_line
@@ -30,12 +30,14 @@ class Notice(Static):
 class StreamingText(Static):
     """Plain text that grows while a reply streams. Repainting it is cheap; a change of its height
     asks Textual for a new layout (a reflow and repaint of the whole screen, the chat's largest cost
-    per token), so its height grows RESERVE_LINES lines ahead of the text and never shrinks while it
-    streams: one layout per RESERVE_LINES lines written."""
+    per token), so its height grows ahead of the text, by half the conversation's height (between
+    MIN_RESERVE and MAX_RESERVE lines), and never shrinks while it streams: one layout per that many
+    lines written."""
 
-    # 8, not 4: a fifth fewer layouts on a long reply (each is two ~12 ms frames, as Textual lays
-    # out again after sizes change), for a few more blank lines under the text while it streams
-    RESERVE_LINES = 8
+    # 16 lines at most, not 8: on a 40-row terminal, a reply of the default model's speed then lays
+    # the screen out about half as often (chat/engine 0.93x -> 0.96x, benchmarks/chat_vs_engine.py);
+    # on a short terminal half its height, so the text being written stays in view
+    MIN_RESERVE, MAX_RESERVE = 8, 16
 
     def __init__(self, text: str = "", **kwargs):
         super().__init__(text, markup=False, **kwargs)
@@ -47,9 +49,14 @@ class StreamingText(Static):
             self.grow()
 
     def grow(self) -> None:
-        """Reserve RESERVE_LINES - 1 lines beyond the text shown (one layout)."""
-        self._reserved = self._height() + self.RESERVE_LINES - 1
+        """Reserve `reserve_lines() - 1` lines beyond the text shown (one layout)."""
+        self._reserved = self._height() + self.reserve_lines() - 1
         self.styles.min_height = self._reserved
+
+    def reserve_lines(self) -> int:
+        """Lines to reserve at a time: half the height of the scrolling view it is in."""
+        view = next((a for a in self.ancestors if isinstance(a, ScrollableContainer)), self.screen)
+        return max(self.MIN_RESERVE, min(self.MAX_RESERVE, view.size.height // 2))
 
     def needs_room(self, text: str) -> bool:
         """Show `text` without a new layout; True when it is taller than the lines reserved (the
@@ -69,9 +76,9 @@ class StreamingText(Static):
         return self.visual.get_height(self.styles, width) if width else -1  # type: ignore[arg-type]
 
     def rewind(self) -> None:
-        """The text starts over: reserve RESERVE_LINES lines for it afresh (call it where the screen
+        """The text starts over: reserve `reserve_lines()` for it afresh (call it where the screen
         is laid out anyway, so the change costs no layout of its own)."""
-        self._reserved = self.RESERVE_LINES
+        self._reserved = self.reserve_lines()
         self.styles.min_height = self._reserved
 
     def release(self) -> None:

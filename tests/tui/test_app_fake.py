@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from localchat.tui.app import ChatApp
 from localchat.tui.conversation import Conversation
 from localchat.tui.messages import AssistantMessage, Notice, UserMessage
@@ -362,3 +364,20 @@ async def test_loading_shows_progress_and_messages_typed_meanwhile_wait_for_the_
         await reply_done(pilot)
         assert not app.query("#loading")
         assert app.chat.session.conversation.messages[-1].content == "ready now"
+
+
+@pytest.mark.parametrize(("size", "expected"), [((100, 50), 16), ((80, 18), 8)])
+async def test_a_streaming_reply_reserves_half_the_view_within_bounds(size, expected):
+    """The tail of a streaming reply grows by half the conversation's height at a time (8 to 16
+    lines): each growth is a layout of the whole screen."""
+    words = " ".join(f"word{i}" for i in range(400))
+    app = make_app(FakeBackend([words], delay=0.005))
+    async with app.run_test(size=size) as pilot:
+        await send(pilot, "write")
+        await wait_until(pilot, lambda: app.query(AssistantMessage), what="the reply view")
+        tail = app.query_one(AssistantMessage).tail
+        await wait_until(pilot, lambda: tail.styles.min_height is not None, what="a reserve")
+        assert tail.reserve_lines() == expected
+        assert tail.styles.min_height.value >= expected
+        await reply_done(pilot)
+        assert tail.styles.min_height is None  # given back once the reply is complete
