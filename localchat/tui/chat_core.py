@@ -58,7 +58,7 @@ class ChatCore(Screen):
         self.ready = asyncio.Event()  # set once the backend started or failed to
         self.load_error: str | None = None
         self.reply_worker: Worker | None = None
-        self._stop_shown = False  # whether the footer shows Esc (stop), see _sync_bindings
+        self._blink_stopped = False  # the prompt's cursor is still while a reply runs
         self.reply_stats = ReplyStats()  # the latest reply's figures, for the status bar
         self.context_tokens: int | None = None  # what the conversation takes, for the status bar
         self._warned_conversation: Conversation | None = None
@@ -170,17 +170,15 @@ class ChatCore(Screen):
     def set_state(self, state: ChatState) -> None:
         self.state = state
         self.refresh_status()
-        self._sync_bindings()
+        self._sync_cursor()
 
-    def _sync_bindings(self) -> None:
-        """Refresh the footer when what check_action allows changed. Each refresh recomposes the
-        footer and lays the screen out again (~10 ms), and every worker's state change calls
-        this. While a reply streams, the prompt's cursor stops blinking: each blink is a frame
-        (~5 ms, 2 a second) taken from the engine's cores."""
-        if self.generating != self._stop_shown:
-            self._stop_shown = self.generating
+    def _sync_cursor(self) -> None:
+        """While a reply streams, the prompt's cursor stops blinking: each blink is a frame (~5 ms,
+        2 a second) taken from the engine's cores. The footer stays as it is (see chat_screen's
+        _FOOTER): Esc works while `generating`, which check_action reads at each key press."""
+        if self.generating != self._blink_stopped:
+            self._blink_stopped = self.generating
             self.query_one(PromptBox).cursor_blink = not self.generating
-            self.refresh_bindings()
 
     @property
     def generating(self) -> bool:
@@ -192,7 +190,7 @@ class ChatCore(Screen):
         return True
 
     def on_worker_state_changed(self) -> None:
-        self._sync_bindings()  # Esc (stop) shows only while a reply runs
+        self._sync_cursor()  # still while a reply runs
 
     async def switch_model(self, name: str) -> None:
         """Chat on with the model `name`, the conversation unchanged: the current backend is

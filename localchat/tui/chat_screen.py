@@ -33,7 +33,10 @@ from localchat.tui.screens import (
 from localchat.tui.widgets import ChatList, PromptBox
 
 logger = logging.getLogger("localchat.tui")
-_FOOTER = {"help", "new", "regen", "chats", "stop", "quit"}
+# Esc (stop) is not in the footer: a reply's own line says it while it streams. Showing it only
+# then would recompose the footer twice a reply (a layout of the screen each time), and Textual
+# 8.2.8 keeps every replaced footer key alive (the footer's data-bind watchers are never pruned).
+_FOOTER = {"help", "new", "regen", "chats", "quit"}
 
 
 class ChatScreen(ChatCore):

@@ -97,7 +97,7 @@ class ReplyWriter:
             return
         self._last_paint = wall, cpu
         if await self.view.catch_up(self.message):
-            self.view.set_meta(f"writing… {self.stats.completion_tokens} tok")
+            self.view.set_meta(f"writing… {self.stats.completion_tokens} tok · Esc stops")
             self.on_paint(self.stats)
 
     async def _finish(self, position: int) -> None:

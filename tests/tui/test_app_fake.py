@@ -381,3 +381,27 @@ async def test_a_streaming_reply_reserves_half_the_view_within_bounds(size, expe
         assert tail.styles.min_height.value >= expected
         await reply_done(pilot)
         assert tail.styles.min_height is None  # given back once the reply is complete
+
+
+async def test_a_reply_leaves_the_footer_alone_and_says_esc_stops():
+    """The footer is not recomposed for a reply (a layout each time, and Textual keeps every
+    replaced footer key alive); the streaming reply's own line says Esc stops it, and Esc does."""
+    from textual.widgets import Footer
+    from textual.widgets._footer import FooterKey
+
+    app = make_app(FakeBackend([" ".join(f"word{i}" for i in range(200))], stall_after=50))
+    async with app.run_test(size=(100, 30)) as pilot:
+        footer = app.screen.query_one(Footer)
+        await wait_until(pilot, lambda: footer.query(FooterKey), what="the footer's keys")
+        await pilot.pause(0.2)
+        keys = list(footer.query(FooterKey))
+        assert "stop" not in {key.action for key in keys}
+        await send(pilot, "write")
+        await wait_until(pilot, lambda: app.query(AssistantMessage), what="the reply view")
+        view = app.query_one(AssistantMessage)
+        await wait_until(pilot, lambda: "Esc stops" in str(view.meta.render()), what="the hint")
+        assert list(footer.query(FooterKey)) == keys
+        await pilot.press("escape")
+        await reply_done(pilot)
+        assert app.chat.session.conversation.messages[-1].stopped
+        assert list(footer.query(FooterKey)) == keys
