@@ -252,7 +252,7 @@ class ChatCore(Screen):
         await self.messages_view.add(view)
         self.reply_stats = ReplyStats()
         if not self.ready.is_set():
-            view.set_meta("waiting for the model to load…")
+            view.set_meta("waiting for the model to load… · Esc stops")
             await self.ready.wait()
         if self.load_error is not None:
             await view.remove()

@@ -135,8 +135,9 @@ class AssistantMessage(Vertical):
         self.calls.display = False
         if message is not None:
             self._show_calls(message)
+        waiting = "waiting for the first token… · Esc stops"
         self.meta = Static(
-            self._meta_text(message) if message is not None else "waiting for the first token…",
+            self._meta_text(message) if message is not None else waiting,
             markup=False,
             classes="meta",
         )
