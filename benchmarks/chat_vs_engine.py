@@ -151,6 +151,12 @@ async def main(args: argparse.Namespace) -> None:
         r.tokens_per_s for r in alone
     )
     print(f"chat / engine: {ratio:.3f}x (target >= 0.95)")
+    # each chat round against the engine-alone round just before it: steadier when the machine's
+    # speed drifts during the run
+    paired = statistics.median(
+        c.tokens_per_s / a.tokens_per_s for a, c in zip(alone, in_chat, strict=True)
+    )
+    print(f"chat / engine, median of the rounds' ratios: {paired:.3f}x")
 
 
 if __name__ == "__main__":
