@@ -104,6 +104,20 @@ class LoadingPanel(Vertical):
         self.label.update(f"{self.what}… {time.monotonic() - self.started:.1f} s{self.last_step}")
 
 
+class ChatItem(ListItem):
+    """One stored conversation in the ChatList, its id in the widget id ("chat-<id>")."""
+
+    def __init__(self, item_id: str, title: str):
+        self.label = Label(title, markup=False)
+        super().__init__(self.label, id=item_id)
+        self.title = title
+
+    def retitle(self, title: str) -> None:
+        if title != self.title:
+            self.title = title
+            self.label.update(title)
+
+
 class ChatList(ListView):
     """The side list of stored conversations: Enter opens one, R renames it, Delete deletes it."""
 
@@ -119,11 +133,23 @@ class ChatList(ListView):
             self.conversation_id = conversation_id
 
     async def show(self, conversations: list[tuple[int, str]], current: int | None) -> None:
-        await self.clear()
-        items = [
-            ListItem(Label(title, markup=False), id=f"chat-{cid}") for cid, title in conversations
-        ]
-        await self.extend(items)
+        """Show `conversations` (id, title) in order, highlighting `current`. The items already
+        shown are kept and retitled, and only the new ones are made: Textual 8.2.8 keeps a removed
+        list item alive (through its label's finished message task), so a list rebuilt at every
+        new chat or switch would grow the heap by every item each time."""
+        wanted = {f"chat-{cid}": title for cid, title in conversations}
+        shown = {item.id: item for item in self.query_children(ChatItem)}
+        gone = [i for i, item in enumerate(self.query_children(ChatItem)) if item.id not in wanted]
+        if gone:
+            await self.remove_items(gone)
+        for position, (item_id, title) in enumerate(wanted.items()):
+            item = shown.get(item_id)
+            if item is None:
+                await self.insert(position, [ChatItem(item_id, title)])
+                continue
+            item.retitle(title)
+            if self.children[position] is not item:
+                self.move_child(item, before=position)
         ids = [cid for cid, _ in conversations]
         if current in ids:
             self.index = ids.index(current)

@@ -14,7 +14,7 @@ from localchat.tui.messages import AssistantMessage, Notice, UserMessage
 from localchat.tui.screens import HelpScreen, InputScreen, SettingsScreen, TextScreen
 from localchat.tui.status_bar import ChatState, StatusBar
 from localchat.tui.store import ConversationStore
-from localchat.tui.widgets import ChatList, PromptBox
+from localchat.tui.widgets import ChatItem, ChatList, PromptBox
 
 from .conftest import reply_done, send, wait_until
 from .fakes import FakeBackend
@@ -405,3 +405,37 @@ async def test_a_reply_leaves_the_footer_alone_and_says_esc_stops():
         await reply_done(pilot)
         assert app.chat.session.conversation.messages[-1].stopped
         assert list(footer.query(FooterKey)) == keys
+
+
+async def test_the_chat_list_keeps_its_items_and_follows_the_store():
+    """New chats, renames, switches and deletes update the list in place: the items already shown
+    stay the same widgets, in the store's order, with its titles."""
+    store = ConversationStore(None)
+    app = make_app(FakeBackend(), store)
+    async with app.run_test() as pilot:
+        chats = app.query_one(ChatList)
+
+        def shown() -> list[tuple[str | None, str]]:
+            return [(item.id, item.title) for item in chats.query_children(ChatItem)]
+
+        def stored() -> list[tuple[str, str]]:
+            return [(f"chat-{cid}", title) for cid, title in store.list_conversations()]
+
+        await send(pilot, "first chat")
+        await reply_done(pilot)
+        first = list(chats.query_children(ChatItem))
+        await pilot.press("ctrl+n")
+        await send(pilot, "second chat")
+        await reply_done(pilot)
+        assert shown() == stored() and len(stored()) == 2
+        assert first[0] in list(chats.query_children(ChatItem))  # kept, not rebuilt
+        await send(pilot, "/rename Renamed")
+        await pilot.pause()
+        assert shown() == stored() and ("Renamed" in {title for _, title in shown()})
+        kept = list(chats.query_children(ChatItem))
+        await pilot.press("ctrl+b", "down", "enter")  # open the first chat again
+        await pilot.pause()
+        assert list(chats.query_children(ChatItem)) == kept
+        await send(pilot, "/delete")
+        await pilot.pause()
+        assert shown() == stored() and len(stored()) == 1
