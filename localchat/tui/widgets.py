@@ -134,9 +134,9 @@ class ChatList(ListView):
 
     async def show(self, conversations: list[tuple[int, str]], current: int | None) -> None:
         """Show `conversations` (id, title) in order, highlighting `current`. The items already
-        shown are kept and retitled, and only the new ones are made: Textual 8.2.8 keeps a removed
-        list item alive (through its label's finished message task), so a list rebuilt at every
-        new chat or switch would grow the heap by every item each time."""
+        shown are kept and retitled, and only the new ones are made: under Textual 8.2.8 a removed
+        list item stays alive (reachable from its label's finished message task), so a list rebuilt
+        at every new chat or switch would grow the heap by every item each time."""
         wanted = {f"chat-{cid}": title for cid, title in conversations}
         shown = {item.id: item for item in self.query_children(ChatItem)}
         gone = [i for i, item in enumerate(self.query_children(ChatItem)) if item.id not in wanted]
