@@ -18,6 +18,7 @@ from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ReplyStats
 from localchat.tui.conversation import Conversation
 from localchat.tui.messages import (
+    STOP_HINT,
     AssistantMessage,
     ConversationView,
     Notice,
@@ -252,7 +253,7 @@ class ChatCore(Screen):
         await self.messages_view.add(view)
         self.reply_stats = ReplyStats()
         if not self.ready.is_set():
-            view.set_meta("waiting for the model to load… · Esc stops")
+            view.set_meta("waiting for the model to load…" + STOP_HINT)
             await self.ready.wait()
         if self.load_error is not None:
             await view.remove()

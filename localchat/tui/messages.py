@@ -9,6 +9,10 @@ from textual.widgets import Collapsible, Markdown, Static
 from localchat.tui.conversation import StoredMessage, tool_call_line
 from localchat.tui.session import reply_meta_text
 
+# What the line under a reply says while the reply can still be stopped (Esc is not in the footer:
+# see chat_screen's _FOOTER)
+STOP_HINT = " · Esc stops"
+
 
 class UserMessage(Static):
     """A user message, shown as typed. `position` is its index in the conversation."""
@@ -135,7 +139,7 @@ class AssistantMessage(Vertical):
         self.calls.display = False
         if message is not None:
             self._show_calls(message)
-        waiting = "waiting for the first token… · Esc stops"
+        waiting = "waiting for the first token…" + STOP_HINT
         self.meta = Static(
             self._meta_text(message) if message is not None else waiting,
             markup=False,

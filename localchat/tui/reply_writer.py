@@ -14,7 +14,7 @@ from textual.widget import Widget
 from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ChatRequest, ReplyStats
 from localchat.tui.conversation import StoredMessage, ToolCallFold
-from localchat.tui.messages import AssistantMessage
+from localchat.tui.messages import STOP_HINT, AssistantMessage
 from localchat.tui.session import ChatSession
 
 logger = logging.getLogger("localchat.tui")
@@ -97,7 +97,7 @@ class ReplyWriter:
             return
         self._last_paint = wall, cpu
         if await self.view.catch_up(self.message):
-            self.view.set_meta(f"writing… {self.stats.completion_tokens} tok · Esc stops")
+            self.view.set_meta(f"writing… {self.stats.completion_tokens} tok{STOP_HINT}")
             self.on_paint(self.stats)
 
     async def _finish(self, position: int) -> None:

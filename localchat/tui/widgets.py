@@ -138,8 +138,9 @@ class ChatList(ListView):
         list item stays alive (reachable from its label's finished message task), so a list rebuilt
         at every new chat or switch would grow the heap by every item each time."""
         wanted = {f"chat-{cid}": title for cid, title in conversations}
-        shown = {item.id: item for item in self.query_children(ChatItem)}
-        gone = [i for i, item in enumerate(self.query_children(ChatItem)) if item.id not in wanted]
+        items = list(self.query_children(ChatItem))
+        shown = {item.id: item for item in items}
+        gone = [i for i, item in enumerate(items) if item.id not in wanted]
         if gone:
             await self.remove_items(gone)
         for position, (item_id, title) in enumerate(wanted.items()):
