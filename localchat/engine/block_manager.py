@@ -1,7 +1,8 @@
 """BlockManager: the fixed pool of KV blocks, per-sequence block tables and automatic prefix
 caching.
 
-A full block is identified by a hash of (its parent block's hash, its token ids, a salt). Blocks are
+A full block is identified by a hash of (its parent block's hash, its token ids, a salt); unsalted,
+it is `chain_hash`, the hash a data-parallel router computes over the same tokens. Blocks are
 ref-counted: sequences with a common prefix share them. A block whose count drops to zero keeps its
 hash and joins the free list behind the blocks with no content, so it is reused last (LRU) and a
 later request with the same prefix (the next chat turn, a shared system prompt) finds it again.
@@ -14,6 +15,17 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from localchat.engine.sequence import Sequence
+
+
+def chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
+    """The hash of a block of `tokens` after the block hashed `parent` (0 for the first); the same
+    in every process (a tuple of ints hashes without the per-process string seed)."""
+    return hash((parent, tokens))
+
+
+def _block_hash(key: tuple) -> int:
+    salt, parent, tokens = key
+    return chain_hash(parent or 0, tokens) if salt is None else hash(key)
 
 
 class Block:
@@ -43,6 +55,9 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
+        # when a list, the hash of each unsalted block dropped from the prefix cache is appended (a
+        # data-parallel replica reports them to its router, which then stops routing by them)
+        self.evicted_hashes: list[int] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -84,11 +99,12 @@ class BlockManager:
         for index in range(num_candidates):
             tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
             key = (self._salt(seq), parent, tokens)
-            block_id = self.hash_to_block.get(hash(key))
+            block_hash = _block_hash(key)
+            block_id = self.hash_to_block.get(block_hash)
             if block_id is None or self.blocks[block_id].key != key:
                 break
             hits.append(block_id)
-            parent = hash(key)
+            parent = block_hash
             hashes.append(parent)
         seq.block_hashes = hashes
         return hits
@@ -130,6 +146,8 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
             del self.hash_to_block[block.hash]
+            if self.evicted_hashes is not None and block.key is not None and block.key[0] is None:
+                self.evicted_hashes.append(block.hash)
         block.reset()
         block.ref_count = 1
         return block_id
@@ -137,7 +155,7 @@ class BlockManager:
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         for index in range(len(seq.block_hashes), num_tokens // self.block_size):
             key = self._key(seq, index)
-            block_hash = hash(key)
+            block_hash = _block_hash(key)
             seq.block_hashes.append(block_hash)
             block = self.blocks[seq.block_table[index]]
             if block.hash is None:

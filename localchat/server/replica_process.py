@@ -5,11 +5,11 @@ Commands come in on one pipe (add, abort, embed, stop) and are run between steps
 on the other: `accepted` per request, and a `step` message (deltas, the engine's stats, and the
 prefix blocks evicted since the last report) per engine step that produced deltas, and at least
 every HEARTBEAT_SECONDS whatever happens (idle, or steps without deltas), so the server can tell
-a hung replica from an idle one. Evictions are reported at most once per HEARTBEAT_SECONDS, as the
-router's block hashes (EvictionTracker), so the router stops sending a prefix's requests here
-once the engine has dropped it. The replica
-ignores SIGINT and SIGTERM: the server stops it with a command, and a closed command pipe (the
-server is gone) ends it too.
+a hung replica from an idle one. Evictions are reported at most once per HEARTBEAT_SECONDS; the
+block manager logs them as it drops blocks, in the router's own hashes (block_manager.chain_hash),
+so the router stops sending a prefix's requests here once the engine has dropped it, however soon
+after it was cached. The replica ignores SIGINT and SIGTERM: the server stops it with a command,
+and a closed command pipe (the server is gone) ends it too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from multiprocessing.connection import Connection
 
 from localchat.config import EngineConfig
 from localchat.engine.async_engine import add_or_error, compiled, has_grammar
-from localchat.engine.block_manager import BlockManager
 from localchat.engine.embedding_groups import EmbeddingGroups
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
@@ -35,7 +34,6 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.sequence import Request
 from localchat.engine.text_codec import TextCodec
 from localchat.errors import EngineDeadError, LocalchatError
-from localchat.server.replica_router import chain_hash
 
 logger = logging.getLogger("localchat.server")
 HEARTBEAT_SECONDS = 1.0
@@ -112,50 +110,10 @@ def _close(engine: LLMEngine) -> None:
         close()
 
 
-class EvictionTracker:
-    """The prefix-cache blocks a BlockManager dropped since the last call, as the router's hashes.
-
-    It keeps a map from the engine's block hashes to the router's (replica_router.chain_hash over
-    the same token ids), extended with the blocks registered since the last call and cut by the
-    ones gone; a block whose parent is gone is unreachable to a prefix lookup, so it is left out
-    (the router's walk stops at its parent). Blocks salted with a request id (prefix caching off)
-    are never shared, so never reported. The work is the set differences plus the changed blocks.
-    """
-
-    def __init__(self, block_manager: BlockManager):
-        self.block_manager = block_manager
-        self.known: dict[int, int] = {}  # engine block hash -> router block hash
-
-    def evicted(self) -> list[int]:
-        cached = self.block_manager.hash_to_block
-        gone = [self.known.pop(h) for h in self.known.keys() - cached.keys()]
-        for engine_hash in cached.keys() - self.known.keys():
-            self._learn(engine_hash)
-        return gone
-
-    def _learn(self, engine_hash: int) -> None:
-        """Map `engine_hash` and any of its unmapped ancestors, root first."""
-        cached, blocks = self.block_manager.hash_to_block, self.block_manager.blocks
-        chain: list[tuple[int, tuple[int, ...]]] = []
-        current: int | None = engine_hash
-        while current is not None and current not in self.known:
-            block_id = cached.get(current)
-            if block_id is None or blocks[block_id].key is None:
-                return  # an ancestor is gone: unreachable
-            salt, parent, tokens = blocks[block_id].key  # type: ignore[misc]
-            if salt is not None:
-                return
-            chain.append((current, tokens))
-            current = parent
-        router_hash = 0 if current is None else self.known[current]
-        for block_hash, tokens in reversed(chain):
-            router_hash = chain_hash(router_hash, tokens)
-            self.known[block_hash] = router_hash
-
-
 def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
     last_sent = last_report = time.monotonic()
-    tracker = EvictionTracker(engine.block_manager)
+    evicted_log: list[int] = []
+    engine.block_manager.evicted_hashes = evicted_log
     embeddings: EmbeddingGroups[int] = EmbeddingGroups()  # embed calls waiting, by their ids
     accepting: dict[str, Request] = {}  # added, accepted once their grammar compiles
     while True:
@@ -176,7 +134,8 @@ def _serve(engine: LLMEngine, commands: Connection, events: Connection) -> None:
         if outputs or embedded or now - last_sent >= HEARTBEAT_SECONDS:
             evicted: list[int] = []
             if now - last_report >= HEARTBEAT_SECONDS:
-                evicted, last_report = tracker.evicted(), now
+                evicted, last_report = evicted_log[:], now
+                evicted_log.clear()
             events.send(("step", outputs, engine.stats(), evicted))
             last_sent = now
         # after the stats: a /metrics scrape once the answer is out already counts its prompts

@@ -10,9 +10,10 @@ loaded one (both thresholds exceeded, as in SGLang's cache-aware router), the le
 takes it. Replicas with equal loads take turns, so light traffic fills every replica's cache.
 
 The table is the router's own view, corrected by the replicas: each reports, about once a second,
-the cached blocks its engine has evicted since its last report (as the router's hashes, see
-`chain_hash`), and `evict` drops them, so a prefix a replica no longer holds stops drawing
-requests to it. A block evicted since the last report costs a prefill there, never a wrong answer.
+the cached blocks its engine has evicted since its last report (in the router's hashes:
+`chain_hash` is also the engine's hash of a block), and `evict` drops them, so a prefix a replica
+no longer holds stops drawing requests to it. A block evicted since the last report costs a
+prefill there, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -21,11 +22,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
-
-def chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
-    """The router's hash of a block of `tokens` after the block hashed `parent` (0 for the first);
-    the same in every process (a tuple of ints hashes without the per-process string seed)."""
-    return hash((parent, tokens))
+from localchat.engine.block_manager import chain_hash
 
 
 class PrefixRouter:

@@ -1,6 +1,6 @@
 """BlockManager: allocation, ref counts, prefix-cache hits and LRU reuse of freed blocks."""
 
-from localchat.engine.block_manager import BlockManager
+from localchat.engine.block_manager import BlockManager, chain_hash
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
 
@@ -41,11 +41,10 @@ def test_prefix_hit_reuses_full_blocks_but_never_the_last_token():
 
 def first_blocks_of(bm, tokens):
     tokens = list(tokens)
-    found, parent = [], None
+    found, parent = [], 0
     for i in range(len(tokens) // BS):
-        key = (None, parent, tuple(tokens[i * BS : (i + 1) * BS]))
-        found.append(bm.hash_to_block[hash(key)])
-        parent = hash(key)
+        parent = chain_hash(parent, tuple(tokens[i * BS : (i + 1) * BS]))
+        found.append(bm.hash_to_block[parent])
     return found
 
 
