@@ -238,6 +238,22 @@ def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch):
             )
 
 
+def test_the_bfloat16_gemm_restores_exactly_the_reference_weights_rounded(ext, monkeypatch):
+    """The weights the bfloat16 GEMM multiplies are PackedWeight.dequantize's values rounded to
+    bfloat16, bit for bit: one-hot activation rows read them back, for every layout, both row
+    orders and a short last block of rows."""
+    from localchat.kernels import quant_linear as module
+    from tests.cpu.test_interleaved_weights import copy
+
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", 32)
+    monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
+    eye = torch.eye(512)
+    for name, w in weights(42, 512).items():
+        expected = w.dequantize().to(torch.bfloat16).to(torch.float32).T
+        for weight in (w, interleave_for_kernel(copy(w))):
+            assert torch.equal(quant_linear(eye, weight), expected), (name, weight.interleaved)
+
+
 def test_a_multi_part_projection_writes_each_part_into_its_columns(ext, monkeypatch):
     """A tuple of PackedWeights (q, k and v of different types, as in Q4_K_M files) gives each
     part's own product in its columns: through the bfloat16 GEMM (written in place), with a bias,

@@ -1079,6 +1079,41 @@ void dequantize_row(const uint8_t* row, const float* scales, const float* mins, 
     }
   }
 }
+#if defined(__AVX512BF16__)
+// dequantize_row's values rounded to bfloat16 (as to_bfloat16 rounds them), written 32 at a time: the same fused
+// multiply-adds, without the float32 row in between.
+void dequantize_row_bf16(const uint8_t* row, const float* scales, const float* mins, int64_t zero_point,
+                         const Layout& L, int64_t K, at::BFloat16* out) {
+  const __m512 zp = _mm512_set1_ps(static_cast<float>(zero_point));
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  auto value = [&](__m128i codes, int64_t g) {
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+    const __m512 scale = _mm512_set1_ps(scales[g]);
+    return mins ? _mm512_fmadd_ps(c, scale, _mm512_set1_ps(mins[g])) : _mm512_mul_ps(_mm512_sub_ps(c, zp), scale);
+  };
+  auto put = [&](at::BFloat16* o, __m512 first, __m512 second) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(second, first);
+    _mm512_storeu_si512(o, reinterpret_cast<const __m512i&>(v));
+  };
+  alignas(64) uint8_t chunk[128];
+  const int64_t g16 = L.group_size == 16 ? 1 : 0;  // 32 values: one group of 32 or two of 16
+  for (int64_t k = 0; k < K; k += 32) {
+    const int64_t g = k / L.group_size;
+    if (L.u6) {
+      if (k % 128 == 0) u6_chunk_codes_avx512(row, K, k / 128, chunk);
+      const uint8_t* b = chunk + k % 128;
+      put(out + k, value(_mm_load_si128(reinterpret_cast<const __m128i*>(b)), g),
+          value(_mm_load_si128(reinterpret_cast<const __m128i*>(b + 16)), g + 1));
+    } else if (L.nibbles) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+      put(out + k, value(_mm_and_si128(b, nibble), g), value(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), g));
+    } else {
+      put(out + k, value(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)), g),
+          value(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16)), g + g16));
+    }
+  }
+}
+#endif
 #else
 void dequantize_row(const uint8_t* row, const float* scales, const float* mins, int64_t zero_point, const Layout& L,
                     int64_t K, float* out) {
@@ -1150,12 +1185,51 @@ struct RowRestorer {
         row_mins(groups) {}
 
   void restore(int64_t n, float* out) {
+    gather(n);
+    dequantize_row(codes.data(), row_scales.data(), w.has_mins ? row_mins.data() : nullptr, zero_point, L, K, out);
+  }
+
+#if LC_VNNI && defined(__AVX512BF16__)
+  void restore_bf16(int64_t n, at::BFloat16* out) {
+    gather(n);
+    dequantize_row_bf16(codes.data(), row_scales.data(), w.has_mins ? row_mins.data() : nullptr, zero_point, L, K,
+                        out);
+  }
+#endif
+
+  // Row n's codes (row-major) into `codes` and its groups' scales and mins into row_scales and row_mins.
+  void gather(int64_t n) {
     const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
     const void* sp = w.scales.data_ptr();
     const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
     const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
     const int64_t r = n % kRowsPerPass;
     const PassView v = pass_view(wp, sp, mp, up, n - r, N, w_row, groups, interleaved);
+#if LC_VNNI  // a chunk per copy, 16 groups' scales per vector (the scalar loop's arithmetic)
+    int64_t c = 0;
+    for (; (c + 1) * kChunkBytes <= w_row; ++c) {
+      _mm512_storeu_si512(codes.data() + c * kChunkBytes, _mm512_loadu_si512(v.codes(r, c)));
+    }
+    if (c * kChunkBytes < w_row) std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), w_row - c * kChunkBytes);
+    for (int64_t g = 0; g < groups; g += kGroupBlock) {
+      const int64_t left = groups - g;
+      const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+      if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
+        const __m512 pairs = load_supers(v, r, g / kGroupBlock, left);
+        const __m512 d = _mm512_permutexvar_ps(super_lanes(0), pairs), dmin = _mm512_permutexvar_ps(super_lanes(1), pairs);
+        _mm512_mask_storeu_ps(row_scales.data() + g, mask, _mm512_mul_ps(load_sub_params(v, r, g, left, 0), d));
+        const __m512 m = _mm512_mul_ps(load_sub_params(v, r, g, left, 1), dmin);
+        _mm512_mask_storeu_ps(row_mins.data() + g, mask, _mm512_xor_ps(m, _mm512_set1_ps(-0.f)));
+      } else {
+        _mm512_mask_storeu_ps(row_scales.data() + g, mask,
+                              _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group<at::Half>(v.s, r, g))));
+        if (mp) {
+          _mm512_mask_storeu_ps(row_mins.data() + g, mask,
+                                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group<at::Half>(v.m, r, g))));
+        }
+      }
+    }
+#else
     for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
       std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
     }
@@ -1171,7 +1245,7 @@ struct RowRestorer {
         if (mp) row_mins[g] = half_to_float(*v.group<at::Half>(v.m, r, g));
       }
     }
-    dequantize_row(codes.data(), row_scales.data(), mp ? row_mins.data() : nullptr, zero_point, L, K, out);
+#endif
   }
 };
 
@@ -1234,11 +1308,15 @@ torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& 
     const int64_t rows = std::min(band, N - n0);
     at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
       RowRestorer restorer(w, L, zero_point, interleaved);
+#if LC_VNNI && defined(__AVX512BF16__)
+      for (int64_t i = begin; i < end; ++i) restorer.restore_bf16(n0 + i, bp + i * K);
+#else
       std::vector<float> row(K);
       for (int64_t i = begin; i < end; ++i) {
         restorer.restore(n0 + i, row.data());
         to_bfloat16(row.data(), K, bp + i * K);
       }
+#endif
     });
     torch::Tensor band_out = out_t.narrow(0, n0, rows);
     at::mm_out(band_out, buffer.narrow(0, 0, rows), x.t());
