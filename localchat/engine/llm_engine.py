@@ -18,7 +18,7 @@ from localchat.engine.detokenizer import IncrementalDetokenizer
 from localchat.engine.distributed.tp_runner import TensorParallelRunner
 from localchat.engine.guided_decoding import GrammarCompiler
 from localchat.engine.logits_processors import RequestConstraints, attach_grammar
-from localchat.engine.memory import fix_mmap_threshold
+from localchat.engine.memory import cache_cpu_blocks, fix_mmap_threshold
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.model_runner import ModelRunner
 from localchat.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -94,6 +94,8 @@ class LLMEngine:
             progress("allocating the KV cache")
         num_blocks = runtime.num_kv_blocks(self.runner)
         self.runner.allocate_kv_cache(num_blocks, kv_memory)
+        if runtime.device.type == "cpu":  # after loading: the load's temporaries are not kept
+            cache_cpu_blocks()
         graphs = None if config.enforce_eager else self.runner.capture_cuda_graphs()
         if graphs is not None:
             logger.info("captured CUDA graphs for decode batches up to %d", graphs.max_batch_size)

@@ -19,6 +19,7 @@ logger = logging.getLogger("localchat.kernels")
 
 _SOURCES = (
     "module.cpp",
+    "block_cache.h",
     "quant_linear.h",
     "quant_linear_avx2.h",
     "decode_attention.h",

@@ -1,5 +1,6 @@
 // The CPU kernels as one Python module. One translation unit: parsing torch's headers is most of the
 // build, so the kernels are included here rather than compiled separately.
+#include "block_cache.h"
 #include "decode_attention.h"
 #include "decode_layer.h"
 #include "gguf_repack.h"
@@ -35,5 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecodeStack::forward, NoGil())
       .def("profile", &DecodeStack::profile, "start/stop counting cycles per phase; returns and resets the totals");
 #endif
+  m.def("install_block_cache", &install_block_cache, "keep freed CPU blocks of 1 MiB and more for reuse, up to this many bytes");
+  m.def("block_cache_stats", &block_cache_stats, "(bytes cached, blocks cached, requests served from the cache)");
   m.def("simd_isa", &simd_isa, "the vector kernels compiled in: 'avx512-vnni', 'avx2', or '' (portable)");
 }
