@@ -95,7 +95,8 @@ class LLMEngine:
         num_blocks = runtime.num_kv_blocks(self.runner)
         self.runner.allocate_kv_cache(num_blocks, kv_memory)
         if runtime.device.type == "cpu":  # after loading: the load's temporaries are not kept
-            cache_cpu_blocks()
+            width = self.runner.spec.intermediate_size  # the MLP's activations, float32
+            cache_cpu_blocks(runtime.max_num_batched_tokens * width * 4)
         graphs = None if config.enforce_eager else self.runner.capture_cuda_graphs()
         if graphs is not None:
             logger.info("captured CUDA graphs for decode batches up to %d", graphs.max_batch_size)

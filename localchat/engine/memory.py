@@ -69,23 +69,33 @@ def fix_mmap_threshold() -> bool:
     return _applied
 
 
-CPU_BLOCK_CACHE_MB = 512
+CPU_BLOCK_CACHE_MAX = 512 << 20
+CPU_BLOCK_CACHE_MIN = 32 << 20
+CPU_BLOCK_CACHE_ACTIVATIONS = 16  # times a step's largest activation: about two layers' temporaries
 
 
-def cache_cpu_blocks() -> bool:
-    """Keep freed CPU tensors of 1 MiB and more for reuse, up to LOCALCHAT_CPU_BLOCK_CACHE_MB
-    (default 512; 0: off), through the C++ kernels' block cache (kernels/csrc/block_cache.h). A
-    prefill makes the same large temporaries at every layer; mmapped afresh each time (see
-    fix_mmap_threshold), they faulted their pages in again and again: an 8B model's 128-token
-    prefill took 3.6 s warm and 6-7 s for the first prompt, against 2.7-3.0 s with the memory
-    kept. False where the kernels are not built here or the cache is off."""
+def cache_cpu_blocks(activation_bytes: int) -> bool:
+    """Keep freed CPU tensors of 1 MiB and more for reuse, through the C++ kernels' block cache
+    (kernels/csrc/block_cache.h). A prefill makes the same large temporaries at every layer; mapped
+    afresh each time (see fix_mmap_threshold), they faulted their pages in again and again: an 8B
+    model's 128-token prefill took 3.6-5 s warm and 7 s for the first prompt, against 2.7-3.7 s
+    with the memory kept. The cache holds 16 times `activation_bytes` (a step's largest
+    activation: the MLP's at the largest batch), between 32 and 512 MiB, so a small model's server
+    grows by little; LOCALCHAT_CPU_BLOCK_CACHE_MB sets it (0: off). False where the kernels are
+    not built here or the cache is off."""
     from localchat.kernels.cpu_extension import cpu_kernels
 
-    megabytes = int(os.environ.get("LOCALCHAT_CPU_BLOCK_CACHE_MB", CPU_BLOCK_CACHE_MB))
+    limit = min(
+        max(CPU_BLOCK_CACHE_ACTIVATIONS * activation_bytes, CPU_BLOCK_CACHE_MIN),
+        CPU_BLOCK_CACHE_MAX,
+    )
+    chosen = os.environ.get("LOCALCHAT_CPU_BLOCK_CACHE_MB")
+    if chosen is not None:
+        limit = int(chosen) << 20
     ext = cpu_kernels()
-    if ext is None or megabytes <= 0:
+    if ext is None or limit <= 0:
         return False
-    ext.install_block_cache(megabytes << 20)
+    ext.install_block_cache(limit)
     return True
 
 

@@ -62,10 +62,10 @@ def test_the_engine_keeps_large_cpu_blocks_unless_told_not_to(ext, monkeypatch):
     from localchat.engine.memory import cache_cpu_blocks
 
     monkeypatch.setenv("LOCALCHAT_CPU_BLOCK_CACHE_MB", "0")
-    assert not cache_cpu_blocks()
-    monkeypatch.setenv("LOCALCHAT_CPU_BLOCK_CACHE_MB", "32")
+    assert not cache_cpu_blocks(64 * MIB)
+    monkeypatch.delenv("LOCALCHAT_CPU_BLOCK_CACHE_MB")
     ext.install_block_cache(0)
-    assert cache_cpu_blocks()
-    block = _block(2)
-    del block
-    assert ext.block_cache_stats()[0] == 2 * MIB
+    assert cache_cpu_blocks(MIB // 4)  # 16 x 1/4 MiB: the floor, 32 MiB
+    blocks = [_block(4) for _ in range(10)]
+    del blocks
+    assert ext.block_cache_stats()[:2] == (32 * MIB, 8)
