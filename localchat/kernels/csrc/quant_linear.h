@@ -424,6 +424,16 @@ inline __m512 load_sub_params(const PassView& v, int r, int64_t g, int64_t n, in
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_sub_bytes(v, r, g, n, which)));
 }
 
+// Row r's K-quant scales d * sub-scale and (positive) mins dmin * sub-min of groups g .. g + n (n even; those past
+// the first 16 are left out) as floats: the one place every kernel forms them, so all round them alike.
+inline void k_group_params(const PassView& v, int r, int64_t g, int64_t n, __m512& scales, __m512& mins) {
+  const __m512 supers = load_supers(v, r, g / kGroupBlock, n);
+  __m128i sub_scales, sub_mins;
+  k_sub_params(v, r, g, n, sub_scales, sub_mins);
+  scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scales)), _mm512_permutexvar_ps(super_lanes(0), supers));
+  mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_mins)), _mm512_permutexvar_ps(super_lanes(1), supers));
+}
+
 // acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later). The
 // kernels add these to the dot products' lanes from zero (gemv_rows forms a K-quant's as it goes, in this order).
 template <bool KQ>
@@ -432,8 +442,8 @@ inline __m512 offset_lanes(const PassView& v, int r, const float* terms, int64_t
     const int64_t left = groups - g;
     const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
     if (KQ) {  // the mins are -dmin * m
-      const __m512 dmin = _mm512_permutexvar_ps(super_lanes(1), load_supers(v, r, g / kGroupBlock, left));
-      const __m512 o = _mm512_mul_ps(load_sub_params(v, r, g, left, 1), dmin);
+      __m512 scales, o;
+      k_group_params(v, r, g, left, scales, o);
       acc = _mm512_fnmadd_ps(o, _mm512_maskz_loadu_ps(mask, terms + g), acc);
     } else {
       const __m512 o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group<at::Half>(v.m, r, g)));
@@ -598,13 +608,9 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     __m512 sd[kRowsPerPass];
     for (int r = 0; r < rows; ++r) {
       if (KQ) {  // d * sub-scale, then times the activation scale; the mins' lanes as offset_lanes forms them
-        const __m512 supers = load_supers(v, r, g0 / kGroupBlock, left);
-        __m128i sub_scales, sub_mins;
-        k_sub_params(v, r, g0, left, sub_scales, sub_mins);
-        const __m512 d = _mm512_permutexvar_ps(super_lanes(0), supers);
-        const __m512 dmin = _mm512_permutexvar_ps(super_lanes(1), supers);
-        sd[r] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scales)), d), da);
-        const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_mins)), dmin);
+        __m512 scales, o;
+        k_group_params(v, r, g0, left, scales, o);
+        sd[r] = _mm512_mul_ps(scales, da);
         offsets[r] = _mm512_fnmadd_ps(o, _mm512_maskz_loadu_ps(group_mask, a.group_terms + g0), offsets[r]);
       } else {
         sd[r] = _mm512_mul_ps(
@@ -1215,10 +1221,9 @@ struct RowRestorer {
       const int64_t left = groups - g;
       const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
       if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
-        const __m512 pairs = load_supers(v, r, g / kGroupBlock, left);
-        const __m512 d = _mm512_permutexvar_ps(super_lanes(0), pairs), dmin = _mm512_permutexvar_ps(super_lanes(1), pairs);
-        _mm512_mask_storeu_ps(row_scales.data() + g, mask, _mm512_mul_ps(load_sub_params(v, r, g, left, 0), d));
-        const __m512 m = _mm512_mul_ps(load_sub_params(v, r, g, left, 1), dmin);
+        __m512 scales, m;
+        k_group_params(v, r, g, left, scales, m);
+        _mm512_mask_storeu_ps(row_scales.data() + g, mask, scales);
         _mm512_mask_storeu_ps(row_mins.data() + g, mask, _mm512_xor_ps(m, _mm512_set1_ps(-0.f)));
       } else {
         _mm512_mask_storeu_ps(row_scales.data() + g, mask,
