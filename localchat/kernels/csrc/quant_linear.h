@@ -1057,30 +1057,33 @@ inline void u6_chunk_codes_avx512(const uint8_t* row, int64_t K, int64_t c, uint
 #if LC_VNNI
 // With AVX-512, 16 values at a time: the scalar loop's operations (code * scale + min, fused as GCC fuses the
 // scalar's, or (code - zero point) * scale) in vector registers.
+// 16 codes of group g as values: code * scale + min (fused), or (code - zero point) * scale without mins.
+inline __m512 code_values(__m128i codes, const float* scales, const float* mins, int64_t g, __m512 zp) {
+  const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+  const __m512 scale = _mm512_set1_ps(scales[g]);
+  return mins ? _mm512_fmadd_ps(c, scale, _mm512_set1_ps(mins[g])) : _mm512_mul_ps(_mm512_sub_ps(c, zp), scale);
+}
+
 void dequantize_row(const uint8_t* row, const float* scales, const float* mins, int64_t zero_point, const Layout& L,
                     int64_t K, float* out) {
   const int64_t groups = K / L.group_size;
   const __m512 zp = _mm512_set1_ps(static_cast<float>(zero_point));
   const __m128i nibble = _mm_set1_epi8(0x0F);
-  auto put = [&](float* o, __m128i codes, __m512 scale, __m512 min) {
-    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-    _mm512_storeu_ps(o, mins ? _mm512_fmadd_ps(c, scale, min) : _mm512_mul_ps(_mm512_sub_ps(c, zp), scale));
-  };
+  auto put = [&](float* o, __m128i codes, int64_t g) { _mm512_storeu_ps(o, code_values(codes, scales, mins, g, zp)); };
   alignas(64) uint8_t chunk[128];
   for (int64_t g = 0; g < groups; ++g) {
-    const __m512 scale = _mm512_set1_ps(scales[g]), min = _mm512_set1_ps(mins ? mins[g] : 0.f);
     float* o = out + g * L.group_size;
     if (L.u6) {
       const int64_t first = g * L.group_size;
       if (first % 128 == 0) u6_chunk_codes_avx512(row, K, first / 128, chunk);
-      put(o, _mm_load_si128(reinterpret_cast<const __m128i*>(chunk + first % 128)), scale, min);
+      put(o, _mm_load_si128(reinterpret_cast<const __m128i*>(chunk + first % 128)), g);
     } else if (L.nibbles) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
-      put(o, _mm_and_si128(b, nibble), scale, min);
-      put(o + 16, _mm_and_si128(_mm_srli_epi16(b, 4), nibble), scale, min);
+      put(o, _mm_and_si128(b, nibble), g);
+      put(o + 16, _mm_and_si128(_mm_srli_epi16(b, 4), nibble), g);
     } else {
       for (int i = 0; i < L.group_size; i += 16) {
-        put(o + i, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * L.group_size + i)), scale, min);
+        put(o + i, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * L.group_size + i)), g);
       }
     }
   }
@@ -1092,11 +1095,7 @@ void dequantize_row_bf16(const uint8_t* row, const float* scales, const float* m
                          const Layout& L, int64_t K, at::BFloat16* out) {
   const __m512 zp = _mm512_set1_ps(static_cast<float>(zero_point));
   const __m128i nibble = _mm_set1_epi8(0x0F);
-  auto value = [&](__m128i codes, int64_t g) {
-    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-    const __m512 scale = _mm512_set1_ps(scales[g]);
-    return mins ? _mm512_fmadd_ps(c, scale, _mm512_set1_ps(mins[g])) : _mm512_mul_ps(_mm512_sub_ps(c, zp), scale);
-  };
+  auto value = [&](__m128i codes, int64_t g) { return code_values(codes, scales, mins, g, zp); };
   auto put = [&](at::BFloat16* o, __m512 first, __m512 second) {
     const __m512bh v = _mm512_cvtne2ps_pbh(second, first);
     _mm512_storeu_si512(o, reinterpret_cast<const __m512i&>(v));
