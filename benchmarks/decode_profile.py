@@ -1,12 +1,15 @@
 """Where a CPU decode token's time goes, for a quantized model on the C++ decode stack.
 
-    python benchmarks/decode_profile.py /tmp/c4/llama-8b-q4_k_m.gguf [--tokens 64] [--json FILE]
+    python benchmarks/decode_profile.py /tmp/c4/llama-8b-q4_k_m.gguf [--tokens 64] [--context N]
+        [--json FILE]
 
 Runs one greedy request and times every decode step: the decoder stack (all layers, one C++ call),
 the LM head (compute_logits) and the rest of the engine step (scheduling, sampling, detokenizing),
 as medians over the steps. A second request runs with DecodeStack.profile on and splits the stack's
 time-stamp-counter cycles into its phases (qkv, attention, o, gate/up, down, barrier waits), each
-projection with the bytes of weights it reads per token and the rate that makes.
+projection with the bytes of weights it reads per token and the rate that makes. `--context N` gives
+both requests prompts of N tokens (default: short ones, about 40 tokens), to see what a long
+conversation's attention costs.
 
 A diagnostic without a peer: the claims against llama.cpp come from `localchat bench`. Between
 processes the same command moves by up to 15% on a ballooned VM (where the weights' memory lands),
@@ -48,10 +51,19 @@ def _timed(owner: type, name: str, into: list[float]) -> Callable[[], None]:
     return lambda: setattr(owner, name, original)
 
 
+def _prompt(llm: LLM, text: str, tokens: int | None) -> str | list[int]:
+    """`text`, or its token ids repeated to `tokens` of them."""
+    if tokens is None:
+        return text
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    return (ids * (tokens // len(ids) + 1))[:tokens]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--context", type=int, help="prompt tokens (default: about 40)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     llm = LLM(args.model)
@@ -78,7 +90,7 @@ def main() -> None:
     llm.generate(["warm up " * 8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     for series in (stack_s, head_s, step_s):
         series.clear()
-    llm.generate(["The quick brown fox " * 8], params)
+    llm.generate([_prompt(llm, "The quick brown fox " * 8, args.context)], params)
     decodes = len(stack_s)
     steps, heads = step_s[-decodes:], head_s[-decodes:]
     ms = {
@@ -93,7 +105,8 @@ def main() -> None:
     stack = model.cpu_decode.stack
     stack_s.clear()
     stack.profile(True)
-    llm.generate(["Pack my box with five dozen liquor jugs " * 4], params)
+    profiled = _prompt(llm, "Pack my box with five dozen liquor jugs " * 4, args.context)
+    llm.generate([profiled], params)
     cycles = stack.profile(False)
     for restore in undo:
         restore()
@@ -126,7 +139,13 @@ def main() -> None:
             line += f"   {weights[phase] / 1e6:8.1f} MB a token, {rate:5.1f} GB/s"
         print(line)
     if args.json:
-        report = {"model": args.model, "tokens": args.tokens, "ms": ms, "phases": phases}
+        report = {
+            "model": args.model,
+            "tokens": args.tokens,
+            "context": args.context,
+            "ms": ms,
+            "phases": phases,
+        }
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
 
