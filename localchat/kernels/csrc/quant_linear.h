@@ -1223,7 +1223,8 @@ struct RowRestorer {
         __m512 scales, m;
         k_group_params(v, r, g, left, scales, m);
         _mm512_mask_storeu_ps(row_scales.data() + g, mask, scales);
-        _mm512_mask_storeu_ps(row_mins.data() + g, mask, _mm512_xor_ps(m, _mm512_set1_ps(-0.f)));
+        const __m512i negated = _mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN));  // -m
+        _mm512_mask_storeu_ps(row_mins.data() + g, mask, _mm512_castsi512_ps(negated));
       } else {
         _mm512_mask_storeu_ps(row_scales.data() + g, mask,
                               _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.group<at::Half>(v.s, r, g))));
@@ -1277,16 +1278,10 @@ torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor&
   return out;
 }
 
-// n floats as bfloat16, rounded to nearest even (vcvtne2ps2bf16 where the CPU has AVX-512 BF16)
+// n floats as bfloat16, rounded to nearest even: the restore's last step where the CPU has no AVX-512 BF16
+// (where it has, RowRestorer::restore_bf16 rounds as it restores)
 void to_bfloat16(const float* in, int64_t n, at::BFloat16* out) {
-  int64_t k = 0;
-#if LC_VNNI && defined(__AVX512BF16__)
-  for (; k + 32 <= n; k += 32) {
-    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(in + k + 16), _mm512_loadu_ps(in + k));
-    _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
-  }
-#endif
-  for (; k < n; ++k) out[k] = static_cast<at::BFloat16>(in[k]);
+  for (int64_t k = 0; k < n; ++k) out[k] = static_cast<at::BFloat16>(in[k]);
 }
 
 // x [M, K] @ W.T as one bfloat16 GEMM (oneDNN) per band of weight rows, each band restored into a bfloat16 buffer
