@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <tuple>
 #include <unordered_map>
 
 namespace block_cache {
