@@ -23,6 +23,7 @@ _SOURCES = (
     "quant_linear.h",
     "quant_linear_avx2.h",
     "decode_attention.h",
+    "kv_rows.h",
     "decode_layer.h",
     "rms_norm.h",
     "vector_math.h",

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv_rows.h"
 #include "vector_math.h"
 
 namespace {
@@ -21,13 +22,6 @@ void rotate(float* x, const float* cos, const float* sin, int64_t half) {
     x[i] = x1 * cos[i] - x2 * sin[i];
     x[i + half] = x2 * cos[i] + x1 * sin[i];
   }
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
 }
 
 // One decode token's view of the pool and its shapes.
@@ -41,15 +35,18 @@ struct DecodeToken {
   int64_t length;      // keys to attend to, this token's included
 };
 
+// T: the pool's element type, float or Half (kv_rows.h).
+template <typename T>
 struct PoolShape {
-  float* k_cache;
-  float* v_cache;
+  T* k_cache;
+  T* v_cache;
   int64_t num_heads, num_kv_heads, head_dim, half, block_size;
   float scale;
 };
 
 // Rotary for KV head h of one token and its group of query heads, and the store of its key and value.
-void rope_and_store(const DecodeToken& t, const PoolShape& p, int64_t h) {
+template <typename T>
+void rope_and_store(const DecodeToken& t, const PoolShape<T>& p, int64_t h) {
   const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
   float* q = t.qkv + h * group * D;
   float* k = t.qkv + Hq * D + h * D;
@@ -57,8 +54,8 @@ void rope_and_store(const DecodeToken& t, const PoolShape& p, int64_t h) {
   for (int64_t g = 0; g < group; ++g) rotate(q + g * D, t.cos, t.sin, p.half);
   rotate(k, t.cos, t.sin, p.half);
   if (t.slot >= 0) {
-    std::copy(k, k + D, p.k_cache + (t.slot * Hkv + h) * D);
-    std::copy(v, v + D, p.v_cache + (t.slot * Hkv + h) * D);
+    store_row(p.k_cache + (t.slot * Hkv + h) * D, k, D);
+    store_row(p.v_cache + (t.slot * Hkv + h) * D, v, D);
   }
 }
 
@@ -94,88 +91,75 @@ float exp_shifted(float* x, int64_t n, float top) {
   return total;
 }
 
-// Attention of query head qh (already rotated) over its sequence's keys, which are all in the pool.
-void attend_query_head(const DecodeToken& t, const PoolShape& p, int64_t qh, std::vector<float>& scores,
-                       std::vector<int64_t>& key_rows) {
-  const int64_t D = p.head_dim, Hkv = p.num_kv_heads, h = qh / (p.num_heads / Hkv);
-  // the pool rows of this sequence's keys, in order (one lookup per block, not per key)
-  scores.resize(t.length);
-  key_rows.resize(t.length);
-  for (int64_t j = 0; j < t.length; j += p.block_size) {
-    const int64_t base = static_cast<int64_t>(t.table[j / p.block_size]) * p.block_size;
-    for (int64_t i = 0; i < p.block_size && j + i < t.length; ++i) key_rows[j + i] = ((base + i) * Hkv + h) * D;
-  }
-  const float* q = t.qkv + qh * D;
-  float top = -INFINITY;
-  for (int64_t j = 0; j < t.length; ++j) {
-    scores[j] = dot(q, p.k_cache + key_rows[j], D) * p.scale;
-    top = std::max(top, scores[j]);
-  }
-  const float inv_total = 1.f / exp_shifted(scores.data(), t.length, top);
-  float* o = t.out + qh * D;
-  std::fill(o, o + D, 0.f);
-  for (int64_t j = 0; j < t.length; ++j) {
-    const float* vj = p.v_cache + key_rows[j];
-    const float w = scores[j] * inv_total;
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
-  }
-}
-
 // Keys ahead of the one in use whose rows are prefetched (see attend_partial).
 constexpr int64_t kPrefetchKeys = 16;
 
-// A share of one token's attention, for splitting a sequence's keys between threads: every query head
-// (queries: [Hq * D], rotated) over keys [j0, j1). Keys are visited in pool order, each key's row (all KV heads,
-// contiguous) read once for all query heads, so a block of the pool streams through in sequence. The current
-// token's key and value (the last, not read from the pool: another thread may still be storing them) come as
-// cur_k / cur_v [Hkv * D]. partials: [Hq][D + 2] = (m, l, acc) with m the top score, l = sum_j exp(s_j - m),
-// acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
-void attend_partial(const float* queries, const DecodeToken& t, const PoolShape& p, int64_t j0, int64_t j1,
-                    const float* cur_k, const float* cur_v, std::vector<float>& scores, float* partials) {
-  const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
+// The KV heads [h0, h1) of one token (and their query heads; queries: [Hq * D], rotated) over keys [j0, j1), for
+// splitting a sequence's keys between threads or its heads between tasks. The current token's key and value
+// (the last, not read from the pool: another thread may still be storing them) come as cur_k / cur_v [Hkv * D],
+// rounded to the pool's type. partials: [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top score,
+// l = sum_j exp(s_j - m), acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
+//
+// Keys are visited in pool order, each key's row read once for all its query heads. Values go a run at a time
+// (the keys in one block of the pool, whose rows are contiguous), each head group's sums kept in registers over
+// the run (kv_rows.h), while the next run's rows are prefetched: blocks sit anywhere in the pool, where no
+// hardware prefetcher follows.
+template <typename T>
+void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<T>& p, int64_t h0, int64_t h1,
+                    int64_t j0, int64_t j1, const T* cur_k, const T* cur_v, std::vector<float>& scores,
+                    float* partials) {
+  const int64_t D = p.head_dim, Hkv = p.num_kv_heads, group = p.num_heads / Hkv, heads = (h1 - h0) * group;
   const int64_t n = std::max<int64_t>(j1 - j0, 0), pooled = t.length - 1, row = Hkv * D;
-  for (int64_t qh = 0; qh < Hq; ++qh) {
-    float* part = partials + qh * (D + 2);
+  for (int64_t i = 0; i < heads; ++i) {
+    float* part = partials + i * (D + 2);
     part[0] = -INFINITY;
     part[1] = 0.f;
     std::fill(part + 2, part + 2 + D, 0.f);
   }
   if (n == 0) return;
-  scores.resize(Hq * n);
-  auto key_row = [&](int64_t j, const float* pool, const float* current) {
+  // each head's scores `stride` floats apart: a multiple of 16 that is not one of 1024, so that the heads' rows
+  // do not all fall into the same sets of the L1 cache, as they do 4 KiB apart
+  const int64_t stride = (n + 15) / 16 * 16 + 16;
+  scores.resize(heads * stride);
+  auto key_row = [&](int64_t j, const T* pool, const T* current) {
     if (j >= pooled) return current;
     return pool + (static_cast<int64_t>(t.table[j / p.block_size]) * p.block_size + j % p.block_size) * row;
   };
-  // a row a few keys ahead is fetched while this one is used: the rows of a block are contiguous, but blocks
-  // sit anywhere in the pool, where no hardware prefetcher follows
-  auto prefetch = [&](int64_t j, const float* pool) {
-    if (j >= j1 || j >= pooled) return;
-    const char* r = reinterpret_cast<const char*>(key_row(j, pool, nullptr));
-    for (int64_t b = 0; b < row * 4; b += 64) __builtin_prefetch(r + b);
+  auto prefetch = [&](const T* r, int64_t elements) {
+    const char* bytes = reinterpret_cast<const char*>(r);
+    for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(bytes + b);
   };
   for (int64_t j = j0; j < j1; ++j) {
-    const float* k = key_row(j, p.k_cache, cur_k);
-    prefetch(j + kPrefetchKeys, p.k_cache);
-    for (int64_t qh = 0; qh < Hq; ++qh) scores[qh * n + j - j0] = dot(queries + qh * D, k + qh / group * D, D) * p.scale;
-  }
-  for (int64_t qh = 0; qh < Hq; ++qh) {
-    float* s = scores.data() + qh * n;
-    float top = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) top = std::max(top, s[i]);
-    partials[qh * (D + 2)] = top;
-    partials[qh * (D + 2) + 1] = exp_shifted(s, n, top);
-  }
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* v = key_row(j, p.v_cache, cur_v);
-    prefetch(j + kPrefetchKeys, p.v_cache);
-    for (int64_t qh = 0; qh < Hq; ++qh) {
-      float* acc = partials + qh * (D + 2) + 2;
-      const float* vh = v + qh / group * D;
-      const float w = scores[qh * n + j - j0];
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] += w * vh[d];
+    const int64_t ahead = j + kPrefetchKeys;
+    if (ahead < j1 && ahead < pooled) prefetch(key_row(ahead, p.k_cache, nullptr) + h0 * D, (h1 - h0) * D);
+    const T* k = key_row(j, p.k_cache, cur_k);
+    for (int64_t h = h0; h < h1; ++h) {
+      dot_group(queries + h * group * D, k + h * D, D, group, p.scale,
+                scores.data() + (h - h0) * group * stride + j - j0, stride);
     }
+  }
+  for (int64_t i = 0; i < heads; ++i) {
+    float* s = scores.data() + i * stride;
+    float top = -INFINITY;
+    for (int64_t m = 0; m < n; ++m) top = std::max(top, s[m]);
+    partials[i * (D + 2)] = top;
+    partials[i * (D + 2) + 1] = exp_shifted(s, n, top);
+  }
+  auto run_from = [&](int64_t j) {
+    return j >= pooled ? 1 : std::min({j1, pooled, j + p.block_size - j % p.block_size}) - j;
+  };
+  for (int64_t j = j0; j < j1;) {
+    const int64_t run = run_from(j), next = j + run;
+    const int64_t next_run = next < j1 && next < pooled ? run_from(next) : 0;
+    const T* v = key_row(j, p.v_cache, cur_v);
+    const T* next_v = next_run ? key_row(next, p.v_cache, nullptr) : nullptr;
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t i = 0; i < next_run; ++i) prefetch(next_v + i * row + h * D, D);
+      const int64_t first = (h - h0) * group;
+      add_weighted_rows(v + h * D, row, run, scores.data() + first * stride + j - j0, stride, group, D,
+                        partials + first * (D + 2) + 2, D + 2);
+    }
+    j = next;
   }
 }
 
@@ -198,17 +182,50 @@ void merge_partials(const float* partials, int64_t count, int64_t stride, int64_
   for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
-// Both, for KV head h and its query heads.
-void attend_kv_head(const DecodeToken& t, const PoolShape& p, int64_t h, std::vector<float>& scores,
-                    std::vector<int64_t>& key_rows) {
+// Rotary and the store for KV head h of one token, then its query heads' attention over all the sequence's keys.
+// current: scratch for the token's key and value as the pool holds them; partials: scratch.
+template <typename T>
+void attend_kv_head(const DecodeToken& t, const PoolShape<T>& p, int64_t h, std::vector<float>& scores,
+                    std::vector<T>& current, std::vector<float>& partials) {
   rope_and_store(t, p, h);
-  const int64_t group = p.num_heads / p.num_kv_heads;
-  for (int64_t g = 0; g < group; ++g) attend_query_head(t, p, h * group + g, scores, key_rows);
+  const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv, row = Hkv * D;
+  current.resize(2 * row);
+  store_row(current.data() + h * D, t.qkv + Hq * D + h * D, D);
+  store_row(current.data() + row + h * D, t.qkv + (Hq + Hkv) * D + h * D, D);
+  partials.resize(group * (D + 2));
+  attend_partial(t.qkv, t, p, h, h + 1, 0, t.length, current.data(), current.data() + row, scores, partials.data());
+  for (int64_t g = 0; g < group; ++g) merge_partials(partials.data() + g * (D + 2), 1, D + 2, D, t.out + (h * group + g) * D);
+}
+
+// decode_attention over a pool of element type T.
+template <typename T>
+void decode_attention_over(torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& cos,
+                           const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& tables,
+                           const torch::Tensor& seq_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                           double scale, torch::Tensor& out) {
+  const int64_t tokens = qkv.size(0), row = qkv.size(1);
+  const PoolShape<T> pool{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), num_heads, num_kv_heads, head_dim,
+                          cos.size(1), k_cache.size(1), static_cast<float>(scale)};
+  float* qkv_p = qkv.data_ptr<float>();
+  float* out_p = out.data_ptr<float>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  at::parallel_for(0, tokens * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, partials;
+    std::vector<T> current;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / num_kv_heads, h = task % num_kv_heads;
+      const DecodeToken token{qkv_p + t * row, out_p + t * num_heads * head_dim, cos.data_ptr<float>() + t * pool.half,
+                              sin.data_ptr<float>() + t * pool.half, slots[t],
+                              tables.data_ptr<int32_t>() + t * tables.size(1), lens[t]};
+      attend_kv_head(token, pool, h, scores, current, partials);
+    }
+  });
 }
 
 }  // namespace
 
-// qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32;
+// qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32 or float16;
 // cos/sin: [T, rotary_dim / 2]; slot_mapping: [T] int64; block_tables: [T, max_blocks] int32;
 // seq_lens: [T] int32 (keys per sequence, this token's included). Returns [T, Hq * D].
 torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -216,32 +233,21 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens, int64_t num_heads,
                                int64_t num_kv_heads, int64_t head_dim, double scale) {
   TORCH_CHECK(qkv.scalar_type() == torch::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "the KV pool must be contiguous float32");
+  const bool half = is_half_pool(k_cache);
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "the KV pool must be contiguous, k and v of one type");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == torch::kFloat, "cos/sin: float32");
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
               seq_lens.scalar_type() == torch::kInt, "metadata dtypes");
-  const int64_t T = qkv.size(0);
-  const int64_t row = (num_heads + 2 * num_kv_heads) * head_dim;
-  TORCH_CHECK(qkv.size(1) == row, "qkv width does not match the heads");
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim, "qkv width does not match the heads");
   const torch::Tensor tables = block_tables.contiguous();
-  const PoolShape pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), num_heads, num_kv_heads, head_dim,
-                       cos.size(1), k_cache.size(1), static_cast<float>(scale)};
-  torch::Tensor out = torch::empty({T, num_heads * head_dim}, torch::kFloat);
-  float* qkv_p = qkv.data_ptr<float>();
-  float* out_p = out.data_ptr<float>();
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  at::parallel_for(0, T * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<int64_t> key_rows;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / num_kv_heads, h = task % num_kv_heads;
-      const DecodeToken token{qkv_p + t * row, out_p + t * num_heads * head_dim, cos.data_ptr<float>() + t * pool.half,
-                              sin.data_ptr<float>() + t * pool.half, slots[t],
-                              tables.data_ptr<int32_t>() + t * tables.size(1), lens[t]};
-      attend_kv_head(token, pool, h, scores, key_rows);
-    }
-  });
+  torch::Tensor out = torch::empty({qkv.size(0), num_heads * head_dim}, torch::kFloat);
+  if (half) {
+    decode_attention_over<Half>(qkv, k_cache, v_cache, cos, sin, slot_mapping, tables, seq_lens, num_heads,
+                                num_kv_heads, head_dim, scale, out);
+  } else {
+    decode_attention_over<float>(qkv, k_cache, v_cache, cos, sin, slot_mapping, tables, seq_lens, num_heads,
+                                 num_kv_heads, head_dim, scale, out);
+  }
   return out;
 }

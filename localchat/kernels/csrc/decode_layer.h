@@ -220,6 +220,7 @@ struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
   std::vector<char> keys_ready;
   std::vector<float> scores;
+  std::vector<Half> current;     // a float16 pool's copy of the current token's keys and values [2][Hkv * D]
   std::vector<uint64_t> cycles;  // [kPhases], when profiling
 };
 
@@ -331,15 +332,16 @@ class DecodeLayer {
     down_.release(tid);
   }
 
-  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32 each.
+  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32 or float16 each.
   void bind_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
-    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+    half_cache_ = is_half_pool(k_cache);
+    TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                 k_cache.sizes() == v_cache.sizes() && k_cache.dim() == 4 && k_cache.size(2) == kv_heads_ &&
-                k_cache.size(3) == head_dim_, "the KV pool must be contiguous float32 [blocks, block, kv_heads, D]");
+                k_cache.size(3) == head_dim_, "the KV pool must be contiguous [blocks, block, kv_heads, D], k and v alike");
     k_cache_tensor_ = k_cache;
     v_cache_tensor_ = v_cache;
-    k_cache_ = k_cache.data_ptr<float>();
-    v_cache_ = v_cache.data_ptr<float>();
+    k_cache_ = k_cache.data_ptr();
+    v_cache_ = v_cache.data_ptr();
     block_size_ = k_cache.size(1);
   }
 
@@ -377,10 +379,16 @@ class DecodeLayer {
   // itself from qkv_out; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n,
   // ... are this thread's to store into the pool; no thread reads the current slot from it.
   void attend(int tid, int n, ThreadScratch& s, const Step& step) {
-    const PoolShape pool{k_cache_, v_cache_, heads_, kv_heads_, head_dim_, step.half, block_size_,
-                         1.f / std::sqrt(static_cast<float>(head_dim_))};
+    if (half_cache_) attend_over<Half>(tid, n, s, step);
+    else attend_over<float>(tid, n, s, step);
+  }
+
+  template <typename T>
+  void attend_over(int tid, int n, ThreadScratch& s, const Step& step) {
+    const PoolShape<T> pool{static_cast<T*>(k_cache_), static_cast<T*>(v_cache_), heads_, kv_heads_, head_dim_,
+                            step.half, block_size_, 1.f / std::sqrt(static_cast<float>(head_dim_))};
     const DecodeToken token{qkv_out_.data(), nullptr, step.cos, step.sin, step.slot, step.table, step.length};
-    const int64_t D = head_dim_;
+    const int64_t D = head_dim_, row = kv_heads_ * D;
     const int64_t j0 = step.length * tid / n, j1 = step.length * (tid + 1) / n;
     const float* values = qkv_out_.data() + (heads_ + kv_heads_) * D;
     std::fill(s.keys_ready.begin(), s.keys_ready.begin() + kv_heads_, 0);
@@ -392,17 +400,28 @@ class DecodeLayer {
       else std::copy(src, src + D, q);
       rotate(q, step.cos, step.sin, step.half);
     }
-    const bool current = j0 < j1 && j1 == step.length;
-    if (current) {
+    // the current token's key and value as the pool will hold them (rounded to its type)
+    const T* cur_k = nullptr;
+    const T* cur_v = nullptr;
+    if (j0 < j1 && j1 == step.length) {
       for (int64_t h = 0; h < kv_heads_; ++h) rotated_key(s, h, step);
+      if constexpr (std::is_same_v<T, float>) {
+        cur_k = s.keys.data();
+        cur_v = values;
+      } else {
+        s.current.resize(2 * row);
+        store_row(s.current.data(), s.keys.data(), row);
+        store_row(s.current.data() + row, values, row);
+        cur_k = s.current.data();
+        cur_v = s.current.data() + row;
+      }
     }
-    attend_partial(queries, token, pool, j0, j1, current ? s.keys.data() : nullptr, values, s.scores,
+    attend_partial(queries, token, pool, 0, kv_heads_, j0, j1, cur_k, cur_v, s.scores,
                    partials_.data() + tid * heads_ * (D + 2));
     if (step.slot < 0) return;
     for (int64_t h = tid; h < kv_heads_; h += n) {
-      const float* k = rotated_key(s, h, step);
-      std::copy(k, k + D, k_cache_ + (step.slot * kv_heads_ + h) * D);
-      std::copy(values + h * D, values + (h + 1) * D, v_cache_ + (step.slot * kv_heads_ + h) * D);
+      store_row(pool.k_cache + (step.slot * kv_heads_ + h) * D, rotated_key(s, h, step), D);
+      store_row(pool.v_cache + (step.slot * kv_heads_ + h) * D, values + h * D, D);
     }
   }
 
@@ -416,8 +435,9 @@ class DecodeLayer {
   }
 
   torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_, k_cache_tensor_, v_cache_tensor_;
-  float* k_cache_ = nullptr;
-  float* v_cache_ = nullptr;
+  void* k_cache_ = nullptr;  // float or Half, as half_cache_ says
+  void* v_cache_ = nullptr;
+  bool half_cache_ = false;
   int64_t block_size_ = 0;
   float eps_;
   std::vector<bool> precise_;  // per projection (qkv, o, gate_up, down)
