@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--text", default=str(DEFAULT_TEXT))
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", help="the quantized engine's KV pool (auto: float16)"
+    )
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args()
@@ -78,7 +81,7 @@ def main() -> None:
     from localchat.engine.model_source import pull_default_model
 
     path = args.model or str(pull_default_model())
-    quantized = LLM(path, num_threads=args.threads)
+    quantized = LLM(path, num_threads=args.threads, kv_cache_dtype=args.kv_cache_dtype)
     reference = LLM(path, num_threads=args.threads, quantization="none")
     ids = quantized.engine.tokenize(Path(args.text).read_text())
     chunks = windows(ids, args.window)
@@ -93,6 +96,7 @@ def main() -> None:
         "model": Path(path).name,
         "tokens": len(ids),
         "window": args.window,
+        "kv_cache_dtype": str(quantized.engine.runner.kv_cache_dtype).removeprefix("torch."),
         "windows": len(chunks),
         "logits_positions": len(chunks[0]),
         "top1_agreement": agreement,

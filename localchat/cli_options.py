@@ -68,6 +68,18 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
         ],
         None,
     ),
+    "kv_cache_dtype": (
+        Annotated[
+            str,
+            option(
+                _PANEL,
+                "--kv-cache-dtype",
+                help="auto (float16 for quantized weights on CPU, else the model's dtype), "
+                "float32, float16, bfloat16",
+            ),
+        ],
+        "auto",
+    ),
     "gpu_memory_utilization": (
         Annotated[
             float,

@@ -11,6 +11,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -28,7 +29,9 @@ class EngineConfig:
     weights as they are (and a dense checkpoint dense), none dequantizes them, int8/int4 quantize a
     dense checkpoint's projections weight-only, group-wise. `kv_cache_memory` takes '512MiB'/'4GiB'
     or bytes; on CUDA without it the pool takes `gpu_memory_utilization` of the GPU after the
-    weights and a profiling pass.
+    weights and a profiling pass. `kv_cache_dtype`: auto stores keys and values in float16 where
+    quantized weights run float32 on the CPU (as llama.cpp does: half the bytes per token, twice
+    the context per GiB), else in the model's dtype.
     """
 
     model: str | None = None
@@ -40,6 +43,7 @@ class EngineConfig:
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory: int | str | None = None
+    kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -62,6 +66,11 @@ class EngineConfig:
             f"must be one of {QUANTIZATIONS}, got {self.quantization!r}",
         )
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+        )
         _check(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
         _check(
             self.block_size in (8, 16, 32, 64, 128),

@@ -80,8 +80,9 @@ def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
     return name, [i for i, kind in enumerate(types.contents()) if kind == _NORMAL_TOKEN]
 
 
-def kv_pool_bytes(path: Path, tokens: int, block_size: int) -> int:
-    """The bytes of a float32 KV pool of `tokens` tokens (whole blocks) for the GGUF at `path`."""
+def kv_pool_bytes(path: Path, tokens: int, block_size: int, element_size: int) -> int:
+    """The bytes of a KV pool of `tokens` tokens (whole blocks) of `element_size`-byte elements for
+    the GGUF at `path`."""
     header = read_header(path)
     layers, heads = header.arch_field("block_count"), header.arch_field("attention.head_count")
     kv_heads = header.arch_field("attention.head_count_kv") or heads
@@ -89,7 +90,7 @@ def kv_pool_bytes(path: Path, tokens: int, block_size: int) -> int:
         header.arch_field("attention.key_length") or header.arch_field("embedding_length") // heads
     )
     blocks = -(-tokens // block_size)
-    return blocks * block_size * 2 * layers * kv_heads * head_dim * 4
+    return blocks * block_size * 2 * layers * kv_heads * head_dim * element_size
 
 
 def _warm_page_cache(path: Path) -> None:
@@ -142,8 +143,12 @@ def run_big_model(
         model=str(path),
         num_threads=threads,
         max_model_len=config.max_model_len or n_ctx,
-        kv_cache_memory=config.kv_cache_memory or kv_pool_bytes(path, n_ctx, config.block_size),
     )
+    if engine_config.kv_cache_memory is None:
+        from localchat.engine.runtime import pool_dtype
+
+        element_size = pool_dtype(engine_config, "gguf").itemsize
+        engine_config.kv_cache_memory = kv_pool_bytes(path, n_ctx, config.block_size, element_size)
     outcome = BenchOutcome(path.name, notes=notes)
     outcome.notes.append(
         f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})"

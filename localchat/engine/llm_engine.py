@@ -85,6 +85,7 @@ class LLMEngine:
             runtime.hf_config,
             device=runtime.device,
             dtype=runtime.dtype,
+            kv_cache_dtype=runtime.kv_cache_dtype,
             block_size=config.block_size,
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos_token_ids,

@@ -35,6 +35,7 @@ class ModelRunner:
         *,
         device: torch.device,
         dtype: torch.dtype,
+        kv_cache_dtype: torch.dtype | None = None,
         block_size: int,
         max_model_len: int,
         eos_token_ids: set[int],
@@ -44,6 +45,7 @@ class ModelRunner:
         self.spec = model.spec
         self.device = device
         self.dtype = dtype
+        self.kv_cache_dtype = kv_cache_dtype or dtype  # the pool's; attention computes in `dtype`
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
@@ -60,7 +62,7 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         spec = self.spec
         elements = 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim
-        return elements * torch.empty(0, dtype=self.dtype).element_size()
+        return elements * torch.empty(0, dtype=self.kv_cache_dtype).element_size()
 
     def allocate_kv_cache(self, num_blocks: int, memory: PrefaultedMemory | None = None) -> None:
         """One pool [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets views of
@@ -71,10 +73,11 @@ class ModelRunner:
         # memory the server reports at ready is what it keeps, instead of growing by the pool's size
         # as blocks are first used (llama.cpp clears its cache at start-up too).
         if self.device.type == "cpu":
-            pool = memory.take(shape, self.dtype) if memory is not None else None
-            self._bind_kv_cache(pool if pool is not None else resident_zeros(shape, self.dtype))
+            dtype = self.kv_cache_dtype
+            pool = memory.take(shape, dtype) if memory is not None else None
+            self._bind_kv_cache(pool if pool is not None else resident_zeros(shape, dtype))
         else:
-            self._bind_kv_cache(torch.zeros(shape, dtype=self.dtype, device=self.device))
+            self._bind_kv_cache(torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
 
     def _bind_kv_cache(self, pool: torch.Tensor | None) -> None:
         """Make `pool` the KV pool and give each layer its views (None releases the pool)."""

@@ -48,6 +48,7 @@ class EngineRuntime:
     chat_template: ChatTemplate | None
     device: torch.device
     dtype: torch.dtype
+    kv_cache_dtype: torch.dtype
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -68,9 +69,7 @@ class EngineRuntime:
         if device.type == "cpu":  # tensor-parallel ranks share the cores
             cores = min(os.cpu_count() or 1, torch.get_num_threads())
             torch.set_num_threads(config.num_threads or max(cores // tp, 1))
-        dtype = _DTYPES.get(config.dtype) or (
-            torch.bfloat16 if device.type == "cuda" else torch.float32
-        )
+        dtype = model_dtype(config, device)
         torch.manual_seed(config.seed)
         say("finding the model")
         files = model_files(resolve_model(config.model, progress=progress), progress)
@@ -91,7 +90,8 @@ class EngineRuntime:
         )
         if tp > 1:  # refuse a size that does not split the heads before loading the weights
             check_tensor_parallel(spec_from_config(hf_config), tp)
-        max_model_len = _max_model_len(config, hf_config, device, dtype)
+        kv_cache_dtype = pool_dtype(config, files.source.kind)
+        max_model_len = _max_model_len(config, hf_config, device, kv_cache_dtype)
         if device.type == "cpu":
             cpu_kernels(
                 say
@@ -122,6 +122,7 @@ class EngineRuntime:
             chat_template,
             device,
             dtype,
+            kv_cache_dtype,
             max_model_len,
             max_num_seqs,
             max(max_num_batched_tokens, max_num_seqs),
@@ -178,6 +179,28 @@ def _pick_device(name: str) -> torch.device:
             "device 'cuda' was requested but no CUDA GPU is available", param="device"
         )
     return torch.device(name)
+
+
+def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    """The dtype the model computes in: as configured, or bfloat16 on CUDA and float32 on a CPU."""
+    return _DTYPES.get(config.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def pool_dtype(config: EngineConfig, source_kind: str) -> torch.dtype:
+    """The KV pool's dtype for a model from a `source_kind` file ("gguf", ...): as configured, or
+    (auto) float16 where quantized weights (a GGUF file's, or --quantization int8/int4) run float32
+    on the CPU, as llama.cpp stores them; else the model's dtype. Attention reads every cached key
+    and value at each decode step, so a long context's decode is bound by their bytes."""
+    if config.kv_cache_dtype != "auto":
+        return _DTYPES[config.kv_cache_dtype]
+    device = _pick_device(config.device)
+    dtype = model_dtype(config, device)
+    quantized = config.quantization in ("int8", "int4") or (
+        source_kind == "gguf" and config.load_format != "dummy" and config.quantization != "none"
+    )
+    if device.type == "cpu" and dtype == torch.float32 and quantized:
+        return torch.float16
+    return dtype
 
 
 def _kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:

@@ -132,7 +132,7 @@ def test_the_kv_pool_holds_the_peers_context(tiny_file):
     from localchat.bench.big_model import kv_pool_bytes
     from localchat.engine.llm_engine import LLMEngine
 
-    budget = kv_pool_bytes(tiny_file, 40, 16)
+    budget = kv_pool_bytes(tiny_file, 40, 16, 2)  # a GGUF's pool is float16 on the CPU
     engine = LLMEngine(EngineConfig(model=str(tiny_file), max_model_len=40, kv_cache_memory=budget))
     pool = engine.runner.kv_cache
     assert pool is not None and pool.shape[2] == 3  # ceil(40 / 16) blocks

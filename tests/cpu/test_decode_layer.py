@@ -23,11 +23,16 @@ SHAPES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(SHAPES))
+# (shape, KV pool dtype): a GGUF file's pool is float16 unless asked otherwise
+CASES = [(name, "auto") for name in sorted(SHAPES)] + [("llama-q4_k_m", "float32")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
 def mixed_llm(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("mixed") / f"{request.param}.gguf"
-    write_random_gguf(path, SHAPES[request.param], "q4_k_m", std=0.05)
-    return LLM(str(path), max_model_len=512)
+    name, kv_cache_dtype = request.param
+    path = tmp_path_factory.mktemp("mixed") / f"{name}.gguf"
+    write_random_gguf(path, SHAPES[name], "q4_k_m", std=0.05)
+    return LLM(str(path), max_model_len=512, kv_cache_dtype=kv_cache_dtype)
 
 
 def _run(llm: LLM, fused: bool):

@@ -49,6 +49,21 @@ def test_default_model_runs_quantized_and_follows_the_float32_path(llm, float_ll
     assert llm.chat(chat, params)[0].token_ids == float_llm.chat(chat, params)[0].token_ids
 
 
+def test_quantized_weights_keep_the_kv_cache_in_float16(llm, float_llm):
+    # as llama.cpp does: half the bytes per cached token, so twice the blocks in the same budget
+    runner, dense = llm.engine.runner, float_llm.engine.runner
+    assert runner.kv_cache is not None and runner.kv_cache.dtype == torch.float16
+    assert dense.kv_cache is not None and dense.kv_cache.dtype == torch.float32
+    assert runner.bytes_per_block() * 2 == dense.bytes_per_block()
+    assert llm.engine.block_manager.num_blocks == 2 * float_llm.engine.block_manager.num_blocks
+    as_float = LLM(kv_cache_dtype="float32", kv_cache_memory="64MiB", max_model_len=1024)
+    assert as_float.engine.runner.kv_cache.dtype == torch.float32
+    # a reply long enough to read many blocks back: the float16 pool continues it as float32 does
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    chat = [{"role": "user", "content": "Explain what a paged KV cache is, step by step."}]
+    assert llm.chat(chat, params)[0].token_ids == as_float.chat(chat, params)[0].token_ids
+
+
 @pytest.fixture(scope="module")
 def tiny_dense(tmp_path_factory):
     from transformers import AutoConfig, AutoModelForCausalLM

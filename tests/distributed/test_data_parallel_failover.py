@@ -17,8 +17,9 @@ from tests.serve_process import ServeProcess, serve_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-# 16 MiB holds 22 blocks of 16 tokens: two prompts of 200 tokens evict a replica's older blocks
-ARGS = ("-dp", "2", "--threads", "1", "--kv-cache-memory", "16MiB", "--max-model-len", "256")
+# 8 MiB holds 22 blocks of 16 tokens (the default model's KV pool is float16): two prompts of 200
+# tokens evict a replica's older blocks
+ARGS = ("-dp", "2", "--threads", "1", "--kv-cache-memory", "8MiB", "--max-model-len", "256")
 
 
 @pytest.fixture(scope="module")

@@ -176,6 +176,7 @@ def test_memory_sizes(text, expected):
     [
         ({"kv_cache_memory": "lots"}, "kv_cache_memory"),
         ({"dtype": "float8"}, "dtype"),
+        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype"),
         ({"block_size": 7}, "block_size"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"max_num_seqs": 0}, "max_num_seqs"),

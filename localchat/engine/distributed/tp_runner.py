@@ -66,6 +66,7 @@ class TensorParallelRunner(ModelRunner):
                 runtime.files,
                 runtime.device.type,
                 runtime.dtype,
+                runtime.kv_cache_dtype,
                 runtime.max_model_len,
                 torch.get_num_threads(),  # what the runtime chose for rank 0
             )

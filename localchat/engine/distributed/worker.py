@@ -38,6 +38,7 @@ class WorkerArgs:
     files: ModelFiles
     device_type: str
     dtype: torch.dtype
+    kv_cache_dtype: torch.dtype
     max_model_len: int
     num_threads: int
 
@@ -68,6 +69,7 @@ def build_shard(args: WorkerArgs, device: torch.device | None = None) -> ModelRu
         hf_config,
         device=device,
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         block_size=config.block_size,
         max_model_len=args.max_model_len,
         eos_token_ids=set(),
