@@ -185,10 +185,18 @@ def make_batch(seqs, num_kv_heads, head_dim, dtype, block_size=16, spare_blocks=
 
 
 def check_attention(
-    seqs, num_q_heads, num_kv_heads, head_dim, dtype, num_splits=None, layers=1, block_size=16
+    seqs,
+    num_q_heads,
+    num_kv_heads,
+    head_dim,
+    dtype,
+    num_splits=None,
+    layers=1,
+    block_size=16,
+    cache_dtype=None,
 ):
     k_cache, v_cache, md, (k_poisoned, v_poisoned) = make_batch(
-        seqs, num_kv_heads, head_dim, dtype, block_size
+        seqs, num_kv_heads, head_dim, cache_dtype or dtype, block_size
     )
     scale = head_dim**-0.5
     for _ in range(layers):  # later layers reuse the step's scratch (split-K buffers)
@@ -253,6 +261,12 @@ def test_other_block_sizes(block_size):
     check_attention(
         [(9, 1), (33, 1), (40, 9), (17, 17)], 4, 2, 64, torch.float32, block_size=block_size
     )
+
+
+def test_a_float16_pool_under_float32_queries():
+    # --kv-cache-dtype float16 with a float32 model: the kernels widen the pool's tiles as they load
+    seqs = [(1, 1), (17, 1), (33, 1), (16, 16), (40, 9)]
+    check_attention(seqs, 4, 2, 64, torch.float32, cache_dtype=torch.float16)
 
 
 def test_head_dim_not_power_of_two():
