@@ -1,7 +1,7 @@
 """The CPU fast path for a batch of decodes: rotary, KV store and paged attention in one C++ call
 per layer (kernels/csrc/decode_attention.h). It applies only to all-decode float32 batches on the
-CPU over a float32 or float16 KV pool; everything else takes the per-op path (kernels/rotary.py,
-kv_cache.py, attention.py), which it must equal."""
+CPU over a float32, float16 or bfloat16 KV pool; everything else takes the per-op path
+(kernels/rotary.py, kv_cache.py, attention.py), which it must equal."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def fused_decode_attention(
     if (
         qkv.device.type != "cpu"
         or qkv.dtype != torch.float32
-        or k_cache.dtype not in (torch.float32, torch.float16)
+        or k_cache.dtype not in (torch.float32, torch.float16, torch.bfloat16)
         or md.num_decodes != qkv.shape[0]
         or use_triton(qkv)
     ):

@@ -14,7 +14,7 @@ from localchat.kernels.kv_cache import store_kv_cache_ref
 from localchat.kernels.rotary import rotary_embedding_ref
 
 
-@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(9, 3, 64, 64), (8, 8, 32, 32), (16, 2, 80, 40)])
 def test_fused_decode_equals_reference(heads, pool_dtype):
     if cpu_kernels() is None:
@@ -83,10 +83,9 @@ def test_fused_decode_equals_reference(heads, pool_dtype):
         head_dim**-0.5,
     )
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    # the keys stored are the rotated ones (float16: rounded as torch rounds, to the bit)
+    # the keys stored are the rotated ones, rounded to the pool's type as torch rounds, to the bit
+    assert torch.equal(pool, ref_pool) if pool_dtype != torch.float32 else True
     torch.testing.assert_close(pool, ref_pool, rtol=1e-6, atol=1e-6)
-    if pool_dtype == torch.float16:
-        assert torch.equal(pool, ref_pool)
 
 
 def test_fast_path_declines_what_it_does_not_cover():

@@ -24,7 +24,10 @@ SHAPES = {
 
 
 # (shape, KV pool dtype): a GGUF file's pool is float16 unless asked otherwise
-CASES = [(name, "auto") for name in sorted(SHAPES)] + [("llama-q4_k_m", "float32")]
+CASES = [(name, "auto") for name in sorted(SHAPES)] + [
+    ("llama-q4_k_m", "float32"),
+    ("llama-q4_k_m", "bfloat16"),
+]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))

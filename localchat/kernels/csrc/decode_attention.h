@@ -35,7 +35,7 @@ struct DecodeToken {
   int64_t length;      // keys to attend to, this token's included
 };
 
-// T: the pool's element type, float or Half (kv_rows.h).
+// T: the pool's element type, float, Half or BFloat16 (kv_rows.h).
 template <typename T>
 struct PoolShape {
   T* k_cache;
@@ -225,7 +225,7 @@ void decode_attention_over(torch::Tensor& qkv, torch::Tensor& k_cache, torch::Te
 
 }  // namespace
 
-// qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32 or float16;
+// qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32, float16 or bfloat16;
 // cos/sin: [T, rotary_dim / 2]; slot_mapping: [T] int64; block_tables: [T, max_blocks] int32;
 // seq_lens: [T] int32 (keys per sequence, this token's included). Returns [T, Hq * D].
 torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -233,7 +233,6 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens, int64_t num_heads,
                                int64_t num_kv_heads, int64_t head_dim, double scale) {
   TORCH_CHECK(qkv.scalar_type() == torch::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
-  const bool half = is_half_pool(k_cache);
   TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "the KV pool must be contiguous, k and v of one type");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == torch::kFloat, "cos/sin: float32");
@@ -242,12 +241,9 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim, "qkv width does not match the heads");
   const torch::Tensor tables = block_tables.contiguous();
   torch::Tensor out = torch::empty({qkv.size(0), num_heads * head_dim}, torch::kFloat);
-  if (half) {
-    decode_attention_over<Half>(qkv, k_cache, v_cache, cos, sin, slot_mapping, tables, seq_lens, num_heads,
-                                num_kv_heads, head_dim, scale, out);
-  } else {
-    decode_attention_over<float>(qkv, k_cache, v_cache, cos, sin, slot_mapping, tables, seq_lens, num_heads,
-                                 num_kv_heads, head_dim, scale, out);
-  }
+  with_pool_type(k_cache, [&](auto element) {
+    decode_attention_over<decltype(element)>(qkv, k_cache, v_cache, cos, sin, slot_mapping, tables, seq_lens,
+                                             num_heads, num_kv_heads, head_dim, scale, out);
+  });
   return out;
 }

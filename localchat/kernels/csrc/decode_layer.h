@@ -220,7 +220,7 @@ struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
   std::vector<char> keys_ready;
   std::vector<float> scores;
-  std::vector<Half> current;     // a float16 pool's copy of the current token's keys and values [2][Hkv * D]
+  std::vector<uint16_t> current;  // a 16-bit pool's copy of the current token's keys and values [2][Hkv * D]
   std::vector<uint64_t> cycles;  // [kPhases], when profiling
 };
 
@@ -332,9 +332,10 @@ class DecodeLayer {
     down_.release(tid);
   }
 
-  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32 or float16 each.
+  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32, float16 or bfloat16.
   void bind_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
-    half_cache_ = is_half_pool(k_cache);
+    with_pool_type(k_cache, [](auto) {});  // checks the type
+    cache_type_ = k_cache.scalar_type();
     TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                 k_cache.sizes() == v_cache.sizes() && k_cache.dim() == 4 && k_cache.size(2) == kv_heads_ &&
                 k_cache.size(3) == head_dim_, "the KV pool must be contiguous [blocks, block, kv_heads, D], k and v alike");
@@ -379,8 +380,11 @@ class DecodeLayer {
   // itself from qkv_out; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n,
   // ... are this thread's to store into the pool; no thread reads the current slot from it.
   void attend(int tid, int n, ThreadScratch& s, const Step& step) {
-    if (half_cache_) attend_over<Half>(tid, n, s, step);
-    else attend_over<float>(tid, n, s, step);
+    switch (cache_type_) {
+      case torch::kHalf: attend_over<Half>(tid, n, s, step); break;
+      case torch::kBFloat16: attend_over<BFloat16>(tid, n, s, step); break;
+      default: attend_over<float>(tid, n, s, step); break;
+    }
   }
 
   template <typename T>
@@ -410,10 +414,11 @@ class DecodeLayer {
         cur_v = values;
       } else {
         s.current.resize(2 * row);
-        store_row(s.current.data(), s.keys.data(), row);
-        store_row(s.current.data() + row, values, row);
-        cur_k = s.current.data();
-        cur_v = s.current.data() + row;
+        T* current = reinterpret_cast<T*>(s.current.data());
+        store_row(current, s.keys.data(), row);
+        store_row(current + row, values, row);
+        cur_k = current;
+        cur_v = current + row;
       }
     }
     attend_partial(queries, token, pool, 0, kv_heads_, j0, j1, cur_k, cur_v, s.scores,
@@ -435,9 +440,9 @@ class DecodeLayer {
   }
 
   torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_, k_cache_tensor_, v_cache_tensor_;
-  void* k_cache_ = nullptr;  // float or Half, as half_cache_ says
+  void* k_cache_ = nullptr;  // of cache_type_
   void* v_cache_ = nullptr;
-  bool half_cache_ = false;
+  c10::ScalarType cache_type_ = torch::kFloat;
   int64_t block_size_ = 0;
   float eps_;
   std::vector<bool> precise_;  // per projection (qkv, o, gate_up, down)

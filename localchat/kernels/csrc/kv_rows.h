@@ -1,7 +1,7 @@
-// The paged KV pool's rows on the CPU, float32 or float16: the loads, the dot product with a float32 query,
-// the weighted sum into a float32 accumulator, and the store. A float16 pool reads half the bytes per key
-// (decode attention over a long context is bound by them); its rows are widened to float32 as they are
-// read, and rounded to nearest even when stored, as torch's .to(torch.float16) rounds.
+// The paged KV pool's rows on the CPU, float32, float16 or bfloat16: the loads, the dot product with a float32
+// query, the weighted sum into a float32 accumulator, and the store. A 16-bit pool reads half the bytes per key
+// (decode attention over a long context is bound by them); its rows are widened to float32 as they are read,
+// and rounded to nearest even when stored, as torch's .to() rounds.
 #pragma once
 #include <torch/extension.h>
 #if defined(__x86_64__)
@@ -15,10 +15,15 @@
 namespace {
 
 using Half = c10::Half;
+using BFloat16 = c10::BFloat16;
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load16(const BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 #endif
 
 // sum_i q[i] * k[i]
@@ -129,7 +134,7 @@ void add_scaled_row(float* acc, float w, const T* v, int64_t n) {
   }
 }
 
-// dst[i] = src[i], rounded to the pool's type
+// dst[i] = src[i], rounded to the pool's type (one token's row: the bfloat16 rounding stays scalar)
 template <typename T>
 void store_row(T* dst, const float* src, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
@@ -137,12 +142,14 @@ void store_row(T* dst, const float* src, int64_t n) {
   } else {
     int64_t i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                          _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if constexpr (std::is_same_v<T, Half>) {
+      for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
     }
 #endif
-    for (; i < n; ++i) dst[i] = Half(src[i]);
+    for (; i < n; ++i) dst[i] = T(src[i]);
   }
 }
 
@@ -173,11 +180,15 @@ void add_weighted_rows(const T* v, int64_t row, int64_t count, const float* w, i
   }
 }
 
-// The pool's element type of a KV cache tensor, checked: float32 or float16.
-inline bool is_half_pool(const torch::Tensor& cache) {
-  TORCH_CHECK(cache.scalar_type() == torch::kFloat || cache.scalar_type() == torch::kHalf,
-              "the KV pool must be float32 or float16");
-  return cache.scalar_type() == torch::kHalf;
+// Run f(T()) with T the element type of a KV cache tensor (float, Half or BFloat16), checked.
+template <typename F>
+void with_pool_type(const torch::Tensor& cache, F f) {
+  switch (cache.scalar_type()) {
+    case torch::kFloat: f(float()); break;
+    case torch::kHalf: f(Half()); break;
+    case torch::kBFloat16: f(BFloat16()); break;
+    default: TORCH_CHECK(false, "the KV pool must be float32, float16 or bfloat16");
+  }
 }
 
 }  // namespace
