@@ -65,7 +65,8 @@ def engine_label(engine) -> str:
 
     return (
         f"localchat engine (weights {describe_weights(runtime.model)}, activations "
-        f"{str(runtime.dtype).removeprefix('torch.')}, {runtime.device.type}, "
+        f"{str(runtime.dtype).removeprefix('torch.')}, "
+        f"KV cache {str(runtime.kv_cache_dtype).removeprefix('torch.')}, {runtime.device.type}, "
         f"max_num_seqs {runtime.max_num_seqs}, "
         f"max_num_batched_tokens {runtime.max_num_batched_tokens}, "
         f"prefix caching {prefix})"

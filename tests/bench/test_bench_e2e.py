@@ -64,6 +64,8 @@ def test_decode_workload_reports_decode_rate(default_gguf, tmp_path):
     fig = json.loads(path.read_text())["results"]["localchat"]
     check_figures(fig, requests=1)
     assert fig["output_tokens"] == 24 and fig["decode_tok_s"] > 0
+    # the label says what ran: the GGUF's types and the KV cache's dtype
+    assert "weights Q4_1 + Q8_0" in fig["label"] and "KV cache float16" in fig["label"]
 
 
 def test_online_run_against_a_real_server(bench_server, offline_json, tmp_path):
