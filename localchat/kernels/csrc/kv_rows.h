@@ -64,17 +64,26 @@ void dot_heads(const float* q, const T* k, int64_t D, float scale, float* out, i
   for (int g = 0; g < G; ++g) out[g * stride] = dot_row(q + g * D, k, D) * scale;
 }
 
-// dot_heads for `group` query heads, four at a time.
-template <typename T>
-void dot_group(const float* q, const T* k, int64_t D, int64_t group, float scale, float* out, int64_t stride) {
+// f(std::integral_constant<int, G>(), g) over a KV head's `group` query heads, G = 4 at a time from head g (the
+// last G may be 1-3): the kernels below keep G heads' sums in registers, G a compile-time count.
+template <typename F>
+void for_head_blocks(int64_t group, F f) {
   int64_t g = 0;
-  for (; g + 4 <= group; g += 4) dot_heads<4>(q + g * D, k, D, scale, out + g * stride, stride);
+  for (; g + 4 <= group; g += 4) f(std::integral_constant<int, 4>(), g);
   switch (group - g) {
-    case 3: dot_heads<3>(q + g * D, k, D, scale, out + g * stride, stride); break;
-    case 2: dot_heads<2>(q + g * D, k, D, scale, out + g * stride, stride); break;
-    case 1: dot_heads<1>(q + g * D, k, D, scale, out + g * stride, stride); break;
+    case 3: f(std::integral_constant<int, 3>(), g); break;
+    case 2: f(std::integral_constant<int, 2>(), g); break;
+    case 1: f(std::integral_constant<int, 1>(), g); break;
     default: break;
   }
+}
+
+// dot_heads for `group` query heads.
+template <typename T>
+void dot_group(const float* q, const T* k, int64_t D, int64_t group, float scale, float* out, int64_t stride) {
+  for_head_blocks(group, [&](auto heads, int64_t g) {
+    dot_heads<decltype(heads)::value>(q + g * D, k, D, scale, out + g * stride, stride);
+  });
 }
 
 // out[g * out_stride + i] += sum_j w[g * w_stride + j] * v[j * row + i], i < 16 C, for G query heads over `count`
@@ -160,18 +169,10 @@ void add_weighted_rows(const T* v, int64_t row, int64_t count, const float* w, i
                        int64_t D, float* out, int64_t out_stride) {
 #if defined(__AVX512F__)
   if (D % 16 == 0) {
-    int64_t g = 0;
-    for (; g + 4 <= group; g += 4) {
-      add_weighted_rows_chunks<4>(v, row, count, w + g * w_stride, w_stride, D, out + g * out_stride, out_stride);
-    }
-    const float* wg = w + g * w_stride;
-    float* og = out + g * out_stride;
-    switch (group - g) {
-      case 3: add_weighted_rows_chunks<3>(v, row, count, wg, w_stride, D, og, out_stride); break;
-      case 2: add_weighted_rows_chunks<2>(v, row, count, wg, w_stride, D, og, out_stride); break;
-      case 1: add_weighted_rows_chunks<1>(v, row, count, wg, w_stride, D, og, out_stride); break;
-      default: break;
-    }
+    for_head_blocks(group, [&](auto heads, int64_t g) {
+      add_weighted_rows_chunks<decltype(heads)::value>(v, row, count, w + g * w_stride, w_stride, D,
+                                                       out + g * out_stride, out_stride);
+    });
     return;
   }
 #endif
