@@ -379,6 +379,7 @@ inline __m128i k_sub_bytes(const PassView& v, int r, int64_t g, int64_t n, int w
   k_sub_params(v, r, g, n, scales, mins);
   return which == 0 ? scales : mins;
 }
+
 #endif
 
 // pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
@@ -418,12 +419,6 @@ inline __m512 load_supers(const PassView& v, int r, int64_t b, int64_t groups_le
   return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>(mask), v.supers(r, b))));
 }
 
-// Row r's 6-bit sub-scales (which = 0) or sub-mins (1) of groups g .. g + n (n even; 16 at most are taken) as
-// floats, zero past n.
-inline __m512 load_sub_params(const PassView& v, int r, int64_t g, int64_t n, int which) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_sub_bytes(v, r, g, n, which)));
-}
-
 // Row r's K-quant scales d * sub-scale and (positive) mins dmin * sub-min of groups g .. g + n (n even; those past
 // the first 16 are left out) as floats: the one place every kernel forms them, so all round them alike.
 inline void k_group_params(const PassView& v, int r, int64_t g, int64_t n, __m512& scales, __m512& mins) {
@@ -432,6 +427,46 @@ inline void k_group_params(const PassView& v, int r, int64_t g, int64_t n, __m51
   k_sub_params(v, r, g, n, sub_scales, sub_mins);
   scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scales)), _mm512_permutexvar_ps(super_lanes(0), supers));
   mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_mins)), _mm512_permutexvar_ps(super_lanes(1), supers));
+}
+
+// The 128-bit lane r (0-3) of x.
+inline __m128i lane128(__m512i x, int r) {
+  switch (r) {
+    case 0: return _mm512_castsi512_si128(x);
+    case 1: return _mm512_extracti32x4_epi32(x, 1);
+    case 2: return _mm512_extracti32x4_epi32(x, 2);
+    default: return _mm512_extracti32x4_epi32(x, 3);
+  }
+}
+
+// k_group_params for all kRowsPerPass rows of an interleaved pass's block b, whose 16 groups are all there: the
+// rows' packed sub-scales and sub-mins lie side by side (k_sub_params' unpacking, for four rows in one vector) and
+// so do their (d, dmin) halves. Each row's scales and mins come out as k_group_params forms them, bit for bit.
+// Unpacking them row by row cost the decode about a third of its instructions on Q4_K weights: measured on the
+// Zen 5 EPYC (2026-12-05, one process, alternating), a 14336 x 4096 Q4_K GEMV read 27 -> 34 GB/s on one thread,
+// and a whole 8B Q4_K_M decode step took 88.0 -> 76.7 ms on two.
+inline void k_pass_params(const PassView& v, int64_t b, __m512* scales, __m512* mins) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i lo = _mm512_loadu_si512(static_cast<const uint8_t*>(v.s) + b * v.g_block_step);
+  // word j of row r's lane: the top byte of groups 2j and 2j + 1; the even group takes its low nibble (the
+  // masks below keep only its bits), the odd group its high one
+  const __m512i top = _mm512_cvtepu8_epi16(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(v.m) + b * v.g_block_step / 2)));
+  const __m512i bits = _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAULL, top, _mm512_slli_epi16(top, 4));
+  const __m512i sub_scales =
+      _mm512_or_si512(_mm512_and_si512(lo, nibble), _mm512_slli_epi16(_mm512_and_si512(bits, _mm512_set1_epi8(3)), 4));
+  const __m512i sub_mins = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), nibble),
+                                           _mm512_slli_epi16(_mm512_and_si512(bits, _mm512_set1_epi8(12)), 2));
+  // row r's (d, dmin) of its two super-blocks at lanes 4r .. 4r + 3
+  const __m512 supers = _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v.sup + b * v.sup_block_step)));
+  for (int r = 0; r < kRowsPerPass; ++r) {
+    const __m512i at = _mm512_set1_epi32(4 * r);
+    scales[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lane128(sub_scales, r))),
+                              _mm512_permutexvar_ps(_mm512_add_epi32(super_lanes(0), at), supers));
+    mins[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lane128(sub_mins, r))),
+                            _mm512_permutexvar_ps(_mm512_add_epi32(super_lanes(1), at), supers));
+  }
 }
 
 // acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later). The
@@ -601,18 +636,28 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   for (int64_t b = 0; !SYMMETRIC && b < rows * min_bytes; b += 64) {
     __builtin_prefetch(static_cast<const char*>(v.m) + kPrefetchRows * min_bytes + b);
   }
+  for (int64_t b = 0; KQ && b < rows * super_row(groups) * 2; b += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(v.sup + kPrefetchRows * super_row(groups)) + b);
+  }
   for (int64_t c0 = 0; c0 < chunks; c0 += chunks_per_block) {
     const int64_t g0 = c0 * L.groups_per_chunk, left = groups - g0;
     const __mmask16 group_mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
     const __m512 da = _mm512_loadu_ps(a.group_scales + g0);  // zero past the last group
     __m512 sd[kRowsPerPass];
-    for (int r = 0; r < rows; ++r) {
-      if (KQ) {  // d * sub-scale, then times the activation scale; the mins' lanes as offset_lanes forms them
-        __m512 scales, o;
-        k_group_params(v, r, g0, left, scales, o);
-        sd[r] = _mm512_mul_ps(scales, da);
-        offsets[r] = _mm512_fnmadd_ps(o, _mm512_maskz_loadu_ps(group_mask, a.group_terms + g0), offsets[r]);
+    if (KQ) {  // d * sub-scale, then times the activation scale; the mins' lanes as offset_lanes forms them
+      __m512 scales[kRowsPerPass], o[kRowsPerPass];
+      if (v.interleaved() && g0 / kGroupBlock < v.full_blocks) {
+        k_pass_params(v, g0 / kGroupBlock, scales, o);  // the pass's four rows at once
       } else {
+        for (int r = 0; r < rows; ++r) k_group_params(v, r, g0, left, scales[r], o[r]);
+      }
+      const __m512 terms = _mm512_maskz_loadu_ps(group_mask, a.group_terms + g0);
+      for (int r = 0; r < rows; ++r) {
+        sd[r] = _mm512_mul_ps(scales[r], da);
+        offsets[r] = _mm512_fnmadd_ps(o[r], terms, offsets[r]);
+      }
+    } else {
+      for (int r = 0; r < rows; ++r) {
         sd[r] = _mm512_mul_ps(
             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(group_mask, v.group<at::Half>(v.s, r, g0))), da);
       }
@@ -655,9 +700,23 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   alignas(64) int32_t index_values[16];  // each lane's group within the chunk
   for (int lane = 0; lane < 16; ++lane) index_values[lane] = lane / (16 / L.groups_per_chunk);
   const __m512i scale_index = _mm512_load_si512(index_values);
+  const ChunkIndex& index = chunk_index(L.groups_per_chunk);  // K-quants: each lane's group within the block
+  const int64_t chunks_per_block = kGroupBlock / L.groups_per_chunk;
+  __m512 block_scales[kRowsPerPass];  // K-quants: d * sub-scale of the block's groups, as gemv_rows forms them
   for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * kChunkBytes;
+    if (KQ && c % chunks_per_block == 0) {
+      const int64_t g0 = c * L.groups_per_chunk;
+      __m512 mins[kRowsPerPass];
+      if (v.interleaved() && g0 / kGroupBlock < v.full_blocks) {
+        k_pass_params(v, g0 / kGroupBlock, block_scales, mins);
+      } else {
+        for (int r = 0; r < kRowsPerPass; ++r) {
+          k_group_params(v, r < rows ? r : 0, g0, groups - g0, block_scales[r], mins[r]);  // as rr below
+        }
+      }
+    }
     const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
     const int64_t first_group = c * L.groups_per_chunk;
     const __mmask8 scale_mask = static_cast<__mmask8>(
@@ -667,11 +726,8 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
     for (int r = 0; r < kRowsPerPass; ++r) {
       const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
       unpack_chunk<BITS>(v, rr, c, top0, byte_mask, lo[r], hi[r]);
-      if (KQ) {  // d * sub-scale, as gemv_rows forms it
-        const float d = half_to_float(v.supers(rr, first_group / kGroupBlock)[(first_group % kGroupBlock) / 8 * 2]);
-        const __m512 sub = load_sub_params(v, rr, first_group,
-                                           std::min<int64_t>(L.groups_per_chunk, groups - first_group), 0);
-        s[r] = _mm512_permutexvar_ps(scale_index, _mm512_mul_ps(sub, _mm512_set1_ps(d)));
+      if (KQ) {
+        s[r] = _mm512_permutexvar_ps(_mm512_load_si512(index.lanes[c % chunks_per_block]), block_scales[r]);
       } else {
         s[r] = _mm512_permutexvar_ps(scale_index, _mm512_castps256_ps512(_mm256_cvtph_ps(
             _mm_maskz_loadu_epi16(scale_mask, v.group<at::Half>(v.s, rr, first_group)))));
