@@ -4,7 +4,7 @@ one."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from localchat.engine.model_cache import TENSOR_INDEX, ensure_converted
 from localchat.engine.model_source import ModelSource
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import build_model
-from localchat.engine.models.weights import init_dummy, load_weights
+from localchat.engine.models.weights import Weight, init_dummy, load_weights
 from localchat.errors import InvalidParameterError, ModelNotFoundError
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -88,6 +88,14 @@ def _iter_safetensors(files: list[Path]):
                 yield name, handle.get_tensor(name)
 
 
+def gguf_tensors(
+    files: ModelFiles, *, dequantize: bool, interleave: bool
+) -> Iterator[tuple[str, Weight]]:
+    """The GGUF file's weights (gguf_checkpoint.gguf_weights) by its converted tensor index."""
+    index = json.loads((files.directory / TENSOR_INDEX).read_text())
+    return gguf_weights(files.source.path, index, dequantize=dequantize, interleave=interleave)
+
+
 def load_model(
     files: ModelFiles,
     hf_config,
@@ -98,11 +106,14 @@ def load_model(
     quantization: str = "auto",
     seed: int = 0,
     shard: Callable[[DecoderForCausalLM], DecoderForCausalLM] | None = None,
+    tensors: Iterable[tuple[str, Weight]] | None = None,
 ) -> DecoderForCausalLM:
     """Build the model for `hf_config` on `device` in `dtype` with its weights: a GGUF file's
     quantized tensors kept quantized (unless quantization='none'), a safetensors checkpoint's dense
     (or quantized with int8/int4), or (load_format='dummy') random ones. `shard` cuts it to one
-    tensor-parallel rank's part before the weights are packed."""
+    tensor-parallel rank's part before the weights are packed. `tensors`, where given, are the
+    checkpoint's weights already being read (a GGUF file's, as `gguf_tensors` gives them for this
+    device and `shard`)."""
     with torch.device("meta"):
         model = build_model(hf_config)
     gguf = files.source.kind == "gguf" and load_format != "dummy"
@@ -116,14 +127,11 @@ def load_model(
     if load_format == "dummy":
         init_dummy(model, dtype=dtype, device=device, seed=seed, quantize_bits=bits)
     else:
-        if gguf:
-            index = json.loads((files.directory / TENSOR_INDEX).read_text())
+        if tensors is None and gguf:
             # the CPU kernel's layout straight away, unless a TP shard is cut from the rows first
             interleave = device.type == "cpu" and shard is None
-            tensors = gguf_weights(
-                files.source.path, index, dequantize=quantization == "none", interleave=interleave
-            )
-        else:
+            tensors = gguf_tensors(files, dequantize=quantization == "none", interleave=interleave)
+        elif tensors is None:
             tensors = _iter_safetensors(_safetensors_files(files.directory))
         try:
             missing = load_weights(model, tensors, dtype=dtype, device=device, quantize_bits=bits)

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from localchat.config import EngineConfig
+from localchat.engine.background_weights import BackgroundWeights
 from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.distributed.parallel_layers import shard_model
 from localchat.engine.distributed.shard_plan import check_tensor_parallel
 from localchat.engine.loader import (
     ModelFiles,
     eos_token_ids,
+    gguf_tensors,
     load_hf_config,
     load_model,
     load_tokenizer,
@@ -73,6 +75,26 @@ class EngineRuntime:
         torch.manual_seed(config.seed)
         say("finding the model")
         files = model_files(resolve_model(config.model, progress=progress), progress)
+        if device.type == "cpu":  # built once per machine (about a minute): say so, not stall
+            cpu_kernels(say)
+        weights = _early_gguf_weights(config, files, device)
+        try:
+            return cls._load_from(config, files, device, dtype, say, weights)
+        finally:
+            if weights is not None:
+                weights.close()  # at once where the load failed; else it has finished
+
+    @classmethod
+    def _load_from(
+        cls,
+        config: EngineConfig,
+        files: ModelFiles,
+        device: torch.device,
+        dtype: torch.dtype,
+        say: Callable[[str], None],
+        weights: BackgroundWeights | None,
+    ) -> EngineRuntime:
+        tp = config.tensor_parallel_size
         say("reading the config and tokenizer")
         hf_config = load_hf_config(files)
         tokenizer = None
@@ -92,10 +114,6 @@ class EngineRuntime:
             check_tensor_parallel(spec_from_config(hf_config), tp)
         kv_cache_dtype = pool_dtype(config, files.source.kind)
         max_model_len = _max_model_len(config, hf_config, device, kv_cache_dtype)
-        if device.type == "cpu":
-            cpu_kernels(
-                say
-            )  # built once per machine (about a minute): say so rather than stall the first step
         say(
             f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
             f"{str(dtype).removeprefix('torch.')}, {device.type})"
@@ -109,6 +127,7 @@ class EngineRuntime:
             quantization=config.quantization,
             seed=config.seed,
             shard=None if tp == 1 else functools.partial(shard_model, rank=0, world_size=tp),
+            tensors=weights,
         )
         cuda = device.type == "cuda"
         max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
@@ -161,6 +180,22 @@ def kv_budget(config: EngineConfig) -> int:
     # a size string is parsed to bytes in EngineConfig.__post_init__
     assert isinstance(config.kv_cache_memory, int)
     return config.kv_cache_memory
+
+
+def _early_gguf_weights(
+    config: EngineConfig, files: ModelFiles, device: torch.device
+) -> BackgroundWeights | None:
+    """A GGUF file's quantized weights, repacking on a thread of their own from now on while the
+    config and tokenizer load (one CPU process, the file's own types); None elsewhere."""
+    if (
+        files.source.kind != "gguf"
+        or config.load_format == "dummy"
+        or config.quantization != "auto"
+        or device.type != "cpu"
+        or config.tensor_parallel_size > 1
+    ):
+        return None
+    return BackgroundWeights(lambda: gguf_tensors(files, dequantize=False, interleave=True))
 
 
 def prefault_kv_memory(config: EngineConfig) -> PrefaultedMemory | None:

@@ -1,0 +1,66 @@
+"""Weights read on a thread of their own while the config and tokenizer load."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from localchat import LLM, SamplingParams
+from localchat.engine import runtime
+from localchat.engine.background_weights import BackgroundWeights
+
+
+def test_items_come_in_order_and_the_thread_ends():
+    weights = BackgroundWeights(lambda: iter([("a", 1), ("b", 2), ("c", 3)]))
+    assert list(weights) == [("a", 1), ("b", 2), ("c", 3)]
+    weights.close()
+
+
+def test_the_threads_error_is_raised_where_the_items_are_taken():
+    def produce():
+        yield "first", 1
+        raise ValueError("tensor 2 is damaged")
+
+    items = iter(BackgroundWeights(produce))
+    assert next(items) == ("first", 1)
+    with pytest.raises(ValueError, match="tensor 2 is damaged"):
+        next(items)
+
+
+def test_close_stops_the_thread_between_two_items():
+    made: list[int] = []
+
+    def produce():
+        for i in range(200):
+            made.append(i)
+            yield str(i), i
+            time.sleep(0.01)
+
+    weights = BackgroundWeights(produce)
+    assert next(iter(weights)) == ("0", 0)
+    weights.close()
+    stopped_at = len(made)
+    time.sleep(0.05)
+    assert len(made) == stopped_at < 10  # stopped, long before its 200 items
+    assert not any(t.name == "weights" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_gguf_model_repacks_its_weights_while_its_tokenizer_loads(default_gguf, monkeypatch):
+    started: list[BackgroundWeights] = []
+
+    class Recorded(BackgroundWeights):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(runtime, "BackgroundWeights", Recorded)
+    llm = LLM(str(default_gguf), max_model_len=256, kv_cache_memory="16MiB")
+    assert len(started) == 1
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
+    # a dummy load has nothing to read in the background
+    started.clear()
+    LLM(str(default_gguf), load_format="dummy", max_model_len=256, kv_cache_memory="16MiB")
+    assert started == []
