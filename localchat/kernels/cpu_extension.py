@@ -57,25 +57,8 @@ def cpu_kernels(progress=None) -> ModuleType | None:
     with _lock:
         if _module is not None or _failed is not None:
             return _module
-        directory = Path(__file__).parent / "csrc"
-        digest = hashlib.sha256(_cpu_signature().encode())
-        for source in _SOURCES:
-            digest.update((directory / source).read_bytes())
-        name = f"localchat_cpu_{digest.hexdigest()[:12]}"
         try:
-            from torch.utils import cpp_extension
-
-            build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-            if progress is not None and not (build_dir / f"{name}.so").exists():
-                progress(
-                    "compiling the CPU kernels for this machine (first run only, about a minute)"
-                )
-            _module = cpp_extension.load(
-                name=name,
-                sources=[str(directory / _SOURCES[0])],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                verbose=False,
-            )
+            _module = build_kernels(progress=progress)
         except (
             Exception
         ) as exc:  # no compiler, no headers, an old CPU: run the torch fallback instead
@@ -84,3 +67,25 @@ def cpu_kernels(progress=None) -> ModuleType | None:
                 "CPU kernels unavailable, using slower torch ops (%s)", _failed.splitlines()[0]
             )
         return _module
+
+
+def build_kernels(extra_flags: tuple[str, ...] = (), progress=None) -> ModuleType:
+    """Build the kernels for this CPU with `extra_flags` added to the compiler's (or load the build
+    torch cached); raises where they cannot be built. cpu_kernels() takes the plain build; the
+    tests also build ("-mno-avx512f",), the AVX2 kernels, on an AVX-512 machine."""
+    from torch.utils import cpp_extension
+
+    directory = Path(__file__).parent / "csrc"
+    digest = hashlib.sha256((_cpu_signature() + "".join(f" {f}" for f in extra_flags)).encode())
+    for source in _SOURCES:
+        digest.update((directory / source).read_bytes())
+    name = f"localchat_cpu_{digest.hexdigest()[:12]}"
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if progress is not None and not (build_dir / f"{name}.so").exists():
+        progress("compiling the CPU kernels for this machine (first run only, about a minute)")
+    return cpp_extension.load(
+        name=name,
+        sources=[str(directory / _SOURCES[0])],
+        extra_cflags=["-O3", "-march=native", *extra_flags, "-fopenmp"],
+        verbose=False,
+    )

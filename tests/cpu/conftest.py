@@ -1,15 +1,46 @@
-"""Fixtures of the C++ CPU kernel tests."""
+"""Fixtures of the C++ CPU kernel tests.
+
+On an AVX-512 machine the kernel tests run twice: on the native build and on the AVX2 kernels (the
+same sources built with -mno-avx512f), which most laptops run and which would otherwise go untested
+here. A module opts in with `pytestmark = pytest.mark.usefixtures("each_isa")`.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels import cpu_extension
+from localchat.kernels.cpu_extension import build_kernels, cpu_kernels
 
 
-@pytest.fixture(scope="session")
+@functools.cache
+def _avx2_build():
+    return build_kernels(("-mno-avx512f",))
+
+
+@pytest.fixture(params=["native", "avx2"])
+def each_isa(request, monkeypatch):
+    """The test once on the native kernels and once, where those are AVX-512, on the AVX2 build,
+    which cpu_kernels() then returns (so the engine's own calls take it too)."""
+    native = cpu_kernels()
+    if native is None:
+        pytest.skip("the C++ CPU kernels cannot be built here")
+    if request.param == "avx2":
+        if native.simd_isa() != "avx512-vnni":
+            pytest.skip("the native build already is what this CPU runs")
+        module = _avx2_build()
+        assert module.simd_isa() == "avx2"
+        monkeypatch.setattr(cpu_extension, "_module", module)
+        # the block cache goes under torch's allocator once per process, from the native build
+        monkeypatch.setenv("LOCALCHAT_CPU_BLOCK_CACHE_MB", "0")
+    return request.param
+
+
+@pytest.fixture
 def ext():
-    """The built C++ extension (the tests skip where it cannot be built)."""
+    """The C++ extension the test runs on (the tests skip where it cannot be built)."""
     module = cpu_kernels()
     if module is None:
         pytest.skip("the C++ CPU kernels cannot be built here")

@@ -20,6 +20,8 @@ from localchat.kernels.quant_linear import (
     quant_linear_reference,
 )
 
+pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+
 
 def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) -> torch.Tensor:
     """What the one-level kernel computes: x rounded to int8 per 32 values (scale amax / 127),

@@ -13,6 +13,8 @@ from localchat.kernels.decode_attention import fused_decode_attention
 from localchat.kernels.kv_cache import store_kv_cache_ref
 from localchat.kernels.rotary import rotary_embedding_ref
 
+pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(9, 3, 64, 64), (8, 8, 32, 32), (16, 2, 80, 40)])

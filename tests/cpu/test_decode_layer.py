@@ -11,7 +11,8 @@ from localchat import LLM, SamplingParams
 from localchat.bench.gguf_shapes import ModelShape
 from localchat.bench.random_gguf import write_random_gguf
 
-pytestmark = pytest.mark.slow
+# native and AVX2 kernels (conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("each_isa")]
 
 SHAPES = {
     "llama-q4_k_m": ModelShape("tiny-llama", "llama", 256, 8, 4, 2, 512),

@@ -8,6 +8,8 @@ import torch
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.norm import rms_norm, rms_norm_ref
 
+pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+
 
 @pytest.mark.parametrize("rows", [1, 7, 130])
 def test_add_rms_norm_matches_reference(rows):

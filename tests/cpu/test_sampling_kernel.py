@@ -13,6 +13,8 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
 from localchat.kernels.cpu_extension import cpu_kernels
 
+pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+
 SETTINGS = [
     {"temperature": 0.7, "top_p": 0.95},  # the chat's defaults
     {"temperature": 1.0},

@@ -24,13 +24,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_rows", &dequantize_rows, NoGil(), "rows of a packed weight as float32 (an embedding lookup)");
   m.def("dense_linear_bf16", &dense_linear_bf16, NoGil(), "x @ W.T through bfloat16: one oneDNN GEMM per band of restored weight rows (prefill)");
 #if LC_SIMD
-  pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer")
+  // module-local: a process may load a second build (the tests load the AVX2 one beside the AVX-512 one)
+  pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
                           std::vector<int64_t>, std::vector<int64_t>, c10::optional<torch::Tensor>,
                           c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
                           std::vector<bool>>())
       .def("bind_cache", &DecodeLayer::bind_cache);
-  pybind11::class_<DecodeStack>(m, "DecodeStack")
+  pybind11::class_<DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
       .def("bind_caches", &DecodeStack::bind_caches)
       .def("forward", &DecodeStack::forward, NoGil())
