@@ -117,6 +117,46 @@ inline void block_scales(const PassView& v, int r, int64_t g0, int64_t left, __m
   }
 }
 
+// block_scales<true> for all kRowsPerPass rows of an interleaved pass's block b, whose 16 groups are all there: the
+// rows' packed sub-scales and sub-mins lie side by side (k_sub_params' unpacking, two rows a vector) and so do their
+// (d, dmin) halves. The same products as block_scales, bit for bit; with `offsets`, the mins' lanes taken off them
+// against the block's activation terms (terms: the block's first).
+inline void k_pass_scales(const PassView& v, int64_t b, __m256 out[][2], const float* terms = nullptr,
+                          __m256* offsets = nullptr) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const uint8_t* low = static_cast<const uint8_t*>(v.s) + b * v.g_block_step;
+  const uint8_t* top = static_cast<const uint8_t*>(v.m) + b * v.g_block_step / 2;
+  for (int pair = 0; pair < kRowsPerPass / 2; ++pair) {  // rows 2 * pair and 2 * pair + 1, one a 128-bit lane
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + 32 * pair));
+    // word j of a row's lane: the top byte of groups 2j and 2j + 1; the even group takes its low nibble (the
+    // masks below keep only its bits), the odd group its high one
+    const __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(top + 16 * pair)));
+    const __m256i bits =
+        _mm256_blendv_epi8(words, _mm256_slli_epi16(words, 4), _mm256_set1_epi16(static_cast<int16_t>(0xFF00)));
+    const __m256i sub = _mm256_or_si256(_mm256_and_si256(lo, nibble),
+                                        _mm256_slli_epi16(_mm256_and_si256(bits, _mm256_set1_epi8(3)), 4));
+    const __m256i mins = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), nibble),
+                                         _mm256_slli_epi16(_mm256_and_si256(bits, _mm256_set1_epi8(12)), 2));
+    // the two rows' (d, dmin, d, dmin)
+    const __m256 supers = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(v.sup + b * v.sup_block_step + 8 * pair)));
+    for (int i = 0; i < 2; ++i) {
+      const int r = 2 * pair + i;
+      const __m128i s = i == 0 ? _mm256_castsi256_si128(sub) : _mm256_extracti128_si256(sub, 1);
+      auto super = [&](int k) { return _mm256_permutevar8x32_ps(supers, _mm256_set1_epi32(4 * i + k)); };
+      out[r][0] = _mm256_mul_ps(low_bytes_to_floats(s), super(0));
+      out[r][1] = _mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(s, 8)), super(2));
+      if (offsets) {
+        const __m128i m = i == 0 ? _mm256_castsi256_si128(mins) : _mm256_extracti128_si256(mins, 1);
+        offsets[r] = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(m), super(1)), _mm256_loadu_ps(terms),
+                                      offsets[r]);
+        offsets[r] = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(m, 8)), super(3)),
+                                      _mm256_loadu_ps(terms + 8), offsets[r]);
+      }
+    }
+  }
+}
+
 // Half h of row r's chunk c (weight_bytes - c * 64 of its bytes left) as the vectors the dot products take.
 template <int BITS>
 inline HalfCodes unpack_half(const PassView& v, int r, int64_t c, int64_t top0, int64_t left, int h) {
@@ -232,8 +272,10 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     const int64_t g0 = c0 * L.groups_per_chunk;
     const __m256 da[2] = {_mm256_loadu_ps(a.group_scales + g0), _mm256_loadu_ps(a.group_scales + g0 + 8)};
     __m256 sd[kRowsPerPass][2];
+    const bool whole_block = KQ && v.interleaved() && g0 / kGroupBlock < v.full_blocks;
+    if (whole_block) k_pass_scales(v, g0 / kGroupBlock, sd, a.group_terms + g0, offsets);  // the four rows at once
     for (int r = 0; r < kRowsPerPass; ++r) {
-      block_scales<KQ>(v, r < rows ? r : 0, g0, groups - g0, sd[r], a.group_terms, &offsets[r]);
+      if (!whole_block) block_scales<KQ>(v, r < rows ? r : 0, g0, groups - g0, sd[r], a.group_terms, &offsets[r]);
       sd[r][0] = _mm256_mul_ps(sd[r][0], da[0]);
       sd[r][1] = _mm256_mul_ps(sd[r][1], da[1]);
     }
@@ -280,9 +322,11 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
     const int64_t j = c % chunks_per_block, g0 = (c - j) * L.groups_per_chunk;
     HalfCodes w[kRowsPerPass][2];
     __m256 s[kRowsPerPass][2];
+    const bool whole_block = KQ && v.interleaved() && g0 / kGroupBlock < v.full_blocks;
+    if (j == 0 && whole_block) k_pass_scales(v, g0 / kGroupBlock, block);
     for (int r = 0; r < kRowsPerPass; ++r) {
       const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
-      if (j == 0) block_scales<KQ>(v, rr, g0, groups - g0, block[r]);
+      if (j == 0 && !whole_block) block_scales<KQ>(v, rr, g0, groups - g0, block[r]);
       for (int h = 0; h < 2; ++h) {
         w[r][h] = unpack_half<BITS>(v, rr, c, top0, weight_bytes - c * kChunkBytes, h);
         s[r][h] = to_lanes(block[r], index, j, h);
