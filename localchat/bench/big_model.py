@@ -4,8 +4,8 @@ random-weight Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each in a
 Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page
 cache) and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped
 weights count as they are touched). The file is read once before the first system runs so neither
-pays for the disk, and memory is touched and freed right before each system starts so both load
-into memory in the same state (`_prime_memory`).
+pays for the disk, and memory is touched and freed right before each system starts so both start
+alike (`_prime_memory`).
 """
 
 from __future__ import annotations
@@ -105,11 +105,12 @@ def _warm_page_cache(path: Path) -> None:
 
 
 def _prime_memory(nbytes: int) -> None:
-    """Touch `nbytes` of fresh memory and free it. On a VM whose memory balloon hands free memory
-    back to the host, memory that has sat free costs seconds a GiB to touch again, and memory freed
-    a moment ago far less, so without this the second system loaded into the memory the first had
-    just freed: on the 8B file (2026-12-05) llama.cpp loaded in 2.9-3.7 s right after localchat,
-    4.8 s after 30 s idle and 5.8-8.8 s after a minute or more."""
+    """Touch `nbytes` of fresh memory and free it, right before each system starts, so both start
+    alike. Before this the second system always started right after the first had freed its
+    memory, and on a VM whose memory balloon hands free memory back to the host that matters: on
+    the 8B file (2026-12-05) llama.cpp loaded in 2.9-3.7 s right after localchat, 4.8 s after 30 s
+    idle and 5.8-8.8 s after a minute or more. Priming does not make either fast (the host's state
+    moves loads by 2-4x within minutes); it gives both the same start."""
     try:
         block = np.empty(nbytes, dtype=np.uint8)
     except MemoryError:  # the system's own allocation then says what is wrong
