@@ -379,7 +379,6 @@ inline __m128i k_sub_bytes(const PassView& v, int r, int64_t g, int64_t n, int w
   k_sub_params(v, r, g, n, scales, mins);
   return which == 0 ? scales : mins;
 }
-
 #endif
 
 // pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
@@ -467,6 +466,16 @@ inline void k_pass_params(const PassView& v, int64_t b, __m512* scales, __m512* 
     mins[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lane128(sub_mins, r))),
                             _mm512_permutexvar_ps(_mm512_add_epi32(super_lanes(1), at), supers));
   }
+}
+
+// The K-quant scales and mins of the block of groups from g0 for each of a pass's kRowsPerPass rows (a short pass
+// repeats its first row): k_pass_params where an interleaved pass holds the whole block, else row by row.
+inline void k_block_params(const PassView& v, int rows, int64_t g0, int64_t groups, __m512* scales, __m512* mins) {
+  if (v.interleaved() && g0 / kGroupBlock < v.full_blocks) {
+    k_pass_params(v, g0 / kGroupBlock, scales, mins);
+    return;
+  }
+  for (int r = 0; r < kRowsPerPass; ++r) k_group_params(v, r < rows ? r : 0, g0, groups - g0, scales[r], mins[r]);
 }
 
 // acc + the lanes of sum_g min_g * terms_g, 16 groups at a time (the lanes are summed with the rest later). The
@@ -646,11 +655,7 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     __m512 sd[kRowsPerPass];
     if (KQ) {  // d * sub-scale, then times the activation scale; the mins' lanes as offset_lanes forms them
       __m512 scales[kRowsPerPass], o[kRowsPerPass];
-      if (v.interleaved() && g0 / kGroupBlock < v.full_blocks) {
-        k_pass_params(v, g0 / kGroupBlock, scales, o);  // the pass's four rows at once
-      } else {
-        for (int r = 0; r < rows; ++r) k_group_params(v, r, g0, left, scales[r], o[r]);
-      }
+      k_block_params(v, rows, g0, groups, scales, o);
       const __m512 terms = _mm512_maskz_loadu_ps(group_mask, a.group_terms + g0);
       for (int r = 0; r < rows; ++r) {
         sd[r] = _mm512_mul_ps(scales[r], da);
@@ -707,15 +712,8 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * kChunkBytes;
     if (KQ && c % chunks_per_block == 0) {
-      const int64_t g0 = c * L.groups_per_chunk;
       __m512 mins[kRowsPerPass];
-      if (v.interleaved() && g0 / kGroupBlock < v.full_blocks) {
-        k_pass_params(v, g0 / kGroupBlock, block_scales, mins);
-      } else {
-        for (int r = 0; r < kRowsPerPass; ++r) {
-          k_group_params(v, r < rows ? r : 0, g0, groups - g0, block_scales[r], mins[r]);  // as rr below
-        }
-      }
+      k_block_params(v, rows, c * L.groups_per_chunk, groups, block_scales, mins);
     }
     const __mmask64 byte_mask = chunk_byte_mask(weight_bytes - offset);
     const int64_t first_group = c * L.groups_per_chunk;
