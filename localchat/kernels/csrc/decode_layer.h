@@ -335,7 +335,6 @@ class DecodeLayer {
   // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32, float16 or bfloat16.
   void bind_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
     with_pool_type(k_cache, [](auto) {});  // checks the type
-    cache_type_ = k_cache.scalar_type();
     TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                 k_cache.sizes() == v_cache.sizes() && k_cache.dim() == 4 && k_cache.size(2) == kv_heads_ &&
                 k_cache.size(3) == head_dim_, "the KV pool must be contiguous [blocks, block, kv_heads, D], k and v alike");
@@ -380,11 +379,7 @@ class DecodeLayer {
   // itself from qkv_out; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n,
   // ... are this thread's to store into the pool; no thread reads the current slot from it.
   void attend(int tid, int n, ThreadScratch& s, const Step& step) {
-    switch (cache_type_) {
-      case torch::kHalf: attend_over<Half>(tid, n, s, step); break;
-      case torch::kBFloat16: attend_over<BFloat16>(tid, n, s, step); break;
-      default: attend_over<float>(tid, n, s, step); break;
-    }
+    with_pool_type(k_cache_tensor_, [&](auto element) { attend_over<decltype(element)>(tid, n, s, step); });
   }
 
   template <typename T>
@@ -440,9 +435,8 @@ class DecodeLayer {
   }
 
   torch::Tensor input_norm_, post_norm_, qkv_bias_, q_norm_, k_norm_, k_cache_tensor_, v_cache_tensor_;
-  void* k_cache_ = nullptr;  // of cache_type_
+  void* k_cache_ = nullptr;  // of k_cache_tensor_'s type
   void* v_cache_ = nullptr;
-  c10::ScalarType cache_type_ = torch::kFloat;
   int64_t block_size_ = 0;
   float eps_;
   std::vector<bool> precise_;  // per projection (qkv, o, gate_up, down)

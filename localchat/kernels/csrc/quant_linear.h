@@ -255,6 +255,9 @@ struct PassView {
 
   // whether the pass's rows are stored chunk by chunk (one stream of codes)
   inline bool interleaved() const { return chunk_step == kRowsPerPass * kChunkBytes; }
+  // whether the pass is interleaved and holds its block b of kGroupBlock groups whole: the block's scales and
+  // mins of all kRowsPerPass rows then lie side by side (the K-quant kernels unpack them together)
+  inline bool holds_block(int64_t b) const { return interleaved() && b < full_blocks; }
   inline const uint8_t* codes(int r, int64_t c) const {
     return w + c * chunk_step + r * (c < full_chunks ? row_step : tail_row_step);
   }
@@ -471,7 +474,7 @@ inline void k_pass_params(const PassView& v, int64_t b, __m512* scales, __m512* 
 // The K-quant scales and mins of the block of groups from g0 for each of a pass's kRowsPerPass rows (a short pass
 // repeats its first row): k_pass_params where an interleaved pass holds the whole block, else row by row.
 inline void k_block_params(const PassView& v, int rows, int64_t g0, int64_t groups, __m512* scales, __m512* mins) {
-  if (v.interleaved() && g0 / kGroupBlock < v.full_blocks) {
+  if (v.holds_block(g0 / kGroupBlock)) {
     k_pass_params(v, g0 / kGroupBlock, scales, mins);
     return;
   }

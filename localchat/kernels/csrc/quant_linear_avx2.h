@@ -157,6 +157,20 @@ inline void k_pass_scales(const PassView& v, int64_t b, __m256 out[][2], const f
   }
 }
 
+// block_scales for each of a pass's kRowsPerPass rows (a short pass repeats its first row): k_pass_scales where a
+// K-quant pass holds the whole block, else row by row; with `offsets`, each row's mins as block_scales takes them.
+template <bool KQ>
+inline void pass_block_scales(const PassView& v, int rows, int64_t g0, int64_t groups, __m256 out[][2],
+                              const float* terms = nullptr, __m256* offsets = nullptr) {
+  if (KQ && v.holds_block(g0 / kGroupBlock)) {
+    k_pass_scales(v, g0 / kGroupBlock, out, terms ? terms + g0 : nullptr, offsets);
+    return;
+  }
+  for (int r = 0; r < kRowsPerPass; ++r) {
+    block_scales<KQ>(v, r < rows ? r : 0, g0, groups - g0, out[r], terms, offsets ? &offsets[r] : nullptr);
+  }
+}
+
 // Half h of row r's chunk c (weight_bytes - c * 64 of its bytes left) as the vectors the dot products take.
 template <int BITS>
 inline HalfCodes unpack_half(const PassView& v, int r, int64_t c, int64_t top0, int64_t left, int h) {
@@ -272,10 +286,8 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
     const int64_t g0 = c0 * L.groups_per_chunk;
     const __m256 da[2] = {_mm256_loadu_ps(a.group_scales + g0), _mm256_loadu_ps(a.group_scales + g0 + 8)};
     __m256 sd[kRowsPerPass][2];
-    const bool whole_block = KQ && v.interleaved() && g0 / kGroupBlock < v.full_blocks;
-    if (whole_block) k_pass_scales(v, g0 / kGroupBlock, sd, a.group_terms + g0, offsets);  // the four rows at once
+    pass_block_scales<KQ>(v, rows, g0, groups, sd, a.group_terms, offsets);
     for (int r = 0; r < kRowsPerPass; ++r) {
-      if (!whole_block) block_scales<KQ>(v, r < rows ? r : 0, g0, groups - g0, sd[r], a.group_terms, &offsets[r]);
       sd[r][0] = _mm256_mul_ps(sd[r][0], da[0]);
       sd[r][1] = _mm256_mul_ps(sd[r][1], da[1]);
     }
@@ -322,11 +334,9 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
     const int64_t j = c % chunks_per_block, g0 = (c - j) * L.groups_per_chunk;
     HalfCodes w[kRowsPerPass][2];
     __m256 s[kRowsPerPass][2];
-    const bool whole_block = KQ && v.interleaved() && g0 / kGroupBlock < v.full_blocks;
-    if (j == 0 && whole_block) k_pass_scales(v, g0 / kGroupBlock, block);
+    if (j == 0) pass_block_scales<KQ>(v, rows, g0, groups, block);
     for (int r = 0; r < kRowsPerPass; ++r) {
       const int rr = r < rows ? r : 0;  // a short pass repeats its first row (results not stored)
-      if (j == 0 && !whole_block) block_scales<KQ>(v, rr, g0, groups - g0, block[r]);
       for (int h = 0; h < 2; ++h) {
         w[r][h] = unpack_half<BITS>(v, rr, c, top0, weight_bytes - c * kChunkBytes, h);
         s[r][h] = to_lanes(block[r], index, j, h);
