@@ -178,7 +178,8 @@ def gguf_weights(
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
             weight = weight.float()
         yield name, weight
-        _release(data, entry["offset"], entry["nbytes"])
+        if not (isinstance(weight, PackedWeight) and weight.layout == "q6k" and order is None):
+            _release(data, entry["offset"], entry["nbytes"])  # (a q6k weight reads the mapped file)
 
 
 def _release(data: np.memmap, offset: int, nbytes: int) -> None:

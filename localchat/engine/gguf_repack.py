@@ -19,7 +19,9 @@ Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit s
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
 otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
 and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
-scale).
+scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K is not repacked at all: it
+stays in the file's memory map as its own blocks (layout q6k), and the kernels round its scales
+the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from gguf import GGMLQuantizationType as T
 
 from localchat.engine.memory import huge_pages_wanted
 from localchat.kernels.cpu_extension import cpu_kernels
-from localchat.kernels.packed_weight import PackedWeight, pack_k_params, pack_u4, pack_u6
+from localchat.kernels.packed_weight import (
+    PackedWeight,
+    pack_k_params,
+    pack_u4,
+    q6k_blocks_to_u6,
+)
 
 DENSE_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 QUANTIZED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -126,6 +133,8 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and bool(ext.simd_isa())
+    if qtype == T.Q6_K and interleave:  # the vector kernels read Q6_K's own blocks
+        return q6k_weight(raw if order is None else raw[order])
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
     return PackedWeight(
         _LAYOUTS.get(qtype, "u8"),
@@ -138,6 +147,14 @@ def repack(
         super_scales=parts[3] if len(parts) == 4 else None,
         interleaved=interleave,
     )
+
+
+def q6k_weight(blocks: torch.Tensor) -> PackedWeight:
+    """Q6_K blocks [rows, row bytes] as a PackedWeight that keeps them (layout q6k): what the vector
+    kernels read (kernels/csrc/quant_q6k.h). With the file's memory map as `blocks`, loading
+    neither copies nor repacks the tensor."""
+    scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
+    return PackedWeight("q6k", blocks, scales, None, 16, zero_point=32, source_type="Q6_K")
 
 
 def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
@@ -196,23 +213,8 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
         codes = _k_low_codes(b[..., 48:], rows) | (high.reshape(rows, -1) << 4)
         return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K", super_scales=supers)
     if qtype == T.Q6_K:
-        b = raw.reshape(rows, -1, 210)
-        lo, hi = _nibbles(b[..., 0:128].reshape(rows, -1, 2, 1, 64))
-        low = torch.cat((lo, hi), dim=3)  # [rows, blocks, half, 2, 64] -> 128 weights per half
-        qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32)
-        high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)) & 3
-        codes = low.reshape(rows, -1) | (high.reshape(rows, -1) << 4)
-        sub = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
-        d = _f16(b[..., 208:210]).to(torch.float32).unsqueeze(-1)
-        return PackedWeight(
-            "u6",
-            pack_u6(codes),
-            (d * sub).reshape(rows, -1).to(torch.float16),
-            None,
-            16,
-            zero_point=32,
-            source_type="Q6_K",
-        )
+        qweight, scales = q6k_blocks_to_u6(raw)
+        return PackedWeight("u6", qweight, scales, None, 16, zero_point=32, source_type="Q6_K")
     raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
 
 

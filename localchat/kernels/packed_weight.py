@@ -11,6 +11,11 @@ Every GGUF block type is repacked into one of two layouts, keeping the file's in
   size 16, ``in`` a multiple of 128: Q6_K lands here, in 6 bits per weight as the file has it.
 - ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1 and Q5_K
   land here (5-bit codes are stored in a byte: exact, but larger than the file).
+- ``q6k``: Q6_K's own blocks as the GGUF file stores them, ``qweight`` uint8
+  [out, in // 256 * 210] (usually the file's memory map itself: nothing is copied), ``scales``
+  empty [out, 0] (they are in the blocks). The vector kernels (AVX-512 VNNI, AVX2) read it as
+  they read u6 (kernels/csrc/quant_q6k.h), with the same float16 group scales; everything else
+  sees it through ``as_u6``.
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -40,7 +45,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8")
+LAYOUTS = ("u4", "u6", "u8", "q6k")
+Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -98,7 +104,7 @@ def _gather_rows(t: torch.Tensor, rows: torch.Tensor, unit: int) -> torch.Tensor
 class PackedWeight:
     """A quantized projection weight; see the module docstring for the layouts."""
 
-    layout: str  # "u4", "u6" or "u8"
+    layout: str  # "u4", "u6", "u8" or "q6k"
     qweight: torch.Tensor  # uint8 [out, in // 2] (u4), [out, 3 * in // 4] (u6) or [out, in] (u8)
     scales: torch.Tensor  # float16 [out, in // group_size]
     mins: (
@@ -143,6 +149,19 @@ class PackedWeight:
             raise ValueError(
                 f"u6 weights need group_size 16 and in_features a multiple of {U6_CHUNK}"
             )
+        if self.layout == "q6k":
+            if (
+                self.group_size != 16
+                or self.qweight.shape[1] % Q6K_BYTES
+                or tuple(self.scales.shape) != (out_features, 0)
+                or self.mins is not None
+                or self.interleaved
+            ):
+                raise ValueError(
+                    f"q6k weights are whole {Q6K_BYTES}-byte blocks with empty scales "
+                    f"[{out_features}, 0], group_size 16, no mins, row-major"
+                )
+            return
         expected = (out_features, in_features // self.group_size)
         if tuple(self.scales.shape) != expected or (
             self.mins is not None
@@ -154,6 +173,8 @@ class PackedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.qweight.shape
+        if self.layout == "q6k":
+            return rows, cols // Q6K_BYTES * Q6K_WEIGHTS
         if self.layout == "u6":
             return rows, cols // 3 * 4
         return rows, cols * 2 if self.layout == "u4" else cols
@@ -161,6 +182,19 @@ class PackedWeight:
     @property
     def bits(self) -> int:
         return int(self.layout[1])
+
+    @property
+    def arrangement(self) -> int:
+        """How the C++ kernels find the rows (quant_linear.h's Arrangement): 0 row-major, 1
+        interleaved, 2 Q6_K blocks."""
+        return 2 if self.layout == "q6k" else int(self.interleaved)
+
+    def as_u6(self) -> PackedWeight:
+        """A q6k weight repacked as u6 (the same codes and float16 scales); any other as it is."""
+        if self.layout != "q6k":
+            return self
+        qweight, scales = q6k_blocks_to_u6(self.qweight)
+        return replace(self, layout="u6", qweight=qweight, scales=scales)
 
     @property
     def in_features(self) -> int:
@@ -203,16 +237,18 @@ class PackedWeight:
 
     def with_byte_codes(self) -> PackedWeight:
         """The weight with u6 codes stored a byte each (the u8 layout, row-major); itself when it
-        is not u6."""
-        if self.layout != "u6":
+        is not u6 (q6k: as u6)."""
+        if self.layout not in ("u6", "q6k"):
             return self
-        weight = self.row_major()
+        weight = self.as_u6().row_major()
         return replace(weight, layout="u8", qweight=weight.codes().to(torch.uint8))
 
     def group_params(
         self, rows: torch.Tensor | slice | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Each group's scale and min (None for symmetric types) as float32, row-major."""
+        if self.layout == "q6k":
+            return q6k_blocks_to_u6(self._rows(self.qweight, rows, CODE_UNIT))[1].float(), None
         if self.super_scales is None or self.mins is None:
             scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
             mins = None if self.mins is None else self._rows(self.mins, rows, GROUP_UNIT)
@@ -282,6 +318,8 @@ class PackedWeight:
 
     def codes(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """The integer codes as int32 [out, in] (or the selected rows), in natural order."""
+        if self.layout == "q6k":
+            return unpack_u6(q6k_blocks_to_u6(self._rows(self.qweight, rows, CODE_UNIT))[0])
         q = self._rows(self.qweight, rows, CODE_UNIT)
         if self.layout == "u8":
             return q.to(torch.int32)
@@ -363,6 +401,26 @@ def unpack_u6(qweight: torch.Tensor) -> torch.Tensor:
     split = (*low.shape[:-1], 8, 8)  # [..., chunks, group, position]
     top2 = torch.stack((low.reshape(split), high.reshape(split)), dim=-2)
     return low4 | (top2.reshape(*q.shape[:-1], cols) << 4)
+
+
+def q6k_blocks_to_u6(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K blocks, uint8 [..., in // 256 * 210], as u6 (qweight uint8 [..., in // 2 + in // 4],
+    scales float16 [..., in // 16]: each group's d * sub-scale rounded to float16). A block is ql
+    (128 bytes: per half of 128 weights, weight j's low four bits in byte j % 64 of the half's 64,
+    low nibble for j < 64), qh (64 bytes: per half, bits 2q, 2q + 1 of byte j % 32 are the top bits
+    of weight 32q + j % 32), 16 int8 sub-scales and the float16 d."""
+    lead = blocks.shape[:-1]
+    b = blocks.reshape(-1, blocks.shape[-1] // Q6K_BYTES, Q6K_BYTES)
+    rows = b.shape[0]
+    lo = b[..., 0:128].reshape(rows, -1, 2, 1, 64)
+    low = torch.cat((lo & 0x0F, lo >> 4), dim=3)  # [rows, blocks, half, 2, 64]: 128 weights a half
+    qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32)
+    high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)) & 3
+    codes = low.reshape(rows, -1) | (high.reshape(rows, -1) << 4)
+    sub = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
+    d = b[..., 208:210].contiguous().view(torch.float16).to(torch.float32)
+    scales = (d * sub).reshape(rows, -1).to(torch.float16)
+    return pack_u6(codes).reshape(*lead, -1), scales.reshape(*lead, -1)
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

@@ -91,7 +91,7 @@ def _one(
             bits,
             weight.group_size,
             weight.zero_point,
-            weight.interleaved,
+            weight.arrangement,
         )
         x = silu_and_mul_ref(x) if silu_and_mul else x
         return F.linear(x.to(torch.float32), dense, None if bias is None else bias.float()).to(
@@ -114,7 +114,7 @@ def _one(
             bits,
             weight.group_size,
             weight.zero_point,
-            weight.interleaved,
+            weight.arrangement,
             direct,
         )
         if direct is not None:
@@ -135,7 +135,7 @@ def _one(
             precise_activations(weight.shape[1]),
             silu_and_mul,
             True,
-            weight.interleaved,
+            weight.arrangement,
         )
         return out if x.dtype == torch.float32 else out.to(x.dtype)
     if silu_and_mul:
@@ -196,7 +196,7 @@ def embedding_rows(weight: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) 
         weight.bits,
         weight.group_size,
         weight.zero_point,
-        weight.interleaved,
+        weight.arrangement,
         ids,
     )
     return out if dtype == torch.float32 else out.to(dtype)
@@ -210,7 +210,13 @@ def interleave_for_kernel(weight: QuantWeight) -> QuantWeight:
     if isinstance(weight, tuple):
         return tuple(interleave_for_kernel(part) for part in weight)  # type: ignore[misc]
     ext = cpu_kernels()
-    if ext is None or not bool(ext.simd_isa()) or weight.interleaved or weight.device.type != "cpu":
+    if (
+        ext is None
+        or not bool(ext.simd_isa())
+        or weight.interleaved
+        or weight.layout == "q6k"  # read in its own blocks
+        or weight.device.type != "cpu"
+    ):
         return weight
     ext.interleave_weight(weight.qweight, weight.scales, weight.mins, weight.super_scales, False)
     return replace(weight, interleaved=True)

@@ -103,7 +103,7 @@ def run(ext, x, w: PackedWeight, bias=None, *, precise: bool, vnni: bool = True)
         precise,
         False,
         vnni,
-        w.interleaved,
+        w.arrangement,
     )
 
 
@@ -306,7 +306,7 @@ def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
     monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
     for name, w in weights(40, 160).items():
         args = (w.qweight, w.scales, w.mins, w.super_scales, w.bits, w.group_size, w.zero_point)
-        dense = ext.dequantize(*args, w.interleaved)
+        dense = ext.dequantize(*args, w.arrangement)
         torch.testing.assert_close(dense, w.dequantize(), rtol=1e-6, atol=1e-7, msg=name)
         gate_up = torch.randn(35, 320)
         expected = quant_linear_reference(

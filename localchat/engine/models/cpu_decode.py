@@ -87,11 +87,7 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
                     for p in parts
                 ],
                 [len(projection) for projection in projections],
-                [
-                    f
-                    for p in parts
-                    for f in (p.bits, p.group_size, p.zero_point, int(p.interleaved))
-                ],
+                [f for p in parts for f in (p.bits, p.group_size, p.zero_point, p.arrangement)],
                 attn.qkv_bias,
                 None if attn.q_norm is None else attn.q_norm.weight,
                 None if attn.k_norm is None else attn.k_norm.weight,

@@ -39,9 +39,9 @@ struct PackedRef {
 
   // m, u: undefined or empty when absent
   PackedRef(torch::Tensor q, torch::Tensor s, torch::Tensor m, torch::Tensor u, int64_t bits, int64_t group_size,
-            int64_t zp, bool interleaved_rows, bool precise_codes)
-      : qweight(std::move(q)), scales(std::move(s)), L(make_layout(bits, group_size)) {
-    interleaved = interleaved_rows;
+            int64_t zp, int64_t arrangement, bool precise_codes)
+      : qweight(std::move(q)), scales(std::move(s)), L(make_layout(bits, group_size, arrangement)) {
+    interleaved = arrangement == kInterleaved;
     precise = precise_codes;
     symmetric = !(m.defined() && m.numel() > 0);
     k_scales = u.defined() && u.numel() > 0;
@@ -58,7 +58,7 @@ struct PackedRef {
     weight_bytes = L.code_bytes(K);
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
-    gemv = pick_gemv(precise, symmetric, L.bits(), k_scales);
+    gemv = pick_gemv(precise, symmetric, L.bits(), k_scales, L);
     reserve(1);
   }
   PackedRef(const PackedRef&) = delete;
@@ -98,7 +98,7 @@ struct PackedRef {
   }
 };
 
-// Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, interleaved).
+// Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, arrangement).
 constexpr size_t kFormatFields = 4;
 
 // How many passes a thread claims at a time from a range of a projection (its own, or another thread's once
@@ -120,14 +120,14 @@ struct Projection {
   int claim_slots = 0;
 
   // parts: (qweight, scales, mins, supers) each, the last two empty when absent; formats: (bits, group_size,
-  // zero_point, interleaved) each
+  // zero_point, arrangement) each
   Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
              size_t first, size_t count, bool precise) {
     for (size_t i = first; i < first + count; ++i) {
       const auto& t = tensors[i];
       TORCH_CHECK(t.size() == 4, "a part is (qweight, scales, mins, supers), the last two empty when absent");
       const int64_t* f = formats.data() + kFormatFields * i;
-      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], t[2], t[3], f[0], f[1], f[2], f[3] != 0, precise));
+      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], t[2], t[3], f[0], f[1], f[2], f[3], precise));
       TORCH_CHECK(parts.size() == 1 || parts.back()->K == K, "the parts of a projection share in_features");
       K = parts.back()->K;
       N += parts.back()->N;
@@ -234,7 +234,7 @@ class DecodeLayer {
  public:
   // parts: the (qweight, scales, mins, supers) of every PackedWeight (empty tensors where absent), projection
   // by projection (qkv, o, gate_up, down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
-  // zero_point, interleaved) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None. precise: per
+  // zero_point, arrangement) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None. precise: per
   // projection, whether its activations take two int8 codes each (else one).
   DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
               std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,

@@ -50,6 +50,13 @@ namespace {
 constexpr int kActBlock = 32;   // activation values sharing one int8 scale
 constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
 
+// How a weight's rows are stored (PackedWeight.arrangement): row by row, interleaved kRowsPerPass rows at a time
+// (see above), or, for 6-bit codes, as the GGUF file's own Q6_K blocks (quant_q6k.h).
+enum Arrangement : int64_t { kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2 };
+
+// A Q6_K block: its weights and bytes, and where its top bits, int8 sub-scales and float16 d lie in it
+constexpr int64_t kQ6KWeights = 256, kQ6KBytes = 210, kQ6KHighBits = 128, kQ6KSubScales = 192, kQ6KSuperScale = 208;
+
 struct Layout {
   bool nibbles;          // two codes per byte of the (first) plane: u4, and u6's low nibbles
   bool u6;               // u6: the top two bits of each code come from a second plane (packed_weight.py)
@@ -57,23 +64,31 @@ struct Layout {
   int groups_per_chunk;  // weight groups in one 64-byte chunk
   int chunk_values;      // weights (= activation values) per chunk
   int act_chunk_bytes;   // int8 activation bytes per chunk (nibbles: low-nibble half, then high-nibble half)
+  bool q6k_blocks = false;  // 6-bit codes in the file's Q6_K blocks (kQ6KBlocks) instead of u6's two planes
 
   int bits() const { return u6 ? 6 : nibbles ? 4 : 8; }
   // bytes of a row's (first) plane of codes, and of the whole row, for K weights
   int64_t code_bytes(int64_t K) const { return nibbles ? K / 2 : K; }
-  int64_t row_bytes(int64_t K) const { return u6 ? K / 2 + K / 4 : code_bytes(K); }
-  int64_t in_features(int64_t row) const { return u6 ? row / 3 * 4 : nibbles ? row * 2 : row; }
+  int64_t row_bytes(int64_t K) const {
+    return q6k_blocks ? K / kQ6KWeights * kQ6KBytes : u6 ? K / 2 + K / 4 : code_bytes(K);
+  }
+  int64_t in_features(int64_t row) const {
+    return q6k_blocks ? row / kQ6KBytes * kQ6KWeights : u6 ? row / 3 * 4 : nibbles ? row * 2 : row;
+  }
 };
 
-Layout make_layout(int64_t bits, int64_t group_size) {
+Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowMajor) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
+  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ6KBlocks, "unknown arrangement ", arrangement);
+  TORCH_CHECK(arrangement != kQ6KBlocks || (bits == 6 && LC_SIMD),
+              "Q6_K blocks are 6-bit codes, read by the vector kernels only");
   if (bits == 4) {
     TORCH_CHECK(group_size == 32, "u4 weights need group_size 32");
     return {true, false, 32, 4, 128, 128};
   }
   if (bits == 6) {
     TORCH_CHECK(group_size == 16, "u6 weights need group_size 16");
-    return {true, true, 16, 8, 128, 128};
+    return {true, true, 16, 8, 128, 128, arrangement == kQ6KBlocks};
   }
   TORCH_CHECK(group_size == 16 || group_size == 32, "u8 weights need group_size 16 or 32");
   return {false, false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64};
@@ -571,6 +586,24 @@ inline __m512i top_bits_matrix(int64_t first, int64_t second) {
 }
 #endif
 
+// 128 six-bit codes from 64 bytes of low nibbles (raw) and the 32 bytes of top bits at `top_bytes`: lo takes
+// raw's low nibbles, with bits 0-1 of top byte j at positions j < 32 and bits 2-3 at 32 + j; hi the high nibbles,
+// with bits 4-5 and 6-7. A u6 chunk and half a Q6_K block (its ql and qh) are both stored this way.
+inline void six_bit_codes(__m512i raw, const uint8_t* top_bytes, __m512i& lo, __m512i& hi) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i top = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(top_bytes)));
+#if defined(__GFNI__)
+  const __m512i top_lo = _mm512_gf2p8affine_epi64_epi8(top, top_bits_matrix(0x01020000, 0x04080000), 0);
+  const __m512i top_hi = _mm512_gf2p8affine_epi64_epi8(top, top_bits_matrix(0x10200000, 0x40800000), 0);
+#else
+  const __m512i pair = _mm512_set1_epi8(0x30);
+  const __m512i top_lo = _mm512_and_si512(_mm512_sllv_epi64(top, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), pair);
+  const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi64(top, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), pair);
+#endif
+  lo = _mm512_ternarylogic_epi32(raw, low_mask, top_lo, 0xEA);  // (raw & 0x0F) | top_lo
+  hi = _mm512_or_si512(high_nibbles(raw, low_mask), top_hi);
+}
+
 // The codes of row r's chunk c as the two vectors the dot products take: u4 and u6 a chunk's low and high nibbles
 // (u6 with their top two bits from the second plane, whose 64-byte chunks start at chunk top0), u8 the bytes.
 template <int BITS>
@@ -587,18 +620,7 @@ inline void unpack_chunk(const PassView& v, int r, int64_t c, int64_t top0, __mm
     hi = high_nibbles(raw, low_mask);
     return;
   }
-  const __m512i top = _mm512_broadcast_i64x4(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v.codes(r, top0 + c / 2) + 32 * (c & 1))));
-#if defined(__GFNI__)
-  const __m512i top_lo = _mm512_gf2p8affine_epi64_epi8(top, top_bits_matrix(0x01020000, 0x04080000), 0);
-  const __m512i top_hi = _mm512_gf2p8affine_epi64_epi8(top, top_bits_matrix(0x10200000, 0x40800000), 0);
-#else
-  const __m512i pair = _mm512_set1_epi8(0x30);
-  const __m512i top_lo = _mm512_and_si512(_mm512_sllv_epi64(top, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), pair);
-  const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi64(top, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), pair);
-#endif
-  lo = _mm512_ternarylogic_epi32(raw, low_mask, top_lo, 0xEA);  // (raw & 0x0F) | top_lo
-  hi = _mm512_or_si512(high_nibbles(raw, low_mask), top_hi);
+  six_bit_codes(raw, v.codes(r, top0 + c / 2) + 32 * (c & 1), lo, hi);
 }
 
 // Prefetch, for an interleaved u6 pass, the lines of row r's chunk t (its nibbles, and its top bits with an even
@@ -758,6 +780,7 @@ constexpr int64_t kPanelScratchPerRow = kRowsPerPass * sizeof(__m512);
 
 #endif
 #include "quant_linear_avx2.h"
+#include "quant_q6k.h"
 #if LC_SIMD
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -766,7 +789,9 @@ constexpr int64_t kPanelRows = 32;
 using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const ActivationRow*, int64_t,
                          int, float*, int64_t, void*);
 
-PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq) {
+// (L: the weight's layout; Q6_K blocks take their own kernels)
+PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq, const Layout& L) {
+  if (L.q6k_blocks) return precise ? panel_q6k<true> : panel_q6k<false>;
   return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
     return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
@@ -775,7 +800,8 @@ PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq) {
 using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, const Layout&, const ActivationRow&,
                         int, float*);
 
-GemvFn pick_gemv(bool precise, bool symmetric, int bits, bool kq) {
+GemvFn pick_gemv(bool precise, bool symmetric, int bits, bool kq, const Layout& L) {
+  if (L.q6k_blocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
   return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
     return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
@@ -959,13 +985,13 @@ struct WeightArgs {
 
 // x: [M, K] float32 (other float types are converted); returns float32 [M, N].
 // With silu_and_mul, x is [M, 2K] = [gate | up] and the product silu(gate) * up is what gets multiplied.
-// interleaved: the weight is in the interleaved layout (see the top of this file). supers: a K-quant weight's
+// arrangement: how the weight's rows are stored (Arrangement: row-major, interleaved, Q6_K blocks). supers: a K-quant weight's
 // (d, dmin) per 8 groups, its scales and mins then being the packed 6-bit sub-scales and sub-mins (k_params).
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
                            const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                            const c10::optional<torch::Tensor>& bias, int64_t bits, int64_t group_size,
-                           int64_t zero_point, bool precise, bool silu_and_mul, bool use_simd, bool interleaved) {
-  const Layout L = make_layout(bits, group_size);
+                           int64_t zero_point, bool precise, bool silu_and_mul, bool use_simd, int64_t arrangement) {
+  const Layout L = make_layout(bits, group_size, arrangement);
   TORCH_CHECK(x_in.dim() == 2, "x must be 2-D");
   if (silu_and_mul) {
     const torch::Tensor gate_up = x_in.to(torch::kFloat).contiguous();
@@ -980,9 +1006,11 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
       }
     });
     return quant_linear(product, qweight_in, scales_in, mins_in, supers_in, bias, bits, group_size, zero_point, precise,
-                        false, use_simd, interleaved);
+                        false, use_simd, arrangement);
   }
   const bool simd = LC_SIMD && use_simd;
+  TORCH_CHECK(simd || !L.q6k_blocks, "Q6_K blocks are read by the vector kernels only");
+  bool interleaved = arrangement == kInterleaved;
   const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved && !simd);
   if (!simd) interleaved = false;
   const torch::Tensor x = x_in.to(torch::kFloat).contiguous();
@@ -991,7 +1019,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   TORCH_CHECK(!L.u6 || K % 128 == 0, "u6 weights need in_features a multiple of 128");
   TORCH_CHECK(w.qweight.size(1) == L.row_bytes(K), "qweight does not match in_features");
   const int64_t groups = K / L.group_size;
-  TORCH_CHECK(w.scales.size(0) == N && w.scales.size(1) == groups, "scales shape mismatch");
+  TORCH_CHECK(w.scales.size(0) == N && (L.q6k_blocks || w.scales.size(1) == groups), "scales shape mismatch");
   const bool has_mins = w.has_mins;
   const int64_t chunks = (K + L.chunk_values - 1) / L.chunk_values;
 
@@ -1025,7 +1053,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     const int64_t weight_bytes = L.code_bytes(K);
     const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     if (M == 1) {
-      const GemvFn gemv = pick_gemv(precise, !has_mins, L.bits(), w.k_scales);
+      const GemvFn gemv = pick_gemv(precise, !has_mins, L.bits(), w.k_scales, L);
       at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
         for (int64_t pass = begin; pass < end; ++pass) {
           const int64_t n = pass * kRowsPerPass;
@@ -1038,7 +1066,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
       });
       return out;
     }
-    const PanelFn panel = pick_panel(precise, !has_mins, L.bits(), w.k_scales);
+    const PanelFn panel = pick_panel(precise, !has_mins, L.bits(), w.k_scales, L);
     // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
     // kPanelRows rows (their accumulators in L1), pass by pass
     const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
@@ -1106,6 +1134,13 @@ inline void u6_chunk_codes_avx512(const uint8_t* row, int64_t K, int64_t c, uint
   _mm512_storeu_si512(codes + 64, _mm512_permutex2var_epi64(a, _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4), b));
 }
 
+
+// The 128 codes of chunk c of a row of 6-bit codes in natural order, from u6's planes or a row of Q6_K blocks.
+inline void u6_chunk_values(const uint8_t* row, int64_t K, int64_t c, const Layout& L, uint8_t* codes) {
+  if (L.q6k_blocks) q6k_natural_codes(row, c, codes);
+  else u6_chunk_codes_avx512(row, K, c, codes);
+}
+
 #endif
 
 // One row of K weights as floats: row-major codes (row: the row's bytes), each group's float scale, and its min
@@ -1132,7 +1167,7 @@ void dequantize_row(const uint8_t* row, const float* scales, const float* mins, 
     float* o = out + g * L.group_size;
     if (L.u6) {
       const int64_t first = g * L.group_size;
-      if (first % 128 == 0) u6_chunk_codes_avx512(row, K, first / 128, chunk);
+      if (first % 128 == 0) u6_chunk_values(row, K, first / 128, L, chunk);
       put(o, _mm_load_si128(reinterpret_cast<const __m128i*>(chunk + first % 128)), g);
     } else if (L.nibbles) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
@@ -1162,7 +1197,7 @@ void dequantize_row_bf16(const uint8_t* row, const float* scales, const float* m
   for (int64_t k = 0; k < K; k += 32) {
     const int64_t g = k / L.group_size;
     if (L.u6) {
-      if (k % 128 == 0) u6_chunk_codes_avx512(row, K, k / 128, chunk);
+      if (k % 128 == 0) u6_chunk_values(row, K, k / 128, L, chunk);
       const uint8_t* b = chunk + k % 128;
       put(out + k, value(_mm_load_si128(reinterpret_cast<const __m128i*>(b)), g),
           value(_mm_load_si128(reinterpret_cast<const __m128i*>(b + 16)), g + 1));
@@ -1177,6 +1212,22 @@ void dequantize_row_bf16(const uint8_t* row, const float* scales, const float* m
 }
 #endif
 #else
+// The 128 codes of chunk c of a row of 6-bit codes in natural order, from u6's planes or a row of Q6_K blocks
+// (half c % 2 of block c / 2: code j < 64 is ql[j]'s low nibble, 64 + j its high one, with bits 2q, 2q + 1 of
+// qh[j % 32] on top for code 32q + j % 32).
+inline void u6_chunk_values(const uint8_t* row, int64_t K, int64_t c, const Layout& L, uint8_t* codes) {
+  if (!L.q6k_blocks) {
+    u6_chunk_codes(row, K, c, codes);
+    return;
+  }
+  const uint8_t* ql = row + c / 2 * kQ6KBytes + 64 * (c % 2);
+  const uint8_t* qh = row + c / 2 * kQ6KBytes + kQ6KHighBits + 32 * (c % 2);
+  for (int j = 0; j < 128; ++j) {
+    const int nibble = j < 64 ? ql[j] & 0x0F : ql[j - 64] >> 4;
+    codes[j] = static_cast<uint8_t>(nibble | (((qh[j % 32] >> (2 * (j / 32))) & 3) << 4));
+  }
+}
+
 void dequantize_row(const uint8_t* row, const float* scales, const float* mins, int64_t zero_point, const Layout& L,
                     int64_t K, float* out) {
   const int64_t groups = K / L.group_size;
@@ -1190,7 +1241,7 @@ void dequantize_row(const uint8_t* row, const float* scales, const float* mins, 
     float* o = out + g * L.group_size;
     if (L.u6) {
       const int64_t first = g * L.group_size;
-      if (first % 128 == 0) u6_chunk_codes(row, K, first / 128, chunk);
+      if (first % 128 == 0) u6_chunk_values(row, K, first / 128, L, chunk);
       const uint8_t* b = chunk + first % 128;
       for (int i = 0; i < L.group_size; ++i) o[i] = value(b[i], scale, min);
     } else if (L.nibbles) {
@@ -1209,15 +1260,22 @@ void dequantize_row(const uint8_t* row, const float* scales, const float* mins, 
 
 }  // namespace
 
+torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor& scales,
+                              const c10::optional<torch::Tensor>& mins_in,
+                              const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
+                              int64_t zero_point, int64_t arrangement, const torch::Tensor& rows_in);
+
 // The dense float32 weight [N, K] (for large batches, where one float GEMM beats per-row integer dots).
 torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
                          const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
-                         int64_t bits, int64_t group_size, int64_t zero_point, bool interleaved) {
-  const Layout L = make_layout(bits, group_size);
-  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved);
+                         int64_t bits, int64_t group_size, int64_t zero_point, int64_t arrangement) {
+  const Layout L = make_layout(bits, group_size, arrangement);
+  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, arrangement == kInterleaved);
   const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1)), groups = K / group_size;
-  const auto [scales_f, mins_f] = w.float_params();
   torch::Tensor out = torch::empty({N, K}, torch::kFloat);
+  if (L.q6k_blocks) return dequantize_rows(qweight_in, scales_in, mins_in, supers_in, bits, group_size, zero_point,
+                                           arrangement, torch::arange(N));
+  const auto [scales_f, mins_f] = w.float_params();
   const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
   const float* sp = scales_f.data_ptr<float>();
   const float* mp = w.has_mins ? mins_f.data_ptr<float>() : nullptr;
@@ -1273,6 +1331,10 @@ struct RowRestorer {
       _mm512_storeu_si512(codes.data() + c * kChunkBytes, _mm512_loadu_si512(v.codes(r, c)));
     }
     if (c * kChunkBytes < w_row) std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), w_row - c * kChunkBytes);
+    if (L.q6k_blocks) {  // the scales are in the blocks
+      q6k_row_scales(codes.data(), groups, row_scales.data());
+      return;
+    }
     for (int64_t g = 0; g < groups; g += kGroupBlock) {
       const int64_t left = groups - g;
       const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
@@ -1295,6 +1357,16 @@ struct RowRestorer {
     for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
       std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
     }
+    if (L.q6k_blocks) {  // d * sub-scale from the blocks, rounded to float16 as u6 stores it
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* block = codes.data() + g / kGroupBlock * kQ6KBytes;
+        uint16_t d;
+        std::memcpy(&d, block + kQ6KSuperScale, 2);
+        const float sub = static_cast<float>(static_cast<int8_t>(block[kQ6KSubScales + g % kGroupBlock]));
+        row_scales[g] = half_to_float(at::Half(half_to_float(at::Half(d, at::Half::from_bits())) * sub));
+      }
+      return;
+    }
     for (int64_t g = 0; g < groups; ++g) {
       if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
         const at::Half* pair = v.supers(r, g / kGroupBlock) + (g % kGroupBlock) / 8 * 2;
@@ -1316,8 +1388,8 @@ struct RowRestorer {
 torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor& scales,
                               const c10::optional<torch::Tensor>& mins_in,
                               const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
-                              int64_t zero_point, bool interleaved, const torch::Tensor& rows_in) {
-  const Layout L = make_layout(bits, group_size);
+                              int64_t zero_point, int64_t arrangement, const torch::Tensor& rows_in) {
+  const Layout L = make_layout(bits, group_size, arrangement);
   const WeightArgs w(qweight, scales, mins_in, supers_in, false);
   const torch::Tensor rows = rows_in.to(torch::kLong).contiguous();
   const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1));
@@ -1329,7 +1401,7 @@ torch::Tensor dequantize_rows(const torch::Tensor& qweight, const torch::Tensor&
   for (int64_t i = 0; i < R; ++i) TORCH_CHECK(ids[i] >= 0 && ids[i] < N, "row ", ids[i], " out of range for ", N, " rows");
   float* op = out.data_ptr<float>();
   at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
-    RowRestorer restorer(w, L, zero_point, interleaved);
+    RowRestorer restorer(w, L, zero_point, arrangement == kInterleaved);
     for (int64_t i = begin; i < end; ++i) restorer.restore(ids[i], op + i * K);
   });
   return out;
@@ -1349,8 +1421,8 @@ void to_bfloat16(const float* in, int64_t n, at::BFloat16* out) {
 torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& qweight, const torch::Tensor& scales,
                                 const c10::optional<torch::Tensor>& mins_in,
                                 const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
-                                int64_t zero_point, bool interleaved, const c10::optional<torch::Tensor>& out) {
-  const Layout L = make_layout(bits, group_size);
+                                int64_t zero_point, int64_t arrangement, const c10::optional<torch::Tensor>& out) {
+  const Layout L = make_layout(bits, group_size, arrangement);
   const WeightArgs w(qweight, scales, mins_in, supers_in, false);
   const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1));
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K, "x must be [M, ", K, "]");
@@ -1363,7 +1435,7 @@ torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& 
   for (int64_t n0 = 0; n0 < N; n0 += band) {
     const int64_t rows = std::min(band, N - n0);
     at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
-      RowRestorer restorer(w, L, zero_point, interleaved);
+      RowRestorer restorer(w, L, zero_point, arrangement == kInterleaved);
 #if LC_VNNI && defined(__AVX512BF16__)
       for (int64_t i = begin; i < end; ++i) restorer.restore_bf16(n0 + i, bp + i * K);
 #else

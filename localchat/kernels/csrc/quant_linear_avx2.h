@@ -317,6 +317,25 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   }
 }
 
+// Chunk c of a pass's kRowsPerPass weight rows (w: their codes, s: their lanes' weight scales) against activation
+// rows acts[0 .. mt), into their accumulators acc[t * kRowsPerPass + r]: a lane's scale is its weight scale times
+// its activation scale, the product gemv_rows forms before its permute.
+template <bool PRECISE, bool SYMMETRIC, int BITS>
+inline void panel_chunk(const HalfCodes w[][2], const __m256 s[][2], const ActivationRow* acts, int64_t mt, int64_t c,
+                        const Layout& L, __m256* acc) {
+  for (int64_t t = 0; t < mt; ++t) {
+    const ActivationRow& a = acts[t];
+    const __m256 lane_scale[2] = {_mm256_load_ps(a.lane_scales + c * 16), _mm256_load_ps(a.lane_scales + c * 16 + 8)};
+    __m256* row_acc = acc + t * kRowsPerPass;
+    for (int r = 0; r < kRowsPerPass; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r][h], h, a, c, L);
+        row_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), row_acc[r]);
+      }
+    }
+  }
+}
+
 // A block of activation rows against kRowsPerPass weight rows (batches, prefill chunks): each weight chunk is
 // unpacked once and meets every row of the block, whose accumulators live in `scratch` (L1). A lane's scale is
 // its weight scale permuted to it times its activation scale: the same product gemv_rows forms before its
@@ -342,17 +361,7 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
         s[r][h] = to_lanes(block[r], index, j, h);
       }
     }
-    for (int64_t t = 0; t < mt; ++t) {
-      const ActivationRow& a = acts[t];
-      const __m256 lane_scale[2] = {_mm256_load_ps(a.lane_scales + c * 16), _mm256_load_ps(a.lane_scales + c * 16 + 8)};
-      __m256* row_acc = acc + t * kRowsPerPass;
-      for (int r = 0; r < kRowsPerPass; ++r) {
-        for (int h = 0; h < 2; ++h) {
-          const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r][h], h, a, c, L);
-          row_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), row_acc[r]);
-        }
-      }
-    }
+    panel_chunk<PRECISE, SYMMETRIC, BITS>(w, s, acts, mt, c, L, acc);
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) {
