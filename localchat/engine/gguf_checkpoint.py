@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from localchat.engine.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, dense, repack
+from localchat.engine.gguf_rows import GgufRows
 from localchat.errors import InvalidModelFileError, UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
 
@@ -134,11 +135,12 @@ class GGUFCheckpoint:
 
 def gguf_weights(
     path: Path, index: dict, dequantize: bool = False, interleave: bool = False
-) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+) -> Iterator[tuple[str, torch.Tensor | PackedWeight | GgufRows]]:
     """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized
-    types as PackedWeights (their codes kept; with `interleave`, in the CPU kernel's layout),
-    F32/F16/BF16 as tensors; with `dequantize`, all as float32 tensors (the reference path). `index`
-    is GGUFCheckpoint.tensor_index()."""
+    types as PackedWeights (their codes kept; with `interleave`, in the CPU kernel's layout, which
+    leaves Q6_K in the map as its blocks, and an untied token embedding as GgufRows, read from the
+    map as it is looked up), F32/F16/BF16 as tensors; with `dequantize`, all as float32 tensors
+    (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -148,6 +150,7 @@ def gguf_weights(
             f"{path.name}: the file is shorter than its tensor table says (cut off?)"
         )
     permuted = _ARCHES[index["arch"]][2]
+    untied = any(entry["name"] == "output.weight" for entry in index["tensors"])
     for entry in index["tensors"]:
         name = _hf_name(entry["name"])
         if name is None:
@@ -160,12 +163,14 @@ def gguf_weights(
             heads = index["num_heads"] if name.endswith("q_proj.weight") else index["num_kv_heads"]
             order = _unpermute_index(shape[0], heads)
         if qtype in DENSE_TYPES:
-            weight: torch.Tensor | PackedWeight = dense(raw, qtype, shape)
+            weight: torch.Tensor | PackedWeight | GgufRows = dense(raw, qtype, shape)
         elif qtype not in QUANTIZED_TYPES:
             raise UnsupportedModelError(
                 f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}; supported: "
                 f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}"
             )
+        elif interleave and untied and name == "model.embed_tokens.weight" and not dequantize:
+            weight = GgufRows(raw.reshape(shape[0], -1), qtype, (shape[0], shape[1]))
         elif dequantize:
             array = np.asarray(
                 gguf_dequantize(raw.reshape(shape[0], -1), qtype), dtype=np.float32
@@ -178,8 +183,15 @@ def gguf_weights(
         if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
             weight = weight.float()
         yield name, weight
-        if not (isinstance(weight, PackedWeight) and weight.layout == "q6k" and order is None):
-            _release(data, entry["offset"], entry["nbytes"])  # (a q6k weight reads the mapped file)
+        if not _reads_the_map(weight, data):
+            _release(data, entry["offset"], entry["nbytes"])
+
+
+def _reads_the_map(weight: torch.Tensor | PackedWeight | GgufRows, data: np.memmap) -> bool:
+    """Whether the weight keeps reading the file's memory map (Q6_K's blocks, GgufRows)."""
+    if isinstance(weight, GgufRows):
+        return True
+    return isinstance(weight, PackedWeight) and np.may_share_memory(weight.qweight.numpy(), data)
 
 
 def _release(data: np.memmap, offset: int, nbytes: int) -> None:

@@ -13,7 +13,7 @@ its codes. We split them into one code array and float16 scale/min arrays
 | Q8_0 | 32, 34 | u8 | d * (q + 128 - 128) |
 | Q4_K | 256, 144 | u4 | (d * sc) * q - dmin * mn, per 32 |
 | Q5_K | 256, 176 | u8 | (d * sc) * q - dmin * mn, per 32 |
-| Q6_K | 256, 210 | u6, group 16 | (d * sc) * (q - 32), per 16 |
+| Q6_K | 256, 210 | u6, group 16 (q6k: kept) | (d * sc) * (q - 32), per 16 |
 
 Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit sub-scales and
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localchat.engine.forward_context import get_forward_context
+from localchat.engine.gguf_rows import GgufRows
 from localchat.engine.models import cpu_decode
 from localchat.kernels import (
     paged_attention,
@@ -167,6 +168,8 @@ class DecoderForCausalLM(nn.Module):
         self.cpu_decode: cpu_decode.CpuDecodeStack | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed_tokens, GgufRows):
+            return self.embed_tokens.rows(input_ids, self.norm.weight.dtype)
         if isinstance(self.embed_tokens, PackedWeight):
             return embedding_rows(self.embed_tokens, input_ids, self.norm.weight.dtype)
         return F.embedding(input_ids, self.embed_tokens)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from localchat.engine.gguf_rows import GgufRows
 from localchat.engine.models.decoder import PROJECTIONS, DecoderForCausalLM
 from localchat.kernels.packed_weight import PackedWeight, quantize_weight
 from localchat.kernels.quant_linear import fuse
@@ -50,7 +51,7 @@ _GLOBAL_TENSORS = {
 _QUANTIZABLE = {"qkv_weight", "o_weight", "gate_up_weight", "down_weight"}
 _KEPT_QUANTIZED = _QUANTIZABLE | {"embed_tokens", "lm_head"}
 
-Weight = torch.Tensor | PackedWeight
+Weight = torch.Tensor | PackedWeight | GgufRows
 
 
 @dataclass
@@ -99,6 +100,11 @@ class WeightPlacer:
     def _place(self, module: nn.Module, attr: str, parts: list[Weight], name: str) -> None:
         meta = module._parameters[attr]
         assert meta is not None, f"{name}: no parameter {attr} to place"
+        if isinstance(parts[0], GgufRows):  # an embedding left in the file (CPU kernels only)
+            self._check_shape(name, parts[0].shape, meta)
+            del module._parameters[attr]
+            setattr(module, attr, parts[0])
+            return
         packed = [p for p in parts if isinstance(p, PackedWeight)]
         if len(packed) == len(parts) and attr in _KEPT_QUANTIZED:
             value = fuse(packed)
@@ -112,7 +118,9 @@ class WeightPlacer:
             del module._parameters[attr]
             setattr(module, attr, value)
         else:
-            dense = torch.cat([p.dequantize() if isinstance(p, PackedWeight) else p for p in parts])
+            dense = torch.cat(
+                [p.dequantize() if isinstance(p, PackedWeight | GgufRows) else p for p in parts]
+            )
             self._check_shape(name, tuple(dense.shape), meta)
             if self.quantize_bits and attr in _QUANTIZABLE:
                 del module._parameters[attr]
@@ -194,7 +202,7 @@ def describe_weights(model: DecoderForCausalLM) -> str:
         ),
     ]:
         for part in value if isinstance(value, tuple) else (value,):
-            if isinstance(part, PackedWeight):
+            if isinstance(part, PackedWeight | GgufRows):
                 kinds.update(part.source_type.split("+"))
             else:
                 kinds.add(str(part.dtype).removeprefix("torch."))

@@ -1,7 +1,8 @@
-"""Q6_K weights read in the GGUF file's own blocks (PackedWeight layout q6k,
-kernels/csrc/quant_q6k.h): every kernel path gives the bits of the same weight repacked as u6, the
-reference reads the blocks as gguf-py does, and a loaded model reads them from the file's memory
-map, with the replies and logprobs of the u6 load."""
+"""Weights read in the GGUF file's own blocks: Q6_K projections (PackedWeight layout q6k,
+kernels/csrc/quant_q6k.h), where every kernel path gives the bits of the same weight repacked as
+u6 and the reference reads the blocks as gguf-py does, and an untied embedding (GgufRows). A loaded
+model reads both from the file's memory map, with the replies and logprobs of a load that repacks
+them."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from gguf.quants import dequantize as gguf_dequantize
 from localchat import LLM, SamplingParams
 from localchat.bench.gguf_shapes import ModelShape
 from localchat.bench.random_gguf import write_random_gguf
-from localchat.engine import gguf_repack
+from localchat.engine import gguf_checkpoint, gguf_repack
 from localchat.engine.distributed.sharded_weights import take_columns, take_rows
-from localchat.engine.gguf_repack import q6k_weight, repack_reference
+from localchat.engine.gguf_repack import q6k_weight, repack, repack_reference
+from localchat.engine.gguf_rows import GgufRows
 from localchat.engine.models.decoder import PROJECTIONS
+from localchat.errors import InvalidParameterError
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import (
     embedding_rows,
@@ -120,8 +123,36 @@ def _mapped_file(address: int) -> str | None:
     return None
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
+def test_gguf_rows_read_what_the_repacked_weight_reads(qtype):
+    raw = random_blocks(qtype, 37, 512, seed=9)
+    rows = GgufRows(raw, qtype, (37, 512))
+    ids = torch.tensor([[36, 0, 5], [5, 17, 1]])
+    packed = interleave_for_kernel(repack(raw, qtype, (37, 512)))
+    assert torch.equal(rows.rows(ids, torch.float32), embedding_rows(packed, ids, torch.float32))
+    assert torch.equal(rows.dequantize(), packed.dequantize())
+    assert (
+        rows.rows(ids[0], torch.bfloat16).dtype == torch.bfloat16 and rows.source_type == qtype.name
+    )
+    with pytest.raises(InvalidParameterError, match="token ids"):
+        rows.rows(torch.tensor([37]), torch.float32)
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file behind the mapping of this process that holds `address`, if any."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5] if len(fields) > 5 else None
+    return None
+
+
 @pytest.mark.slow
-def test_a_loaded_model_reads_q6k_from_the_file_map(ext, tmp_path, monkeypatch):
+def test_a_loaded_model_reads_q6k_and_its_embedding_from_the_file_map(ext, tmp_path, monkeypatch):
+    """Q6_K projections and the untied embedding stay in the file's memory map, and the model
+    answers with the tokens and logprobs of a load that repacks them."""
     shape = ModelShape("tiny-llama", "llama", 256, 4, 4, 2, 512)
     path = tmp_path / "tiny-q4_k_m.gguf"
     write_random_gguf(path, shape, "q4_k_m", std=0.05)
@@ -137,11 +168,21 @@ def test_a_loaded_model_reads_q6k_from_the_file_map(ext, tmp_path, monkeypatch):
     q6k = [p for p in parts if isinstance(p, PackedWeight) and p.layout == "q6k"]
     assert q6k, "a Q4_K_M file stores some v and down projections as Q6_K"
     assert all(_mapped_file(w.qweight.data_ptr()) == str(path) for w in q6k)
-    ours = llm.generate([list(range(100, 130))], params)[0].outputs[0]
+    assert isinstance(model.embed_tokens, GgufRows)
+    assert _mapped_file(model.embed_tokens.blocks.ctypes.data) == str(path)
+    prompt = list(range(100, 130))
+    ours = llm.generate([prompt], params)[0].outputs[0]
     real = gguf_repack.q6k_weight
     monkeypatch.setattr(
         gguf_repack, "q6k_weight", lambda blocks: interleaved_u6(real(blocks).as_u6())
     )
-    repacked = LLM(str(path), max_model_len=256).generate([list(range(100, 130))], params)[0]
-    assert repacked.outputs[0].token_ids == ours.token_ids
-    assert repacked.outputs[0].logprobs == ours.logprobs
+
+    class Repacked(GgufRows):  # what gguf_weights made before: the embedding repacked
+        def __new__(cls, raw, qtype, shape):
+            return repack(raw, qtype, shape, None, True)
+
+    monkeypatch.setattr(gguf_checkpoint, "GgufRows", Repacked)
+    repacked = LLM(str(path), max_model_len=256)
+    assert isinstance(repacked.engine.runner.model.embed_tokens, PackedWeight)
+    theirs = repacked.generate([prompt], params)[0].outputs[0]
+    assert theirs.token_ids == ours.token_ids and theirs.logprobs == ours.logprobs
