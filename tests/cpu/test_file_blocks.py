@@ -112,17 +112,6 @@ def test_moves_cuts_and_fusing_keep_the_values():
     assert torch.equal(fused.dequantize(), torch.cat((u6.dequantize(), u62.dequantize())))
 
 
-def _mapped_file(address: int) -> str | None:
-    """The file behind the mapping of this process that holds `address`, if any."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            start, end = (int(a, 16) for a in fields[0].split("-"))
-            if start <= address < end:
-                return fields[5] if len(fields) > 5 else None
-    return None
-
-
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
 def test_gguf_rows_read_what_the_repacked_weight_reads(qtype):
     raw = random_blocks(qtype, 37, 512, seed=9)
