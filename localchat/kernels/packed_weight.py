@@ -1,6 +1,7 @@
-"""PackedWeight: a quantized [out, in] projection weight in the two layouts our kernels consume.
+"""PackedWeight: a quantized [out, in] projection weight in the layouts our kernels consume.
 
-Every GGUF block type is repacked into one of two layouts, keeping the file's integer codes:
+Every GGUF block type is repacked into one of these layouts, keeping the file's integer codes
+(``q6k`` keeps the file's blocks as they are):
 
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
@@ -155,11 +156,12 @@ class PackedWeight:
                 or self.qweight.shape[1] % Q6K_BYTES
                 or tuple(self.scales.shape) != (out_features, 0)
                 or self.mins is not None
+                or self.zero_point != 32
                 or self.interleaved
             ):
                 raise ValueError(
                     f"q6k weights are whole {Q6K_BYTES}-byte blocks with empty scales "
-                    f"[{out_features}, 0], group_size 16, no mins, row-major"
+                    f"[{out_features}, 0], group_size 16, zero point 32, no mins, row-major"
                 )
             return
         expected = (out_features, in_features // self.group_size)

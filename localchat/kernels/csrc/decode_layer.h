@@ -58,7 +58,7 @@ struct PackedRef {
     weight_bytes = L.code_bytes(K);
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
-    gemv = pick_gemv(precise, symmetric, L.bits(), k_scales, L);
+    gemv = pick_gemv(precise, symmetric, k_scales, L);
     reserve(1);
   }
   PackedRef(const PackedRef&) = delete;

@@ -789,10 +789,10 @@ constexpr int64_t kPanelRows = 32;
 using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const ActivationRow*, int64_t,
                          int, float*, int64_t, void*);
 
-// (L: the weight's layout; Q6_K blocks take their own kernels)
-PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq, const Layout& L) {
+// The kernel for a weight of layout L (Q6_K blocks take their own).
+PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.q6k_blocks) return precise ? panel_q6k<true> : panel_q6k<false>;
-  return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
+  return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
     return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
 }
@@ -800,9 +800,9 @@ PanelFn pick_panel(bool precise, bool symmetric, int bits, bool kq, const Layout
 using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, const Layout&, const ActivationRow&,
                         int, float*);
 
-GemvFn pick_gemv(bool precise, bool symmetric, int bits, bool kq, const Layout& L) {
+GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.q6k_blocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
-  return pick_kernel(precise, symmetric, bits, kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
+  return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
     return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
 }
@@ -985,8 +985,9 @@ struct WeightArgs {
 
 // x: [M, K] float32 (other float types are converted); returns float32 [M, N].
 // With silu_and_mul, x is [M, 2K] = [gate | up] and the product silu(gate) * up is what gets multiplied.
-// arrangement: how the weight's rows are stored (Arrangement: row-major, interleaved, Q6_K blocks). supers: a K-quant weight's
-// (d, dmin) per 8 groups, its scales and mins then being the packed 6-bit sub-scales and sub-mins (k_params).
+// arrangement: how the weight's rows are stored (Arrangement: row-major, interleaved, Q6_K blocks). supers: a
+// K-quant weight's (d, dmin) per 8 groups, its scales and mins then being the packed 6-bit sub-scales and sub-mins
+// (k_params).
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
                            const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                            const c10::optional<torch::Tensor>& bias, int64_t bits, int64_t group_size,
@@ -1053,7 +1054,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     const int64_t weight_bytes = L.code_bytes(K);
     const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     if (M == 1) {
-      const GemvFn gemv = pick_gemv(precise, !has_mins, L.bits(), w.k_scales, L);
+      const GemvFn gemv = pick_gemv(precise, !has_mins, w.k_scales, L);
       at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
         for (int64_t pass = begin; pass < end; ++pass) {
           const int64_t n = pass * kRowsPerPass;
@@ -1066,7 +1067,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
       });
       return out;
     }
-    const PanelFn panel = pick_panel(precise, !has_mins, L.bits(), w.k_scales, L);
+    const PanelFn panel = pick_panel(precise, !has_mins, w.k_scales, L);
     // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
     // kPanelRows rows (their accumulators in L1), pass by pass
     const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
