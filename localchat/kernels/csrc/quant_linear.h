@@ -1271,11 +1271,13 @@ torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& s
                          const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                          int64_t bits, int64_t group_size, int64_t zero_point, int64_t arrangement) {
   const Layout L = make_layout(bits, group_size, arrangement);
+  if (L.q6k_blocks) {  // the scales are in the blocks: every row through the row lookup
+    return dequantize_rows(qweight_in, scales_in, mins_in, supers_in, bits, group_size, zero_point, arrangement,
+                           torch::arange(qweight_in.size(0)));
+  }
   const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, arrangement == kInterleaved);
   const int64_t N = w.qweight.size(0), K = L.in_features(w.qweight.size(1)), groups = K / group_size;
   torch::Tensor out = torch::empty({N, K}, torch::kFloat);
-  if (L.q6k_blocks) return dequantize_rows(qweight_in, scales_in, mins_in, supers_in, bits, group_size, zero_point,
-                                           arrangement, torch::arange(N));
   const auto [scales_f, mins_f] = w.float_params();
   const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
   const float* sp = scales_f.data_ptr<float>();
