@@ -11,7 +11,7 @@ its codes. We split them into one code array and float16 scale/min arrays
 | Q5_0 | 32, 22 | u8 | d * (q - 16) |
 | Q5_1 | 32, 24 | u8 | d * q + m |
 | Q8_0 | 32, 34 | u8 | d * (q + 128 - 128) |
-| Q4_K | 256, 144 | u4 | (d * sc) * q - dmin * mn, per 32 |
+| Q4_K | 256, 144 | u4 (q4k: kept) | (d * sc) * q - dmin * mn, per 32 |
 | Q5_K | 256, 176 | u8 | (d * sc) * q - dmin * mn, per 32 |
 | Q6_K | 256, 210 | u6, group 16 (q6k: kept) | (d * sc) * (q - 32), per 16 |
 
@@ -19,9 +19,9 @@ Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit s
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
 otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
 and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
-scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K is not repacked at all: it
-stays in the file's memory map as its own blocks (layout q6k), and the kernels round its scales
-the same way.
+scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K and Q4_K are not repacked at
+all: they stay in the file's memory map as their own blocks (layouts q6k and q4k), and the kernels
+form their scales as they form the repacked weights' (Q6_K's rounded the same way).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from localchat.engine.memory import huge_pages_wanted
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import (
     PackedWeight,
-    pack_k_params,
-    pack_u4,
+    k_block_params,
+    k_low_codes,
+    q4k_blocks_to_u4,
     q6k_blocks_to_u6,
 )
 
@@ -65,33 +66,6 @@ def _codes(field: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return qs & 0x0F, qs >> 4
-
-
-def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8 six-bit scales and mins of a Q4_K/Q5_K super-block from its 12 packed bytes."""
-    d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    scales = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
-    mins = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
-    return scales.to(torch.float32), mins.to(torch.float32)
-
-
-def _k_group_params(
-    blocks: torch.Tensor, rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K blocks [rows, blocks, bytes] -> the 6-bit sub-scales and sub-mins packed as
-    PackedWeight keeps them (pack_k_params: uint8 [rows, groups] and [rows, groups // 2]), and
-    (d, dmin) per block as float16 [rows, 2 * blocks]."""
-    sc, mn = _k_scales(blocks[..., 4:16])
-    supers = blocks[..., 0:4].contiguous().view(torch.float16).reshape(rows, -1)
-    scales, mins = pack_k_params(sc.reshape(rows, -1), mn.reshape(rows, -1))
-    return scales, mins, supers
-
-
-def _k_low_codes(qs: torch.Tensor, rows: int) -> torch.Tensor:
-    """Q4_K/Q5_K low 4 bits [rows, in]: each 32-byte chunk holds sub-block 2j in its low nibbles,
-    2j+1 high."""
-    lo, hi = _nibbles(qs.reshape(rows, -1, 4, 32))
-    return torch.stack((lo, hi), dim=3).reshape(rows, -1)
 
 
 def _q5_high_bit(qh: torch.Tensor, rows: int) -> torch.Tensor:
@@ -133,8 +107,8 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and bool(ext.simd_isa())
-    if qtype == T.Q6_K and interleave:  # the vector kernels read Q6_K's own blocks
-        return q6k_weight(raw if order is None else raw[order])
+    if qtype in (T.Q6_K, T.Q4_K) and interleave:  # the vector kernels read these blocks as they are
+        return file_blocks_weight(raw if order is None else raw[order], qtype)
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
     return PackedWeight(
         _LAYOUTS.get(qtype, "u8"),
@@ -149,12 +123,14 @@ def repack(
     )
 
 
-def q6k_weight(blocks: torch.Tensor) -> PackedWeight:
-    """Q6_K blocks [rows, row bytes] as a PackedWeight that keeps them (layout q6k): what the vector
-    kernels read (kernels/csrc/quant_q6k.h). With the file's memory map as `blocks`, loading
-    neither copies nor repacks the tensor."""
+def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
+    """Q6_K or Q4_K blocks [rows, row bytes] as a PackedWeight that keeps them (layout q6k or
+    q4k): what the vector kernels read (kernels/csrc/quant_q6k.h, quant_q4k.h). With the file's
+    memory map as `blocks`, loading neither copies nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
-    return PackedWeight("q6k", blocks, scales, None, 16, zero_point=32, source_type="Q6_K")
+    if qtype == T.Q6_K:
+        return PackedWeight("q6k", blocks, scales, None, 16, zero_point=32, source_type="Q6_K")
+    return PackedWeight("q4k", blocks, scales, None, 32, source_type="Q4_K")
 
 
 def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
@@ -199,18 +175,16 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
             "u8", codes, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 32, source_type="Q5_1"
         )
     if qtype == T.Q4_K:
-        b = raw.reshape(rows, -1, 144)
-        scales, mins, supers = _k_group_params(b, rows)
-        codes = pack_u4(_k_low_codes(b[..., 16:], rows))
+        codes, scales, mins, supers = q4k_blocks_to_u4(raw)
         return PackedWeight("u4", codes, scales, mins, 32, source_type="Q4_K", super_scales=supers)
     if qtype == T.Q5_K:
         b = raw.reshape(rows, -1, 176)
-        scales, mins, supers = _k_group_params(b, rows)
+        scales, mins, supers = k_block_params(b)
         qh = b[..., 16:48].reshape(rows, -1, 1, 32)
         high = (
             qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
         ) & 1  # bit s of qh[i]: sub-block s
-        codes = _k_low_codes(b[..., 48:], rows) | (high.reshape(rows, -1) << 4)
+        codes = k_low_codes(b[..., 48:]) | (high.reshape(rows, -1) << 4)
         return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K", super_scales=supers)
     if qtype == T.Q6_K:
         qweight, scales = q6k_blocks_to_u6(raw)

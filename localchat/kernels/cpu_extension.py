@@ -22,6 +22,8 @@ _SOURCES = (
     "block_cache.h",
     "quant_linear.h",
     "quant_linear_avx2.h",
+    "quant_q6k.h",
+    "quant_q4k.h",
     "decode_attention.h",
     "kv_rows.h",
     "decode_layer.h",

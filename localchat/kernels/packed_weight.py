@@ -1,7 +1,7 @@
 """PackedWeight: a quantized [out, in] projection weight in the layouts our kernels consume.
 
 Every GGUF block type is repacked into one of these layouts, keeping the file's integer codes
-(``q6k`` keeps the file's blocks as they are):
+(``q6k`` and ``q4k`` keep the file's blocks as they are):
 
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
@@ -16,7 +16,10 @@ Every GGUF block type is repacked into one of these layouts, keeping the file's 
   [out, in // 256 * 210] (usually the file's memory map itself: nothing is copied), ``scales``
   empty [out, 0] (they are in the blocks). The vector kernels (AVX-512 VNNI, AVX2) read it as
   they read u6 (kernels/csrc/quant_q6k.h), with the same float16 group scales; everything else
-  sees it through ``as_u6``.
+  sees it through ``repacked`` (as u6).
+- ``q4k``: Q4_K's own blocks likewise, ``qweight`` uint8 [out, in // 256 * 144], ``scales``
+  empty [out, 0], no mins: the vector kernels read it as they read a u4 K-quant weight
+  (kernels/csrc/quant_q4k.h), with the same scales and mins; ``repacked`` gives that u4 weight.
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -46,8 +49,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8", "q6k")
+LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k")
 Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
+Q4K_WEIGHTS, Q4K_BYTES = 256, 144  # a Q4_K block's
+# the layouts that are the file's own blocks: (weights, bytes) of a block, and its arrangement
+FILE_BLOCKS = {"q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2), "q4k": (Q4K_WEIGHTS, Q4K_BYTES, 3)}
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -105,8 +111,9 @@ def _gather_rows(t: torch.Tensor, rows: torch.Tensor, unit: int) -> torch.Tensor
 class PackedWeight:
     """A quantized projection weight; see the module docstring for the layouts."""
 
-    layout: str  # "u4", "u6", "u8" or "q6k"
-    qweight: torch.Tensor  # uint8 [out, in // 2] (u4), [out, 3 * in // 4] (u6) or [out, in] (u8)
+    layout: str  # one of LAYOUTS
+    # uint8 [out, in // 2] (u4), [out, 3 * in // 4] (u6), [out, in] (u8), or the file's blocks
+    qweight: torch.Tensor
     scales: torch.Tensor  # float16 [out, in // group_size]
     mins: (
         torch.Tensor | None
@@ -150,18 +157,22 @@ class PackedWeight:
             raise ValueError(
                 f"u6 weights need group_size 16 and in_features a multiple of {U6_CHUNK}"
             )
-        if self.layout == "q6k":
+        if self.layout in FILE_BLOCKS:
+            group, zero = (16, 32) if self.layout == "q6k" else (32, 0)
+            block_bytes = FILE_BLOCKS[self.layout][1]
             if (
-                self.group_size != 16
-                or self.qweight.shape[1] % Q6K_BYTES
+                self.group_size != group
+                or self.qweight.shape[1] % block_bytes
                 or tuple(self.scales.shape) != (out_features, 0)
                 or self.mins is not None
-                or self.zero_point != 32
+                or self.super_scales is not None
+                or self.zero_point != zero
                 or self.interleaved
             ):
                 raise ValueError(
-                    f"q6k weights are whole {Q6K_BYTES}-byte blocks with empty scales "
-                    f"[{out_features}, 0], group_size 16, zero point 32, no mins, row-major"
+                    f"{self.layout} weights are whole {block_bytes}-byte blocks with empty scales "
+                    f"[{out_features}, 0], group_size {group}, zero point {zero}, no mins, "
+                    "row-major"
                 )
             return
         expected = (out_features, in_features // self.group_size)
@@ -175,8 +186,9 @@ class PackedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.qweight.shape
-        if self.layout == "q6k":
-            return rows, cols // Q6K_BYTES * Q6K_WEIGHTS
+        if self.layout in FILE_BLOCKS:
+            weights, block_bytes, _ = FILE_BLOCKS[self.layout]
+            return rows, cols // block_bytes * weights
         if self.layout == "u6":
             return rows, cols // 3 * 4
         return rows, cols * 2 if self.layout == "u4" else cols
@@ -188,15 +200,32 @@ class PackedWeight:
     @property
     def arrangement(self) -> int:
         """How the C++ kernels find the rows (quant_linear.h's Arrangement): 0 row-major, 1
-        interleaved, 2 Q6_K blocks."""
-        return 2 if self.layout == "q6k" else int(self.interleaved)
+        interleaved, 2 Q6_K blocks, 3 Q4_K blocks."""
+        if self.layout in FILE_BLOCKS:
+            return FILE_BLOCKS[self.layout][2]
+        return int(self.interleaved)
 
-    def as_u6(self) -> PackedWeight:
-        """A q6k weight repacked as u6 (the same codes and float16 scales); any other as it is."""
-        if self.layout != "q6k":
-            return self
-        qweight, scales = q6k_blocks_to_u6(self.qweight)
-        return replace(self, layout="u6", qweight=qweight, scales=scales)
+    def repacked(self) -> PackedWeight:
+        """A weight in the file's blocks repacked, row-major: q6k as u6 (the same codes and float16
+        scales), q4k as u4 (the same codes, sub-scales, sub-mins and (d, dmin)); any other as it
+        is."""
+        if self.layout == "q6k":
+            qweight, scales = q6k_blocks_to_u6(self.qweight)
+            return replace(self, layout="u6", qweight=qweight, scales=scales)
+        if self.layout == "q4k":
+            qweight, scales, mins, supers = q4k_blocks_to_u4(self.qweight)
+            return replace(
+                self, layout="u4", qweight=qweight, scales=scales, mins=mins, super_scales=supers
+            )
+        return self
+
+    def _blocks_repacked(self, rows: torch.Tensor | slice | None) -> tuple[PackedWeight, tuple]:
+        """Rows `rows` (any shape) of a weight in the file's blocks, repacked as a 2-D weight, and
+        the rows' shape (what its per-row results take back)."""
+        picked = self.qweight if rows is None else self.qweight[rows]
+        flat = picked.reshape(-1, picked.shape[-1])
+        empty = torch.empty((flat.shape[0], 0), dtype=self.scales.dtype)
+        return replace(self, qweight=flat, scales=empty).repacked(), tuple(picked.shape[:-1])
 
     @property
     def in_features(self) -> int:
@@ -216,7 +245,7 @@ class PackedWeight:
         u6 codes a byte each."""
         weight = self
         if torch.device(device).type != "cpu":
-            weight = self.row_major().with_float16_scales().with_byte_codes()
+            weight = self.with_float16_scales().with_byte_codes()
         return replace(
             weight,
             qweight=weight.qweight.to(device),
@@ -227,10 +256,11 @@ class PackedWeight:
 
     def with_float16_scales(self) -> PackedWeight:
         """The weight row-major with one float16 scale and min per group (K-quant products
-        rounded), the form the GPU's kernels read; itself when it has no super_scales."""
-        if self.super_scales is None:
-            return self
-        weight = self.row_major()
+        rounded), the form the GPU's kernels read (a weight in the file's blocks repacked first);
+        without super_scales, only row-major."""
+        weight = self.repacked().row_major()
+        if weight.super_scales is None:
+            return weight
         scales, mins = weight.group_params()
         assert mins is not None
         return replace(
@@ -242,15 +272,17 @@ class PackedWeight:
         is not u6 (q6k: as u6)."""
         if self.layout not in ("u6", "q6k"):
             return self
-        weight = self.as_u6().row_major()
+        weight = self.repacked().row_major()
         return replace(weight, layout="u8", qweight=weight.codes().to(torch.uint8))
 
     def group_params(
         self, rows: torch.Tensor | slice | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Each group's scale and min (None for symmetric types) as float32, row-major."""
-        if self.layout == "q6k":
-            return q6k_blocks_to_u6(self._rows(self.qweight, rows, CODE_UNIT))[1].float(), None
+        if self.layout in FILE_BLOCKS:
+            weight, lead = self._blocks_repacked(rows)
+            scales, mins = weight.group_params()
+            return scales.reshape(*lead, -1), None if mins is None else mins.reshape(*lead, -1)
         if self.super_scales is None or self.mins is None:
             scales = self._rows(self.scales, rows, GROUP_UNIT).to(torch.float32)
             mins = None if self.mins is None else self._rows(self.mins, rows, GROUP_UNIT)
@@ -310,7 +342,7 @@ class PackedWeight:
     def offsets(self) -> torch.Tensor:
         """The additive term of each group (mins, or -zero_point * scales for symmetric types),
         float16."""
-        if self.super_scales is not None:
+        if self.super_scales is not None or self.layout in FILE_BLOCKS:
             return self.with_float16_scales().offsets()
         return (
             self.mins
@@ -320,8 +352,9 @@ class PackedWeight:
 
     def codes(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """The integer codes as int32 [out, in] (or the selected rows), in natural order."""
-        if self.layout == "q6k":
-            return unpack_u6(q6k_blocks_to_u6(self._rows(self.qweight, rows, CODE_UNIT))[0])
+        if self.layout in FILE_BLOCKS:
+            weight, lead = self._blocks_repacked(rows)
+            return weight.codes().reshape(*lead, -1)
         q = self._rows(self.qweight, rows, CODE_UNIT)
         if self.layout == "u8":
             return q.to(torch.int32)
@@ -423,6 +456,46 @@ def q6k_blocks_to_u6(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     d = b[..., 208:210].contiguous().view(torch.float16).to(torch.float32)
     scales = (d * sub).reshape(rows, -1).to(torch.float16)
     return pack_u6(codes).reshape(*lead, -1), scales.reshape(*lead, -1)
+
+
+def k_sub_params(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 six-bit sub-scales and sub-mins (uint8 [..., 8] each) of Q4_K/Q5_K blocks from their
+    12 packed bytes [..., 12]: groups 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins),
+    groups 4-7 in the nibbles of bytes 8-11 with their top bits in those of bytes 0-7."""
+    d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mins = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return scales, mins
+
+
+def k_block_params(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K blocks uint8 [rows, blocks, bytes] -> their sub-scales and sub-mins as
+    PackedWeight keeps them (pack_k_params: uint8 [rows, groups] and [rows, groups // 2]), and
+    (d, dmin) per block, float16 [rows, 2 * blocks]."""
+    rows = blocks.shape[0]
+    sub_scales, sub_mins = k_sub_params(blocks[..., 4:16])
+    supers = blocks[..., 0:4].contiguous().view(torch.float16).reshape(rows, -1)
+    scales, mins = pack_k_params(sub_scales.reshape(rows, -1), sub_mins.reshape(rows, -1))
+    return scales, mins, supers
+
+
+def k_low_codes(qs: torch.Tensor) -> torch.Tensor:
+    """The low 4 bits [rows, in] of Q4_K/Q5_K codes [rows, blocks, 128]: each 32 bytes hold group
+    2i in their low nibbles and group 2i + 1 in their high ones."""
+    rows = qs.shape[0]
+    grouped = qs.reshape(rows, -1, 4, 32)
+    return torch.stack((grouped & 0x0F, grouped >> 4), dim=3).reshape(rows, -1)
+
+
+def q4k_blocks_to_u4(
+    blocks: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K blocks, uint8 [rows, in // 256 * 144], as a u4 K-quant weight's (qweight, scales,
+    mins, super_scales), nothing rounded. A block is d and dmin (float16), 12 bytes of 6-bit
+    sub-scales and sub-mins (k_sub_params) and 128 bytes of codes (k_low_codes)."""
+    b = blocks.reshape(blocks.shape[0], -1, Q4K_BYTES)
+    scales, mins, supers = k_block_params(b)
+    return pack_u4(k_low_codes(b[..., 16:])), scales, mins, supers
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

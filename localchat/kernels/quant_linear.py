@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
-from localchat.kernels.packed_weight import ROWS_PER_BLOCK, PackedWeight
+from localchat.kernels.packed_weight import FILE_BLOCKS, ROWS_PER_BLOCK, PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
@@ -214,7 +214,7 @@ def interleave_for_kernel(weight: QuantWeight) -> QuantWeight:
         ext is None
         or not bool(ext.simd_isa())
         or weight.interleaved
-        or weight.layout == "q6k"  # read in its own blocks
+        or weight.layout in FILE_BLOCKS  # read in its own blocks
         or weight.device.type != "cpu"
     ):
         return weight

@@ -1,8 +1,8 @@
-"""Weights read in the GGUF file's own blocks: Q6_K projections (PackedWeight layout q6k,
-kernels/csrc/quant_q6k.h), where every kernel path gives the bits of the same weight repacked as
-u6 and the reference reads the blocks as gguf-py does, and an untied embedding (GgufRows). A loaded
-model reads both from the file's memory map, with the replies and logprobs of a load that repacks
-them."""
+"""Weights read in the GGUF file's own blocks: Q6_K and Q4_K projections (PackedWeight layouts q6k
+and q4k, kernels/csrc/quant_q6k.h and quant_q4k.h), where every kernel path gives the bits of the
+same weight repacked (as u6 or u4) and the reference reads the blocks as gguf-py does, and an
+untied embedding (GgufRows). A loaded model reads them all from the file's memory map, with the
+replies and logprobs of a load that repacks them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from localchat.bench.gguf_shapes import ModelShape
 from localchat.bench.random_gguf import write_random_gguf
 from localchat.engine import gguf_checkpoint, gguf_repack
 from localchat.engine.distributed.sharded_weights import take_columns, take_rows
-from localchat.engine.gguf_repack import q6k_weight, repack, repack_reference
+from localchat.engine.gguf_repack import file_blocks_weight, repack, repack_reference
 from localchat.engine.gguf_rows import GgufRows
 from localchat.engine.models.decoder import PROJECTIONS
 from localchat.errors import InvalidParameterError
@@ -35,81 +35,106 @@ from tests.cpu.test_gguf_repack import random_blocks
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
 
-# rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row (4096
-# inputs: the bf16 GEMM path's size)
-SHAPES = [(42, 512), (3, 256), (9, 1536), (12, 4096)]
+# rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
+# counts among them (4096 inputs: the bf16 GEMM path's size)
+SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
+TYPES = [T.Q6_K, T.Q4_K]
+BLOCKS = {T.Q6_K: ("q6k", 6, 2), T.Q4_K: ("q4k", 4, 3)}  # layout, bits, arrangement
+BLOCKS_OF_Q4_K_M = ("q6k", "q4k")
 
 
-def pair(rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, PackedWeight, PackedWeight]:
-    """Random Q6_K blocks, and the weight as q6k and as (row-major) u6."""
-    raw = random_blocks(T.Q6_K, rows, cols, seed=seed)
+def pair(
+    qtype: T, rows: int, cols: int, seed: int = 0
+) -> tuple[np.ndarray, PackedWeight, PackedWeight]:
+    """Random blocks, and the weight in them and repacked (row-major u6 or u4)."""
+    raw = random_blocks(qtype, rows, cols, seed=seed)
     blocks = torch.from_numpy(raw)
-    return raw, q6k_weight(blocks), repack_reference(blocks, T.Q6_K, rows)
+    return raw, file_blocks_weight(blocks, qtype), repack_reference(blocks, qtype, rows)
 
 
-def interleaved_u6(u6: PackedWeight) -> PackedWeight:
-    """A copy of u6 in the kernels' interleaved layout (interleave_for_kernel works in place)."""
-    copy = dataclasses.replace(u6, qweight=u6.qweight.clone(), scales=u6.scales.clone())
+def interleaved_copy(weight: PackedWeight) -> PackedWeight:
+    """A copy of a repacked weight in the kernels' interleaved layout (interleave_for_kernel works
+    in place)."""
+    copy = dataclasses.replace(
+        weight,
+        qweight=weight.qweight.clone(),
+        scales=weight.scales.clone(),
+        mins=None if weight.mins is None else weight.mins.clone(),
+        super_scales=None if weight.super_scales is None else weight.super_scales.clone(),
+    )
     return interleave_for_kernel(copy)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_reference_reads_the_blocks_as_gguf_py(shape):
-    raw, q, u6 = pair(*shape)
-    assert q.shape == u6.shape == shape and q.bits == 6 and q.arrangement == 2
-    expected = torch.from_numpy(np.asarray(gguf_dequantize(raw, T.Q6_K), dtype=np.float32))
-    # each group's scale d * sub-scale is rounded to float16 (below 2^-11 relative)
-    torch.testing.assert_close(q.dequantize(), expected.reshape(shape), rtol=1e-3, atol=1e-7)
-    assert torch.equal(q.codes(), u6.codes())
-    assert torch.equal(q.group_params()[0], u6.group_params()[0]) and q.group_params()[1] is None
+def test_the_reference_reads_the_blocks_as_gguf_py(qtype, shape):
+    raw, q, repacked = pair(qtype, *shape)
+    layout, bits, arrangement = BLOCKS[qtype]
+    assert (q.layout, q.bits, q.arrangement) == (layout, bits, arrangement)
+    assert q.shape == repacked.shape == shape
+    expected = torch.from_numpy(np.asarray(gguf_dequantize(raw, qtype), dtype=np.float32))
+    # Q6_K's group scales d * sub-scale are rounded to float16 (below 2^-11 relative); Q4_K's
+    # differ from gguf-py's only in float32 rounding
+    rtol = 1e-3 if qtype == T.Q6_K else 1e-6
+    torch.testing.assert_close(q.dequantize(), expected.reshape(shape), rtol=rtol, atol=1e-7)
+    assert torch.equal(q.codes(), repacked.codes())
+    for ours, theirs in zip(q.group_params(), repacked.group_params(), strict=True):
+        assert (ours is None and theirs is None) or torch.equal(ours, theirs)
     ids = torch.tensor([[shape[0] - 1, 0]])
-    assert torch.equal(q.dequantize(ids), u6.dequantize(ids))
+    assert torch.equal(q.dequantize(ids), repacked.dequantize(ids))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_every_kernel_path_gives_the_u6_bits(ext, shape):
-    _, q, u6 = pair(*shape, seed=shape[0])
-    inter = interleaved_u6(u6)
+def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
+    _, q, repacked = pair(qtype, *shape, seed=shape[0])
+    inter = interleaved_copy(repacked)
     generator = torch.Generator().manual_seed(7)
     for batch in (1, 3, 40, 70):  # a decode, a small batch, panels, the bf16 GEMM from 64 rows
         x = torch.randn(batch, shape[1], generator=generator)
         for precise in (True, False):
-            expected = run(ext, x, u6, precise=precise)
+            expected = run(ext, x, repacked, precise=precise)
             assert torch.equal(run(ext, x, q, precise=precise), expected), (batch, precise)
             assert torch.equal(run(ext, x, inter, precise=precise), expected), (batch, precise)
-        assert torch.equal(quant_linear(x, q), quant_linear(x, u6)), batch
-    args = (q.qweight, q.scales, None, None, 6, 16, 32, q.arrangement)
-    assert torch.equal(ext.dequantize(*args), u6.dequantize())
+        assert torch.equal(quant_linear(x, q), quant_linear(x, repacked)), batch
+    args = (q.qweight, q.scales, None, None, q.bits, q.group_size, q.zero_point, q.arrangement)
+    assert torch.equal(ext.dequantize(*args), repacked.dequantize())
     ids = torch.tensor([[shape[0] - 1, 0, 1], [shape[0] // 2, 2, 0]])
-    assert torch.equal(embedding_rows(q, ids, torch.float32), u6.dequantize(ids))
-    assert torch.equal(embedding_rows(q, ids[0], torch.bfloat16), u6.dequantize(ids[0]).bfloat16())
+    assert torch.equal(embedding_rows(q, ids, torch.float32), repacked.dequantize(ids))
+    assert torch.equal(
+        embedding_rows(q, ids[0], torch.bfloat16), repacked.dequantize(ids[0]).bfloat16()
+    )
 
 
-def test_only_the_vector_kernels_read_blocks(ext):
-    _, q, _ = pair(8, 256)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_only_the_vector_kernels_read_blocks(ext, qtype):
+    _, q, _ = pair(qtype, 8, 256)
     with pytest.raises(RuntimeError, match="vector kernels"):
         run(ext, torch.randn(1, 256), q, precise=True, vnni=False)
-    with pytest.raises(ValueError, match="q6k weights"):
+    with pytest.raises(ValueError, match=f"{q.layout} weights"):
         dataclasses.replace(q, scales=torch.empty(8, 16, dtype=torch.float16))
 
 
-def test_moves_cuts_and_fusing_keep_the_values():
-    _, q, u6 = pair(10, 512)
-    moved = q.to("meta")  # leaving the CPU: a byte a code, as u6 leaves it
-    assert moved.layout == "u8" and moved.qweight.shape == (10, 512)
-    assert torch.equal(q.with_byte_codes().dequantize(), u6.dequantize())
-    assert torch.equal(q.as_u6().qweight, u6.qweight) and u6.as_u6() is u6
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_moves_cuts_and_fusing_keep_the_values(qtype):
+    _, q, repacked = pair(qtype, 10, 512)
+    dense = repacked.dequantize()
+    moved = q.to("meta")  # leaving the CPU: float16 scales, u6's codes a byte each
+    assert moved.layout == ("u8" if qtype == T.Q6_K else "u4") and moved.super_scales is None
+    assert moved.qweight.shape == repacked.row_major().qweight.shape[:1] + moved.qweight.shape[1:]
+    assert torch.equal(q.with_byte_codes().dequantize(), dense)
+    assert torch.equal(q.repacked().qweight, repacked.qweight) and repacked.repacked() is repacked
     rows = torch.tensor([1, 4, 9])
     picked = take_rows(q, rows)
-    assert isinstance(picked, PackedWeight) and picked.layout == "q6k"
-    assert torch.equal(picked.dequantize(), u6.dequantize()[rows])
+    assert isinstance(picked, PackedWeight) and picked.layout == q.layout
+    assert torch.equal(picked.dequantize(), dense[rows])
     cut = take_columns(q, 256, 512)
     assert isinstance(cut, PackedWeight)
-    assert torch.equal(cut.dequantize(), u6.dequantize()[:, 256:])
-    _, q2, u62 = pair(6, 512, seed=3)
+    assert torch.equal(cut.dequantize(), dense[:, 256:])
+    _, q2, repacked2 = pair(qtype, 6, 512, seed=3)
     fused = fuse([q, q2])
-    assert isinstance(fused, PackedWeight) and fused.layout == "q6k"
-    assert torch.equal(fused.dequantize(), torch.cat((u6.dequantize(), u62.dequantize())))
+    assert isinstance(fused, PackedWeight) and fused.layout == q.layout
+    assert torch.equal(fused.dequantize(), torch.cat((dense, repacked2.dequantize())))
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
@@ -139,9 +164,11 @@ def _mapped_file(address: int) -> str | None:
 
 
 @pytest.mark.slow
-def test_a_loaded_model_reads_q6k_and_its_embedding_from_the_file_map(ext, tmp_path, monkeypatch):
-    """Q6_K projections and the untied embedding stay in the file's memory map, and the model
-    answers with the tokens and logprobs of a load that repacks them."""
+def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
+    ext, tmp_path, monkeypatch
+):
+    """Q6_K and Q4_K projections and the untied embedding stay in the file's memory map, and the
+    model answers with the tokens and logprobs of a load that repacks them."""
     shape = ModelShape("tiny-llama", "llama", 256, 4, 4, 2, 512)
     path = tmp_path / "tiny-q4_k_m.gguf"
     write_random_gguf(path, shape, "q4_k_m", std=0.05)
@@ -154,16 +181,21 @@ def test_a_loaded_model_reads_q6k_and_its_embedding_from_the_file_map(ext, tmp_p
         for module, name in PROJECTIONS
     ]
     parts = [p for w in weights for p in (w if isinstance(w, tuple) else (w,))]
-    q6k = [p for p in parts if isinstance(p, PackedWeight) and p.layout == "q6k"]
-    assert q6k, "a Q4_K_M file stores some v and down projections as Q6_K"
-    assert all(_mapped_file(w.qweight.data_ptr()) == str(path) for w in q6k)
+    for layout in ("q6k", "q4k"):
+        assert any(isinstance(p, PackedWeight) and p.layout == layout for p in parts), layout
+    # o_proj is neither fused with another projection nor reordered (as q and k are): a view
+    outputs = [layer.self_attn.o_weight for layer in model.layers]
+    assert all(w.layout in BLOCKS_OF_Q4_K_M for w in outputs)
+    assert all(_mapped_file(w.qweight.data_ptr()) == str(path) for w in outputs)
     assert isinstance(model.embed_tokens, GgufRows)
     assert _mapped_file(model.embed_tokens.blocks.ctypes.data) == str(path)
     prompt = list(range(100, 130))
     ours = llm.generate([prompt], params)[0].outputs[0]
-    real = gguf_repack.q6k_weight
+    real = gguf_repack.file_blocks_weight
     monkeypatch.setattr(
-        gguf_repack, "q6k_weight", lambda blocks: interleaved_u6(real(blocks).as_u6())
+        gguf_repack,
+        "file_blocks_weight",
+        lambda blocks, qtype: interleaved_copy(real(blocks, qtype).repacked()),
     )
 
     class Repacked(GgufRows):  # what gguf_weights made before: the embedding repacked
@@ -173,5 +205,10 @@ def test_a_loaded_model_reads_q6k_and_its_embedding_from_the_file_map(ext, tmp_p
     monkeypatch.setattr(gguf_checkpoint, "GgufRows", Repacked)
     repacked = LLM(str(path), max_model_len=256)
     assert isinstance(repacked.engine.runner.model.embed_tokens, PackedWeight)
+    assert all(
+        not isinstance(w, PackedWeight) or w.layout not in BLOCKS_OF_Q4_K_M
+        for layer in repacked.engine.runner.model.layers
+        for w in (layer.self_attn.o_weight, layer.mlp.down_weight)
+    )
     theirs = repacked.generate([prompt], params)[0].outputs[0]
     assert theirs.token_ids == ours.token_ids and theirs.logprobs == ours.logprobs

@@ -103,8 +103,9 @@ def test_repack_straight_into_the_interleaved_layout(qtype):
     order = torch.randperm(rows, generator=torch.Generator().manual_seed(2))
     direct = repack(data, qtype, (rows, cols), order, interleave=True)
     later = interleave_for_kernel(repack(data, qtype, (rows, cols), order))
-    if qtype == T.Q6_K:  # the kernels read its blocks as the file has them (quant_q6k.h)
-        assert direct.layout == "q6k" and later.layout == "u6"
+    if qtype in (T.Q6_K, T.Q4_K):  # the kernels read these blocks as the file has them
+        blocks, repacked = ("q4k", "u4") if qtype == T.Q4_K else ("q6k", "u6")
+        assert direct.layout == blocks and later.layout == repacked
         assert torch.equal(direct.qweight, torch.from_numpy(data).reshape(rows, -1)[order])
         assert torch.equal(direct.dequantize(), later.dequantize())
         return

@@ -59,7 +59,7 @@ def _u6_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
 
 
 def _packed_columns(weight: PackedWeight, start: int, end: int) -> PackedWeight:
-    weight = weight.as_u6().row_major()  # (Q6_K's own blocks are cut as u6)
+    weight = weight.repacked().row_major()  # (the file's blocks are cut as u6 or u4)
     group = weight.group_size
     if start % group or end % group:
         raise InvalidParameterError(

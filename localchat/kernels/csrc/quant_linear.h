@@ -51,11 +51,15 @@ constexpr int kActBlock = 32;   // activation values sharing one int8 scale
 constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
 
 // How a weight's rows are stored (PackedWeight.arrangement): row by row, interleaved kRowsPerPass rows at a time
-// (see above), or, for 6-bit codes, as the GGUF file's own Q6_K blocks (quant_q6k.h).
-enum Arrangement : int64_t { kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2 };
+// (see above), or as the GGUF file's own blocks: Q6_K for 6-bit codes (quant_q6k.h), Q4_K for 4-bit ones
+// (quant_q4k.h).
+enum Arrangement : int64_t { kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2, kQ4KBlocks = 3 };
 
 // A Q6_K block: its weights and bytes, and where its top bits, int8 sub-scales and float16 d lie in it
 constexpr int64_t kQ6KWeights = 256, kQ6KBytes = 210, kQ6KHighBits = 128, kQ6KSubScales = 192, kQ6KSuperScale = 208;
+// A Q4_K block: its weights and bytes, and where its 12 bytes of sub-scales and sub-mins and its codes lie in it
+// (float16 d and dmin come first)
+constexpr int64_t kQ4KWeights = 256, kQ4KBytes = 144, kQ4KSubParams = 4, kQ4KCodes = 16;
 
 struct Layout {
   bool nibbles;          // two codes per byte of the (first) plane: u4, and u6's low nibbles
@@ -65,26 +69,35 @@ struct Layout {
   int chunk_values;      // weights (= activation values) per chunk
   int act_chunk_bytes;   // int8 activation bytes per chunk (nibbles: low-nibble half, then high-nibble half)
   bool q6k_blocks = false;  // 6-bit codes in the file's Q6_K blocks (kQ6KBlocks) instead of u6's two planes
+  bool q4k_blocks = false;  // 4-bit codes in the file's Q4_K blocks (kQ4KBlocks), their scales and mins inside
 
   int bits() const { return u6 ? 6 : nibbles ? 4 : 8; }
+  // whether the rows are the file's own blocks (their scales inside them)
+  bool file_blocks() const { return q6k_blocks || q4k_blocks; }
   // bytes of a row's (first) plane of codes, and of the whole row, for K weights
   int64_t code_bytes(int64_t K) const { return nibbles ? K / 2 : K; }
   int64_t row_bytes(int64_t K) const {
-    return q6k_blocks ? K / kQ6KWeights * kQ6KBytes : u6 ? K / 2 + K / 4 : code_bytes(K);
+    if (q6k_blocks) return K / kQ6KWeights * kQ6KBytes;
+    if (q4k_blocks) return K / kQ4KWeights * kQ4KBytes;
+    return u6 ? K / 2 + K / 4 : code_bytes(K);
   }
   int64_t in_features(int64_t row) const {
-    return q6k_blocks ? row / kQ6KBytes * kQ6KWeights : u6 ? row / 3 * 4 : nibbles ? row * 2 : row;
+    if (q6k_blocks) return row / kQ6KBytes * kQ6KWeights;
+    if (q4k_blocks) return row / kQ4KBytes * kQ4KWeights;
+    return u6 ? row / 3 * 4 : nibbles ? row * 2 : row;
   }
 };
 
 Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowMajor) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
-  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ6KBlocks, "unknown arrangement ", arrangement);
+  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ4KBlocks, "unknown arrangement ", arrangement);
   TORCH_CHECK(arrangement != kQ6KBlocks || (bits == 6 && LC_SIMD),
               "Q6_K blocks are 6-bit codes, read by the vector kernels only");
+  TORCH_CHECK(arrangement != kQ4KBlocks || (bits == 4 && LC_SIMD),
+              "Q4_K blocks are 4-bit codes, read by the vector kernels only");
   if (bits == 4) {
     TORCH_CHECK(group_size == 32, "u4 weights need group_size 32");
-    return {true, false, 32, 4, 128, 128};
+    return {true, false, 32, 4, 128, 128, false, arrangement == kQ4KBlocks};
   }
   if (bits == 6) {
     TORCH_CHECK(group_size == 16, "u6 weights need group_size 16");
@@ -93,6 +106,8 @@ Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowM
   TORCH_CHECK(group_size == 16 || group_size == 32, "u8 weights need group_size 16 or 32");
   return {false, false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64};
 }
+
+const Layout kU4 = make_layout(4, 32);  // row-major u4: what a Q4_K row is restored as
 
 // int8 activations for one row, arranged for the layout, with per-lane scales and per-group sums.
 struct ActivationRow {
@@ -781,6 +796,7 @@ constexpr int64_t kPanelScratchPerRow = kRowsPerPass * sizeof(__m512);
 #endif
 #include "quant_linear_avx2.h"
 #include "quant_q6k.h"
+#include "quant_q4k.h"
 #if LC_SIMD
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -789,9 +805,10 @@ constexpr int64_t kPanelRows = 32;
 using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layout&, const ActivationRow*, int64_t,
                          int, float*, int64_t, void*);
 
-// The kernel for a weight of layout L (Q6_K blocks take their own).
+// The kernel for a weight of layout L (the file's blocks take their own).
 PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.q6k_blocks) return precise ? panel_q6k<true> : panel_q6k<false>;
+  if (L.q4k_blocks) return precise ? panel_q4k<true> : panel_q4k<false>;
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
     return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
@@ -802,6 +819,7 @@ using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, con
 
 GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.q6k_blocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
+  if (L.q4k_blocks) return precise ? gemv_q4k<true> : gemv_q4k<false>;
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
     return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
@@ -1010,7 +1028,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
                         false, use_simd, arrangement);
   }
   const bool simd = LC_SIMD && use_simd;
-  TORCH_CHECK(simd || !L.q6k_blocks, "Q6_K blocks are read by the vector kernels only");
+  TORCH_CHECK(simd || !L.file_blocks(), "the file's blocks are read by the vector kernels only");
   bool interleaved = arrangement == kInterleaved;
   const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved && !simd);
   if (!simd) interleaved = false;
@@ -1020,7 +1038,7 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   TORCH_CHECK(!L.u6 || K % 128 == 0, "u6 weights need in_features a multiple of 128");
   TORCH_CHECK(w.qweight.size(1) == L.row_bytes(K), "qweight does not match in_features");
   const int64_t groups = K / L.group_size;
-  TORCH_CHECK(w.scales.size(0) == N && (L.q6k_blocks || w.scales.size(1) == groups), "scales shape mismatch");
+  TORCH_CHECK(w.scales.size(0) == N && (L.file_blocks() || w.scales.size(1) == groups), "scales shape mismatch");
   const bool has_mins = w.has_mins;
   const int64_t chunks = (K + L.chunk_values - 1) / L.chunk_values;
 
@@ -1271,7 +1289,7 @@ torch::Tensor dequantize(const torch::Tensor& qweight_in, const torch::Tensor& s
                          const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                          int64_t bits, int64_t group_size, int64_t zero_point, int64_t arrangement) {
   const Layout L = make_layout(bits, group_size, arrangement);
-  if (L.q6k_blocks) {  // the scales are in the blocks: every row through the row lookup
+  if (L.file_blocks()) {  // the scales are in the blocks: every row through the row lookup
     return dequantize_rows(qweight_in, scales_in, mins_in, supers_in, bits, group_size, zero_point, arrangement,
                            torch::arange(qweight_in.size(0)));
   }
@@ -1299,30 +1317,36 @@ struct RowRestorer {
   const Layout& L;
   int64_t N, w_row, K, groups, zero_point;
   bool interleaved;
+  bool with_mins;  // asymmetric: mins in the weight's tensors, or in its Q4_K blocks
   std::vector<uint8_t> codes;
   std::vector<float> row_scales, row_mins;
 
   RowRestorer(const WeightArgs& args, const Layout& layout, int64_t zp, bool inter)
       : w(args), L(layout), N(args.qweight.size(0)), w_row(args.qweight.size(1)), K(layout.in_features(w_row)),
-        groups(K / layout.group_size), zero_point(zp), interleaved(inter), codes(w_row), row_scales(groups),
-        row_mins(groups) {}
+        groups(K / layout.group_size), zero_point(zp), interleaved(inter), with_mins(args.has_mins || layout.q4k_blocks),
+        codes(w_row), row_scales(groups), row_mins(groups) {}
 
   void restore(int64_t n, float* out) {
-    gather(n);
-    dequantize_row(codes.data(), row_scales.data(), w.has_mins ? row_mins.data() : nullptr, zero_point, L, K, out);
+    const Layout& layout = gather(n);
+    dequantize_row(codes.data(), row_scales.data(), with_mins ? row_mins.data() : nullptr, zero_point, layout, K, out);
   }
 
 #if LC_VNNI && defined(__AVX512BF16__)
   void restore_bf16(int64_t n, at::BFloat16* out) {
-    gather(n);
-    dequantize_row_bf16(codes.data(), row_scales.data(), w.has_mins ? row_mins.data() : nullptr, zero_point, L, K,
-                        out);
+    const Layout& layout = gather(n);
+    dequantize_row_bf16(codes.data(), row_scales.data(), with_mins ? row_mins.data() : nullptr, zero_point, layout,
+                        K, out);
   }
 #endif
 
-  // Row n's codes (row-major) into `codes` and its groups' scales and mins into row_scales and row_mins.
-  void gather(int64_t n) {
+  // Row n's codes (row-major) into `codes` and its groups' scales and mins into row_scales and row_mins; returns
+  // the layout of the codes (a Q4_K row comes out as u4).
+  const Layout& gather(int64_t n) {
     const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
+    if (L.q4k_blocks) {
+      q4k_row_as_u4(wp + n * w_row, K, codes.data(), row_scales.data(), row_mins.data());
+      return kU4;
+    }
     const void* sp = w.scales.data_ptr();
     const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
     const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
@@ -1336,7 +1360,7 @@ struct RowRestorer {
     if (c * kChunkBytes < w_row) std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), w_row - c * kChunkBytes);
     if (L.q6k_blocks) {  // the scales are in the blocks
       q6k_row_scales(codes.data(), groups, row_scales.data());
-      return;
+      return L;
     }
     for (int64_t g = 0; g < groups; g += kGroupBlock) {
       const int64_t left = groups - g;
@@ -1368,7 +1392,7 @@ struct RowRestorer {
         const float sub = static_cast<float>(static_cast<int8_t>(block[kQ6KSubScales + g % kGroupBlock]));
         row_scales[g] = half_to_float(at::Half(half_to_float(at::Half(d, at::Half::from_bits())) * sub));
       }
-      return;
+      return L;
     }
     for (int64_t g = 0; g < groups; ++g) {
       if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)
@@ -1383,6 +1407,7 @@ struct RowRestorer {
       }
     }
 #endif
+    return L;
   }
 };
 

@@ -21,10 +21,13 @@ namespace {
 // 24-48.
 constexpr int64_t kQ6KPrefetchBlocks = 32;
 
-inline void prefetch_q6k_ahead(const uint8_t* block) {
-  const uint8_t* ahead = block + kQ6KPrefetchBlocks * kQ6KBytes;  // past the weight's end: harmless
-  for (int line = 0; line < 4; ++line) __builtin_prefetch(ahead + 64 * line);
+// Prefetch the cache lines of `bytes` bytes from `distance` bytes past p, in a stream of blocks (past a weight's end:
+// harmless).
+inline void prefetch_ahead(const uint8_t* p, int64_t distance, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + distance + line);
 }
+
+inline void prefetch_q6k_ahead(const uint8_t* block) { prefetch_ahead(block, kQ6KPrefetchBlocks * kQ6KBytes, kQ6KBytes); }
 
 inline float q6k_super_scale(const uint8_t* block) {
   uint16_t d;
