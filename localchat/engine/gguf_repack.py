@@ -12,16 +12,16 @@ its codes. We split them into one code array and float16 scale/min arrays
 | Q5_1 | 32, 24 | u8 | d * q + m |
 | Q8_0 | 32, 34 | u8 | d * (q + 128 - 128) |
 | Q4_K | 256, 144 | u4 (q4k: kept) | (d * sc) * q - dmin * mn, per 32 |
-| Q5_K | 256, 176 | u8 | (d * sc) * q - dmin * mn, per 32 |
+| Q5_K | 256, 176 | u8 (q5k: kept) | (d * sc) * q - dmin * mn, per 32 |
 | Q6_K | 256, 210 | u6, group 16 (q6k: kept) | (d * sc) * (q - 32), per 16 |
 
 Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit sub-scales and
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
 otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
 and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
-scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K and Q4_K are not repacked at
-all: they stay in the file's memory map as their own blocks (layouts q6k and q4k), and the kernels
-form their scales as they form the repacked weights' (Q6_K's rounded the same way).
+scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K, Q4_K and Q5_K are not repacked
+at all: they stay in the file's memory map as their own blocks (layouts q6k, q4k and q5k), and the
+kernels form their scales as they form the repacked weights' (Q6_K's rounded the same way).
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ from localchat.engine.memory import huge_pages_wanted
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import (
     PackedWeight,
-    k_block_params,
-    k_low_codes,
-    q4k_blocks_to_u4,
+    k_blocks_repacked,
     q6k_blocks_to_u6,
 )
 
@@ -84,6 +82,8 @@ _SYMMETRIC_ZERO = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.Q6_K: 32}
 
 
 _LAYOUTS = {T.Q4_0: "u4", T.Q4_1: "u4", T.Q4_K: "u4", T.Q6_K: "u6"}
+# the types the vector kernels read in the file's own blocks, and their layouts
+FILE_BLOCK_TYPES = {T.Q6_K: "q6k", T.Q4_K: "q4k", T.Q5_K: "q5k"}
 
 
 def repack(
@@ -107,7 +107,7 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and bool(ext.simd_isa())
-    if qtype in (T.Q6_K, T.Q4_K) and interleave:  # the vector kernels read these blocks as they are
+    if qtype in FILE_BLOCK_TYPES and interleave:  # the vector kernels read these blocks as they are
         return file_blocks_weight(raw if order is None else raw[order], qtype)
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
     return PackedWeight(
@@ -124,13 +124,13 @@ def repack(
 
 
 def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
-    """Q6_K or Q4_K blocks [rows, row bytes] as a PackedWeight that keeps them (layout q6k or
-    q4k): what the vector kernels read (kernels/csrc/quant_q6k.h, quant_q4k.h). With the file's
-    memory map as `blocks`, loading neither copies nor repacks the tensor."""
+    """Q6_K, Q4_K or Q5_K blocks [rows, row bytes] as a PackedWeight that keeps them (layout q6k,
+    q4k or q5k): what the vector kernels read (kernels/csrc/quant_q6k.h, quant_k_blocks.h). With
+    the file's memory map as `blocks`, loading neither copies nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
     if qtype == T.Q6_K:
         return PackedWeight("q6k", blocks, scales, None, 16, zero_point=32, source_type="Q6_K")
-    return PackedWeight("q4k", blocks, scales, None, 32, source_type="Q4_K")
+    return PackedWeight(FILE_BLOCK_TYPES[qtype], blocks, scales, None, 32, source_type=qtype.name)
 
 
 def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
@@ -174,18 +174,13 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
         return PackedWeight(
             "u8", codes, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 32, source_type="Q5_1"
         )
-    if qtype == T.Q4_K:
-        codes, scales, mins, supers = q4k_blocks_to_u4(raw)
-        return PackedWeight("u4", codes, scales, mins, 32, source_type="Q4_K", super_scales=supers)
-    if qtype == T.Q5_K:
-        b = raw.reshape(rows, -1, 176)
-        scales, mins, supers = k_block_params(b)
-        qh = b[..., 16:48].reshape(rows, -1, 1, 32)
-        high = (
-            qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
-        ) & 1  # bit s of qh[i]: sub-block s
-        codes = k_low_codes(b[..., 48:]) | (high.reshape(rows, -1) << 4)
-        return PackedWeight("u8", codes, scales, mins, 32, source_type="Q5_K", super_scales=supers)
+    if qtype in (T.Q4_K, T.Q5_K):
+        five = qtype == T.Q5_K
+        codes, scales, mins, supers = k_blocks_repacked(raw, five)
+        layout = "u8" if five else "u4"
+        return PackedWeight(
+            layout, codes, scales, mins, 32, source_type=qtype.name, super_scales=supers
+        )
     if qtype == T.Q6_K:
         qweight, scales = q6k_blocks_to_u6(raw)
         return PackedWeight("u6", qweight, scales, None, 16, zero_point=32, source_type="Q6_K")

@@ -23,7 +23,7 @@ _SOURCES = (
     "quant_linear.h",
     "quant_linear_avx2.h",
     "quant_q6k.h",
-    "quant_q4k.h",
+    "quant_k_blocks.h",
     "decode_attention.h",
     "kv_rows.h",
     "decode_layer.h",

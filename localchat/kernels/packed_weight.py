@@ -17,9 +17,11 @@ Every GGUF block type is repacked into one of these layouts, keeping the file's 
   empty [out, 0] (they are in the blocks). The vector kernels (AVX-512 VNNI, AVX2) read it as
   they read u6 (kernels/csrc/quant_q6k.h), with the same float16 group scales; everything else
   sees it through ``repacked`` (as u6).
-- ``q4k``: Q4_K's own blocks likewise, ``qweight`` uint8 [out, in // 256 * 144], ``scales``
-  empty [out, 0], no mins: the vector kernels read it as they read a u4 K-quant weight
-  (kernels/csrc/quant_q4k.h), with the same scales and mins; ``repacked`` gives that u4 weight.
+- ``q4k`` and ``q5k``: Q4_K's and Q5_K's own blocks likewise, ``qweight`` uint8
+  [out, in // 256 * 144] or [out, in // 256 * 176], ``scales`` empty [out, 0], no mins: the
+  vector kernels read them as they read a u4 K-quant weight (kernels/csrc/quant_k_blocks.h;
+  Q5_K's fifth bit joins the nibbles in registers), with the same scales and mins; ``repacked``
+  gives the u4 (Q4_K) or u8 (Q5_K) K-quant weight.
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -49,11 +51,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k")
+LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k")
 Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
 Q4K_WEIGHTS, Q4K_BYTES = 256, 144  # a Q4_K block's
+Q5K_BYTES = 176  # a Q5_K block's (256 weights)
 # the layouts that are the file's own blocks: (weights, bytes) of a block, and its arrangement
-FILE_BLOCKS = {"q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2), "q4k": (Q4K_WEIGHTS, Q4K_BYTES, 3)}
+FILE_BLOCKS = {
+    "q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2),
+    "q4k": (Q4K_WEIGHTS, Q4K_BYTES, 3),
+    "q5k": (Q4K_WEIGHTS, Q5K_BYTES, 4),
+}
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -207,15 +214,20 @@ class PackedWeight:
 
     def repacked(self) -> PackedWeight:
         """A weight in the file's blocks repacked, row-major: q6k as u6 (the same codes and float16
-        scales), q4k as u4 (the same codes, sub-scales, sub-mins and (d, dmin)); any other as it
-        is."""
+        scales), q4k as u4 and q5k as u8 (the same codes, sub-scales, sub-mins and (d, dmin)); any
+        other as it is."""
         if self.layout == "q6k":
             qweight, scales = q6k_blocks_to_u6(self.qweight)
             return replace(self, layout="u6", qweight=qweight, scales=scales)
-        if self.layout == "q4k":
-            qweight, scales, mins, supers = q4k_blocks_to_u4(self.qweight)
+        if self.layout in ("q4k", "q5k"):
+            qweight, scales, mins, supers = k_blocks_repacked(self.qweight, self.layout == "q5k")
             return replace(
-                self, layout="u4", qweight=qweight, scales=scales, mins=mins, super_scales=supers
+                self,
+                layout="u4" if self.layout == "q4k" else "u8",
+                qweight=qweight,
+                scales=scales,
+                mins=mins,
+                super_scales=supers,
             )
         return self
 
@@ -487,15 +499,22 @@ def k_low_codes(qs: torch.Tensor) -> torch.Tensor:
     return torch.stack((grouped & 0x0F, grouped >> 4), dim=3).reshape(rows, -1)
 
 
-def q4k_blocks_to_u4(
-    blocks: torch.Tensor,
+def k_blocks_repacked(
+    blocks: torch.Tensor, five: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_K blocks, uint8 [rows, in // 256 * 144], as a u4 K-quant weight's (qweight, scales,
-    mins, super_scales), nothing rounded. A block is d and dmin (float16), 12 bytes of 6-bit
-    sub-scales and sub-mins (k_sub_params) and 128 bytes of codes (k_low_codes)."""
-    b = blocks.reshape(blocks.shape[0], -1, Q4K_BYTES)
+    mins, super_scales), or with `five` Q5_K blocks [rows, in // 256 * 176] as a u8 one's; nothing
+    rounded. A block is d and dmin (float16), 12 bytes of 6-bit sub-scales and sub-mins
+    (k_sub_params), for Q5_K 32 bytes whose bit g of byte j is the fifth bit of weight j of group
+    g, and 128 bytes of low bits (k_low_codes)."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, Q5K_BYTES if five else Q4K_BYTES)
     scales, mins, supers = k_block_params(b)
-    return pack_u4(k_low_codes(b[..., 16:])), scales, mins, supers
+    if not five:
+        return pack_u4(k_low_codes(b[..., 16:])), scales, mins, supers
+    qh = b[..., 16:48].reshape(rows, -1, 1, 32)
+    fifth = (qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)) & 1
+    return k_low_codes(b[..., 48:]) | (fifth.reshape(rows, -1) << 4), scales, mins, supers
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

@@ -1,8 +1,9 @@
-"""Weights read in the GGUF file's own blocks: Q6_K and Q4_K projections (PackedWeight layouts q6k
-and q4k, kernels/csrc/quant_q6k.h and quant_q4k.h), where every kernel path gives the bits of the
-same weight repacked (as u6 or u4) and the reference reads the blocks as gguf-py does, and an
-untied embedding (GgufRows). A loaded model reads them all from the file's memory map, with the
-replies and logprobs of a load that repacks them."""
+"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K and Q5_K projections (PackedWeight layouts
+q6k, q4k and q5k, kernels/csrc/quant_q6k.h and quant_k_blocks.h), where every kernel path gives the
+bits of the same weight repacked (as u6 or u4; Q5_K's integer products differ from the u8 repack's
+in float rounding only) and the reference reads the blocks as gguf-py does, and an untied embedding
+(GgufRows). A loaded model reads them all from the file's memory map, with the replies and logprobs
+of a load that repacks them."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (con
 # rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
 # counts among them (4096 inputs: the bf16 GEMM path's size)
 SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
-TYPES = [T.Q6_K, T.Q4_K]
-BLOCKS = {T.Q6_K: ("q6k", 6, 2), T.Q4_K: ("q4k", 4, 3)}  # layout, bits, arrangement
-BLOCKS_OF_Q4_K_M = ("q6k", "q4k")
+TYPES = [T.Q6_K, T.Q4_K, T.Q5_K]
+# layout, bits, arrangement
+BLOCKS = {T.Q6_K: ("q6k", 6, 2), T.Q4_K: ("q4k", 4, 3), T.Q5_K: ("q5k", 5, 4)}
+BLOCK_LAYOUTS = ("q6k", "q4k", "q5k")
 
 
 def pair(
@@ -73,8 +75,8 @@ def test_the_reference_reads_the_blocks_as_gguf_py(qtype, shape):
     assert (q.layout, q.bits, q.arrangement) == (layout, bits, arrangement)
     assert q.shape == repacked.shape == shape
     expected = torch.from_numpy(np.asarray(gguf_dequantize(raw, qtype), dtype=np.float32))
-    # Q6_K's group scales d * sub-scale are rounded to float16 (below 2^-11 relative); Q4_K's
-    # differ from gguf-py's only in float32 rounding
+    # Q6_K's group scales d * sub-scale are rounded to float16 (below 2^-11 relative); the
+    # others' differ from gguf-py's only in float32 rounding
     rtol = 1e-3 if qtype == T.Q6_K else 1e-6
     torch.testing.assert_close(q.dequantize(), expected.reshape(shape), rtol=rtol, atol=1e-7)
     assert torch.equal(q.codes(), repacked.codes())
@@ -94,9 +96,21 @@ def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
         x = torch.randn(batch, shape[1], generator=generator)
         for precise in (True, False):
             expected = run(ext, x, repacked, precise=precise)
-            assert torch.equal(run(ext, x, q, precise=precise), expected), (batch, precise)
+            got = run(ext, x, q, precise=precise)
             assert torch.equal(run(ext, x, inter, precise=precise), expected), (batch, precise)
-        assert torch.equal(quant_linear(x, q), quant_linear(x, repacked)), batch
+            if qtype != T.Q5_K:
+                assert torch.equal(got, expected), (batch, precise)
+                continue
+            # u8 sums a group's products in other lanes than the kernels for Q5_K's blocks do,
+            # whose decode and panels agree with each other bit for bit
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(got, expected, rtol=0, atol=2e-6 * scale)
+            assert torch.equal(run(ext, x[-1:], q, precise=precise), got[-1:]), (batch, precise)
+        ours, theirs = quant_linear(x, q), quant_linear(x, repacked)
+        if qtype == T.Q5_K:  # (the bf16 GEMM's products are equal: their weights are)
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-6 * theirs.abs().max().item())
+        else:
+            assert torch.equal(ours, theirs), batch
     args = (q.qweight, q.scales, None, None, q.bits, q.group_size, q.zero_point, q.arrangement)
     assert torch.equal(ext.dequantize(*args), repacked.dequantize())
     ids = torch.tensor([[shape[0] - 1, 0, 1], [shape[0] // 2, 2, 0]])
@@ -104,6 +118,32 @@ def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
     assert torch.equal(
         embedding_rows(q, ids[0], torch.bfloat16), repacked.dequantize(ids[0]).bfloat16()
     )
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_k_blocks_are_exact_on_representable_values(ext, qtype):
+    """With d = dmin = 2^-8, small power-of-two sub-scales and small sub-mins, and integer
+    activations whose 32-blocks peak at 127 (quantized to themselves), every product and sum is
+    exact in float32: the decode and the panels must give the float64 result exactly, so a code,
+    lane or group taken from the wrong place cannot hide."""
+    rows, cols = 12, 512
+    raw = random_blocks(qtype, rows, cols, seed=4)
+    blocks = raw.reshape(-1, raw.shape[1] // (cols // 256))
+    rng = np.random.default_rng(4)
+    blocks[:, 0:4] = np.array([2**-8, 2**-8], dtype=np.float16).view(np.uint8)
+    sub = 1 << rng.integers(0, 3, size=(blocks.shape[0], 8))
+    sub_min = rng.integers(0, 4, size=(blocks.shape[0], 8))
+    blocks[:, 4:8] = sub[:, :4]
+    blocks[:, 8:12] = sub_min[:, :4]
+    blocks[:, 12:16] = sub[:, 4:] | (sub_min[:, 4:] << 4)
+    q = file_blocks_weight(torch.from_numpy(raw), qtype)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randint(-127, 128, (5, cols), generator=generator).float()
+    x[:, ::32] = 127.0
+    expected = (x.double() @ q.dequantize().double().T).float()
+    for batch in (1, 5):  # the GEMV and the panel kernel
+        for precise in (False, True):
+            assert torch.equal(run(ext, x[:batch], q, precise=precise), expected[:batch])
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -120,7 +160,7 @@ def test_moves_cuts_and_fusing_keep_the_values(qtype):
     _, q, repacked = pair(qtype, 10, 512)
     dense = repacked.dequantize()
     moved = q.to("meta")  # leaving the CPU: float16 scales, u6's codes a byte each
-    assert moved.layout == ("u8" if qtype == T.Q6_K else "u4") and moved.super_scales is None
+    assert moved.layout == ("u4" if qtype == T.Q4_K else "u8") and moved.super_scales is None
     assert moved.qweight.shape == repacked.row_major().qweight.shape[:1] + moved.qweight.shape[1:]
     assert torch.equal(q.with_byte_codes().dequantize(), dense)
     assert torch.equal(q.repacked().qweight, repacked.qweight) and repacked.repacked() is repacked
@@ -164,14 +204,16 @@ def _mapped_file(address: int) -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m"])
 def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
-    ext, tmp_path, monkeypatch
+    ext, tmp_path, monkeypatch, quant
 ):
-    """Q6_K and Q4_K projections and the untied embedding stay in the file's memory map, and the
-    model answers with the tokens and logprobs of a load that repacks them."""
+    """Q6_K, Q4_K and Q5_K projections and the untied embedding stay in the file's memory map, and
+    the model answers with the tokens and logprobs of a load that repacks them (Q5_K's within
+    float rounding: the u8 repack sums its products in other lanes)."""
     shape = ModelShape("tiny-llama", "llama", 256, 4, 4, 2, 512)
-    path = tmp_path / "tiny-q4_k_m.gguf"
-    write_random_gguf(path, shape, "q4_k_m", std=0.05)
+    path = tmp_path / f"tiny-{quant}.gguf"
+    write_random_gguf(path, shape, quant, std=0.05)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
     llm = LLM(str(path), max_model_len=256)
     model = llm.engine.runner.model
@@ -181,11 +223,11 @@ def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
         for module, name in PROJECTIONS
     ]
     parts = [p for w in weights for p in (w if isinstance(w, tuple) else (w,))]
-    for layout in ("q6k", "q4k"):
+    for layout in ("q6k", quant[:2] + "k"):
         assert any(isinstance(p, PackedWeight) and p.layout == layout for p in parts), layout
     # o_proj is neither fused with another projection nor reordered (as q and k are): a view
     outputs = [layer.self_attn.o_weight for layer in model.layers]
-    assert all(w.layout in BLOCKS_OF_Q4_K_M for w in outputs)
+    assert all(w.layout in BLOCK_LAYOUTS for w in outputs)
     assert all(_mapped_file(w.qweight.data_ptr()) == str(path) for w in outputs)
     assert isinstance(model.embed_tokens, GgufRows)
     assert _mapped_file(model.embed_tokens.blocks.ctypes.data) == str(path)
@@ -206,9 +248,14 @@ def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
     repacked = LLM(str(path), max_model_len=256)
     assert isinstance(repacked.engine.runner.model.embed_tokens, PackedWeight)
     assert all(
-        not isinstance(w, PackedWeight) or w.layout not in BLOCKS_OF_Q4_K_M
+        not isinstance(w, PackedWeight) or w.layout not in BLOCK_LAYOUTS
         for layer in repacked.engine.runner.model.layers
         for w in (layer.self_attn.o_weight, layer.mlp.down_weight)
     )
     theirs = repacked.generate([prompt], params)[0].outputs[0]
-    assert theirs.token_ids == ours.token_ids and theirs.logprobs == ours.logprobs
+    assert theirs.token_ids == ours.token_ids
+    if quant == "q4_k_m":
+        assert theirs.logprobs == ours.logprobs
+        return
+    for mine, other in zip(ours.logprobs, theirs.logprobs, strict=True):
+        assert mine.logprob == pytest.approx(other.logprob, abs=1e-3)

@@ -10,7 +10,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from localchat.engine.gguf_repack import QUANTIZED_TYPES, repack, repack_reference
+from localchat.engine.gguf_repack import FILE_BLOCK_TYPES, QUANTIZED_TYPES, repack, repack_reference
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import pack_k_params, unpack_k_params
 from localchat.kernels.quant_linear import interleave_for_kernel
@@ -103,9 +103,8 @@ def test_repack_straight_into_the_interleaved_layout(qtype):
     order = torch.randperm(rows, generator=torch.Generator().manual_seed(2))
     direct = repack(data, qtype, (rows, cols), order, interleave=True)
     later = interleave_for_kernel(repack(data, qtype, (rows, cols), order))
-    if qtype in (T.Q6_K, T.Q4_K):  # the kernels read these blocks as the file has them
-        blocks, repacked = ("q4k", "u4") if qtype == T.Q4_K else ("q6k", "u6")
-        assert direct.layout == blocks and later.layout == repacked
+    if qtype in FILE_BLOCK_TYPES:  # the kernels read these blocks as the file has them
+        assert direct.layout == FILE_BLOCK_TYPES[qtype] and direct.repacked().layout == later.layout
         assert torch.equal(direct.qweight, torch.from_numpy(data).reshape(rows, -1)[order])
         assert torch.equal(direct.dequantize(), later.dequantize())
         return

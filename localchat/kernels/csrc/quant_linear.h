@@ -51,15 +51,16 @@ constexpr int kActBlock = 32;   // activation values sharing one int8 scale
 constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
 
 // How a weight's rows are stored (PackedWeight.arrangement): row by row, interleaved kRowsPerPass rows at a time
-// (see above), or as the GGUF file's own blocks: Q6_K for 6-bit codes (quant_q6k.h), Q4_K for 4-bit ones
-// (quant_q4k.h).
-enum Arrangement : int64_t { kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2, kQ4KBlocks = 3 };
+// (see above), or as the GGUF file's own blocks: Q6_K for 6-bit codes (quant_q6k.h), Q4_K and Q5_K for 4- and 5-bit
+// ones (quant_k_blocks.h).
+enum Arrangement : int64_t { kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2, kQ4KBlocks = 3, kQ5KBlocks = 4 };
 
 // A Q6_K block: its weights and bytes, and where its top bits, int8 sub-scales and float16 d lie in it
 constexpr int64_t kQ6KWeights = 256, kQ6KBytes = 210, kQ6KHighBits = 128, kQ6KSubScales = 192, kQ6KSuperScale = 208;
 // A Q4_K block: its weights and bytes, and where its 12 bytes of sub-scales and sub-mins and its codes lie in it
-// (float16 d and dmin come first)
+// (float16 d and dmin come first). A Q5_K block is the same with 32 bytes of fifth bits before the codes.
 constexpr int64_t kQ4KWeights = 256, kQ4KBytes = 144, kQ4KSubParams = 4, kQ4KCodes = 16;
+constexpr int64_t kQ5KBytes = 176, kQ5KHighBits = 16, kQ5KCodes = 48;
 
 struct Layout {
   bool nibbles;          // two codes per byte of the (first) plane: u4, and u6's low nibbles
@@ -68,46 +69,50 @@ struct Layout {
   int groups_per_chunk;  // weight groups in one 64-byte chunk
   int chunk_values;      // weights (= activation values) per chunk
   int act_chunk_bytes;   // int8 activation bytes per chunk (nibbles: low-nibble half, then high-nibble half)
-  bool q6k_blocks = false;  // 6-bit codes in the file's Q6_K blocks (kQ6KBlocks) instead of u6's two planes
-  bool q4k_blocks = false;  // 4-bit codes in the file's Q4_K blocks (kQ4KBlocks), their scales and mins inside
+  // the file's blocks the rows are (kQ6KBlocks: u6's codes and activations; kQ4KBlocks, kQ5KBlocks: u4's), with
+  // their scales inside them; kRowMajor for the other layouts
+  Arrangement file = kRowMajor;
 
-  int bits() const { return u6 ? 6 : nibbles ? 4 : 8; }
-  // whether the rows are the file's own blocks (their scales inside them)
-  bool file_blocks() const { return q6k_blocks || q4k_blocks; }
+  int bits() const { return file == kQ5KBlocks ? 5 : u6 ? 6 : nibbles ? 4 : 8; }
+  bool file_blocks() const { return file != kRowMajor; }
+  bool k_blocks() const { return file == kQ4KBlocks || file == kQ5KBlocks; }  // quant_k_blocks.h
   // bytes of a row's (first) plane of codes, and of the whole row, for K weights
   int64_t code_bytes(int64_t K) const { return nibbles ? K / 2 : K; }
+  int64_t block_bytes() const { return file == kQ6KBlocks ? kQ6KBytes : file == kQ4KBlocks ? kQ4KBytes : kQ5KBytes; }
   int64_t row_bytes(int64_t K) const {
-    if (q6k_blocks) return K / kQ6KWeights * kQ6KBytes;
-    if (q4k_blocks) return K / kQ4KWeights * kQ4KBytes;
+    if (file_blocks()) return K / kQ4KWeights * block_bytes();  // (every K-quant block holds 256 weights)
     return u6 ? K / 2 + K / 4 : code_bytes(K);
   }
   int64_t in_features(int64_t row) const {
-    if (q6k_blocks) return row / kQ6KBytes * kQ6KWeights;
-    if (q4k_blocks) return row / kQ4KBytes * kQ4KWeights;
+    if (file_blocks()) return row / block_bytes() * kQ4KWeights;
     return u6 ? row / 3 * 4 : nibbles ? row * 2 : row;
   }
 };
 
 Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowMajor) {
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
-  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ4KBlocks, "unknown arrangement ", arrangement);
-  TORCH_CHECK(arrangement != kQ6KBlocks || (bits == 6 && LC_SIMD),
-              "Q6_K blocks are 6-bit codes, read by the vector kernels only");
-  TORCH_CHECK(arrangement != kQ4KBlocks || (bits == 4 && LC_SIMD),
-              "Q4_K blocks are 4-bit codes, read by the vector kernels only");
-  if (bits == 4) {
+  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ5KBlocks, "unknown arrangement ", arrangement);
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || (bits == 5 && arrangement == kQ5KBlocks),
+              "bits must be 4, 6 or 8 (5: Q5_K blocks)");
+  if (arrangement >= kQ6KBlocks) {
+    const int64_t block_bits = arrangement == kQ6KBlocks ? 6 : arrangement == kQ4KBlocks ? 4 : 5;
+    TORCH_CHECK(bits == block_bits && LC_SIMD, "the file's ", (arrangement == kQ6KBlocks ? "Q6_K" : arrangement == kQ4KBlocks ? "Q4_K" : "Q5_K"),
+                " blocks are ", block_bits, "-bit codes, read by the vector kernels only");
+  }
+  const Arrangement file = arrangement >= kQ6KBlocks ? static_cast<Arrangement>(arrangement) : kRowMajor;
+  if (bits == 4 || bits == 5) {  // Q5_K's fifth bit joins its nibbles in registers: u4's layout otherwise
     TORCH_CHECK(group_size == 32, "u4 weights need group_size 32");
-    return {true, false, 32, 4, 128, 128, false, arrangement == kQ4KBlocks};
+    return {true, false, 32, 4, 128, 128, file};
   }
   if (bits == 6) {
     TORCH_CHECK(group_size == 16, "u6 weights need group_size 16");
-    return {true, true, 16, 8, 128, 128, arrangement == kQ6KBlocks};
+    return {true, true, 16, 8, 128, 128, file};
   }
   TORCH_CHECK(group_size == 16 || group_size == 32, "u8 weights need group_size 16 or 32");
   return {false, false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64};
 }
 
-const Layout kU4 = make_layout(4, 32);  // row-major u4: what a Q4_K row is restored as
+// row-major u4 and u8: what a Q4_K and a Q5_K row are restored as
+const Layout kU4 = make_layout(4, 32), kU8 = make_layout(8, 32);
 
 // int8 activations for one row, arranged for the layout, with per-lane scales and per-group sums.
 struct ActivationRow {
@@ -796,7 +801,7 @@ constexpr int64_t kPanelScratchPerRow = kRowsPerPass * sizeof(__m512);
 #endif
 #include "quant_linear_avx2.h"
 #include "quant_q6k.h"
-#include "quant_q4k.h"
+#include "quant_k_blocks.h"
 #if LC_SIMD
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -807,8 +812,9 @@ using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layou
 
 // The kernel for a weight of layout L (the file's blocks take their own).
 PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L) {
-  if (L.q6k_blocks) return precise ? panel_q6k<true> : panel_q6k<false>;
-  if (L.q4k_blocks) return precise ? panel_q4k<true> : panel_q4k<false>;
+  if (L.file == kQ6KBlocks) return precise ? panel_q6k<true> : panel_q6k<false>;
+  if (L.k_blocks()) return pick_k_blocks(precise, L, panel_k_blocks<true, 4>, panel_k_blocks<false, 4>,
+                                         panel_k_blocks<true, 5>, panel_k_blocks<false, 5>);
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
     return panel_dots<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
@@ -818,8 +824,9 @@ using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, con
                         int, float*);
 
 GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L) {
-  if (L.q6k_blocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
-  if (L.q4k_blocks) return precise ? gemv_q4k<true> : gemv_q4k<false>;
+  if (L.file == kQ6KBlocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
+  if (L.k_blocks()) return pick_k_blocks(precise, L, gemv_k_blocks<true, 4>, gemv_k_blocks<false, 4>,
+                                         gemv_k_blocks<true, 5>, gemv_k_blocks<false, 5>);
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
     return gemv_rows<decltype(p)::value, decltype(s)::value, decltype(u)::value, decltype(k)::value>;
   });
@@ -1156,7 +1163,7 @@ inline void u6_chunk_codes_avx512(const uint8_t* row, int64_t K, int64_t c, uint
 
 // The 128 codes of chunk c of a row of 6-bit codes in natural order, from u6's planes or a row of Q6_K blocks.
 inline void u6_chunk_values(const uint8_t* row, int64_t K, int64_t c, const Layout& L, uint8_t* codes) {
-  if (L.q6k_blocks) q6k_natural_codes(row, c, codes);
+  if (L.file == kQ6KBlocks) q6k_natural_codes(row, c, codes);
   else u6_chunk_codes_avx512(row, K, c, codes);
 }
 
@@ -1235,7 +1242,7 @@ void dequantize_row_bf16(const uint8_t* row, const float* scales, const float* m
 // (half c % 2 of block c / 2: code j < 64 is ql[j]'s low nibble, 64 + j its high one, with bits 2q, 2q + 1 of
 // qh[j % 32] on top for code 32q + j % 32).
 inline void u6_chunk_values(const uint8_t* row, int64_t K, int64_t c, const Layout& L, uint8_t* codes) {
-  if (!L.q6k_blocks) {
+  if (L.file != kQ6KBlocks) {
     u6_chunk_codes(row, K, c, codes);
     return;
   }
@@ -1323,8 +1330,8 @@ struct RowRestorer {
 
   RowRestorer(const WeightArgs& args, const Layout& layout, int64_t zp, bool inter)
       : w(args), L(layout), N(args.qweight.size(0)), w_row(args.qweight.size(1)), K(layout.in_features(w_row)),
-        groups(K / layout.group_size), zero_point(zp), interleaved(inter), with_mins(args.has_mins || layout.q4k_blocks),
-        codes(w_row), row_scales(groups), row_mins(groups) {}
+        groups(K / layout.group_size), zero_point(zp), interleaved(inter), with_mins(args.has_mins || layout.k_blocks()),
+        codes(std::max(w_row, K)), row_scales(groups), row_mins(groups) {}
 
   void restore(int64_t n, float* out) {
     const Layout& layout = gather(n);
@@ -1340,12 +1347,12 @@ struct RowRestorer {
 #endif
 
   // Row n's codes (row-major) into `codes` and its groups' scales and mins into row_scales and row_mins; returns
-  // the layout of the codes (a Q4_K row comes out as u4).
+  // the layout of the codes (a Q4_K row comes out as u4, a Q5_K row as u8).
   const Layout& gather(int64_t n) {
     const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
-    if (L.q4k_blocks) {
-      q4k_row_as_u4(wp + n * w_row, K, codes.data(), row_scales.data(), row_mins.data());
-      return kU4;
+    if (L.k_blocks()) {
+      k_blocks_row(L, wp + n * w_row, K, codes.data(), row_scales.data(), row_mins.data());
+      return L.file == kQ5KBlocks ? kU8 : kU4;
     }
     const void* sp = w.scales.data_ptr();
     const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
@@ -1358,7 +1365,7 @@ struct RowRestorer {
       _mm512_storeu_si512(codes.data() + c * kChunkBytes, _mm512_loadu_si512(v.codes(r, c)));
     }
     if (c * kChunkBytes < w_row) std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), w_row - c * kChunkBytes);
-    if (L.q6k_blocks) {  // the scales are in the blocks
+    if (L.file == kQ6KBlocks) {  // the scales are in the blocks
       q6k_row_scales(codes.data(), groups, row_scales.data());
       return L;
     }
@@ -1384,7 +1391,7 @@ struct RowRestorer {
     for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
       std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
     }
-    if (L.q6k_blocks) {  // d * sub-scale from the blocks, rounded to float16 as u6 stores it
+    if (L.file == kQ6KBlocks) {  // d * sub-scale from the blocks, rounded to float16 as u6 stores it
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* block = codes.data() + g / kGroupBlock * kQ6KBytes;
         uint16_t d;
