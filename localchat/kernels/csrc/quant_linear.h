@@ -93,10 +93,12 @@ Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowM
   TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ5KBlocks, "unknown arrangement ", arrangement);
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || (bits == 5 && arrangement == kQ5KBlocks),
               "bits must be 4, 6 or 8 (5: Q5_K blocks)");
-  if (arrangement >= kQ6KBlocks) {
-    const int64_t block_bits = arrangement == kQ6KBlocks ? 6 : arrangement == kQ4KBlocks ? 4 : 5;
-    TORCH_CHECK(bits == block_bits && LC_SIMD, "the file's ", (arrangement == kQ6KBlocks ? "Q6_K" : arrangement == kQ4KBlocks ? "Q4_K" : "Q5_K"),
-                " blocks are ", block_bits, "-bit codes, read by the vector kernels only");
+  if (arrangement >= kQ6KBlocks) {  // the file's blocks: their type's bits, and the vector kernels
+    constexpr const char* kNames[] = {"Q6_K", "Q4_K", "Q5_K"};
+    constexpr int64_t kBits[] = {6, 4, 5};
+    const int64_t type = arrangement - kQ6KBlocks;
+    TORCH_CHECK(bits == kBits[type] && LC_SIMD, kNames[type], " blocks are ", kBits[type],
+                "-bit codes, read by the vector kernels only");
   }
   const Arrangement file = arrangement >= kQ6KBlocks ? static_cast<Arrangement>(arrangement) : kRowMajor;
   if (bits == 4 || bits == 5) {  // Q5_K's fifth bit joins its nibbles in registers: u4's layout otherwise
@@ -1324,7 +1326,7 @@ struct RowRestorer {
   const Layout& L;
   int64_t N, w_row, K, groups, zero_point;
   bool interleaved;
-  bool with_mins;  // asymmetric: mins in the weight's tensors, or in its Q4_K blocks
+  bool with_mins;  // asymmetric: mins in the weight's tensors, or in its K-quant blocks
   std::vector<uint8_t> codes;
   std::vector<float> row_scales, row_mins;
 
