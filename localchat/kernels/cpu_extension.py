@@ -24,6 +24,7 @@ _SOURCES = (
     "quant_linear_avx2.h",
     "quant_q6k.h",
     "quant_k_blocks.h",
+    "quant_q8_0.h",
     "decode_attention.h",
     "kv_rows.h",
     "decode_layer.h",

@@ -22,6 +22,9 @@ Every GGUF block type is repacked into one of these layouts, keeping the file's 
   vector kernels read them as they read a u4 K-quant weight (kernels/csrc/quant_k_blocks.h;
   Q5_K's fifth bit joins the nibbles in registers), with the same scales and mins; ``repacked``
   gives the u4 (Q4_K) or u8 (Q5_K) K-quant weight.
+- ``q8_0``: Q8_0's own blocks likewise, ``qweight`` uint8 [out, in // 32 * 34], ``scales`` empty
+  [out, 0], zero point 128: the vector kernels read it as they read u8 (kernels/csrc/quant_q8_0.h,
+  flipping each int8 code's top bit), with the same scales; ``repacked`` gives that u8 weight.
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -51,16 +54,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k")
+LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k", "q8_0")
 Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
 Q4K_WEIGHTS, Q4K_BYTES = 256, 144  # a Q4_K block's
 Q5K_BYTES = 176  # a Q5_K block's (256 weights)
+Q8_0_WEIGHTS, Q8_0_BYTES = 32, 34  # a Q8_0 block's
 # the layouts that are the file's own blocks: (weights, bytes) of a block, and its arrangement
 FILE_BLOCKS = {
     "q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2),
     "q4k": (Q4K_WEIGHTS, Q4K_BYTES, 3),
     "q5k": (Q4K_WEIGHTS, Q5K_BYTES, 4),
+    "q8_0": (Q8_0_WEIGHTS, Q8_0_BYTES, 5),
 }
+# each such layout's group size and zero point (asymmetric types: 0, their mins are in the blocks)
+_BLOCK_GROUPS = {"q6k": (16, 32), "q4k": (32, 0), "q5k": (32, 0), "q8_0": (32, 128)}
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -165,7 +172,7 @@ class PackedWeight:
                 f"u6 weights need group_size 16 and in_features a multiple of {U6_CHUNK}"
             )
         if self.layout in FILE_BLOCKS:
-            group, zero = (16, 32) if self.layout == "q6k" else (32, 0)
+            group, zero = _BLOCK_GROUPS[self.layout]
             block_bytes = FILE_BLOCKS[self.layout][1]
             if (
                 self.group_size != group
@@ -214,11 +221,14 @@ class PackedWeight:
 
     def repacked(self) -> PackedWeight:
         """A weight in the file's blocks repacked, row-major: q6k as u6 (the same codes and float16
-        scales), q4k as u4 and q5k as u8 (the same codes, sub-scales, sub-mins and (d, dmin)); any
-        other as it is."""
+        scales), q4k as u4 and q5k as u8 (the same codes, sub-scales, sub-mins and (d, dmin)),
+        q8_0 as u8 (code + 128, the same scales); any other as it is."""
         if self.layout == "q6k":
             qweight, scales = q6k_blocks_to_u6(self.qweight)
             return replace(self, layout="u6", qweight=qweight, scales=scales)
+        if self.layout == "q8_0":
+            qweight, scales = q8_0_blocks_to_u8(self.qweight)
+            return replace(self, layout="u8", qweight=qweight, scales=scales)
         if self.layout in ("q4k", "q5k"):
             qweight, scales, mins, supers = k_blocks_repacked(self.qweight, self.layout == "q5k")
             return replace(
@@ -515,6 +525,16 @@ def k_blocks_repacked(
     qh = b[..., 16:48].reshape(rows, -1, 1, 32)
     fifth = (qh >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)) & 1
     return k_low_codes(b[..., 48:]) | (fifth.reshape(rows, -1) << 4), scales, mins, supers
+
+
+def q8_0_blocks_to_u8(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 blocks, uint8 [rows, in // 32 * 34] (float16 d, then 32 int8 codes), as a u8 weight's
+    qweight (each code + 128 as an unsigned byte, zero point 128) and scales (float16
+    [rows, in // 32])."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, Q8_0_BYTES)
+    codes = (b[..., 2:] ^ 0x80).reshape(rows, -1)
+    return codes, b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

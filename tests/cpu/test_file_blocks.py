@@ -39,10 +39,24 @@ pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (con
 # rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
 # counts among them (4096 inputs: the bf16 GEMM path's size)
 SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
-TYPES = [T.Q6_K, T.Q4_K, T.Q5_K]
+TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0]
 # layout, bits, arrangement
-BLOCKS = {T.Q6_K: ("q6k", 6, 2), T.Q4_K: ("q4k", 4, 3), T.Q5_K: ("q5k", 5, 4)}
-BLOCK_LAYOUTS = ("q6k", "q4k", "q5k")
+BLOCKS = {
+    T.Q6_K: ("q6k", 6, 2),
+    T.Q4_K: ("q4k", 4, 3),
+    T.Q5_K: ("q5k", 5, 4),
+    T.Q8_0: ("q8_0", 8, 5),
+}
+BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0")
+# Q8_0 rows are whole 32-weight blocks: an odd count of them, and a short last block of 16 groups
+Q8_0_SHAPES = [(7, 800)]
+
+
+def shapes_of(qtype: T) -> list[tuple[int, int]]:
+    return SHAPES + (Q8_0_SHAPES if qtype == T.Q8_0 else [])
+
+
+CASES = [(qtype, shape) for qtype in TYPES for shape in shapes_of(qtype)]
 
 
 def pair(
@@ -67,8 +81,7 @@ def interleaved_copy(weight: PackedWeight) -> PackedWeight:
     return interleave_for_kernel(copy)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("qtype", "shape"), CASES, ids=str)
 def test_the_reference_reads_the_blocks_as_gguf_py(qtype, shape):
     raw, q, repacked = pair(qtype, *shape)
     layout, bits, arrangement = BLOCKS[qtype]
@@ -86,8 +99,7 @@ def test_the_reference_reads_the_blocks_as_gguf_py(qtype, shape):
     assert torch.equal(q.dequantize(ids), repacked.dequantize(ids))
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("qtype", "shape"), CASES, ids=str)
 def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
     _, q, repacked = pair(qtype, *shape, seed=shape[0])
     inter = interleaved_copy(repacked)
@@ -144,6 +156,17 @@ def test_k_blocks_are_exact_on_representable_values(ext, qtype):
     for batch in (1, 5):  # the GEMV and the panel kernel
         for precise in (False, True):
             assert torch.equal(run(ext, x[:batch], q, precise=precise), expected[:batch])
+
+
+def test_q8_0_rows_from_2048_inputs_stay_in_their_blocks(ext):
+    """Short Q8_0 rows (a small model's) keep the u8 repack; long ones are read in the blocks."""
+    for cols, layout in ((512, "u8"), (2048, "q8_0")):
+        raw = random_blocks(T.Q8_0, 4, cols, seed=1)
+        weight = repack(raw, T.Q8_0, (4, cols), None, True)
+        assert weight.layout == layout
+        assert torch.equal(
+            weight.dequantize(), repack_reference(torch.from_numpy(raw), T.Q8_0, 4).dequantize()
+        )
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -204,13 +227,14 @@ def _mapped_file(address: int) -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m"])
+@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m", "q8_0"])
 def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
     ext, tmp_path, monkeypatch, quant
 ):
-    """Q6_K, Q4_K and Q5_K projections and the untied embedding stay in the file's memory map, and
-    the model answers with the tokens and logprobs of a load that repacks them (Q5_K's within
-    float rounding: the u8 repack sums its products in other lanes)."""
+    """Q6_K, Q4_K, Q5_K and Q8_0 projections and the untied embedding stay in the file's memory
+    map, and the model answers with the tokens and logprobs of a load that repacks them (Q5_K's
+    within float rounding: the u8 repack sums its products in other lanes)."""
+    monkeypatch.setattr(gguf_repack, "Q8_0_BLOCKS_MIN_INPUTS", 256)  # (the tiny model's rows)
     shape = ModelShape("tiny-llama", "llama", 256, 4, 4, 2, 512)
     path = tmp_path / f"tiny-{quant}.gguf"
     write_random_gguf(path, shape, quant, std=0.05)
@@ -223,7 +247,7 @@ def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
         for module, name in PROJECTIONS
     ]
     parts = [p for w in weights for p in (w if isinstance(w, tuple) else (w,))]
-    for layout in ("q6k", quant[:2] + "k"):
+    for layout in {"q4_k_m": ("q6k", "q4k"), "q5_k_m": ("q6k", "q5k")}.get(quant, ("q8_0",)):
         assert any(isinstance(p, PackedWeight) and p.layout == layout for p in parts), layout
     # o_proj is neither fused with another projection nor reordered (as q and k are): a view
     outputs = [layer.self_attn.o_weight for layer in model.layers]
@@ -254,7 +278,7 @@ def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
     )
     theirs = repacked.generate([prompt], params)[0].outputs[0]
     assert theirs.token_ids == ours.token_ids
-    if quant == "q4_k_m":
+    if quant != "q5_k_m":
         assert theirs.logprobs == ours.logprobs
         return
     for mine, other in zip(ours.logprobs, theirs.logprobs, strict=True):

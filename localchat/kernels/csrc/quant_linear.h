@@ -52,8 +52,10 @@ constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
 
 // How a weight's rows are stored (PackedWeight.arrangement): row by row, interleaved kRowsPerPass rows at a time
 // (see above), or as the GGUF file's own blocks: Q6_K for 6-bit codes (quant_q6k.h), Q4_K and Q5_K for 4- and 5-bit
-// ones (quant_k_blocks.h).
-enum Arrangement : int64_t { kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2, kQ4KBlocks = 3, kQ5KBlocks = 4 };
+// ones (quant_k_blocks.h), Q8_0 for 8-bit ones (quant_q8_0.h).
+enum Arrangement : int64_t {
+  kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2, kQ4KBlocks = 3, kQ5KBlocks = 4, kQ8_0Blocks = 5
+};
 
 // A Q6_K block: its weights and bytes, and where its top bits, int8 sub-scales and float16 d lie in it
 constexpr int64_t kQ6KWeights = 256, kQ6KBytes = 210, kQ6KHighBits = 128, kQ6KSubScales = 192, kQ6KSuperScale = 208;
@@ -61,6 +63,8 @@ constexpr int64_t kQ6KWeights = 256, kQ6KBytes = 210, kQ6KHighBits = 128, kQ6KSu
 // (float16 d and dmin come first). A Q5_K block is the same with 32 bytes of fifth bits before the codes.
 constexpr int64_t kQ4KWeights = 256, kQ4KBytes = 144, kQ4KSubParams = 4, kQ4KCodes = 16;
 constexpr int64_t kQ5KBytes = 176, kQ5KHighBits = 16, kQ5KCodes = 48;
+// A Q8_0 block: float16 d, then 32 int8 codes
+constexpr int64_t kQ8_0Weights = 32, kQ8_0Bytes = 34;
 
 struct Layout {
   bool nibbles;          // two codes per byte of the (first) plane: u4, and u6's low nibbles
@@ -69,8 +73,8 @@ struct Layout {
   int groups_per_chunk;  // weight groups in one 64-byte chunk
   int chunk_values;      // weights (= activation values) per chunk
   int act_chunk_bytes;   // int8 activation bytes per chunk (nibbles: low-nibble half, then high-nibble half)
-  // the file's blocks the rows are (kQ6KBlocks: u6's codes and activations; kQ4KBlocks, kQ5KBlocks: u4's), with
-  // their scales inside them; kRowMajor for the other layouts
+  // the file's blocks the rows are (kQ6KBlocks: u6's codes and activations; kQ4KBlocks, kQ5KBlocks: u4's;
+  // kQ8_0Blocks: u8's), with their scales inside them; kRowMajor for the other layouts
   Arrangement file = kRowMajor;
 
   int bits() const { return file == kQ5KBlocks ? 5 : u6 ? 6 : nibbles ? 4 : 8; }
@@ -78,24 +82,28 @@ struct Layout {
   bool k_blocks() const { return file == kQ4KBlocks || file == kQ5KBlocks; }  // quant_k_blocks.h
   // bytes of a row's (first) plane of codes, and of the whole row, for K weights
   int64_t code_bytes(int64_t K) const { return nibbles ? K / 2 : K; }
-  int64_t block_bytes() const { return file == kQ6KBlocks ? kQ6KBytes : file == kQ4KBlocks ? kQ4KBytes : kQ5KBytes; }
+  // a file block's bytes and weights (every K-quant block holds 256 weights)
+  int64_t block_bytes() const {
+    return file == kQ6KBlocks ? kQ6KBytes : file == kQ4KBlocks ? kQ4KBytes : file == kQ5KBlocks ? kQ5KBytes : kQ8_0Bytes;
+  }
+  int64_t block_weights() const { return file == kQ8_0Blocks ? kQ8_0Weights : kQ4KWeights; }
   int64_t row_bytes(int64_t K) const {
-    if (file_blocks()) return K / kQ4KWeights * block_bytes();  // (every K-quant block holds 256 weights)
+    if (file_blocks()) return K / block_weights() * block_bytes();
     return u6 ? K / 2 + K / 4 : code_bytes(K);
   }
   int64_t in_features(int64_t row) const {
-    if (file_blocks()) return row / block_bytes() * kQ4KWeights;
+    if (file_blocks()) return row / block_bytes() * block_weights();
     return u6 ? row / 3 * 4 : nibbles ? row * 2 : row;
   }
 };
 
 Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowMajor) {
-  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ5KBlocks, "unknown arrangement ", arrangement);
+  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ8_0Blocks, "unknown arrangement ", arrangement);
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || (bits == 5 && arrangement == kQ5KBlocks),
               "bits must be 4, 6 or 8 (5: Q5_K blocks)");
   if (arrangement >= kQ6KBlocks) {  // the file's blocks: their type's bits, and the vector kernels
-    constexpr const char* kNames[] = {"Q6_K", "Q4_K", "Q5_K"};
-    constexpr int64_t kBits[] = {6, 4, 5};
+    constexpr const char* kNames[] = {"Q6_K", "Q4_K", "Q5_K", "Q8_0"};
+    constexpr int64_t kBits[] = {6, 4, 5, 8};
     const int64_t type = arrangement - kQ6KBlocks;
     TORCH_CHECK(bits == kBits[type] && LC_SIMD, kNames[type], " blocks are ", kBits[type],
                 "-bit codes, read by the vector kernels only");
@@ -110,7 +118,8 @@ Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowM
     return {true, true, 16, 8, 128, 128, file};
   }
   TORCH_CHECK(group_size == 16 || group_size == 32, "u8 weights need group_size 16 or 32");
-  return {false, false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64};
+  TORCH_CHECK(file != kQ8_0Blocks || group_size == 32, "Q8_0 blocks are groups of 32");
+  return {false, false, static_cast<int>(group_size), 64 / static_cast<int>(group_size), 64, 64, file};
 }
 
 // row-major u4 and u8: what a Q4_K and a Q5_K row are restored as
@@ -804,6 +813,7 @@ constexpr int64_t kPanelScratchPerRow = kRowsPerPass * sizeof(__m512);
 #include "quant_linear_avx2.h"
 #include "quant_q6k.h"
 #include "quant_k_blocks.h"
+#include "quant_q8_0.h"
 #if LC_SIMD
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -815,6 +825,7 @@ using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layou
 // The kernel for a weight of layout L (the file's blocks take their own).
 PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.file == kQ6KBlocks) return precise ? panel_q6k<true> : panel_q6k<false>;
+  if (L.file == kQ8_0Blocks) return precise ? panel_q8_0<true> : panel_q8_0<false>;
   if (L.k_blocks()) return pick_k_blocks(precise, L, panel_k_blocks<true, 4>, panel_k_blocks<false, 4>,
                                          panel_k_blocks<true, 5>, panel_k_blocks<false, 5>);
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
@@ -827,6 +838,7 @@ using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, con
 
 GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.file == kQ6KBlocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
+  if (L.file == kQ8_0Blocks) return precise ? gemv_q8_0<true> : gemv_q8_0<false>;
   if (L.k_blocks()) return pick_k_blocks(precise, L, gemv_k_blocks<true, 4>, gemv_k_blocks<false, 4>,
                                          gemv_k_blocks<true, 5>, gemv_k_blocks<false, 5>);
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
@@ -1349,12 +1361,16 @@ struct RowRestorer {
 #endif
 
   // Row n's codes (row-major) into `codes` and its groups' scales and mins into row_scales and row_mins; returns
-  // the layout of the codes (a Q4_K row comes out as u4, a Q5_K row as u8).
+  // the layout of the codes (a Q4_K row comes out as u4, Q5_K and Q8_0 rows as u8).
   const Layout& gather(int64_t n) {
     const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
     if (L.k_blocks()) {
       k_blocks_row(L, wp + n * w_row, K, codes.data(), row_scales.data(), row_mins.data());
       return L.file == kQ5KBlocks ? kU8 : kU4;
+    }
+    if (L.file == kQ8_0Blocks) {
+      q8_0_row(wp + n * w_row, K, codes.data(), row_scales.data());
+      return kU8;
     }
     const void* sp = w.scales.data_ptr();
     const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
