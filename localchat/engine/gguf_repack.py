@@ -36,6 +36,7 @@ from gguf import GGMLQuantizationType as T
 from localchat.engine.memory import huge_pages_wanted
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import (
+    BLOCK_GROUPS,
     PackedWeight,
     k_blocks_repacked,
     q6k_blocks_to_u6,
@@ -115,10 +116,9 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and bool(ext.simd_isa())
+    # the vector kernels read these types in the file's blocks (Q8_0 in long rows)
     in_blocks = qtype != T.Q8_0 or shape[1] >= Q8_0_BLOCKS_MIN_INPUTS
-    if (
-        qtype in FILE_BLOCK_TYPES and interleave and in_blocks
-    ):  # the vector kernels read these as they are
+    if qtype in FILE_BLOCK_TYPES and interleave and in_blocks:
         return file_blocks_weight(raw if order is None else raw[order], qtype)
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
     return PackedWeight(
@@ -140,10 +140,9 @@ def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
     quant_k_blocks.h, quant_q8_0.h). With the file's memory map as `blocks`, loading neither copies
     nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
-    group, zero_point = {T.Q6_K: (16, 32), T.Q8_0: (32, 128)}.get(qtype, (32, 0))
-    return PackedWeight(
-        FILE_BLOCK_TYPES[qtype], blocks, scales, None, group, zero_point, source_type=qtype.name
-    )
+    layout = FILE_BLOCK_TYPES[qtype]
+    group, zero_point = BLOCK_GROUPS[layout]
+    return PackedWeight(layout, blocks, scales, None, group, zero_point, source_type=qtype.name)
 
 
 def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:

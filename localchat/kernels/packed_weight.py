@@ -1,7 +1,7 @@
 """PackedWeight: a quantized [out, in] projection weight in the layouts our kernels consume.
 
 Every GGUF block type is repacked into one of these layouts, keeping the file's integer codes
-(``q6k`` and ``q4k`` keep the file's blocks as they are):
+(``q6k``, ``q4k``, ``q5k`` and ``q8_0`` keep the file's blocks as they are):
 
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
@@ -67,7 +67,7 @@ FILE_BLOCKS = {
     "q8_0": (Q8_0_WEIGHTS, Q8_0_BYTES, 5),
 }
 # each such layout's group size and zero point (asymmetric types: 0, their mins are in the blocks)
-_BLOCK_GROUPS = {"q6k": (16, 32), "q4k": (32, 0), "q5k": (32, 0), "q8_0": (32, 128)}
+BLOCK_GROUPS = {"q6k": (16, 32), "q4k": (32, 0), "q5k": (32, 0), "q8_0": (32, 128)}
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -172,7 +172,7 @@ class PackedWeight:
                 f"u6 weights need group_size 16 and in_features a multiple of {U6_CHUNK}"
             )
         if self.layout in FILE_BLOCKS:
-            group, zero = _BLOCK_GROUPS[self.layout]
+            group, zero = BLOCK_GROUPS[self.layout]
             block_bytes = FILE_BLOCKS[self.layout][1]
             if (
                 self.group_size != group
@@ -214,7 +214,7 @@ class PackedWeight:
     @property
     def arrangement(self) -> int:
         """How the C++ kernels find the rows (quant_linear.h's Arrangement): 0 row-major, 1
-        interleaved, 2 Q6_K blocks, 3 Q4_K blocks."""
+        interleaved, 2-5 the file's blocks (Q6_K, Q4_K, Q5_K, Q8_0: FILE_BLOCKS)."""
         if self.layout in FILE_BLOCKS:
             return FILE_BLOCKS[self.layout][2]
         return int(self.interleaved)
