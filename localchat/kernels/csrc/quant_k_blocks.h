@@ -18,8 +18,9 @@
 namespace {
 
 // The GEMV reads a pass's rows one after the other (one stream, as quant_q6k.h's), prefetching this many blocks
-// ahead. Measured on the Zen 5 EPYC (2026-12-05, one process, alternating, a 14336 x 4096 Q4_K weight from DRAM):
-// 36-38 GB/s on one thread and 48-50 on two, where the interleaved u4 kernel read 31-32 and 43-45.
+// ahead. Measured on the Zen 5 EPYC (2026-12-05, one process, alternating, 8B-shaped Q4_K weights from DRAM):
+// 36-37 GB/s on one thread and 47 on two, where the interleaved u4 kernel read 29-33 and 42-45; Q5_K 36-38 and
+// 51-68 against u8's 21-23 and 32-41 (docs/benchmarks.md, twenty-fifth session).
 constexpr int64_t kKBlocksPrefetch = 32;
 
 // A K-quant block's bytes, and where its codes start, for 4- or 5-bit codes.
