@@ -138,9 +138,10 @@ def gguf_weights(
 ) -> Iterator[tuple[str, torch.Tensor | PackedWeight | GgufRows]]:
     """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized
     types as PackedWeights (their codes kept; with `interleave`, in the CPU kernel's layout, which
-    leaves Q6_K in the map as its blocks, and an untied token embedding as GgufRows, read from the
-    map as it is looked up), F32/F16/BF16 as tensors; with `dequantize`, all as float32 tensors
-    (the reference path). `index` is GGUFCheckpoint.tensor_index()."""
+    leaves Q4_K, Q5_K, Q6_K and long-row Q8_0 in the map as their blocks, and an untied token
+    embedding as GgufRows, read from the map as it is looked up), F32/F16/BF16 as tensors; with
+    `dequantize`, all as float32 tensors (the reference path). `index` is
+    GGUFCheckpoint.tensor_index()."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -188,7 +189,7 @@ def gguf_weights(
 
 
 def _reads_the_map(weight: torch.Tensor | PackedWeight | GgufRows, data: np.memmap) -> bool:
-    """Whether the weight keeps reading the file's memory map (Q6_K's blocks, GgufRows)."""
+    """Whether the weight keeps reading the file's memory map (the file's blocks, GgufRows)."""
     if isinstance(weight, GgufRows):
         return True
     return isinstance(weight, PackedWeight) and np.may_share_memory(weight.qweight.numpy(), data)

@@ -390,6 +390,9 @@ class PackedWeight:
     ) -> torch.Tensor:
         """The weight (or the selected rows) as a dense [out, in] tensor: the reference for every
         kernel."""
+        if self.layout in FILE_BLOCKS:  # repacked once, for its codes and its scales
+            weight, lead = self._blocks_repacked(rows)
+            return weight.dequantize(dtype=dtype).reshape(*lead, -1)
         codes = self.codes(rows).to(torch.float32)
         scales, mins = self.group_params(rows)
         codes = codes.reshape(*codes.shape[:-1], scales.shape[-1], self.group_size)

@@ -10,6 +10,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
+from localchat.engine import gguf_repack
 from localchat.engine.gguf_repack import FILE_BLOCK_TYPES, QUANTIZED_TYPES, repack, repack_reference
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import pack_k_params, unpack_k_params
@@ -92,9 +93,10 @@ def test_cpp_repack_equals_the_torch_reference_bit_for_bit(qtype):
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
-def test_repack_straight_into_the_interleaved_layout(qtype):
+def test_repack_straight_into_the_interleaved_layout(qtype, monkeypatch):
     """Repacking with interleave gives what interleaving the repacked weight gives (42 rows: the
-    last two stay row-major)."""
+    last two stay row-major); types the kernels read in their blocks are kept as the file has
+    them, and the C++ repack still interleaves them when asked."""
     ext = cpu_kernels()
     if ext is None or not bool(ext.simd_isa()):
         pytest.skip("the interleaved layout is the VNNI kernel's")
@@ -109,7 +111,8 @@ def test_repack_straight_into_the_interleaved_layout(qtype):
         assert direct.layout == FILE_BLOCK_TYPES[qtype] and direct.repacked().layout == later.layout
         assert torch.equal(direct.qweight, torch.from_numpy(data).reshape(rows, -1)[order])
         assert torch.equal(direct.dequantize(), later.dequantize())
-        return
+        monkeypatch.setattr(gguf_repack, "FILE_BLOCK_TYPES", {})
+        direct = repack(data, qtype, (rows, cols), order, interleave=True)
     assert direct.interleaved and later.interleaved
     for got, expected in [
         (direct.qweight, later.qweight),

@@ -173,11 +173,7 @@ void panel_k_blocks(const PassView& v, int64_t, int64_t chunks, int64_t, const L
       k_blocks_chunk<BITS>(block, static_cast<int>(c % 2), lo[r], hi[r]);
       s[r] = _mm512_permutexvar_ps(lanes, scales[r]);
     }
-    for (int64_t t = 0; t < mt; ++t) {
-      const ActivationChunk chunk = load_chunk<PRECISE, false, 4>(acts[t], c, L);
-      __m512* row_acc = acc + t * kRowsPerPass;
-      for (int r = 0; r < kRowsPerPass; ++r) row_acc[r] = accumulate<PRECISE, false, 4>(lo[r], hi[r], s[r], chunk, row_acc[r]);
-    }
+    panel_chunk<PRECISE, false, 4>(lo, hi, s, acts, mt, c, L, acc);
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) {

@@ -749,6 +749,19 @@ void gemv_rows(const PassView& v, int64_t w_row, int64_t groups, int64_t chunks,
   }
 }
 
+// Chunk c of a pass's kRowsPerPass weight rows (lo/hi: their codes, unpacked; s: their lanes' weight scales) against
+// activation rows acts[0 .. mt), into their accumulators acc[t * kRowsPerPass + r]. Every panel kernel (this file's
+// and the file blocks') runs its chunks through this.
+template <bool PRECISE, bool SYMMETRIC, int BITS>
+inline void panel_chunk(const __m512i lo[], const __m512i hi[], const __m512 s[], const ActivationRow* acts,
+                        int64_t mt, int64_t c, const Layout& L, __m512* acc) {
+  for (int64_t t = 0; t < mt; ++t) {
+    const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, BITS>(acts[t], c, L);
+    __m512* row_acc = acc + t * kRowsPerPass;
+    for (int r = 0; r < kRowsPerPass; ++r) row_acc[r] = accumulate<PRECISE, SYMMETRIC, BITS>(lo[r], hi[r], s[r], chunk, row_acc[r]);
+  }
+}
+
 // A block of activation rows against kRowsPerPass weight rows, for batches and prefill chunks: each weight chunk
 // is unpacked into registers once and meets every row of the block, whose accumulators live in `scratch` (L1,
 // kRowsPerPass vectors per row). Per (activation row, weight row) pair it runs gemv_rows' operations in the
@@ -787,14 +800,7 @@ void panel_dots(const PassView& v, int64_t groups, int64_t chunks, int64_t weigh
             _mm_maskz_loadu_epi16(scale_mask, v.group<at::Half>(v.s, rr, first_group)))));
       }
     }
-    for (int64_t t = 0; t < mt; ++t) {
-      const ActivationRow& a = acts[t];
-      const ActivationChunk chunk = load_chunk<PRECISE, SYMMETRIC, BITS>(a, c, L);
-      __m512* row_acc = acc + t * kRowsPerPass;
-      for (int r = 0; r < kRowsPerPass; ++r) {
-        row_acc[r] = accumulate<PRECISE, SYMMETRIC, BITS>(lo[r], hi[r], s[r], chunk, row_acc[r]);
-      }
-    }
+    panel_chunk<PRECISE, SYMMETRIC, BITS>(lo, hi, s, acts, mt, c, L, acc);
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) {
@@ -1372,6 +1378,11 @@ struct RowRestorer {
       q8_0_row(wp + n * w_row, K, codes.data(), row_scales.data());
       return kU8;
     }
+    if (L.file == kQ6KBlocks) {  // the codes as they are (dequantize_row reads the blocks), the scales from them
+      std::memcpy(codes.data(), wp + n * w_row, w_row);
+      q6k_row_scales(codes.data(), groups, row_scales.data());
+      return L;
+    }
     const void* sp = w.scales.data_ptr();
     const void* mp = w.has_mins ? w.mins.data_ptr() : nullptr;
     const at::Half* up = w.k_scales ? w.supers.data_ptr<at::Half>() : nullptr;
@@ -1383,10 +1394,6 @@ struct RowRestorer {
       _mm512_storeu_si512(codes.data() + c * kChunkBytes, _mm512_loadu_si512(v.codes(r, c)));
     }
     if (c * kChunkBytes < w_row) std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), w_row - c * kChunkBytes);
-    if (L.file == kQ6KBlocks) {  // the scales are in the blocks
-      q6k_row_scales(codes.data(), groups, row_scales.data());
-      return L;
-    }
     for (int64_t g = 0; g < groups; g += kGroupBlock) {
       const int64_t left = groups - g;
       const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
@@ -1408,16 +1415,6 @@ struct RowRestorer {
 #else
     for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
       std::memcpy(codes.data() + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
-    }
-    if (L.file == kQ6KBlocks) {  // d * sub-scale from the blocks, rounded to float16 as u6 stores it
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* block = codes.data() + g / kGroupBlock * kQ6KBytes;
-        uint16_t d;
-        std::memcpy(&d, block + kQ6KSuperScale, 2);
-        const float sub = static_cast<float>(static_cast<int8_t>(block[kQ6KSubScales + g % kGroupBlock]));
-        row_scales[g] = half_to_float(at::Half(half_to_float(at::Half(d, at::Half::from_bits())) * sub));
-      }
-      return L;
     }
     for (int64_t g = 0; g < groups; ++g) {
       if (w.k_scales) {  // d * sub-scale and -(dmin * sub-min)

@@ -104,11 +104,7 @@ void panel_q6k(const PassView& v, int64_t, int64_t chunks, int64_t, const Layout
       q6k_chunk(block, h, lo[r], hi[r]);
       s[r] = _mm512_permutexvar_ps(lanes, scales[r]);
     }
-    for (int64_t t = 0; t < mt; ++t) {
-      const ActivationChunk chunk = load_chunk<PRECISE, true, 6>(acts[t], c, L);
-      __m512* row_acc = acc + t * kRowsPerPass;
-      for (int r = 0; r < kRowsPerPass; ++r) row_acc[r] = accumulate<PRECISE, true, 6>(lo[r], hi[r], s[r], chunk, row_acc[r]);
-    }
+    panel_chunk<PRECISE, true, 6>(lo, hi, s, acts, mt, c, L, acc);
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[t * kRowsPerPass + r]);
@@ -216,6 +212,24 @@ void panel_q6k(const PassView& v, int64_t, int64_t chunks, int64_t, const Layout
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) out[t * out_stride + r] = finish_row<true>(acc[t * kRowsPerPass + r], _mm256_setzero_ps());
+  }
+}
+
+}  // namespace
+#endif
+
+#if !LC_VNNI
+namespace {
+
+// A Q6_K row's group scales as floats, `groups` of them: d * sub-scale rounded to float16 as u6 stores it (the
+// AVX-512 build's q6k_row_scales, a group at a time).
+inline void q6k_row_scales(const uint8_t* row, int64_t groups, float* scales) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = row + g / kGroupBlock * kQ6KBytes;
+    uint16_t d;
+    std::memcpy(&d, block + kQ6KSuperScale, 2);
+    const float sub = static_cast<float>(static_cast<int8_t>(block[kQ6KSubScales + g % kGroupBlock]));
+    scales[g] = half_to_float(at::Half(half_to_float(at::Half(d, at::Half::from_bits())) * sub));
   }
 }
 

@@ -83,11 +83,7 @@ void panel_q8_0(const PassView& v, int64_t groups, int64_t chunks, int64_t, cons
       codes[r] = q8_0_chunk(row, c, two);
       s[r] = _mm512_permutexvar_ps(halves, q8_0_scales(row + 2 * c * kQ8_0Bytes, two ? 2 : 1));
     }
-    for (int64_t t = 0; t < mt; ++t) {
-      const ActivationChunk chunk = load_chunk<PRECISE, true, 8>(acts[t], c, L);
-      __m512* row_acc = acc + t * kRowsPerPass;
-      for (int r = 0; r < kRowsPerPass; ++r) row_acc[r] = accumulate<PRECISE, true, 8>(codes[r], codes[r], s[r], chunk, row_acc[r]);
-    }
+    panel_chunk<PRECISE, true, 8>(codes, codes, s, acts, mt, c, L, acc);
   }
   for (int64_t t = 0; t < mt; ++t) {
     for (int r = 0; r < rows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[t * kRowsPerPass + r]);
