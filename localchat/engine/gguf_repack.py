@@ -6,8 +6,8 @@ its codes. We split them into one code array and float16 scale/min arrays
 
 | ggml type | block (weights, bytes) | layout | value |
 |---|---|---|---|
-| Q4_0 | 32, 18 | u4 | d * (q - 8) |
-| Q4_1 | 32, 20 | u4 | d * q + m |
+| Q4_0 | 32, 18 | u4 (q4_0: kept) | d * (q - 8) |
+| Q4_1 | 32, 20 | u4 (q4_1: kept) | d * q + m |
 | Q5_0 | 32, 22 | u8 | d * (q - 16) |
 | Q5_1 | 32, 24 | u8 | d * q + m |
 | Q8_0 | 32, 34 | u8 (q8_0: kept) | d * (q + 128 - 128) |
@@ -19,9 +19,10 @@ Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit s
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
 otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
 and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
-scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K, Q4_K, Q5_K and Q8_0 are not
-repacked at all: they stay in the file's memory map as their own blocks (layouts q6k, q4k, q5k and
-q8_0), and the kernels form their scales as they form the repacked weights' (Q6_K's rounded the
+scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 and
+Q4_1 are not repacked at all: they stay in the file's memory map as their own blocks (layouts q6k,
+q4k, q5k, q8_0, q4_0 and q4_1; the last three only in rows of GROUP_BLOCKS_MIN_INPUTS inputs or
+more), and the kernels form their scales as they form the repacked weights' (Q6_K's rounded the
 same way).
 """
 
@@ -39,6 +40,7 @@ from localchat.kernels.packed_weight import (
     BLOCK_GROUPS,
     PackedWeight,
     k_blocks_repacked,
+    q4_blocks_to_u4,
     q6k_blocks_to_u6,
     q8_0_blocks_to_u8,
 )
@@ -86,13 +88,21 @@ _SYMMETRIC_ZERO = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.Q6_K: 32}
 
 _LAYOUTS = {T.Q4_0: "u4", T.Q4_1: "u4", T.Q4_K: "u4", T.Q6_K: "u6"}
 # the types the vector kernels read in the file's own blocks, and their layouts
-FILE_BLOCK_TYPES = {T.Q6_K: "q6k", T.Q4_K: "q4k", T.Q5_K: "q5k", T.Q8_0: "q8_0"}
-# Q8_0 is read in its blocks from this many inputs a row on (a 1B model's and up). Shorter rows
-# (a small model's, whose weights cost nothing to copy) keep the interleaved u8 layout: measured
-# on the Zen 5 EPYC (2026-12-05, two engines in one process, alternating), the default model's
-# Q8_0 LM head (576 inputs) in its blocks made its decode 3% slower (332.9 against 343.6 tok/s),
-# where an 8B-shaped Q8_0 GEMV read 5-9% faster on two threads.
-Q8_0_BLOCKS_MIN_INPUTS = 2048
+FILE_BLOCK_TYPES = {
+    T.Q6_K: "q6k",
+    T.Q4_K: "q4k",
+    T.Q5_K: "q5k",
+    T.Q8_0: "q8_0",
+    T.Q4_0: "q4_0",
+    T.Q4_1: "q4_1",
+}
+# The types of one group a block are read in their blocks from this many inputs a row on (a 1B
+# model's and up). Shorter rows (a small model's, whose weights cost nothing to copy) keep the
+# interleaved layout: measured on the Zen 5 EPYC (2026-12-05, two engines in one process,
+# alternating), the default model's Q8_0 LM head (576 inputs) in its blocks made its decode 3%
+# slower (332.9 against 343.6 tok/s), where an 8B-shaped Q8_0 GEMV read 5-9% faster on two threads.
+GROUP_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1)
+GROUP_BLOCKS_MIN_INPUTS = 2048
 
 
 def repack(
@@ -116,8 +126,8 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and bool(ext.simd_isa())
-    # the vector kernels read these types in the file's blocks (Q8_0 in long rows)
-    in_blocks = qtype != T.Q8_0 or shape[1] >= Q8_0_BLOCKS_MIN_INPUTS
+    # the vector kernels read these types in the file's blocks (Q8_0, Q4_0 and Q4_1 in long rows)
+    in_blocks = qtype not in GROUP_BLOCK_TYPES or shape[1] >= GROUP_BLOCKS_MIN_INPUTS
     if qtype in FILE_BLOCK_TYPES and interleave and in_blocks:
         return file_blocks_weight(raw if order is None else raw[order], qtype)
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
@@ -135,10 +145,10 @@ def repack(
 
 
 def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
-    """Q6_K, Q4_K, Q5_K or Q8_0 blocks [rows, row bytes] as a PackedWeight that keeps them (layout
-    q6k, q4k, q5k or q8_0): what the vector kernels read (kernels/csrc/quant_q6k.h,
-    quant_k_blocks.h, quant_q8_0.h). With the file's memory map as `blocks`, loading neither copies
-    nor repacks the tensor."""
+    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 or Q4_1 blocks [rows, row bytes] as a PackedWeight that keeps
+    them (FILE_BLOCK_TYPES' layout): what the vector kernels read (kernels/csrc/quant_q6k.h,
+    quant_k_blocks.h, quant_q8_0.h, quant_q4_0_q4_1.h). With the file's memory map as `blocks`,
+    loading neither copies nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
     layout = FILE_BLOCK_TYPES[qtype]
     group, zero_point = BLOCK_GROUPS[layout]
@@ -147,27 +157,10 @@ def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
 
 def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
     """The torch version of `repack`: raw is the tensor's blocks as uint8 [rows, row bytes]."""
-    if qtype == T.Q4_0:
-        b = raw.reshape(rows, -1, 18)
-        return PackedWeight(
-            "u4",
-            _codes(b[..., 2:], rows),
-            _f16(b[..., 0:2]),
-            None,
-            32,
-            zero_point=8,
-            source_type="Q4_0",
-        )
-    if qtype == T.Q4_1:
-        b = raw.reshape(rows, -1, 20)
-        return PackedWeight(
-            "u4",
-            _codes(b[..., 4:], rows),
-            _f16(b[..., 0:2]),
-            _f16(b[..., 2:4]),
-            32,
-            source_type="Q4_1",
-        )
+    if qtype in (T.Q4_0, T.Q4_1):
+        codes, scales, mins = q4_blocks_to_u4(raw, qtype == T.Q4_1)
+        zero_point = 8 if mins is None else 0
+        return PackedWeight("u4", codes, scales, mins, 32, zero_point, source_type=qtype.name)
     if qtype == T.Q8_0:
         codes, scales = q8_0_blocks_to_u8(raw)  # int8 q + 128 as an unsigned byte
         return PackedWeight("u8", codes, scales, None, 32, zero_point=128, source_type="Q8_0")

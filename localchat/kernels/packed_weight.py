@@ -1,7 +1,7 @@
 """PackedWeight: a quantized [out, in] projection weight in the layouts our kernels consume.
 
 Every GGUF block type is repacked into one of these layouts, keeping the file's integer codes
-(``q6k``, ``q4k``, ``q5k`` and ``q8_0`` keep the file's blocks as they are):
+(``q6k``, ``q4k``, ``q5k``, ``q8_0``, ``q4_0`` and ``q4_1`` keep the file's blocks as they are):
 
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
@@ -25,6 +25,11 @@ Every GGUF block type is repacked into one of these layouts, keeping the file's 
 - ``q8_0``: Q8_0's own blocks likewise, ``qweight`` uint8 [out, in // 32 * 34], ``scales`` empty
   [out, 0], zero point 128: the vector kernels read it as they read u8 (kernels/csrc/quant_q8_0.h,
   flipping each int8 code's top bit), with the same scales; ``repacked`` gives that u8 weight.
+- ``q4_0`` and ``q4_1``: Q4_0's and Q4_1's own blocks likewise, ``qweight`` uint8
+  [out, in // 32 * 18] or [out, in // 32 * 20], ``scales`` empty [out, 0], no mins (Q4_1's are
+  in its blocks), zero point 8 (Q4_0) or 0: a block's 16 code bytes are a u4 group's, so the
+  vector kernels read them as they read u4 (kernels/csrc/quant_q4_0_q4_1.h), with the same
+  scales and mins; ``repacked`` gives that u4 weight.
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -54,20 +59,30 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k", "q8_0")
+LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1")
 Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
 Q4K_WEIGHTS, Q4K_BYTES = 256, 144  # a Q4_K block's
 Q5K_BYTES = 176  # a Q5_K block's (256 weights)
 Q8_0_WEIGHTS, Q8_0_BYTES = 32, 34  # a Q8_0 block's
+Q4_0_BYTES, Q4_1_BYTES = 18, 20  # a Q4_0 and a Q4_1 block's (32 weights)
 # the layouts that are the file's own blocks: (weights, bytes) of a block, and its arrangement
 FILE_BLOCKS = {
     "q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2),
     "q4k": (Q4K_WEIGHTS, Q4K_BYTES, 3),
     "q5k": (Q4K_WEIGHTS, Q5K_BYTES, 4),
     "q8_0": (Q8_0_WEIGHTS, Q8_0_BYTES, 5),
+    "q4_0": (Q8_0_WEIGHTS, Q4_0_BYTES, 6),
+    "q4_1": (Q8_0_WEIGHTS, Q4_1_BYTES, 7),
 }
 # each such layout's group size and zero point (asymmetric types: 0, their mins are in the blocks)
-BLOCK_GROUPS = {"q6k": (16, 32), "q4k": (32, 0), "q5k": (32, 0), "q8_0": (32, 128)}
+BLOCK_GROUPS = {
+    "q6k": (16, 32),
+    "q4k": (32, 0),
+    "q5k": (32, 0),
+    "q8_0": (32, 128),
+    "q4_0": (32, 8),
+    "q4_1": (32, 0),
+}
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -214,7 +229,7 @@ class PackedWeight:
     @property
     def arrangement(self) -> int:
         """How the C++ kernels find the rows (quant_linear.h's Arrangement): 0 row-major, 1
-        interleaved, 2-5 the file's blocks (Q6_K, Q4_K, Q5_K, Q8_0: FILE_BLOCKS)."""
+        interleaved, 2-7 the file's blocks (Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1: FILE_BLOCKS)."""
         if self.layout in FILE_BLOCKS:
             return FILE_BLOCKS[self.layout][2]
         return int(self.interleaved)
@@ -222,13 +237,17 @@ class PackedWeight:
     def repacked(self) -> PackedWeight:
         """A weight in the file's blocks repacked, row-major: q6k as u6 (the same codes and float16
         scales), q4k as u4 and q5k as u8 (the same codes, sub-scales, sub-mins and (d, dmin)),
-        q8_0 as u8 (code + 128, the same scales); any other as it is."""
+        q8_0 as u8 (code + 128, the same scales), q4_0 and q4_1 as u4 (the same codes, scales
+        and mins); any other as it is."""
         if self.layout == "q6k":
             qweight, scales = q6k_blocks_to_u6(self.qweight)
             return replace(self, layout="u6", qweight=qweight, scales=scales)
         if self.layout == "q8_0":
             qweight, scales = q8_0_blocks_to_u8(self.qweight)
             return replace(self, layout="u8", qweight=qweight, scales=scales)
+        if self.layout in ("q4_0", "q4_1"):
+            qweight, scales, mins = q4_blocks_to_u4(self.qweight, self.layout == "q4_1")
+            return replace(self, layout="u4", qweight=qweight, scales=scales, mins=mins)
         if self.layout in ("q4k", "q5k"):
             qweight, scales, mins, supers = k_blocks_repacked(self.qweight, self.layout == "q5k")
             return replace(
@@ -538,6 +557,22 @@ def q8_0_blocks_to_u8(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     b = blocks.reshape(rows, -1, Q8_0_BYTES)
     codes = (b[..., 2:] ^ 0x80).reshape(rows, -1)
     return codes, b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+
+
+def q4_blocks_to_u4(
+    blocks: torch.Tensor, with_mins: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Q4_0 blocks, uint8 [rows, in // 32 * 18] (float16 d, then 16 bytes of codes: byte j holds
+    weight j in its low nibble and j + 16 in its high one, as u4 does), or with `with_mins` Q4_1
+    blocks [rows, in // 32 * 20] (d and m, then the codes), as a u4 weight's qweight, scales and
+    mins (float16 [rows, in // 32]; None for Q4_0, whose zero point is 8)."""
+    rows = blocks.shape[0]
+    first = 4 if with_mins else 2
+    b = blocks.reshape(rows, -1, first + 16)
+    codes = b[..., first:].reshape(rows, -1)
+    scales = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+    mins = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, -1) if with_mins else None
+    return codes, scales, mins
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

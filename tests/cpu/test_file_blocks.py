@@ -1,13 +1,15 @@
-"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K and Q5_K projections (PackedWeight layouts
-q6k, q4k and q5k, kernels/csrc/quant_q6k.h and quant_k_blocks.h), where every kernel path gives the
-bits of the same weight repacked (as u6 or u4; Q5_K's integer products differ from the u8 repack's
-in float rounding only) and the reference reads the blocks as gguf-py does, and an untied embedding
+"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 and Q4_1 projections
+(PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0 and q4_1; kernels/csrc/quant_q6k.h,
+quant_k_blocks.h, quant_q8_0.h and quant_q4_0_q4_1.h), where every kernel path gives the bits of the
+same weight repacked (as u6, u4 or u8; Q5_K's integer products differ from the u8 repack's in float
+rounding only) and the reference reads the blocks as gguf-py does, and an untied embedding
 (GgufRows). A loaded model reads them all from the file's memory map, with the replies and logprobs
 of a load that repacks them."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -20,10 +22,16 @@ from localchat.bench.gguf_shapes import ModelShape
 from localchat.bench.random_gguf import write_random_gguf
 from localchat.engine import gguf_checkpoint, gguf_repack
 from localchat.engine.distributed.sharded_weights import take_columns, take_rows
-from localchat.engine.gguf_repack import file_blocks_weight, repack, repack_reference
+from localchat.engine.gguf_repack import (
+    GROUP_BLOCK_TYPES,
+    file_blocks_weight,
+    repack,
+    repack_reference,
+)
 from localchat.engine.gguf_rows import GgufRows
 from localchat.engine.models.decoder import PROJECTIONS
 from localchat.errors import InvalidParameterError
+from localchat.kernels import cpu_extension
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import (
     embedding_rows,
@@ -39,21 +47,24 @@ pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (con
 # rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
 # counts among them (4096 inputs: the bf16 GEMM path's size)
 SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
-TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0]
+TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0, T.Q4_0, T.Q4_1]
 # layout, bits, arrangement
 BLOCKS = {
     T.Q6_K: ("q6k", 6, 2),
     T.Q4_K: ("q4k", 4, 3),
     T.Q5_K: ("q5k", 5, 4),
     T.Q8_0: ("q8_0", 8, 5),
+    T.Q4_0: ("q4_0", 4, 6),
+    T.Q4_1: ("q4_1", 4, 7),
 }
-BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0")
-# Q8_0 rows are whole 32-weight blocks: an odd count of them, and a short last block of 16 groups
-Q8_0_SHAPES = [(7, 800)]
+BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1")
+# Q8_0, Q4_0 and Q4_1 rows are whole 32-weight blocks: an odd count of them (a short last chunk of
+# one, two or three groups) and a short last block of 16 groups
+GROUP_SHAPES = [(7, 800), (5, 352), (6, 576)]
 
 
 def shapes_of(qtype: T) -> list[tuple[int, int]]:
-    return SHAPES + (Q8_0_SHAPES if qtype == T.Q8_0 else [])
+    return SHAPES + (GROUP_SHAPES if qtype in GROUP_BLOCK_TYPES else [])
 
 
 CASES = [(qtype, shape) for qtype in TYPES for shape in shapes_of(qtype)]
@@ -132,6 +143,37 @@ def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
     )
 
 
+def _cpu_has(flag: str) -> bool:
+    with open("/proc/cpuinfo") as info:
+        return any(line.startswith("flags") and flag in line.split() for line in info)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
+def test_q4_blocks_without_vbmi_give_the_repacked_bits(ext, qtype, monkeypatch):
+    """The AVX-512 VNNI kernels for Q4_0 and Q4_1 blocks take their bytes apart with VBMI's byte
+    permutes where the CPU has them; the build without them (older AVX-512 servers) gathers the
+    scales and loads the codes 16 bytes at a time, with the same bits."""
+    if ext.simd_isa() != "avx512-vnni" or not _cpu_has("avx512vbmi"):
+        pytest.skip("the native build already is what this CPU runs")
+    module = _no_vbmi_build()
+    assert module.simd_isa() == "avx512-vnni"
+    monkeypatch.setattr(cpu_extension, "_module", module)
+    monkeypatch.setenv("LOCALCHAT_CPU_BLOCK_CACHE_MB", "0")
+    generator = torch.Generator().manual_seed(3)
+    for shape in [*GROUP_SHAPES, (12, 4096)]:
+        _, q, repacked = pair(qtype, *shape, seed=shape[0])
+        for batch in (1, 3, 70):
+            x = torch.randn(batch, shape[1], generator=generator)
+            for precise in (True, False):
+                expected = run(module, x, repacked, precise=precise)
+                assert torch.equal(run(module, x, q, precise=precise), expected), (shape, batch)
+
+
+@functools.cache
+def _no_vbmi_build():
+    return cpu_extension.build_kernels(("-mno-avx512vbmi",))
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
 def test_k_blocks_are_exact_on_representable_values(ext, qtype):
     """With d = dmin = 2^-8, small power-of-two sub-scales and small sub-mins, and integer
@@ -158,14 +200,17 @@ def test_k_blocks_are_exact_on_representable_values(ext, qtype):
             assert torch.equal(run(ext, x[:batch], q, precise=precise), expected[:batch])
 
 
-def test_q8_0_rows_from_2048_inputs_stay_in_their_blocks(ext):
-    """Short Q8_0 rows (a small model's) keep the u8 repack; long ones are read in the blocks."""
-    for cols, layout in ((512, "u8"), (2048, "q8_0")):
-        raw = random_blocks(T.Q8_0, 4, cols, seed=1)
-        weight = repack(raw, T.Q8_0, (4, cols), None, True)
+@pytest.mark.parametrize("qtype", GROUP_BLOCK_TYPES, ids=lambda t: t.name)
+def test_group_blocks_from_2048_inputs_stay_in_their_blocks(ext, qtype):
+    """Short Q8_0, Q4_0 and Q4_1 rows (a small model's) keep the repack; long ones are read in
+    the blocks."""
+    repacked_layout = "u8" if qtype == T.Q8_0 else "u4"
+    for cols, layout in ((512, repacked_layout), (2048, BLOCKS[qtype][0])):
+        raw = random_blocks(qtype, 4, cols, seed=1)
+        weight = repack(raw, qtype, (4, cols), None, True)
         assert weight.layout == layout
         assert torch.equal(
-            weight.dequantize(), repack_reference(torch.from_numpy(raw), T.Q8_0, 4).dequantize()
+            weight.dequantize(), repack_reference(torch.from_numpy(raw), qtype, 4).dequantize()
         )
 
 
@@ -183,7 +228,8 @@ def test_moves_cuts_and_fusing_keep_the_values(qtype):
     _, q, repacked = pair(qtype, 10, 512)
     dense = repacked.dequantize()
     moved = q.to("meta")  # leaving the CPU: float16 scales, u6's codes a byte each
-    assert moved.layout == ("u4" if qtype == T.Q4_K else "u8") and moved.super_scales is None
+    four_bits = qtype in (T.Q4_K, T.Q4_0, T.Q4_1)
+    assert moved.layout == ("u4" if four_bits else "u8") and moved.super_scales is None
     assert moved.qweight.shape == repacked.row_major().qweight.shape[:1] + moved.qweight.shape[1:]
     assert torch.equal(q.with_byte_codes().dequantize(), dense)
     assert torch.equal(q.repacked().qweight, repacked.qweight) and repacked.repacked() is repacked
@@ -227,14 +273,14 @@ def _mapped_file(address: int) -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m", "q8_0"])
+@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m", "q8_0", "q4_0", "q4_1"])
 def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
     ext, tmp_path, monkeypatch, quant
 ):
-    """Q6_K, Q4_K, Q5_K and Q8_0 projections and the untied embedding stay in the file's memory
-    map, and the model answers with the tokens and logprobs of a load that repacks them (Q5_K's
-    within float rounding: the u8 repack sums its products in other lanes)."""
-    monkeypatch.setattr(gguf_repack, "Q8_0_BLOCKS_MIN_INPUTS", 256)  # (the tiny model's rows)
+    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 and Q4_1 projections and the untied embedding stay in the
+    file's memory map, and the model answers with the tokens and logprobs of a load that repacks
+    them (Q5_K's within float rounding: the u8 repack sums its products in other lanes)."""
+    monkeypatch.setattr(gguf_repack, "GROUP_BLOCKS_MIN_INPUTS", 256)  # (the tiny model's rows)
     shape = ModelShape("tiny-llama", "llama", 256, 4, 4, 2, 512)
     path = tmp_path / f"tiny-{quant}.gguf"
     write_random_gguf(path, shape, quant, std=0.05)
@@ -247,7 +293,7 @@ def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
         for module, name in PROJECTIONS
     ]
     parts = [p for w in weights for p in (w if isinstance(w, tuple) else (w,))]
-    for layout in {"q4_k_m": ("q6k", "q4k"), "q5_k_m": ("q6k", "q5k")}.get(quant, ("q8_0",)):
+    for layout in {"q4_k_m": ("q6k", "q4k"), "q5_k_m": ("q6k", "q5k")}.get(quant, (quant,)):
         assert any(isinstance(p, PackedWeight) and p.layout == layout for p in parts), layout
     # o_proj is neither fused with another projection nor reordered (as q and k are): a view
     outputs = [layer.self_attn.o_weight for layer in model.layers]

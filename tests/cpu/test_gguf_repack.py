@@ -11,7 +11,13 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 from localchat.engine import gguf_repack
-from localchat.engine.gguf_repack import FILE_BLOCK_TYPES, QUANTIZED_TYPES, repack, repack_reference
+from localchat.engine.gguf_repack import (
+    FILE_BLOCK_TYPES,
+    GROUP_BLOCK_TYPES,
+    QUANTIZED_TYPES,
+    repack,
+    repack_reference,
+)
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import pack_k_params, unpack_k_params
 from localchat.kernels.quant_linear import interleave_for_kernel
@@ -105,8 +111,8 @@ def test_repack_straight_into_the_interleaved_layout(qtype, monkeypatch):
     order = torch.randperm(rows, generator=torch.Generator().manual_seed(2))
     direct = repack(data, qtype, (rows, cols), order, interleave=True)
     later = interleave_for_kernel(repack(data, qtype, (rows, cols), order))
-    if qtype == T.Q8_0:  # rows this short keep the u8 repack (gguf_repack.Q8_0_BLOCKS_MIN_INPUTS)
-        assert direct.layout == "u8"
+    if qtype in GROUP_BLOCK_TYPES:  # rows this short keep the repack (GROUP_BLOCKS_MIN_INPUTS)
+        assert direct.layout == later.layout
     elif qtype in FILE_BLOCK_TYPES:  # the kernels read these blocks as the file has them
         assert direct.layout == FILE_BLOCK_TYPES[qtype] and direct.repacked().layout == later.layout
         assert torch.equal(direct.qweight, torch.from_numpy(data).reshape(rows, -1)[order])

@@ -261,8 +261,7 @@ void gemv_k_blocks(const PassView& v, int64_t, int64_t, int64_t chunks, int64_t,
       const int64_t g0 = 8 * b;
       __m256 sd[2];
       k_blocks_scales<BITS>(block, two, sd, a.group_terms + g0, &offsets);
-      sd[0] = _mm256_mul_ps(sd[0], _mm256_loadu_ps(a.group_scales + g0));
-      sd[1] = _mm256_mul_ps(sd[1], _mm256_loadu_ps(a.group_scales + g0 + 8));
+      times_activation_scales(sd, a, g0);
       for (int j = 0; j < (two ? 4 : 2); ++j) {
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {

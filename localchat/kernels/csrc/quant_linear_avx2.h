@@ -221,6 +221,13 @@ inline __m256i lane_dots(const HalfCodes& w, int h, const ActivationRow& a, int6
   return dot;
 }
 
+// A block of 16 groups' weight scales (two halves of 8, from group g0) times the activation's group scales: the
+// products gemv_rows forms.
+inline void times_activation_scales(__m256 sd[2], const ActivationRow& a, int64_t g0) {
+  sd[0] = _mm256_mul_ps(sd[0], _mm256_loadu_ps(a.group_scales + g0));
+  sd[1] = _mm256_mul_ps(sd[1], _mm256_loadu_ps(a.group_scales + g0 + 8));
+}
+
 // Chunk j's lanes of half h from a block's 16 per-group values (two halves of 8).
 inline __m256 to_lanes(const __m256 block[2], const HalfIndex& index, int64_t j, int h) {
   return _mm256_permutevar8x32_ps(block[index.source[j][h]],

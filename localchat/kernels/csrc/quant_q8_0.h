@@ -124,8 +124,7 @@ void gemv_q8_0(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64
       prefetch_ahead(row + g0 * kQ8_0Bytes, kQ8_0PrefetchBytes, kQ8_0StepBytes);
       __m256 sd[2];
       q8_0_scales(row + g0 * kQ8_0Bytes, groups - g0, sd);
-      sd[0] = _mm256_mul_ps(sd[0], _mm256_loadu_ps(a.group_scales + g0));
-      sd[1] = _mm256_mul_ps(sd[1], _mm256_loadu_ps(a.group_scales + g0 + 8));
+      times_activation_scales(sd, a, g0);
       const int64_t c0 = g0 / 2, c1 = std::min(chunks, c0 + kGroupBlock / 2);
       for (int64_t c = c0; c < c1; ++c) {
 #pragma GCC unroll 2
