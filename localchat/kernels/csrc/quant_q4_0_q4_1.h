@@ -17,10 +17,6 @@ constexpr int64_t q4_block_bytes() { return MINS ? kQ4_1Bytes : kQ4_0Bytes; }
 template <bool MINS>
 constexpr int64_t q4_block_codes() { return MINS ? 4 : 2; }
 
-// Bytes ahead of the GEMV's row-by-row stream that it prefetches (about 4 KiB, as kPrefetchBytes).
-template <bool MINS>
-constexpr int64_t q4_prefetch_bytes() { return 4096 / q4_block_bytes<MINS>() * q4_block_bytes<MINS>(); }
-
 // The 16 code bytes of the block i of those from `first`, or zeros where i is past the n there (never, when the
 // caller knows the chunk is WHOLE).
 template <bool MINS, bool WHOLE = false>
@@ -83,8 +79,8 @@ inline void q4_chunk(const uint8_t* row, int64_t c, int64_t n, __m512i& lo, __m5
 // bytes) in five 64-byte loads, and byte permutes (vpermt2b: any 64 of two registers' 128 bytes) take each chunk's
 // codes and the 16 blocks' scales (and mins) out of them: no gather, no 16-byte loads. Measured on the Zen 5 EPYC
 // (2026-12-05, one thread, a 1024 x 4096 Q4_0 GEMV in cache): 51.5 us, against 81.8 with a gather for the scales and
-// 16-byte loads for the codes, and 57.4 for the interleaved u4 repack. From DRAM it still reads more slowly than that
-// repack (28-30 against 36-39 GB/s on one thread): docs/benchmarks.md, twenty-sixth session.
+// 16-byte loads for the codes, and 57.4 for the interleaved u4 repack; from DRAM on one thread it reads 5-10 % more
+// slowly than that repack, and a whole decode on two runs as fast (docs/benchmarks.md, twenty-sixth session).
 struct Q4Permutes {
   alignas(64) uint8_t codes[4][64];   // chunk j's 64 code bytes from registers j and j + 1
   alignas(64) uint8_t params[3][64];  // the scales (Q4_1: scale and min, a 32-bit word a block) from registers 0-1,
@@ -113,7 +109,11 @@ template <bool MINS, bool WHOLE>
 inline void q4_load_blocks(const uint8_t* block, int64_t n, __m512i r[5]) {
   if (WHOLE) {
     for (int i = 0; i < 4; ++i) r[i] = _mm512_loadu_si512(block + 64 * i);
-    r[4] = _mm512_maskz_loadu_epi8(MINS ? ~0ULL : 0xFFFFFFFFULL, block + 256);  // (Q4_0: 288 bytes)
+    // Q4_0's 16 blocks end 32 bytes into the fifth: a 32-byte load, not a masked one. A masked load that misses
+    // the caches is slow: on the Zen 5 EPYC (2026-12-05, two engines in one process, alternating) the 8B Q4_0
+    // decode took 81.9 ms a token with it and 73.3 without, where the u4 repack took 74.7 and 74.3.
+    r[4] = MINS ? _mm512_loadu_si512(block + 256)
+                : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
     return;
   }
   const int64_t span = std::min<int64_t>(n, kGroupBlock) * q4_block_bytes<MINS>();
@@ -208,7 +208,7 @@ void gemv_q4(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64_t
     __m512 acc = _mm512_setzero_ps(), offsets = _mm512_setzero_ps();
     int64_t g0 = 0;
     for (; g0 + kGroupBlock <= groups; g0 += kGroupBlock) {
-      prefetch_ahead(row + g0 * kBytes, q4_prefetch_bytes<MINS>(), kGroupBlock * kBytes);
+      prefetch_ahead(row + g0 * kBytes, kPrefetchBytes, kGroupBlock * kBytes);
       gemv_q4_step<PRECISE, MINS, true>(row + g0 * kBytes, g0, groups, chunks, L, a, acc, offsets);
     }
     if (g0 < groups) gemv_q4_step<PRECISE, MINS, false>(row + g0 * kBytes, g0, groups, chunks, L, a, acc, offsets);
@@ -301,7 +301,7 @@ void gemv_q4(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64_t
     const uint8_t* row = v.w + r * v.row_step;
     __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
     for (int64_t g0 = 0; g0 < groups; g0 += kGroupBlock) {
-      prefetch_ahead(row + g0 * kBytes, q4_prefetch_bytes<MINS>(), kGroupBlock * kBytes);
+      prefetch_ahead(row + g0 * kBytes, kPrefetchBytes, kGroupBlock * kBytes);
       __m256 sd[2], mins[2];
       q4_params<MINS>(row + g0 * kBytes, groups - g0, sd, mins);
       if (MINS) {
