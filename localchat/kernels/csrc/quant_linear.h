@@ -1491,6 +1491,14 @@ void to_bfloat16(const float* in, int64_t n, at::BFloat16* out) {
 // The activations, the weights (dequantized exactly, then rounded) and the result pass through bfloat16. With
 // `out` (float32 [M, N], any strides: a part's columns of a multi-part projection's output), the result is
 // written there and returned, and no float32 temporary is made.
+//
+// Each thread takes its own share of the rows, band by band, and restores and multiplies them alone (a GEMM
+// called inside the parallel region runs on its caller's thread): no band is restored by one core and read by
+// another. Shared bands (restored by all threads, then one GEMM on all of them) made the prefill depend on where
+// the host put the two cores: measured on the Zen 5 EPYC (2026-12-05, an 8B Q4_0 file, a 128-token prompt, in
+// one process, alternating), 2.55-2.69 s with shared bands and 2.39-2.44 s with own ones where the cores shared an
+// L3 (a cache line's round trip between them 146-152 ns), 3.45-3.51 s and 2.36-2.41 s where they did not (408-411
+// ns). The results are the same bits.
 torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& qweight, const torch::Tensor& scales,
                                 const c10::optional<torch::Tensor>& mins_in,
                                 const c10::optional<torch::Tensor>& supers_in, int64_t bits, int64_t group_size,
@@ -1502,26 +1510,37 @@ torch::Tensor dense_linear_bf16(const torch::Tensor& x_in, const torch::Tensor& 
   const torch::Tensor x = x_in.to(torch::kBFloat16).contiguous();
   // about 2 MiB of bfloat16 weights a band (an L2), a multiple of a pass's rows
   const int64_t band = std::max<int64_t>(kRowsPerPass, ((int64_t{1} << 20) / K) / kRowsPerPass * kRowsPerPass);
-  torch::Tensor buffer = torch::empty({std::min(band, N), K}, torch::kBFloat16);
   torch::Tensor out_t = torch::empty({N, x.size(0)}, torch::kBFloat16);
-  auto* bp = buffer.data_ptr<at::BFloat16>();
-  for (int64_t n0 = 0; n0 < N; n0 += band) {
-    const int64_t rows = std::min(band, N - n0);
-    at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
+  const int threads = at::get_num_threads();
+  const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
+  const bool inference = c10::InferenceMode::is_enabled();
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    c10::InferenceMode guard(inference);  // (thread-local: the workers take the caller's)
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = std::min(N, passes * t / threads * kRowsPerPass);
+      const int64_t r1 = std::min(N, passes * (t + 1) / threads * kRowsPerPass);
+      if (r0 >= r1) continue;
+      torch::Tensor buffer = torch::empty({std::min(band, r1 - r0), K}, torch::kBFloat16);
+      auto* bp = buffer.data_ptr<at::BFloat16>();
       RowRestorer restorer(w, L, zero_point, arrangement == kInterleaved);
-#if LC_VNNI && defined(__AVX512BF16__)
-      for (int64_t i = begin; i < end; ++i) restorer.restore_bf16(n0 + i, bp + i * K);
-#else
+#if !(LC_VNNI && defined(__AVX512BF16__))
       std::vector<float> row(K);
-      for (int64_t i = begin; i < end; ++i) {
-        restorer.restore(n0 + i, row.data());
-        to_bfloat16(row.data(), K, bp + i * K);
-      }
 #endif
-    });
-    torch::Tensor band_out = out_t.narrow(0, n0, rows);
-    at::mm_out(band_out, buffer.narrow(0, 0, rows), x.t());
-  }
+      for (int64_t n0 = r0; n0 < r1; n0 += band) {
+        const int64_t rows = std::min(band, r1 - n0);
+        for (int64_t i = 0; i < rows; ++i) {
+#if LC_VNNI && defined(__AVX512BF16__)
+          restorer.restore_bf16(n0 + i, bp + i * K);
+#else
+          restorer.restore(n0 + i, row.data());
+          to_bfloat16(row.data(), K, bp + i * K);
+#endif
+        }
+        torch::Tensor band_out = out_t.narrow(0, n0, rows);
+        at::mm_out(band_out, buffer.narrow(0, 0, rows), x.t());
+      }
+    }
+  });
   if (out.has_value() && out->defined()) {
     TORCH_CHECK(out->scalar_type() == torch::kFloat && out->dim() == 2 && out->size(0) == x.size(0) && out->size(1) == N,
                 "out must be float32 [", x.size(0), ", ", N, "]");
