@@ -5,7 +5,9 @@ Figures per system: decode tok/s and TTFT (as C1), load time (model construction
 cache) and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped
 weights count as they are touched). The file is read once before the first system runs so neither
 pays for the disk, and memory is touched and freed right before each system starts so both start
-alike (`_prime_memory`).
+alike (`_prime_memory`). Before and after each system's run, the round trip of a cache line between
+two CPUs says where the host put them (`host.py`): on a VM it may change from one process to the
+next, and the speeds with it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from localchat.bench import progress
+from localchat.bench.host import core_round_trip_ns
 from localchat.bench.isolated import run_isolated
 from localchat.bench.isolated_child import IsolatedSpec
 from localchat.bench.records import ratio
@@ -186,8 +189,12 @@ def run_big_model(
             show_progress, f"{system}: loading and running {path.name} in its own process ..."
         ):
             _prime_memory(path.stat().st_size + engine_config.kv_cache_memory + PRIME_EXTRA)
+            before = core_round_trip_ns()
             result = run_isolated(spec, system)
+            after = core_round_trip_ns()
         fig = outcome.add(system, result, workload.kind)
+        if before is not None and after is not None:
+            fig["core_round_trip_ns"] = {"before": round(before, 1), "after": round(after, 1)}
         if fig.get("load_s") is not None:
             split = (
                 f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous"
@@ -195,9 +202,17 @@ def run_big_model(
                 if "rss_anon_end_mib" in fig
                 else ""
             )
+            trip = fig.get("core_round_trip_ns")
+            where = (
+                f"; a cache line's round trip between two CPUs {trip['before']:.0f} ns before the "
+                f"run, {trip['after']:.0f} after"
+                if trip
+                else ""
+            )
             outcome.notes.append(
                 f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
                 f"({fig['rss_before_load_mib']:,.0f} MiB before loading{split}), {threads} threads"
+                f"{where}"
             )
     _compare(outcome, workload)
     return outcome

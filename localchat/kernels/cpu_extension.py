@@ -20,6 +20,7 @@ logger = logging.getLogger("localchat.kernels")
 _SOURCES = (
     "module.cpp",
     "block_cache.h",
+    "core_round_trip.h",
     "quant_linear.h",
     "quant_linear_avx2.h",
     "quant_q6k.h",

@@ -68,6 +68,9 @@ def test_c4_end_to_end(tiny_file, tmp_path):
                 0 < fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] <= fig["peak_rss_mib"] * 1.05
             )
             assert fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] > fig["rss_before_load_mib"]
+        if len(os.sched_getaffinity(0)) >= 2:  # where the host put two CPUs, around each run
+            trip = fig["core_round_trip_ns"]
+            assert trip["before"] > 0 and trip["after"] > 0
     assert "peak RSS" in output and str(tiny_file) in output
     if len(systems) == 2:
         assert payload["ratios"]["localchat/llama.cpp"] > 0

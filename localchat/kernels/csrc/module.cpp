@@ -1,6 +1,7 @@
 // The CPU kernels as one Python module. One translation unit: parsing torch's headers is most of the
 // build, so the kernels are included here rather than compiled separately.
 #include "block_cache.h"
+#include "core_round_trip.h"
 #include "decode_attention.h"
 #include "decode_layer.h"
 #include "gguf_repack.h"
@@ -39,5 +40,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("install_block_cache", &install_block_cache, "keep freed CPU blocks of 1 MiB and more for reuse, up to this many bytes");
   m.def("block_cache_stats", &block_cache_stats, "(bytes cached, blocks cached, requests served from the cache)");
+  m.def("core_round_trip_ns", &core_round_trip_ns, NoGil(), "ns per round trip of a cache line between two pinned CPUs (-1: cannot pin)");
   m.def("simd_isa", &simd_isa, "the vector kernels compiled in: 'avx512-vnni', 'avx2', or '' (portable)");
 }

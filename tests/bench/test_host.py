@@ -1,0 +1,43 @@
+"""The round trip of a cache line between two CPUs (bench/host.py, kernels/csrc/core_round_trip.h):
+what the bench's notes say about where the host put the CPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from localchat.bench.host import core_round_trip_ns
+from localchat.kernels.cpu_extension import cpu_kernels
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs to pin threads to",
+)
+
+
+def test_two_cpus_pass_a_line_in_a_plausible_time():
+    value = core_round_trip_ns(2000)
+    if cpu_kernels() is None:
+        assert value is None
+        return
+    # from tens of ns (two cores of one chip) to a few microseconds (a busy, oversubscribed host)
+    assert value is not None and 5 < value < 50_000
+
+
+def test_cpus_it_cannot_run_on_or_one_cpu_give_no_figure():
+    ext = cpu_kernels()
+    if ext is None:
+        pytest.skip("the C++ CPU kernels cannot be built here")
+    assert ext.core_round_trip_ns(0, 1_000_000, 10) == -1.0  # no such CPU: nothing pinned
+    with pytest.raises(RuntimeError, match="two distinct CPUs"):
+        ext.core_round_trip_ns(0, 0, 10)
+    cpu = min(os.sched_getaffinity(0))
+    code = (
+        "import os; from localchat.bench.host import core_round_trip_ns; "
+        f"os.sched_setaffinity(0, {{{cpu}}}); print(core_round_trip_ns(100))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "None", result.stderr
