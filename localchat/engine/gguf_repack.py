@@ -61,12 +61,6 @@ def _f16(field: torch.Tensor) -> torch.Tensor:
     return field.contiguous().view(torch.float16).squeeze(-1)
 
 
-def _codes(field: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows, blocks, n] uint8 (a strided slice of the blocks) -> [rows, blocks * n], copied
-    once."""
-    return field.reshape(rows, -1).contiguous()
-
-
 def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return qs & 0x0F, qs >> 4
 
