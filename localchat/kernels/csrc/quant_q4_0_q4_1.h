@@ -164,10 +164,11 @@ inline __m512 q4_1_offsets(const uint8_t* row, int64_t groups, const float* term
   return acc;
 }
 
-// gemv_q4's step over the kGroupBlock groups from g0 of a row (blocks: the first of them; WHOLE: all 16 there).
+// gemv_q4's step over the kGroupBlock groups from g0 of a row (WHOLE: all 16 there).
 template <bool PRECISE, bool MINS, bool WHOLE>
-inline void gemv_q4_step(const uint8_t* blocks, int64_t g0, int64_t groups, int64_t chunks, const Layout& L,
+inline void gemv_q4_step(const uint8_t* row, int64_t g0, int64_t groups, int64_t chunks, const Layout& L,
                          const ActivationRow& a, __m512& acc, __m512& offsets) {
+  const uint8_t* blocks = row + g0 * q4_block_bytes<MINS>();
   const int64_t left = groups - g0;
   __m512 scales, mins;
 #if defined(__AVX512VBMI__)
@@ -190,7 +191,7 @@ inline void gemv_q4_step(const uint8_t* blocks, int64_t g0, int64_t groups, int6
 #if defined(__AVX512VBMI__)
     q4_loaded_chunk<MINS>(loaded, j, lo, hi);
 #else
-    q4_chunk<MINS>(blocks - g0 * q4_block_bytes<MINS>(), c0 + j, groups - 4 * (c0 + j), lo, hi);
+    q4_chunk<MINS>(row, c0 + j, groups - 4 * (c0 + j), lo, hi);
 #endif
     const __m512 lane_sd = _mm512_permutexvar_ps(_mm512_load_si512(kChunkIndex4.lanes[j]), sd);
     acc = accumulate_scaled<PRECISE, !MINS, 4>(lo, hi, lane_sd, chunk, acc);
@@ -209,9 +210,9 @@ void gemv_q4(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64_t
     int64_t g0 = 0;
     for (; g0 + kGroupBlock <= groups; g0 += kGroupBlock) {
       prefetch_ahead(row + g0 * kBytes, kPrefetchBytes, kGroupBlock * kBytes);
-      gemv_q4_step<PRECISE, MINS, true>(row + g0 * kBytes, g0, groups, chunks, L, a, acc, offsets);
+      gemv_q4_step<PRECISE, MINS, true>(row, g0, groups, chunks, L, a, acc, offsets);
     }
-    if (g0 < groups) gemv_q4_step<PRECISE, MINS, false>(row + g0 * kBytes, g0, groups, chunks, L, a, acc, offsets);
+    if (g0 < groups) gemv_q4_step<PRECISE, MINS, false>(row, g0, groups, chunks, L, a, acc, offsets);
     out[r] = _mm512_reduce_add_ps(MINS ? _mm512_add_ps(acc, offsets) : acc);
   }
 }
