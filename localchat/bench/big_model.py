@@ -1,28 +1,35 @@
 """C4, a big model on the CPU: localchat and llama.cpp on the same GGUF file (by default a
-random-weight Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each in a process of its own.
+random-weight Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each loaded in a process of
+its own, then taking turns.
 
 Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page
 cache) and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped
-weights count as they are touched). The file is read once before the first system runs so neither
-pays for the disk, and memory is touched and freed right before each system starts so both start
-alike (`_prime_memory`). Before and after each system's run, the round trip of a cache line between
-two CPUs says where the host put them (`host.py`): on a VM it may change from one process to the
-next, and the speeds with it.
+weights count as they are touched). The file is read once before the first system loads so neither
+pays for the disk, and memory is touched and freed right before each system loads so both start
+alike (`_prime_memory`).
+
+Both stay loaded, and the systems take turns for the workload's rounds, each round on fresh
+requests and in the other order than the last. The ratio is the median of the rounds' ratios: on a
+VM the host may move the two CPUs between cores that share an L3 and cores that do not from one
+minute to the next, and the speeds move with it (docs/benchmarks.md, twenty-sixth session), so two
+systems measured minutes apart, each in a single run, compare two draws of the host. Before and
+after each run, the round trip of a cache line between two CPUs says where the host put them
+(`host.py`).
 """
 
 from __future__ import annotations
 
 import mmap
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from localchat.bench import progress
 from localchat.bench.host import core_round_trip_ns
-from localchat.bench.isolated import run_isolated
+from localchat.bench.isolated import IsolatedSystem
 from localchat.bench.isolated_child import IsolatedSpec
-from localchat.bench.records import ratio
+from localchat.bench.records import RunResult, figures, ratio
 from localchat.bench.runner import BenchOutcome
 from localchat.bench.workloads import Workload, random_requests
 from localchat.errors import InvalidParameterError, LocalchatError
@@ -176,54 +183,137 @@ def run_big_model(
     outcome.notes.append(
         f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})"
     )
+    children = {}
+    rounds: dict[str, list[RoundFigures]] = {system: [] for system in systems}
+    try:
+        for system in systems:  # loaded one after the other, then all kept loaded
+            spec = IsolatedSpec(
+                system, str(path), threads, n_ctx, engine_config if system == "localchat" else None
+            )
+            children[system] = IsolatedSystem(spec, system)
+            with progress.status(
+                show_progress, f"{system}: loading {path.name} in its own process ..."
+            ):
+                _prime_memory(path.stat().st_size + engine_config.kv_cache_memory + PRIME_EXTRA)
+                children[system].start()
+        for index in range(workload.rounds):
+            # fresh requests each round, so no prefix cache serves one round from another
+            requests = random_requests(workload, token_ids, config.seed + index)
+            order = systems if index % 2 == 0 else systems[::-1]
+            for system in order:
+                with progress.status(
+                    show_progress, f"round {index + 1} of {workload.rounds}: {system} ..."
+                ):
+                    before = core_round_trip_ns()
+                    result = children[system].run(requests)
+                    after = core_round_trip_ns()
+                rounds[system].append(RoundFigures(index + 1, result, before, after))
+    finally:
+        memory = {system: child.close() for system, child in children.items()}
     for system in systems:
-        spec = IsolatedSpec(
-            system,
-            str(path),
-            requests,
-            threads,
-            n_ctx,
-            engine_config if system == "localchat" else None,
-        )
-        with progress.status(
-            show_progress, f"{system}: loading and running {path.name} in its own process ..."
-        ):
-            _prime_memory(path.stat().st_size + engine_config.kv_cache_memory + PRIME_EXTRA)
-            before = core_round_trip_ns()
-            result = run_isolated(spec, system)
-            after = core_round_trip_ns()
-        fig = outcome.add(system, result, workload.kind)
-        if before is not None and after is not None:
-            fig["core_round_trip_ns"] = {"before": round(before, 1), "after": round(after, 1)}
-        if fig.get("load_s") is not None:
-            split = (
-                f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous"
-                f" + {fig['rss_file_end_mib']:,.0f} MiB file-backed"
-                if "rss_anon_end_mib" in fig
-                else ""
-            )
-            trip = fig.get("core_round_trip_ns")
-            where = (
-                f"; a cache line's round trip between two CPUs {trip['before']:.0f} ns before the "
-                f"run, {trip['after']:.0f} after"
-                if trip
-                else ""
-            )
-            outcome.notes.append(
-                f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
-                f"({fig['rss_before_load_mib']:,.0f} MiB before loading{split}), {threads} threads"
-                f"{where}"
-            )
-    _compare(outcome, workload)
+        _add_system(outcome, system, rounds[system], memory[system], children[system], workload)
+        _note_memory(outcome, system, threads)
+    _compare(outcome, workload, rounds)
     return outcome
 
 
-def _compare(outcome: BenchOutcome, workload: Workload) -> None:
+@dataclass
+class RoundFigures:
+    """One system's run in one round, with a cache line's round trip between two CPUs (ns) just
+    before and after it."""
+
+    index: int
+    result: RunResult
+    trip_before: float | None
+    trip_after: float | None
+
+
+def _add_system(
+    outcome: BenchOutcome,
+    system: str,
+    rounds: list[RoundFigures],
+    memory: dict,
+    child: IsolatedSystem,
+    workload: Workload,
+) -> None:
+    """The system's figures over all its rounds, each round's own under "rounds"."""
+    results = [r.result for r in rounds]
+    combined = RunResult(
+        system,
+        child.label,
+        [record for result in results for record in result.records],
+        sum(result.duration for result in results),
+        {**(results[-1].engine or {}), **memory} if results else memory,
+        notes=[note for result in results for note in result.notes],
+    )
+    if child.error is not None:
+        combined.notes.append(f"{system}: {child.error}")
+    fig = outcome.add(system, combined, workload.kind)
+    per_round = []
+    for r in rounds:
+        one = figures(r.result, workload.kind)
+        entry: dict = {
+            "round": r.index,
+            "decode_tok_s": one.get("decode_tok_s"),
+            "ttft_ms": (one.get("ttft_ms") or {}).get("mean"),
+        }
+        if r.trip_before is not None and r.trip_after is not None:
+            entry["core_round_trip_ns"] = {
+                "before": round(r.trip_before, 1),
+                "after": round(r.trip_after, 1),
+            }
+        per_round.append(entry)
+    fig["rounds"] = per_round
+
+
+def _note_memory(outcome: BenchOutcome, system: str, threads: int) -> None:
+    fig = outcome.results[system]
+    if fig.get("load_s") is None:
+        return
+    split = (
+        f"; at the end {fig['rss_anon_end_mib']:,.0f} MiB anonymous"
+        f" + {fig['rss_file_end_mib']:,.0f} MiB file-backed"
+        if "rss_anon_end_mib" in fig
+        else ""
+    )
+    outcome.notes.append(
+        f"{system}: load {fig['load_s']:.2f} s, peak RSS {fig['peak_rss_mib']:,.0f} MiB "
+        f"({fig['rss_before_load_mib']:,.0f} MiB before loading{split}), {threads} threads"
+    )
+
+
+def _compare(
+    outcome: BenchOutcome, workload: Workload, rounds: dict[str, list[RoundFigures]]
+) -> None:
+    """The ratio is the median of the rounds' ratios: each pairs the two systems' runs on the same
+    requests, one right after the other, so both meet the same state of the machine (on a VM, the
+    host may place the two CPUs differently from one minute to the next)."""
     ours, peer = outcome.results.get("localchat"), outcome.results.get("llama.cpp")
     if ours is None or peer is None:
         return
-    outcome.ratios["localchat/llama.cpp"] = ratio(ours, peer, workload.kind)
+    paired = []
+    for mine, theirs in zip(ours["rounds"], peer["rounds"], strict=True):
+        value = ratio(mine, theirs, workload.kind)
+        trips = [
+            f"{trip['before']:.0f}-{trip['after']:.0f}"
+            for trip in (mine.get("core_round_trip_ns"), theirs.get("core_round_trip_ns"))
+            if trip
+        ]
+        if value is not None:
+            paired.append(value)
+            first = "localchat" if mine["round"] % 2 == 1 else "llama.cpp"
+            where = f"; a cache line's round trip {' and '.join(trips)} ns" if trips else ""
+            outcome.notes.append(
+                f"round {mine['round']} ({first} first): decode {mine['decode_tok_s']:.2f} / "
+                f"{theirs['decode_tok_s']:.2f} tok/s = {value:.2f}x, TTFT "
+                f"{mine['ttft_ms']:,.0f} / {theirs['ttft_ms']:,.0f} ms{where}"
+            )
+    outcome.ratios["localchat/llama.cpp"] = float(np.median(paired)) if paired else None
     parts = []
+    if len(paired) > 1:
+        parts.append(
+            f"decode: median of {len(paired)} rounds' ratios, {min(paired):.2f}-{max(paired):.2f}x"
+        )
     for key, name in (("peak_rss_mib", "peak RSS"), ("load_s", "load time")):
         if ours.get(key) and peer.get(key):
             parts.append(f"{name} {ours[key] / peer[key]:.2f}x")
@@ -232,4 +322,4 @@ def _compare(outcome: BenchOutcome, workload: Workload) -> None:
     if ours_ttft and peer_ttft:
         parts.append(f"TTFT {ours_ttft / peer_ttft:.2f}x")
     if parts:
-        outcome.notes.append(f"localchat / llama.cpp (lower is better): {', '.join(parts)}")
+        outcome.notes.append(f"localchat / llama.cpp: {', '.join(parts)}")

@@ -98,6 +98,15 @@ def bench(
         str | None,
         option(_W, "--output-len", help="Output length N or MIN:MAX in tokens (c3: reply)"),
     ] = None,
+    rounds: Annotated[
+        int | None,
+        option(
+            _W,
+            "--rounds",
+            help="c4: rounds in which the systems take turns, each on fresh requests "
+            "(default 4); the ratio is the median of the rounds' ratios",
+        ),
+    ] = None,
     compare: Annotated[
         list[str] | None,
         option(
@@ -223,7 +232,7 @@ def bench(
             load_payload(path) for path in plot_with or []
         ]  # a bad file is named even without matplotlib
         require_matplotlib()
-    chosen = select_workload(workload, num_requests, input_len, output_len)
+    chosen = select_workload(workload, num_requests, input_len, output_len, rounds)
     peers = parse_peers(compare)
     if hf_batch_size is not None and hf_batch_size < 1:
         raise InvalidParameterError(
@@ -256,7 +265,7 @@ def bench(
         )
         mode, extra = "online", {}
     else:
-        # c4: each system in its own process
+        # c4: each system in its own process, taking turns
         run = run_big_model if chosen.isolated else run_offline
         outcome = run(
             config,

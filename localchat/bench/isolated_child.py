@@ -1,15 +1,25 @@
-"""One system of an isolated bench (C4) in a process of its own: load the model (timed), warm up,
-run the requests, and write the timings, load time and peak RSS as JSON.
+"""One system of an isolated bench (C4) in a process of its own, kept loaded between rounds: load
+the model (timed), warm up, then run each round of requests the parent sends, and at the end report
+the peak RSS.
 
-    python -m localchat.bench.isolated_child SPEC.pickle RESULT.json
+    python -m localchat.bench.isolated_child SPEC.pickle FD
 
-SPEC is written by `localchat.bench.isolated` in the parent. The llama.cpp child never imports
-torch, so its RSS is llama.cpp's own plus a bare Python.
+SPEC is written by `localchat.bench.isolated` in the parent. Commands come as JSON lines on stdin,
+replies go as JSON lines to the file descriptor FD (stdout is left to the libraries, which may
+print there):
+
+    (once loaded)                        -> {"event": "ready", label, load_s, rss_before_load_bytes}
+    {"run": [[prompt ids, output len]]}  -> {"event": "result", duration, engine, notes, records}
+    {"quit": true}                       -> {"event": "bye", peak_rss_bytes, rss_split_bytes}
+
+A failure replies {"event": "error", "error", "peak_rss_bytes"} and ends the child. The llama.cpp
+child never imports torch, so its RSS is llama.cpp's own plus a bare Python.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import resource
 import signal
@@ -17,7 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from localchat.bench.records import RunResult
 from localchat.bench.workloads import BenchRequest
@@ -30,12 +40,11 @@ WARMUP_TOKENS = list(range(100, 108))
 
 @dataclass
 class IsolatedSpec:
-    """What the child runs: `system` is 'localchat' or 'llama.cpp'; `config` (an EngineConfig) is
+    """What the child loads: `system` is 'localchat' or 'llama.cpp'; `config` (an EngineConfig) is
     used by localchat only, `n_ctx` by llama.cpp only."""
 
     system: str
     gguf_path: str
-    requests: list[BenchRequest]
     num_threads: int
     n_ctx: int
     config: EngineConfig | None = None
@@ -69,45 +78,84 @@ def rss_split_bytes() -> dict[str, int]:
     return split
 
 
-def _run_localchat(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]]:
-    from localchat.bench.offline import run_engine, warm_up
-    from localchat.engine.llm_engine import LLMEngine
+class _System(Protocol):
+    label: str
 
-    assert spec.config is not None  # the parent gives the localchat child its EngineConfig
-    config = replace(spec.config, model=spec.gguf_path, num_threads=spec.num_threads)
-    start = time.perf_counter()
-    engine = LLMEngine(config)
-    load_s = time.perf_counter() - start
-    warm_up(engine, WARMUP_TOKENS)
-    # measured while the model lives
-    return run_engine(engine, spec.requests), load_s, rss_split_bytes()
+    def warm_up(self) -> None: ...
+
+    def run(self, requests: list[BenchRequest]) -> RunResult: ...
 
 
-def _run_llama_cpp(spec: IsolatedSpec) -> tuple[RunResult, float, dict[str, int]]:
+class _Localchat:
+    def __init__(self, spec: IsolatedSpec):
+        from localchat.bench.offline import engine_label
+        from localchat.engine.llm_engine import LLMEngine
+
+        assert spec.config is not None  # the parent gives the localchat child its EngineConfig
+        config = replace(spec.config, model=spec.gguf_path, num_threads=spec.num_threads)
+        self.engine = LLMEngine(config)
+        self.label = engine_label(self.engine)
+
+    def warm_up(self) -> None:
+        from localchat.bench.offline import warm_up
+
+        warm_up(self.engine, WARMUP_TOKENS)
+
+    def run(self, requests: list[BenchRequest]) -> RunResult:
+        from localchat.bench.offline import run_engine
+
+        return run_engine(self.engine, requests)
+
+
+def _load(spec: IsolatedSpec) -> _System:
+    if spec.system == "localchat":
+        return _Localchat(spec)
     from localchat.bench.peer_llama_cpp import LlamaCppPeer
 
-    start = time.perf_counter()
-    peer = LlamaCppPeer(Path(spec.gguf_path), spec.num_threads, spec.n_ctx)
-    load_s = time.perf_counter() - start
-    peer.warm_up()
-    return peer.run(spec.requests), load_s, rss_split_bytes()
+    return LlamaCppPeer(Path(spec.gguf_path), spec.num_threads, spec.n_ctx)
 
 
-def run(spec: IsolatedSpec) -> dict:
-    rss_before_load = peak_rss_bytes()
-    runner = _run_localchat if spec.system == "localchat" else _run_llama_cpp
-    result, load_s, split = runner(spec)
+def _result(result: RunResult) -> dict:
     return {
-        "label": result.label,
+        "event": "result",
         "duration": result.duration,
         "engine": result.engine,
         "notes": result.notes,
         "records": [asdict(record) for record in result.records],
-        "load_s": load_s,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "rss_before_load_bytes": rss_before_load,
-        "rss_split_bytes": split,
     }
+
+
+def serve(spec: IsolatedSpec, commands, reply) -> None:
+    """Load, warm up and say so; then answer `commands` (JSON lines) through `reply` until told to
+    quit or the commands end."""
+    rss_before_load = peak_rss_bytes()
+    start = time.perf_counter()
+    system = _load(spec)
+    load_s = time.perf_counter() - start
+    system.warm_up()
+    reply(
+        {
+            "event": "ready",
+            "label": system.label,
+            "load_s": load_s,
+            "rss_before_load_bytes": rss_before_load,
+        }
+    )
+    for line in commands:
+        command = json.loads(line)
+        if "run" in command:
+            requests = [BenchRequest(list(ids), int(n)) for ids, n in command["run"]]
+            reply(_result(system.run(requests)))
+        elif command.get("quit"):
+            # measured while the model lives
+            reply(
+                {
+                    "event": "bye",
+                    "peak_rss_bytes": peak_rss_bytes(),
+                    "rss_split_bytes": rss_split_bytes(),
+                }
+            )
+            return
 
 
 def _terminate(signum, frame) -> None:
@@ -115,15 +163,27 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec_path, result_path = argv
+    spec_path, fd = argv
     signal.signal(signal.SIGTERM, _terminate)
     spec = pickle.loads(Path(spec_path).read_bytes())
-    try:
-        payload = run(spec)
-    except Exception as exc:  # reported by the parent as this system's failure
-        payload = {"error": f"{type(exc).__name__}: {exc}", "peak_rss_bytes": peak_rss_bytes()}
-    Path(result_path).write_text(json.dumps(payload))
-    return 0 if "error" not in payload else 1
+    with os.fdopen(int(fd), "w") as out:
+
+        def reply(message: dict) -> None:
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+
+        try:
+            serve(spec, sys.stdin, reply)
+        except Exception as exc:  # reported by the parent as this system's failure
+            reply(
+                {
+                    "event": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "peak_rss_bytes": peak_rss_bytes(),
+                }
+            )
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

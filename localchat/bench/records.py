@@ -104,8 +104,9 @@ def figures(result: RunResult, kind: str) -> dict:
         "tpot_ms": _stats_ms([r.tpot for r in ok if r.tpot is not None]),
         "itl_ms": _stats_ms([x for r in ok for x in r.itls]),
     }
-    if kind == "decode" and ok:
-        out["decode_tok_s"] = decode_tok_s(ok[0])
+    if kind == "decode" and ok:  # one request, or one a round (c4): their median
+        speeds = [speed for r in ok if (speed := decode_tok_s(r)) is not None]
+        out["decode_tok_s"] = float(np.median(speeds)) if speeds else None
     if kind == "chat":
         out["turn_ttft_ms"] = [
             r.ttft * 1000.0 if r.ttft is not None else None for r in result.records

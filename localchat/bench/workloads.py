@@ -35,6 +35,9 @@ class Workload:
     # each system run in a process of its own so that load time and peak RSS are that system's alone
     random_gguf: tuple[str, str] | None = None
     isolated: bool = False
+    # isolated workloads: the systems take turns on `rounds` sets of requests (fresh ones each
+    # round), so that each pair of runs meets the same state of the machine
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -45,6 +48,8 @@ class Workload:
             raise InvalidParameterError(
                 f"--num-requests must be >= 1, got {self.num_requests}", param="num_requests"
             )
+        if self.rounds < 1:
+            raise InvalidParameterError(f"--rounds must be >= 1, got {self.rounds}", param="rounds")
         for name, (low, high) in (("input_len", self.input_len), ("output_len", self.output_len)):
             if not 1 <= low <= high:
                 raise InvalidParameterError(
@@ -62,9 +67,10 @@ class Workload:
                 f"{self.name.upper()}: {self.title}: {self.num_requests} turns, "
                 f"user messages ~{self.input_len[0]} tokens, replies {self.output_len[0]} tokens"
             )
+        rounds = f", {self.rounds} paired rounds" if self.rounds > 1 else ""
         return (
             f"{self.name.upper()}: {self.title}: {self.num_requests} requests, "
-            f"prompt {span(self.input_len)}, output {span(self.output_len)} tokens"
+            f"prompt {span(self.input_len)}, output {span(self.output_len)} tokens{rounds}"
         )
 
 
@@ -103,6 +109,7 @@ WORKLOADS: dict[str, Workload] = {
         (64, 64),
         random_gguf=("llama-8b", "q4_k_m"),
         isolated=True,
+        rounds=4,
     ),
 }
 
@@ -126,8 +133,10 @@ def select_workload(
     num_requests: int | None = None,
     input_len: str | None = None,
     output_len: str | None = None,
+    rounds: int | None = None,
 ) -> Workload:
-    """A named workload with any of its sizes overridden by the command's flags."""
+    """A named workload with any of its sizes (and, for an isolated one, its rounds) overridden by
+    the command's flags."""
     workload = WORKLOADS.get(name.lower())
     if workload is None:
         raise InvalidParameterError(
@@ -140,6 +149,14 @@ def select_workload(
         parsed = parse_range(value, field.replace("_", "-"))
         if parsed is not None:
             changes[field] = parsed
+    if rounds is not None:
+        if not workload.isolated:
+            raise InvalidParameterError(
+                f"--rounds is for workloads that run each system in its own process (c4), "
+                f"not {workload.name}",
+                param="rounds",
+            )
+        changes["rounds"] = rounds
     if changes and workload.kind == "decode" and changes.get("num_requests", 1) != 1:
         raise InvalidParameterError(
             f"{workload.name} measures batch-1 decode: --num-requests must be 1",

@@ -39,10 +39,11 @@ def test_c4_is_the_design_workload():
         (128, 128),
         (64, 64),
     )
-    assert c4.random_gguf == ("llama-8b", "q4_k_m") and c4.isolated
+    assert c4.random_gguf == ("llama-8b", "q4_k_m") and c4.isolated and c4.rounds == 4
 
 
 def test_c4_end_to_end(tiny_file, tmp_path):
+    """Both systems loaded once, then taking turns for three rounds on fresh requests."""
     path = tmp_path / "c4.json"
     output = run_bench(
         "--workload",
@@ -52,14 +53,16 @@ def test_c4_end_to_end(tiny_file, tmp_path):
         "24",
         "--output-len",
         "20",
+        "--rounds",
+        "3",
         "--json",
         str(path),
     )
     payload = json.loads(path.read_text())
     systems = ["localchat", "llama.cpp"] if _has_llama_cpp() else ["localchat"]
-    assert list(payload["results"]) == systems
+    assert list(payload["results"]) == systems and payload["workload"]["rounds"] == 3
     for fig in payload["results"].values():
-        assert fig["failures"] == 0 and (fig["prompt_tokens"], fig["output_tokens"]) == (24, 20)
+        assert fig["failures"] == 0 and (fig["prompt_tokens"], fig["output_tokens"]) == (72, 60)
         assert fig["decode_tok_s"] > 0 and fig["ttft_ms"]["mean"] > 0 and fig["load_s"] > 0
         assert 0 < fig["rss_before_load_mib"] < fig["peak_rss_mib"]
         if sys.platform == "linux":  # the split is taken while the model is still loaded
@@ -68,15 +71,46 @@ def test_c4_end_to_end(tiny_file, tmp_path):
                 0 < fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] <= fig["peak_rss_mib"] * 1.05
             )
             assert fig["rss_anon_end_mib"] + fig["rss_file_end_mib"] > fig["rss_before_load_mib"]
+        assert [r["round"] for r in fig["rounds"]] == [1, 2, 3]
+        speeds = sorted(r["decode_tok_s"] for r in fig["rounds"])
+        assert fig["decode_tok_s"] == pytest.approx(speeds[1])  # the median round
+        assert all(r["ttft_ms"] > 0 for r in fig["rounds"])
         if len(os.sched_getaffinity(0)) >= 2:  # where the host put two CPUs, around each run
-            trip = fig["core_round_trip_ns"]
-            assert trip["before"] > 0 and trip["after"] > 0
-    assert "peak RSS" in output and str(tiny_file) in output
+            for r in fig["rounds"]:
+                assert (
+                    r["core_round_trip_ns"]["before"] > 0 and r["core_round_trip_ns"]["after"] > 0
+                )
+    flat = " ".join(output.split())  # the report wraps at the terminal's width
+    assert "peak RSS" in flat and str(tiny_file) in output and "3 paired rounds" in flat
     if len(systems) == 2:
-        assert payload["ratios"]["localchat/llama.cpp"] > 0
+        ours, peer = (payload["results"][s]["rounds"] for s in systems)
+        paired = sorted(
+            a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours, peer, strict=True)
+        )
+        assert payload["ratios"]["localchat/llama.cpp"] == pytest.approx(paired[1])
         assert any(note.startswith("localchat / llama.cpp") for note in payload["notes"])
+        assert any(note.startswith("round 2 (llama.cpp first)") for note in payload["notes"])
     else:
         assert any("llama.cpp skipped" in note for note in payload["notes"])
+
+
+def test_rounds_are_for_isolated_workloads_only():
+    result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c1", "--rounds", "2"])
+    assert (
+        result.exit_code != 0 and "--rounds" in result.output and "Traceback" not in result.output
+    )
+    result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c4", "--rounds", "0"])
+    assert result.exit_code != 0 and "--rounds must be >= 1" in result.output
+
+
+def test_a_system_serves_several_rounds_and_reports_its_memory(tiny_file):
+    system = isolated.IsolatedSystem(_spec(tiny_file), "localchat")
+    assert system.start() and system.load_s > 0
+    first = system.run([BenchRequest([100, 101, 102], 3)])
+    second = system.run([BenchRequest([110, 111, 112, 113], 5)])
+    memory = system.close()
+    assert [len(r.records[0].token_times) for r in (first, second)] == [3, 5]
+    assert system.error is None and memory["peak_rss_mib"] > memory["rss_before_load_mib"] > 0
 
 
 def test_c4_refuses_the_hf_peer_and_a_non_gguf(tiny_file, tmp_path):
@@ -96,7 +130,6 @@ def _spec(path, system="localchat") -> IsolatedSpec:
     return IsolatedSpec(
         system,
         str(path),
-        [BenchRequest([100, 101, 102], 3)],
         1,
         32,
         EngineConfig(max_model_len=64, kv_cache_memory="16MiB") if system == "localchat" else None,
@@ -106,7 +139,7 @@ def _spec(path, system="localchat") -> IsolatedSpec:
 def test_a_failing_child_is_a_failed_result(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all")
-    result = isolated.run_isolated(_spec(junk), "localchat")
+    result = isolated.run_isolated(_spec(junk), [BenchRequest([100, 101, 102], 3)], "localchat")
     assert result.records[0].error and result.records[0].token_times == []
     assert result.notes and result.notes[0].startswith("localchat: ")
 
@@ -114,7 +147,7 @@ def test_a_failing_child_is_a_failed_result(tmp_path):
 def test_the_memory_guard_stops_the_child(tiny_file, monkeypatch):
     # "no memory left" from the first poll
     monkeypatch.setattr(isolated, "memory_floor", lambda: 1 << 60)
-    result = isolated.run_isolated(_spec(tiny_file), "localchat")
+    result = isolated.run_isolated(_spec(tiny_file), [BenchRequest([1, 2], 3)], "localchat")
     assert "available memory fell below" in result.records[0].error
 
 
