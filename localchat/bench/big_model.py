@@ -161,10 +161,14 @@ def run_big_model(
         show_progress, f"reading {path.name} ({path.stat().st_size / 2**30:.1f} GiB) ..."
     ):
         name, token_ids = gguf_vocabulary(path)
-        requests = random_requests(workload, token_ids, config.seed)
+        # fresh requests each round, so no prefix cache serves one round from another
+        rounds_requests = [
+            random_requests(workload, token_ids, config.seed + index)
+            for index in range(workload.rounds)
+        ]
         _warm_page_cache(path)
     threads = config.num_threads or DEFAULT_THREADS
-    n_ctx = max(len(r.prompt_token_ids) + r.output_len for r in requests) + 8
+    n_ctx = max(len(r.prompt_token_ids) + r.output_len for rs in rounds_requests for r in rs) + 8
     # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it
     # never uses: the KV pool holds the n_ctx tokens of llama.cpp's (the default 1 GiB would hold
     # 4k, and zeroing the rest costs seconds of load where fresh memory is slow to touch)
@@ -196,9 +200,7 @@ def run_big_model(
             ):
                 _prime_memory(path.stat().st_size + engine_config.kv_cache_memory + PRIME_EXTRA)
                 children[system].start()
-        for index in range(workload.rounds):
-            # fresh requests each round, so no prefix cache serves one round from another
-            requests = random_requests(workload, token_ids, config.seed + index)
+        for index, requests in enumerate(rounds_requests):
             order = systems if index % 2 == 0 else systems[::-1]
             for system in order:
                 with progress.status(
@@ -302,7 +304,11 @@ def _compare(
         if value is not None:
             paired.append(value)
             first = "localchat" if mine["round"] % 2 == 1 else "llama.cpp"
-            where = f"; a cache line's round trip {' and '.join(trips)} ns" if trips else ""
+            where = (
+                f"; a cache line's round trip before-after each run {' and '.join(trips)} ns"
+                if trips
+                else ""
+            )
             outcome.notes.append(
                 f"round {mine['round']} ({first} first): decode {mine['decode_tok_s']:.2f} / "
                 f"{theirs['decode_tok_s']:.2f} tok/s = {value:.2f}x, TTFT "

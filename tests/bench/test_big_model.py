@@ -43,14 +43,17 @@ def test_c4_is_the_design_workload():
 
 
 def test_c4_end_to_end(tiny_file, tmp_path):
-    """Both systems loaded once, then taking turns for three rounds on fresh requests."""
+    """Both systems loaded once, then taking turns for three rounds on fresh requests of
+    different lengths."""
     path = tmp_path / "c4.json"
     output = run_bench(
         "--workload",
         "c4",
         str(tiny_file),
         "--input-len",
-        "24",
+        "16:40",  # with seed 3 the rounds' prompts are 23, 23 and 35 tokens: the context
+        "--seed",  # both systems get holds the longest round's, not the first's
+        "3",
         "--output-len",
         "20",
         "--rounds",
@@ -62,7 +65,7 @@ def test_c4_end_to_end(tiny_file, tmp_path):
     systems = ["localchat", "llama.cpp"] if _has_llama_cpp() else ["localchat"]
     assert list(payload["results"]) == systems and payload["workload"]["rounds"] == 3
     for fig in payload["results"].values():
-        assert fig["failures"] == 0 and (fig["prompt_tokens"], fig["output_tokens"]) == (72, 60)
+        assert fig["failures"] == 0 and (fig["prompt_tokens"], fig["output_tokens"]) == (81, 60)
         assert fig["decode_tok_s"] > 0 and fig["ttft_ms"]["mean"] > 0 and fig["load_s"] > 0
         assert 0 < fig["rss_before_load_mib"] < fig["peak_rss_mib"]
         if sys.platform == "linux":  # the split is taken while the model is still loaded
@@ -149,6 +152,17 @@ def test_the_memory_guard_stops_the_child(tiny_file, monkeypatch):
     monkeypatch.setattr(isolated, "memory_floor", lambda: 1 << 60)
     result = isolated.run_isolated(_spec(tiny_file), [BenchRequest([1, 2], 3)], "localchat")
     assert "available memory fell below" in result.records[0].error
+
+
+def test_a_child_that_dies_between_rounds_fails_its_later_rounds(tiny_file):
+    system = isolated.IsolatedSystem(_spec(tiny_file), "localchat")
+    assert system.start()
+    assert system.run([BenchRequest([100, 101], 2)]).records[0].error is None
+    system._process.kill()  # as the OOM killer or a crash would
+    later = system.run([BenchRequest([100, 101], 2)])
+    memory = system.close()
+    assert later.records[0].error and "exit status" in later.records[0].error
+    assert memory["load_s"] > 0 and memory["peak_rss_mib"] > 0  # the RSS polled while it lived
 
 
 def test_the_random_file_is_made_once(tmp_path, default_gguf):
