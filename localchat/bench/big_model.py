@@ -209,13 +209,14 @@ def run_big_model(
                     before = core_round_trip_ns()
                     result = children[system].run(requests)
                     after = core_round_trip_ns()
-                rounds[system].append(RoundFigures(index + 1, result, before, after))
+                ran_first = system == order[0]
+                rounds[system].append(RoundFigures(index + 1, ran_first, result, before, after))
     finally:
         memory = {system: child.close() for system, child in children.items()}
     for system in systems:
         _add_system(outcome, system, rounds[system], memory[system], children[system], workload)
         _note_memory(outcome, system, threads)
-    _compare(outcome, workload, rounds)
+    _compare(outcome, workload)
     return outcome
 
 
@@ -225,6 +226,7 @@ class RoundFigures:
     before and after it."""
 
     index: int
+    ran_first: bool
     result: RunResult
     trip_before: float | None
     trip_after: float | None
@@ -256,6 +258,7 @@ def _add_system(
         one = figures(r.result, workload.kind)
         entry: dict = {
             "round": r.index,
+            "ran_first": r.ran_first,
             "decode_tok_s": one.get("decode_tok_s"),
             "ttft_ms": (one.get("ttft_ms") or {}).get("mean"),
         }
@@ -284,9 +287,7 @@ def _note_memory(outcome: BenchOutcome, system: str, threads: int) -> None:
     )
 
 
-def _compare(
-    outcome: BenchOutcome, workload: Workload, rounds: dict[str, list[RoundFigures]]
-) -> None:
+def _compare(outcome: BenchOutcome, workload: Workload) -> None:
     """The ratio is the median of the rounds' ratios: each pairs the two systems' runs on the same
     requests, one right after the other, so both meet the same state of the machine (on a VM, the
     host may place the two CPUs differently from one minute to the next)."""
@@ -303,7 +304,7 @@ def _compare(
         ]
         if value is not None:
             paired.append(value)
-            first = "localchat" if mine["round"] % 2 == 1 else "llama.cpp"
+            first = "localchat" if mine["ran_first"] else "llama.cpp"
             where = (
                 f"; a cache line's round trip before-after each run {' and '.join(trips)} ns"
                 if trips

@@ -87,6 +87,8 @@ def test_c4_end_to_end(tiny_file, tmp_path):
     assert "peak RSS" in flat and str(tiny_file) in output and "3 paired rounds" in flat
     if len(systems) == 2:
         ours, peer = (payload["results"][s]["rounds"] for s in systems)
+        assert [r["ran_first"] for r in ours] == [True, False, True]  # the order alternates
+        assert [r["ran_first"] for r in peer] == [False, True, False]
         paired = sorted(
             a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours, peer, strict=True)
         )
