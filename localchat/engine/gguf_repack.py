@@ -8,8 +8,8 @@ its codes. We split them into one code array and float16 scale/min arrays
 |---|---|---|---|
 | Q4_0 | 32, 18 | u4 (q4_0: kept) | d * (q - 8) |
 | Q4_1 | 32, 20 | u4 (q4_1: kept) | d * q + m |
-| Q5_0 | 32, 22 | u8 | d * (q - 16) |
-| Q5_1 | 32, 24 | u8 | d * q + m |
+| Q5_0 | 32, 22 | u8 (q5_0: kept) | d * (q - 16) |
+| Q5_1 | 32, 24 | u8 (q5_1: kept) | d * q + m |
 | Q8_0 | 32, 34 | u8 (q8_0: kept) | d * (q + 128 - 128) |
 | Q4_K | 256, 144 | u4 (q4k: kept) | (d * sc) * q - dmin * mn, per 32 |
 | Q5_K | 256, 176 | u8 (q5k: kept) | (d * sc) * q - dmin * mn, per 32 |
@@ -19,11 +19,10 @@ Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit s
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
 otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
 and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
-scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 and
-Q4_1 are not repacked at all: they stay in the file's memory map as their own blocks (layouts q6k,
-q4k, q5k, q8_0, q4_0 and q4_1; the last three only in rows of GROUP_BLOCKS_MIN_INPUTS inputs or
-more), and the kernels form their scales as they form the repacked weights' (Q6_K's rounded the
-same way).
+scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, no type is repacked: each stays in
+the file's memory map as its own blocks (layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1; the
+one-group types only in rows of GROUP_BLOCKS_MIN_INPUTS inputs or more), and the kernels form their
+scales as they form the repacked weights' (Q6_K's rounded the same way).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from localchat.kernels.packed_weight import (
     PackedWeight,
     k_blocks_repacked,
     q4_blocks_to_u4,
+    q5_blocks_to_u8,
     q6k_blocks_to_u6,
     q8_0_blocks_to_u8,
 )
@@ -56,27 +56,6 @@ def _bytes(data: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(data).view(np.uint8))
 
 
-def _f16(field: torch.Tensor) -> torch.Tensor:
-    """[rows, blocks, 2] uint8 -> [rows, blocks] float16, copied out of the block array."""
-    return field.contiguous().view(torch.float16).squeeze(-1)
-
-
-def _nibbles(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return qs & 0x0F, qs >> 4
-
-
-def _q5_high_bit(qh: torch.Tensor, rows: int) -> torch.Tensor:
-    """Q5_0/Q5_1: bit i of the block's 32-bit qh is the 5th bit of weight i."""
-    bits = qh.contiguous().view(torch.int32).to(torch.int64)
-    shifts = torch.arange(32, dtype=torch.int64)
-    return ((bits >> shifts) & 1).to(torch.uint8).reshape(rows, -1)
-
-
-def _q5_low(qs: torch.Tensor, rows: int) -> torch.Tensor:
-    lo, hi = _nibbles(qs)
-    return torch.cat((lo, hi), dim=-1).reshape(rows, -1)
-
-
 _SYMMETRIC_ZERO = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.Q6_K: 32}
 
 
@@ -89,13 +68,15 @@ FILE_BLOCK_TYPES = {
     T.Q8_0: "q8_0",
     T.Q4_0: "q4_0",
     T.Q4_1: "q4_1",
+    T.Q5_0: "q5_0",
+    T.Q5_1: "q5_1",
 }
 # The types of one group a block are read in their blocks from this many inputs a row on (a 1B
 # model's and up). Shorter rows (a small model's, whose weights cost nothing to copy) keep the
 # interleaved layout: measured on the Zen 5 EPYC (2026-12-05, two engines in one process,
 # alternating), the default model's Q8_0 LM head (576 inputs) in its blocks made its decode 3%
 # slower (332.9 against 343.6 tok/s), where an 8B-shaped Q8_0 GEMV read 5-9% faster on two threads.
-GROUP_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1)
+GROUP_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 GROUP_BLOCKS_MIN_INPUTS = 2048
 
 
@@ -120,7 +101,7 @@ def repack(
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
     interleave = interleave and bool(ext.simd_isa())
-    # the vector kernels read these types in the file's blocks (Q8_0, Q4_0 and Q4_1 in long rows)
+    # the vector kernels read these types in the file's blocks (the one-group types in long rows)
     in_blocks = qtype not in GROUP_BLOCK_TYPES or shape[1] >= GROUP_BLOCKS_MIN_INPUTS
     if qtype in FILE_BLOCK_TYPES and interleave and in_blocks:
         return file_blocks_weight(raw if order is None else raw[order], qtype)
@@ -139,10 +120,10 @@ def repack(
 
 
 def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
-    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 or Q4_1 blocks [rows, row bytes] as a PackedWeight that keeps
-    them (FILE_BLOCK_TYPES' layout): what the vector kernels read (kernels/csrc/quant_q6k.h,
-    quant_k_blocks.h, quant_q8_0.h, quant_q4_0_q4_1.h). With the file's memory map as `blocks`,
-    loading neither copies nor repacks the tensor."""
+    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 blocks [rows, row bytes] as a PackedWeight
+    that keeps them (FILE_BLOCK_TYPES' layout): what the vector kernels read
+    (kernels/csrc/quant_q6k.h, quant_k_blocks.h, quant_q8_0.h, quant_q4_q5_blocks.h). With the
+    file's memory map as `blocks`, loading neither copies nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
     layout = FILE_BLOCK_TYPES[qtype]
     group, zero_point = BLOCK_GROUPS[layout]
@@ -158,18 +139,10 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
     if qtype == T.Q8_0:
         codes, scales = q8_0_blocks_to_u8(raw)  # int8 q + 128 as an unsigned byte
         return PackedWeight("u8", codes, scales, None, 32, zero_point=128, source_type="Q8_0")
-    if qtype == T.Q5_0:
-        b = raw.reshape(rows, -1, 22)
-        codes = _q5_low(b[..., 6:], rows) | (_q5_high_bit(b[..., 2:6], rows) << 4)
-        return PackedWeight(
-            "u8", codes, _f16(b[..., 0:2]), None, 32, zero_point=16, source_type="Q5_0"
-        )
-    if qtype == T.Q5_1:
-        b = raw.reshape(rows, -1, 24)
-        codes = _q5_low(b[..., 8:], rows) | (_q5_high_bit(b[..., 4:8], rows) << 4)
-        return PackedWeight(
-            "u8", codes, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 32, source_type="Q5_1"
-        )
+    if qtype in (T.Q5_0, T.Q5_1):
+        codes, scales, mins = q5_blocks_to_u8(raw, qtype == T.Q5_1)
+        zero_point = 16 if mins is None else 0
+        return PackedWeight("u8", codes, scales, mins, 32, zero_point, source_type=qtype.name)
     if qtype in (T.Q4_K, T.Q5_K):
         five = qtype == T.Q5_K
         codes, scales, mins, supers = k_blocks_repacked(raw, five)

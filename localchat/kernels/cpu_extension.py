@@ -26,7 +26,7 @@ _SOURCES = (
     "quant_q6k.h",
     "quant_k_blocks.h",
     "quant_q8_0.h",
-    "quant_q4_0_q4_1.h",
+    "quant_q4_q5_blocks.h",
     "decode_attention.h",
     "kv_rows.h",
     "decode_layer.h",

@@ -1,7 +1,8 @@
 """PackedWeight: a quantized [out, in] projection weight in the layouts our kernels consume.
 
 Every GGUF block type is repacked into one of these layouts, keeping the file's integer codes
-(``q6k``, ``q4k``, ``q5k``, ``q8_0``, ``q4_0`` and ``q4_1`` keep the file's blocks as they are):
+(``q6k``, ``q4k``, ``q5k``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0`` and ``q5_1`` keep the file's
+blocks as they are):
 
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
@@ -30,6 +31,11 @@ Every GGUF block type is repacked into one of these layouts, keeping the file's 
   in its blocks), zero point 8 (Q4_0) or 0: a block's 16 code bytes are a u4 group's, so the
   vector kernels read them as they read u4 (kernels/csrc/quant_q4_0_q4_1.h), with the same
   scales and mins; ``repacked`` gives that u4 weight.
+- ``q5_0`` and ``q5_1``: Q5_0's and Q5_1's own blocks likewise, ``qweight`` uint8
+  [out, in // 32 * 22] or [out, in // 32 * 24] (d, and m for Q5_1, then 4 bytes of fifth bits, bit j
+  for weight j, then 16 bytes of low nibbles as Q4's), zero point 16 (Q5_0) or 0: the vector kernels
+  read the nibbles as u4's and add the fifth bits in registers (kernels/csrc/quant_q4_q5_blocks.h);
+  ``repacked`` gives the u8 weight (codes 0-31, the same scales and mins).
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -59,12 +65,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1")
+LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
 Q4K_WEIGHTS, Q4K_BYTES = 256, 144  # a Q4_K block's
 Q5K_BYTES = 176  # a Q5_K block's (256 weights)
 Q8_0_WEIGHTS, Q8_0_BYTES = 32, 34  # a Q8_0 block's
 Q4_0_BYTES, Q4_1_BYTES = 18, 20  # a Q4_0 and a Q4_1 block's (32 weights)
+Q5_0_BYTES, Q5_1_BYTES = 22, 24  # a Q5_0 and a Q5_1 block's (32 weights)
 # the layouts that are the file's own blocks: (weights, bytes) of a block, and its arrangement
 FILE_BLOCKS = {
     "q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2),
@@ -73,6 +80,8 @@ FILE_BLOCKS = {
     "q8_0": (Q8_0_WEIGHTS, Q8_0_BYTES, 5),
     "q4_0": (Q8_0_WEIGHTS, Q4_0_BYTES, 6),
     "q4_1": (Q8_0_WEIGHTS, Q4_1_BYTES, 7),
+    "q5_0": (Q8_0_WEIGHTS, Q5_0_BYTES, 8),
+    "q5_1": (Q8_0_WEIGHTS, Q5_1_BYTES, 9),
 }
 # each such layout's group size and zero point (asymmetric types: 0, their mins are in the blocks)
 BLOCK_GROUPS = {
@@ -82,6 +91,8 @@ BLOCK_GROUPS = {
     "q8_0": (32, 128),
     "q4_0": (32, 8),
     "q4_1": (32, 0),
+    "q5_0": (32, 16),
+    "q5_1": (32, 0),
 }
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
@@ -229,7 +240,8 @@ class PackedWeight:
     @property
     def arrangement(self) -> int:
         """How the C++ kernels find the rows (quant_linear.h's Arrangement): 0 row-major, 1
-        interleaved, 2-7 the file's blocks (Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1: FILE_BLOCKS)."""
+        interleaved, 2-9 the file's blocks (Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1:
+        FILE_BLOCKS)."""
         if self.layout in FILE_BLOCKS:
             return FILE_BLOCKS[self.layout][2]
         return int(self.interleaved)
@@ -238,7 +250,8 @@ class PackedWeight:
         """A weight in the file's blocks repacked, row-major: q6k as u6 (the same codes and float16
         scales), q4k as u4 and q5k as u8 (the same codes, sub-scales, sub-mins and (d, dmin)),
         q8_0 as u8 (code + 128, the same scales), q4_0 and q4_1 as u4 (the same codes, scales
-        and mins); any other as it is."""
+        and mins), q5_0 and q5_1 as u8 (codes 0-31, the same scales and mins); any other as it
+        is."""
         if self.layout == "q6k":
             qweight, scales = q6k_blocks_to_u6(self.qweight)
             return replace(self, layout="u6", qweight=qweight, scales=scales)
@@ -248,6 +261,9 @@ class PackedWeight:
         if self.layout in ("q4_0", "q4_1"):
             qweight, scales, mins = q4_blocks_to_u4(self.qweight, self.layout == "q4_1")
             return replace(self, layout="u4", qweight=qweight, scales=scales, mins=mins)
+        if self.layout in ("q5_0", "q5_1"):
+            qweight, scales, mins = q5_blocks_to_u8(self.qweight, self.layout == "q5_1")
+            return replace(self, layout="u8", qweight=qweight, scales=scales, mins=mins)
         if self.layout in ("q4k", "q5k"):
             qweight, scales, mins, supers = k_blocks_repacked(self.qweight, self.layout == "q5k")
             return replace(
@@ -570,6 +586,26 @@ def q4_blocks_to_u4(
     first = 4 if with_mins else 2
     b = blocks.reshape(rows, -1, first + 16)
     codes = b[..., first:].reshape(rows, -1)
+    scales = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+    mins = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, -1) if with_mins else None
+    return codes, scales, mins
+
+
+def q5_blocks_to_u8(
+    blocks: torch.Tensor, with_mins: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Q5_0 blocks, uint8 [rows, in // 32 * 22] (float16 d, 4 bytes of fifth bits: bit j of their
+    little-endian word for weight j, then 16 bytes of low nibbles as Q4_0's), or with `with_mins`
+    Q5_1 blocks [rows, in // 32 * 24] (d and m first), as a u8 weight's qweight (codes 0-31), scales
+    and mins (float16 [rows, in // 32]; None for Q5_0, whose zero point is 16)."""
+    rows = blocks.shape[0]
+    high = 4 if with_mins else 2
+    b = blocks.reshape(rows, -1, high + 20)
+    qs = b[..., high + 4 :]
+    low = torch.cat((qs & 0x0F, qs >> 4), dim=-1)  # weights 0-15, then 16-31
+    word = b[..., high : high + 4].contiguous().view(torch.int32).to(torch.int64)
+    fifth = ((word >> torch.arange(32, dtype=torch.int64)) & 1).to(torch.uint8)
+    codes = (low | (fifth << 4)).reshape(rows, -1)
     scales = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
     mins = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, -1) if with_mins else None
     return codes, scales, mins

@@ -1,10 +1,10 @@
-"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 and Q4_1 projections
-(PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0 and q4_1; kernels/csrc/quant_q6k.h,
-quant_k_blocks.h, quant_q8_0.h and quant_q4_0_q4_1.h), where every kernel path gives the bits of the
-same weight repacked (as u6, u4 or u8; Q5_K's integer products differ from the u8 repack's in float
-rounding only) and the reference reads the blocks as gguf-py does, and an untied embedding
-(GgufRows). A loaded model reads them all from the file's memory map, with the replies and logprobs
-of a load that repacks them."""
+"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1
+projections (PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1;
+kernels/csrc/quant_q6k.h, quant_k_blocks.h, quant_q8_0.h and quant_q4_q5_blocks.h), where every
+kernel path gives the bits of the same weight repacked (as u6, u4 or u8; the 5-bit types' integer
+products differ from the u8 repack's in float rounding only) and the reference reads the blocks as
+gguf-py does, and an untied embedding (GgufRows). A loaded model reads them all from the file's
+memory map, with the replies and logprobs of a load that repacks them."""
 
 from __future__ import annotations
 
@@ -47,7 +47,10 @@ pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (con
 # rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
 # counts among them (4096 inputs: the bf16 GEMM path's size)
 SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
-TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0, T.Q4_0, T.Q4_1]
+TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
+# read as u4 with a fifth bit added in registers, where their repack is u8: the same integer
+# products, summed in other lanes (float rounding apart, the same results)
+FIVE_BITS = (T.Q5_K, T.Q5_0, T.Q5_1)
 # layout, bits, arrangement
 BLOCKS = {
     T.Q6_K: ("q6k", 6, 2),
@@ -56,10 +59,12 @@ BLOCKS = {
     T.Q8_0: ("q8_0", 8, 5),
     T.Q4_0: ("q4_0", 4, 6),
     T.Q4_1: ("q4_1", 4, 7),
+    T.Q5_0: ("q5_0", 5, 8),
+    T.Q5_1: ("q5_1", 5, 9),
 }
-BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1")
-# Q8_0, Q4_0 and Q4_1 rows are whole 32-weight blocks: an odd count of them (a short last chunk of
-# one, two or three groups) and a short last block of 16 groups
+BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+# Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 rows are whole 32-weight blocks: an odd count of them (a short
+# last chunk of one, two or three groups) and a short last block of 16 groups
 GROUP_SHAPES = [(7, 800), (5, 352), (6, 576)]
 
 
@@ -121,16 +126,16 @@ def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
             expected = run(ext, x, repacked, precise=precise)
             got = run(ext, x, q, precise=precise)
             assert torch.equal(run(ext, x, inter, precise=precise), expected), (batch, precise)
-            if qtype != T.Q5_K:
+            if qtype not in FIVE_BITS:
                 assert torch.equal(got, expected), (batch, precise)
                 continue
-            # u8 sums a group's products in other lanes than the kernels for Q5_K's blocks do,
+            # u8 sums a group's products in other lanes than the kernels for 5-bit blocks do,
             # whose decode and panels agree with each other bit for bit
             scale = expected.abs().max().item()
             torch.testing.assert_close(got, expected, rtol=0, atol=2e-6 * scale)
             assert torch.equal(run(ext, x[-1:], q, precise=precise), got[-1:]), (batch, precise)
         ours, theirs = quant_linear(x, q), quant_linear(x, repacked)
-        if qtype == T.Q5_K:  # (the bf16 GEMM's products are equal: their weights are)
+        if qtype in FIVE_BITS:  # (the bf16 GEMM's products are equal: their weights are)
             torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-6 * theirs.abs().max().item())
         else:
             assert torch.equal(ours, theirs), batch
@@ -186,9 +191,15 @@ def test_k_blocks_are_exact_on_representable_values(ext, qtype):
     blocks[:, 4:8] = sub[:, :4]
     blocks[:, 8:12] = sub_min[:, :4]
     blocks[:, 12:16] = sub[:, 4:] | (sub_min[:, 4:] << 4)
-    q = file_blocks_weight(torch.from_numpy(raw), qtype)
-    generator = torch.Generator().manual_seed(5)
-    x = torch.randint(-127, 128, (5, cols), generator=generator).float()
+    assert_exact(ext, file_blocks_weight(torch.from_numpy(raw), qtype), seed=5)
+
+
+def assert_exact(ext, q: PackedWeight, seed: int) -> None:
+    """The decode and the panels give x @ W.T exactly, for integer activations whose 32-blocks
+    peak at 127 (quantized to themselves) and a weight whose products and sums are exact in
+    float32."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(-127, 128, (5, q.in_features), generator=generator).float()
     x[:, ::32] = 127.0
     expected = (x.double() @ q.dequantize().double().T).float()
     for batch in (1, 5):  # the GEMV and the panel kernel
@@ -196,11 +207,27 @@ def test_k_blocks_are_exact_on_representable_values(ext, qtype):
             assert torch.equal(run(ext, x[:batch], q, precise=precise), expected[:batch])
 
 
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_q5_blocks_are_exact_on_representable_values(ext, qtype):
+    """With d = 2^-8, a min of a small multiple of 2^-8 (Q5_1), and integer activations whose
+    32-blocks peak at 127 (quantized to themselves), every product and sum is exact in float32:
+    the decode and the panels must give the float64 result exactly, so a fifth bit taken from the
+    wrong place cannot hide (the tests above compare with the u8 repack within float rounding)."""
+    rows, cols = 12, 1024
+    raw = random_blocks(qtype, rows, cols, seed=6)
+    blocks = raw.reshape(rows * cols // 32, -1)
+    blocks[:, 0:2] = np.array([2**-8], dtype=np.float16).view(np.uint8)
+    if qtype == T.Q5_1:
+        mins = np.random.default_rng(6).integers(-8, 8, size=blocks.shape[0]) * 2.0**-8
+        blocks[:, 2:4] = mins.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    assert_exact(ext, file_blocks_weight(torch.from_numpy(raw), qtype), seed=6)
+
+
 @pytest.mark.parametrize("qtype", GROUP_BLOCK_TYPES, ids=lambda t: t.name)
 def test_group_blocks_from_2048_inputs_stay_in_their_blocks(ext, qtype):
-    """Short Q8_0, Q4_0 and Q4_1 rows (a small model's) keep the repack; long ones are read in
-    the blocks."""
-    repacked_layout = "u8" if qtype == T.Q8_0 else "u4"
+    """Short Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 rows (a small model's) keep the repack; long ones are
+    read in the blocks."""
+    repacked_layout = "u4" if qtype in (T.Q4_0, T.Q4_1) else "u8"
     for cols, layout in ((512, repacked_layout), (2048, BLOCKS[qtype][0])):
         raw = random_blocks(qtype, 4, cols, seed=1)
         weight = repack(raw, qtype, (4, cols), None, True)
@@ -269,13 +296,14 @@ def _mapped_file(address: int) -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m", "q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_m", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
 def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
     ext, tmp_path, monkeypatch, quant
 ):
-    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0 and Q4_1 projections and the untied embedding stay in the
-    file's memory map, and the model answers with the tokens and logprobs of a load that repacks
-    them (Q5_K's within float rounding: the u8 repack sums its products in other lanes)."""
+    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 projections and the untied embedding
+    stay in the file's memory map, and the model answers with the tokens and logprobs of a load
+    that repacks them (the 5-bit types' within float rounding: the u8 repack sums their products
+    in other lanes)."""
     monkeypatch.setattr(gguf_repack, "GROUP_BLOCKS_MIN_INPUTS", 256)  # (the tiny model's rows)
     shape = ModelShape("tiny-llama", "llama", 256, 4, 4, 2, 512)
     path = tmp_path / f"tiny-{quant}.gguf"
@@ -320,7 +348,7 @@ def test_a_loaded_model_reads_blocks_and_its_embedding_from_the_file_map(
     )
     theirs = repacked.generate([prompt], params)[0].outputs[0]
     assert theirs.token_ids == ours.token_ids
-    if quant != "q5_k_m":
+    if quant not in ("q5_k_m", "q5_0", "q5_1"):
         assert theirs.logprobs == ours.logprobs
         return
     for mine, other in zip(ours.logprobs, theirs.logprobs, strict=True):

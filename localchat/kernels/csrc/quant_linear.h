@@ -52,10 +52,11 @@ constexpr int kChunkBytes = 64; // weight bytes per inner-loop step
 
 // How a weight's rows are stored (PackedWeight.arrangement): row by row, interleaved kRowsPerPass rows at a time
 // (see above), or as the GGUF file's own blocks: Q6_K for 6-bit codes (quant_q6k.h), Q4_K and Q5_K for 4- and 5-bit
-// ones (quant_k_blocks.h), Q8_0 for 8-bit ones (quant_q8_0.h), Q4_0 and Q4_1 for 4-bit ones (quant_q4_0_q4_1.h).
+// ones (quant_k_blocks.h), Q8_0 for 8-bit ones (quant_q8_0.h), Q4_0, Q4_1, Q5_0 and Q5_1 for 4- and 5-bit ones
+// (quant_q4_q5_blocks.h).
 enum Arrangement : int64_t {
   kRowMajor = 0, kInterleaved = 1, kQ6KBlocks = 2, kQ4KBlocks = 3, kQ5KBlocks = 4, kQ8_0Blocks = 5, kQ4_0Blocks = 6,
-  kQ4_1Blocks = 7
+  kQ4_1Blocks = 7, kQ5_0Blocks = 8, kQ5_1Blocks = 9
 };
 
 // A Q6_K block: its weights and bytes, and where its top bits, int8 sub-scales and float16 d lie in it
@@ -66,8 +67,9 @@ constexpr int64_t kQ4KWeights = 256, kQ4KBytes = 144, kQ4KSubParams = 4, kQ4KCod
 constexpr int64_t kQ5KBytes = 176, kQ5KHighBits = 16, kQ5KCodes = 48;
 // A Q8_0 block: float16 d, then 32 int8 codes
 constexpr int64_t kQ8_0Weights = 32, kQ8_0Bytes = 34;
-// A Q4_0 block: float16 d, then 16 bytes of 4-bit codes; a Q4_1 block: float16 d and m, then the same (32 weights)
-constexpr int64_t kQ4_0Bytes = 18, kQ4_1Bytes = 20;
+// A Q4_0 block: float16 d, then 16 bytes of 4-bit codes; a Q4_1 block: float16 d and m, then the same (32 weights).
+// Q5_0 and Q5_1 blocks: the same with 4 bytes of fifth bits before the codes.
+constexpr int64_t kQ4_0Bytes = 18, kQ4_1Bytes = 20, kQ5_0Bytes = 22, kQ5_1Bytes = 24;
 
 struct Layout {
   bool nibbles;          // two codes per byte of the (first) plane: u4, and u6's low nibbles
@@ -77,16 +79,19 @@ struct Layout {
   int chunk_values;      // weights (= activation values) per chunk
   int act_chunk_bytes;   // int8 activation bytes per chunk (nibbles: low-nibble half, then high-nibble half)
   // the file's blocks the rows are (kQ6KBlocks: u6's codes and activations; kQ4KBlocks, kQ5KBlocks, kQ4_0Blocks,
-  // kQ4_1Blocks: u4's; kQ8_0Blocks: u8's), with their scales inside them; kRowMajor for the other layouts
+  // kQ4_1Blocks, kQ5_0Blocks, kQ5_1Blocks: u4's; kQ8_0Blocks: u8's), with their scales inside them; kRowMajor for
+  // the other layouts
   Arrangement file = kRowMajor;
 
-  int bits() const { return file == kQ5KBlocks ? 5 : u6 ? 6 : nibbles ? 4 : 8; }
+  int bits() const {
+    return file == kQ5KBlocks || file == kQ5_0Blocks || file == kQ5_1Blocks ? 5 : u6 ? 6 : nibbles ? 4 : 8;
+  }
   bool file_blocks() const { return file != kRowMajor; }
   bool k_blocks() const { return file == kQ4KBlocks || file == kQ5KBlocks; }  // quant_k_blocks.h
-  // blocks of one group each (quant_q8_0.h, quant_q4_0_q4_1.h)
-  bool group_blocks() const { return file == kQ8_0Blocks || file == kQ4_0Blocks || file == kQ4_1Blocks; }
+  // blocks of one group each (quant_q8_0.h, quant_q4_q5_blocks.h)
+  bool group_blocks() const { return file >= kQ8_0Blocks; }
   // blocks that hold mins (asymmetric types)
-  bool block_mins() const { return k_blocks() || file == kQ4_1Blocks; }
+  bool block_mins() const { return k_blocks() || file == kQ4_1Blocks || file == kQ5_1Blocks; }
   // bytes of a row's (first) plane of codes, and of the whole row, for K weights
   int64_t code_bytes(int64_t K) const { return nibbles ? K / 2 : K; }
   // a file block's bytes and weights (every K-quant block holds 256 weights, the others one group of 32)
@@ -97,6 +102,8 @@ struct Layout {
       case kQ5KBlocks: return kQ5KBytes;
       case kQ4_0Blocks: return kQ4_0Bytes;
       case kQ4_1Blocks: return kQ4_1Bytes;
+      case kQ5_0Blocks: return kQ5_0Bytes;
+      case kQ5_1Blocks: return kQ5_1Bytes;
       default: return kQ8_0Bytes;
     }
   }
@@ -112,18 +119,19 @@ struct Layout {
 };
 
 Layout make_layout(int64_t bits, int64_t group_size, int64_t arrangement = kRowMajor) {
-  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ4_1Blocks, "unknown arrangement ", arrangement);
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || (bits == 5 && arrangement == kQ5KBlocks),
-              "bits must be 4, 6 or 8 (5: Q5_K blocks)");
+  TORCH_CHECK(arrangement >= kRowMajor && arrangement <= kQ5_1Blocks, "unknown arrangement ", arrangement);
+  const bool five = arrangement == kQ5KBlocks || arrangement == kQ5_0Blocks || arrangement == kQ5_1Blocks;
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || (bits == 5 && five),
+              "bits must be 4, 6 or 8 (5: Q5_K, Q5_0 and Q5_1 blocks)");
   if (arrangement >= kQ6KBlocks) {  // the file's blocks: their type's bits, and the vector kernels
-    constexpr const char* kNames[] = {"Q6_K", "Q4_K", "Q5_K", "Q8_0", "Q4_0", "Q4_1"};
-    constexpr int64_t kBits[] = {6, 4, 5, 8, 4, 4};
+    constexpr const char* kNames[] = {"Q6_K", "Q4_K", "Q5_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"};
+    constexpr int64_t kBits[] = {6, 4, 5, 8, 4, 4, 5, 5};
     const int64_t type = arrangement - kQ6KBlocks;
     TORCH_CHECK(bits == kBits[type] && LC_SIMD, kNames[type], " blocks are ", kBits[type],
                 "-bit codes, read by the vector kernels only");
   }
   const Arrangement file = arrangement >= kQ6KBlocks ? static_cast<Arrangement>(arrangement) : kRowMajor;
-  if (bits == 4 || bits == 5) {  // Q5_K's fifth bit joins its nibbles in registers: u4's layout otherwise
+  if (bits == 4 || bits == 5) {  // a Q5 block's fifth bit joins its nibbles in registers: u4's layout otherwise
     TORCH_CHECK(group_size == 32, "u4 weights need group_size 32");
     return {true, false, 32, 4, 128, 128, file};
   }
@@ -834,7 +842,7 @@ constexpr int64_t kPanelScratchPerRow = kRowsPerPass * sizeof(__m512);
 #include "quant_q6k.h"
 #include "quant_k_blocks.h"
 #include "quant_q8_0.h"
-#include "quant_q4_0_q4_1.h"
+#include "quant_q4_q5_blocks.h"
 #if LC_SIMD
 
 // Activation rows per panel: their accumulators (8 KiB) stay in L1 beside the streaming codes.
@@ -847,8 +855,10 @@ using PanelFn = void (*)(const PassView&, int64_t, int64_t, int64_t, const Layou
 PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.file == kQ6KBlocks) return precise ? panel_q6k<true> : panel_q6k<false>;
   if (L.file == kQ8_0Blocks) return precise ? panel_q8_0<true> : panel_q8_0<false>;
-  if (L.file == kQ4_0Blocks) return precise ? panel_q4<true, false> : panel_q4<false, false>;
-  if (L.file == kQ4_1Blocks) return precise ? panel_q4<true, true> : panel_q4<false, true>;
+  if (L.file == kQ4_0Blocks) return precise ? panel_q4<true, false, false> : panel_q4<false, false, false>;
+  if (L.file == kQ4_1Blocks) return precise ? panel_q4<true, true, false> : panel_q4<false, true, false>;
+  if (L.file == kQ5_0Blocks) return precise ? panel_q4<true, false, true> : panel_q4<false, false, true>;
+  if (L.file == kQ5_1Blocks) return precise ? panel_q4<true, true, true> : panel_q4<false, true, true>;
   if (L.k_blocks()) return pick_k_blocks(precise, L, panel_k_blocks<true, 4>, panel_k_blocks<false, 4>,
                                          panel_k_blocks<true, 5>, panel_k_blocks<false, 5>);
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> PanelFn {
@@ -862,8 +872,10 @@ using GemvFn = void (*)(const PassView&, int64_t, int64_t, int64_t, int64_t, con
 GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L) {
   if (L.file == kQ6KBlocks) return precise ? gemv_q6k<true> : gemv_q6k<false>;
   if (L.file == kQ8_0Blocks) return precise ? gemv_q8_0<true> : gemv_q8_0<false>;
-  if (L.file == kQ4_0Blocks) return precise ? gemv_q4<true, false> : gemv_q4<false, false>;
-  if (L.file == kQ4_1Blocks) return precise ? gemv_q4<true, true> : gemv_q4<false, true>;
+  if (L.file == kQ4_0Blocks) return precise ? gemv_q4<true, false, false> : gemv_q4<false, false, false>;
+  if (L.file == kQ4_1Blocks) return precise ? gemv_q4<true, true, false> : gemv_q4<false, true, false>;
+  if (L.file == kQ5_0Blocks) return precise ? gemv_q4<true, false, true> : gemv_q4<false, false, true>;
+  if (L.file == kQ5_1Blocks) return precise ? gemv_q4<true, true, true> : gemv_q4<false, true, true>;
   if (L.k_blocks()) return pick_k_blocks(precise, L, gemv_k_blocks<true, 4>, gemv_k_blocks<false, 4>,
                                          gemv_k_blocks<true, 5>, gemv_k_blocks<false, 5>);
   return pick_kernel(precise, symmetric, L.bits(), kq, [](auto p, auto s, auto u, auto k) -> GemvFn {
@@ -1386,7 +1398,7 @@ struct RowRestorer {
 #endif
 
   // Row n's codes (row-major) into `codes` and its groups' scales and mins into row_scales and row_mins; returns
-  // the layout of the codes (Q4_K, Q4_0 and Q4_1 rows come out as u4, Q5_K and Q8_0 rows as u8).
+  // the layout of the codes (Q4_K, Q4_0 and Q4_1 rows come out as u4, Q5_K, Q5_0, Q5_1 and Q8_0 rows as u8).
   const Layout& gather(int64_t n) {
     const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
     if (L.k_blocks()) {
@@ -1397,9 +1409,8 @@ struct RowRestorer {
       q8_0_row(wp + n * w_row, K, codes.data(), row_scales.data());
       return kU8;
     }
-    if (L.file == kQ4_0Blocks || L.file == kQ4_1Blocks) {
-      q4_row(L, wp + n * w_row, K, codes.data(), row_scales.data(), row_mins.data());
-      return kU4;
+    if (L.file >= kQ4_0Blocks) {  // Q4_0, Q4_1, Q5_0, Q5_1
+      return q4_row(L, wp + n * w_row, K, codes.data(), row_scales.data(), row_mins.data()) ? kU8 : kU4;
     }
     if (L.file == kQ6KBlocks) {  // the codes as they are (dequantize_row reads the blocks), the scales from them
       std::memcpy(codes.data(), wp + n * w_row, w_row);
