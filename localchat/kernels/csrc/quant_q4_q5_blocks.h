@@ -7,7 +7,8 @@
 // Those are a u4 group's bytes, so a u4 chunk (4 groups) is the codes of 4 blocks side by side, one per 128-bit lane;
 // Q5's fifth bits join them in registers (16 added where a bit is set), as Q5_K's do. The kernels read the scales
 // (and mins) from the blocks and run u4's operations in u4's order: symmetric around 8 (Q4_0) or 16 (Q5_0), with the
-// mins against the activation's group sums for Q4_1 and Q5_1. A Q4 product equals the u4 repack's bit for bit.
+// mins against the activation's group sums for Q4_1 and Q5_1. A Q4 product equals the u4 repack's bit for bit; a Q5
+// one the u8 repack's up to float rounding (the same integer products, summed in other lanes).
 #pragma once
 
 #if LC_SIMD
@@ -15,10 +16,10 @@ namespace {
 
 // A block's bytes, where its fifth bits (FIFTH: Q5) and its codes start, without (Q4_0, Q5_0) or with (Q4_1, Q5_1)
 // mins.
-template <bool MINS, bool FIFTH>
+template <bool MINS>
 constexpr int64_t q4_block_high() { return MINS ? 4 : 2; }
 template <bool MINS, bool FIFTH>
-constexpr int64_t q4_block_codes() { return q4_block_high<MINS, FIFTH>() + (FIFTH ? 4 : 0); }
+constexpr int64_t q4_block_codes() { return q4_block_high<MINS>() + (FIFTH ? 4 : 0); }
 template <bool MINS, bool FIFTH>
 constexpr int64_t q4_block_bytes() { return q4_block_codes<MINS, FIFTH>() + 16; }
 static_assert(q4_block_bytes<false, false>() == kQ4_0Bytes && q4_block_bytes<true, false>() == kQ4_1Bytes &&
@@ -37,7 +38,7 @@ inline __m128i q4_codes(const uint8_t* first, int i, int64_t n) {
 // weights 0-15) side by side in the low 32 bits, bits 16-31 (weights 16-31) in the high 32.
 template <bool MINS, bool WHOLE>
 inline uint64_t q5_fifth_pair(const uint8_t* first, int i0, int64_t n) {
-  constexpr int64_t kBytes = q4_block_bytes<MINS, true>(), kHigh = q4_block_high<MINS, true>();
+  constexpr int64_t kBytes = q4_block_bytes<MINS, true>(), kHigh = q4_block_high<MINS>();
   uint32_t qh[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     if (WHOLE || i0 + i < n) std::memcpy(qh + i, first + (i0 + i) * kBytes + kHigh, 4);
@@ -89,7 +90,7 @@ inline void q4_chunk_as(const uint8_t* row, int64_t c, int64_t n, __m512i& lo, _
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   lo = _mm512_and_si512(raw, low_mask);
   hi = high_nibbles(raw, low_mask);
-  if (FIFTH) {  // byte 16b + j of lo is weight j of block b, of hi weight j + 16: its bit j (j + 16) of the block's
+  if (FIFTH) {  // byte 16b + j of lo is weight j of block b, of hi its weight j + 16: bit j (j + 16) of b's fifth bits
     const uint64_t pair0 = q5_fifth_pair<MINS, WHOLE>(first, 0, n), pair1 = q5_fifth_pair<MINS, WHOLE>(first, 2, n);
     const __m512i sixteen = _mm512_set1_epi8(16);
     lo = _mm512_mask_add_epi8(lo, (pair0 & 0xFFFFFFFFu) | pair1 << 32, lo, sixteen);
