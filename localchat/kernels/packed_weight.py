@@ -565,6 +565,17 @@ def k_blocks_repacked(
     return k_low_codes(b[..., 48:]) | (fifth.reshape(rows, -1) << 4), scales, mins, supers
 
 
+def _group_block_params(
+    b: torch.Tensor, with_mins: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The float16 d (and with `with_mins`, m) that start each block of b, uint8 [rows, blocks,
+    block bytes], as [rows, blocks] tensors: Q8_0, Q4_0 and Q5_0 (d), Q4_1 and Q5_1 (d, m)."""
+    rows = b.shape[0]
+    scales = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+    mins = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, -1) if with_mins else None
+    return scales, mins
+
+
 def q8_0_blocks_to_u8(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q8_0 blocks, uint8 [rows, in // 32 * 34] (float16 d, then 32 int8 codes), as a u8 weight's
     qweight (each code + 128 as an unsigned byte, zero point 128) and scales (float16
@@ -572,7 +583,7 @@ def q8_0_blocks_to_u8(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     rows = blocks.shape[0]
     b = blocks.reshape(rows, -1, Q8_0_BYTES)
     codes = (b[..., 2:] ^ 0x80).reshape(rows, -1)
-    return codes, b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+    return codes, _group_block_params(b, False)[0]
 
 
 def q4_blocks_to_u4(
@@ -586,8 +597,7 @@ def q4_blocks_to_u4(
     first = 4 if with_mins else 2
     b = blocks.reshape(rows, -1, first + 16)
     codes = b[..., first:].reshape(rows, -1)
-    scales = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
-    mins = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, -1) if with_mins else None
+    scales, mins = _group_block_params(b, with_mins)
     return codes, scales, mins
 
 
@@ -606,8 +616,7 @@ def q5_blocks_to_u8(
     word = b[..., high : high + 4].contiguous().view(torch.int32).to(torch.int64)
     fifth = ((word >> torch.arange(32, dtype=torch.int64)) & 1).to(torch.uint8)
     codes = (low | (fifth << 4)).reshape(rows, -1)
-    scales = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, -1)
-    mins = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, -1) if with_mins else None
+    scales, mins = _group_block_params(b, with_mins)
     return codes, scales, mins
 
 

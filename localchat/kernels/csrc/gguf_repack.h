@@ -146,14 +146,7 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
       const bool asym = type == kQ5_1;
       scales[b] = load_half(in);
       if (asym) mins[b] = load_half(in + 2);
-      uint32_t qh;
-      std::memcpy(&qh, in + (asym ? 4 : 2), 4);
-      const uint8_t* qs = in + (asym ? 8 : 6);
-      uint8_t* out = codes + b * 32;
-      for (int i = 0; i < 16; ++i) {
-        out[i] = (qs[i] & 0x0F) | (((qh >> i) & 1) << 4);
-        out[i + 16] = (qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4);
-      }
+      q5_block_codes(in, asym, codes + b * 32);  // (quant_q4_q5_blocks.h)
       break;
     }
     case kQ4_K:

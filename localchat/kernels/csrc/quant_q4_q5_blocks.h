@@ -417,29 +417,32 @@ void panel_q4(const PassView& v, int64_t groups, int64_t chunks, int64_t, const 
 
 namespace {
 
+// A Q5_0 or (MINS) Q5_1 block's 32 codes (0-31), a byte each, into out: its low nibbles with its fifth bits added.
+inline void q5_block_codes(const uint8_t* block, bool with_mins, uint8_t* out) {
+  const int64_t high = with_mins ? 4 : 2;
+  uint32_t qh;
+  std::memcpy(&qh, block + high, 4);
+  const uint8_t* qs = block + high + 4;
+  for (int j = 0; j < 16; ++j) {
+    out[j] = static_cast<uint8_t>((qs[j] & 0x0F) | ((qh >> j) & 1) << 4);
+    out[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+  }
+}
+
 // A row of K weights in Q4_0 or Q4_1 blocks as a row-major u4 row (K / 2 bytes: the blocks' codes as they are), or in
 // Q5_0 or Q5_1 blocks as a u8 row (K bytes, codes 0-31), with each group's scale and (Q4_1, Q5_1) min as floats:
 // what dequantize_row reads (Q4_0 with zero point 8, Q5_0 with 16). Returns whether the codes are u8.
 inline bool q4_row(const Layout& L, const uint8_t* row, int64_t K, uint8_t* codes, float* scales, float* mins) {
   const bool with_mins = L.block_mins(), fifth = L.file == kQ5_0Blocks || L.file == kQ5_1Blocks;
-  const int64_t bytes = L.block_bytes(), high = with_mins ? 4 : 2, first_code = high + (fifth ? 4 : 0);
+  const int64_t bytes = L.block_bytes();
   for (int64_t g = 0; g < K / kActBlock; ++g) {
     const uint8_t* block = row + g * bytes;
     uint16_t halves[2];
     std::memcpy(halves, block, 4);
     scales[g] = half_to_float(at::Half(halves[0], at::Half::from_bits()));
     if (with_mins) mins[g] = half_to_float(at::Half(halves[1], at::Half::from_bits()));
-    if (!fifth) {
-      std::memcpy(codes + g * 16, block + first_code, 16);
-      continue;
-    }
-    uint32_t qh;
-    std::memcpy(&qh, block + high, 4);
-    for (int j = 0; j < 16; ++j) {
-      const uint8_t byte = block[first_code + j];
-      codes[g * 32 + j] = static_cast<uint8_t>((byte & 0x0F) | ((qh >> j) & 1) << 4);
-      codes[g * 32 + 16 + j] = static_cast<uint8_t>((byte >> 4) | ((qh >> (j + 16)) & 1) << 4);
-    }
+    if (fifth) q5_block_codes(block, with_mins, codes + g * 32);
+    else std::memcpy(codes + g * 16, block + (with_mins ? 4 : 2), 16);
   }
   return fifth;
 }
