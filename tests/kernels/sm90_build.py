@@ -40,7 +40,7 @@ def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
         elif name in pointers:
             signature[name] = pointers[name]
         else:
-            signature[name] = "fp32" if name in ("qk_scale", "eps") else "i32"
+            signature[name] = "fp32" if name in ("qk_scale", "eps", "limit", "alpha") else "i32"
         if name in pointers or (name.startswith("stride_") and name != "stride_bt"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     options = dict(num_warps=num_warps, num_stages=num_stages)
@@ -108,7 +108,12 @@ def build_pointwise(dtype: torch.dtype) -> None:
         },
         dict(HEAD_DIM=64, NUM_KV_HEADS=3, BLOCK_SIZE=16, BLOCK=256),
     )
-    build(triton_activation._silu_and_mul_kernel, {"x_ptr": t, "y_ptr": t}, dict(BLOCK=1024))
+    for act in triton_activation._ACTIVATIONS.values():
+        build(
+            triton_activation._act_and_mul_kernel,
+            {"x_ptr": t, "y_ptr": t},
+            dict(ACT=act, BLOCK=1024),
+        )
     build(
         triton_norm._rms_norm_kernel,
         dict.fromkeys(("x_ptr", "weight_ptr", "y_ptr", "residual_ptr", "residual_out_ptr"), t),

@@ -21,13 +21,17 @@ from localchat.kernels import (
     triton_norm,
     triton_rotary,
 )
-from localchat.kernels.activation import silu_and_mul_ref
+from localchat.kernels.activation import (
+    gelu_tanh_and_mul_ref,
+    silu_and_mul_ref,
+    swiglu_oai_and_mul_ref,
+)
 from localchat.kernels.attention import paged_attention_ref
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.kv_cache import store_kv_cache_ref
 from localchat.kernels.norm import rms_norm_ref
 from localchat.kernels.rotary import rotary_embedding_ref
-from localchat.kernels.triton_activation import silu_and_mul_triton
+from localchat.kernels.triton_activation import act_and_mul_triton, silu_and_mul_triton
 from localchat.kernels.triton_attention import paged_attention_triton
 from localchat.kernels.triton_kv_cache import store_kv_cache_triton
 from localchat.kernels.triton_norm import rms_norm_triton
@@ -129,6 +133,21 @@ def test_rotary(dtype, head_dim, rotary_dim):
 def test_silu_and_mul(dtype, d):
     x = torch.randn(2, 3, 2 * d, dtype=dtype)
     torch.testing.assert_close(silu_and_mul_triton(x), silu_and_mul_ref(x), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_and_mul(dtype):
+    x = 3 * torch.randn(2, 3, 200, dtype=dtype)
+    got = act_and_mul_triton(x, "gelu_tanh")
+    torch.testing.assert_close(got, gelu_tanh_and_mul_ref(x), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_oai_and_mul(dtype):
+    x = 6 * torch.randn(5, 256, dtype=dtype)  # both halves cross the clamp at +-limit
+    assert (x.abs() > 4.0).any()
+    got = act_and_mul_triton(x, "swiglu_oai", limit=4.0, alpha=1.702)
+    torch.testing.assert_close(got, swiglu_oai_and_mul_ref(x, 4.0, 1.702), **TOL[dtype])
 
 
 # --- paged attention ------------------------------------------------------------------------------
@@ -313,6 +332,7 @@ def _forbid_triton(monkeypatch):
 
     for module, name in [
         (triton_activation, "silu_and_mul_triton"),
+        (triton_activation, "act_and_mul_triton"),
         (triton_attention, "paged_attention_triton"),
         (triton_kv_cache, "store_kv_cache_triton"),
         (triton_norm, "rms_norm_triton"),
