@@ -13,6 +13,7 @@ their prompt.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 
 from localchat.engine.sequence import Sequence
 
@@ -47,9 +48,21 @@ class Block:
 class BlockManager:
     """Allocates KV blocks to sequences and finds cached prefixes."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        length_salt: Callable[[int], Hashable | None] | None = None,
+        recompute_on_salt_change: bool = False,
+    ):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # what a sequence's keys depend on beside its tokens, by its length (a length-dependent
+        # rotary table: engine/layers/rotary.py); and whether a running sequence whose salt changes
+        # is computed again (longrope)
+        self.length_salt = length_salt
+        self.recompute_on_salt_change = recompute_on_salt_change
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
@@ -75,7 +88,19 @@ class BlockManager:
     def _salt(self, seq: Sequence):
         # without prefix caching only a request's own samples share blocks: the salt is its first
         # sequence's id, never reused (a request id can be: a client's or a benchmark's)
-        return None if self.enable_prefix_caching else seq.request.seqs[0].seq_id
+        salt = None if self.enable_prefix_caching else seq.request.seqs[0].seq_id
+        extra = self.length_salt(seq.num_tokens) if self.length_salt is not None else None
+        return salt if extra is None else (salt, extra)
+
+    def must_recompute(self, seq: Sequence) -> bool:
+        """Whether a running sequence's keys were computed under another salt than its length now
+        gives (it outgrew longrope's short factors): its blocks must be computed again."""
+        return (
+            self.recompute_on_salt_change
+            and self.length_salt is not None
+            and seq.num_computed_tokens > 0
+            and self.length_salt(seq.num_tokens) != seq.kv_salt
+        )
 
     def _key(self, seq: Sequence, index: int) -> tuple:
         parent = seq.block_hashes[index - 1] if index else None
@@ -137,6 +162,8 @@ class BlockManager:
             seq.block_table.append(block_id)
         for _ in range(max(num_needed, 0)):
             seq.block_table.append(self._take_free_block())
+        if seq.num_computed_tokens == 0 and self.length_salt is not None:
+            seq.kv_salt = self.length_salt(seq.num_tokens)  # its keys' salt from now on
         seq.num_computed_tokens = num_computed
         self._register_full_blocks(seq, total_tokens)
         return True

@@ -62,8 +62,8 @@ class DecodeGraphs:
         )
 
     def _forward(self, size: int, md: AttentionMetadata) -> torch.Tensor:
-        cos, sin = self.runner.rotary.lookup(self.positions[:size])
-        with forward_context(ForwardContext(md, cos, sin)):
+        rope = self.runner.rotary.lookup(self.positions[:size])
+        with forward_context(ForwardContext(md, rope)):
             return self.runner.model(self.input_ids[:size])
 
     @torch.inference_mode()

@@ -1,5 +1,5 @@
 """The per-step state the model layers read: the batch's attention metadata and the rotary cos/sin
-of its positions, set by the ModelRunner around each forward pass."""
+of its positions (one pair per rotary table), set by the ModelRunner around each forward pass."""
 
 from __future__ import annotations
 
@@ -15,8 +15,17 @@ from localchat.kernels.attention_metadata import AttentionMetadata
 @dataclass
 class ForwardContext:
     attn: AttentionMetadata
-    cos: torch.Tensor  # [num_tokens, rotary_dim // 2], gathered once per step for all layers
-    sin: torch.Tensor
+    # cos/sin [num_tokens, rotary_dim // 2] of each rotary table (see engine/layers/rotary.py),
+    # gathered once per step for all layers; cos/sin: the "default" table's
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def cos(self) -> torch.Tensor:
+        return self.rope["default"][0]
+
+    @property
+    def sin(self) -> torch.Tensor:
+        return self.rope["default"][1]
 
 
 # a context variable, not a global: each engine steps in a thread of its own, and a server with

@@ -21,6 +21,7 @@ from localchat.engine.logits_processors import RequestConstraints, attach_gramma
 from localchat.engine.memory import cache_cpu_blocks, fix_mmap_threshold
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.model_runner import ModelRunner
+from localchat.engine.models.registry import family_name
 from localchat.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localchat.engine.runtime import EngineRuntime, prefault_kv_memory
 from localchat.engine.sampling_params import SamplingParams
@@ -102,8 +103,13 @@ class LLMEngine:
         if graphs is not None:
             logger.info("captured CUDA graphs for decode batches up to %d", graphs.max_batch_size)
         self.model_info = _model_info(runtime, self.runner.spec.vocab_size)
+        rotary = self.runner.rotary
         self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.enable_prefix_caching
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            length_salt=rotary.kv_salt if rotary.depends_on_length else None,
+            recompute_on_salt_change=rotary.recomputes_on_switch,
         )
         self.scheduler = Scheduler(
             self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
@@ -476,4 +482,5 @@ def _model_info(runtime: EngineRuntime, vocab_size: int) -> ModelInfo:
         dtype=runtime.dtype,
         device=runtime.device.type,
         eos_token_ids=tuple(sorted(runtime.eos_token_ids)),
+        family=family_name(runtime.hf_config),
     )

@@ -14,7 +14,7 @@ from localchat.engine.gguf_checkpoint import gguf_weights
 from localchat.engine.model_cache import TENSOR_INDEX, ensure_converted
 from localchat.engine.model_source import ModelSource
 from localchat.engine.models.decoder import DecoderForCausalLM
-from localchat.engine.models.registry import build_model
+from localchat.engine.models.registry import build_model, text_config
 from localchat.engine.models.weights import Weight, init_dummy, load_weights
 from localchat.errors import InvalidParameterError, ModelNotFoundError
 
@@ -43,9 +43,10 @@ def load_hf_config(files: ModelFiles):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(files.directory))
+        config = AutoConfig.from_pretrained(str(files.directory))
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"{files.source.path}: cannot read config.json: {exc}") from exc
+    return text_config(config)
 
 
 def eos_token_ids(files: ModelFiles, hf_config) -> set[int]:

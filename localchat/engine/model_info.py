@@ -26,6 +26,7 @@ class ModelInfo:
     dtype: torch.dtype
     device: str
     eos_token_ids: tuple[int, ...]
+    family: str = ""  # the model family's name ("Gemma 3", "Qwen3-MoE"), from its architecture
 
     @property
     def gguf_path(self) -> Path | None:

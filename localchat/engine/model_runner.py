@@ -12,7 +12,7 @@ import torch
 from localchat.engine.cuda_graphs import DecodeGraphs
 from localchat.engine.forward_context import ForwardContext, forward_context
 from localchat.engine.guided_decoding import GrammarCompiler
-from localchat.engine.layers.rotary import RotaryTables, rope_parameters
+from localchat.engine.layers.rotary import RotaryTables
 from localchat.engine.logits_processors import apply_constraints
 from localchat.engine.memory import PrefaultedMemory, resident_zeros
 from localchat.engine.models.decoder import Attention, DecoderForCausalLM
@@ -49,14 +49,13 @@ class ModelRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        theta, scaling = rope_parameters(hf_config)
-        rotary_dim = int(self.spec.head_dim * getattr(hf_config, "partial_rotary_factor", 1.0))
-        self.rotary = RotaryTables(rotary_dim, max_model_len, theta, scaling, device)
+        self.rotary = RotaryTables(hf_config, self.spec.head_dim, max_model_len, device)
         self.max_num_seqs = max_num_seqs
         self.sampler = Sampler()
         self.grammar_compiler: GrammarCompiler | None = None  # set by the engine with a tokenizer
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self._rope_lengths: torch.Tensor | None = None  # set by _prepare, read by _forward
 
     # --- KV pool ----------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -92,7 +91,7 @@ class ModelRunner:
     def capture_cuda_graphs(self) -> DecodeGraphs | None:
         """Capture decode graphs (CUDA with Triton only; the reference kernels synchronize); None
         where they are not used."""
-        if self.device.type != "cuda" or not triton_available():
+        if self.device.type != "cuda" or not triton_available() or self.rotary.depends_on_length:
             return None
         max_blocks = -(-self.max_model_len // self.block_size)
         self.graphs = DecodeGraphs(self, min(self.max_num_seqs, 512), max_blocks)
@@ -166,7 +165,11 @@ class ModelRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         """Hidden states of every token, run eagerly."""
-        with forward_context(ForwardContext(md, *self.rotary.lookup(positions))):
+        lengths, self._rope_lengths = self._rope_lengths, None
+        if lengths is None and self.rotary.depends_on_length:  # a batch _prepare did not plan
+            counts = np.diff(np.asarray(md.query_start_loc_cpu))
+            lengths = torch.from_numpy(np.repeat(np.asarray(md.seq_lens_cpu), counts))
+        with forward_context(ForwardContext(md, self.rotary.lookup(positions, lengths))):
             return self.model(input_ids)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
@@ -198,6 +201,11 @@ class ModelRunner:
             block_tables[seq_index, positions // block_size].astype(np.int64) * block_size
             + positions % block_size
         )
+        if self.rotary.depends_on_length:
+            # a length-dependent rotary table (longrope, dynamic NTK) reads each token's sequence
+            # length as a whole (prompt and outputs so far), as transformers' one pass over it does
+            lengths = np.repeat(np.asarray([seq.num_tokens for seq in seqs]), num_new)
+            self._rope_lengths = torch.from_numpy(lengths)
         num_decodes = sum(1 for n in num_new if n == 1)
         sample_rows = [row for row, seq in enumerate(seqs) if seq_lens[row] == seq.num_tokens]
         to_device = self._to_device

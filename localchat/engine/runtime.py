@@ -16,6 +16,7 @@ from localchat.engine.background_weights import BackgroundWeights
 from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.distributed.parallel_layers import shard_model
 from localchat.engine.distributed.shard_plan import check_tensor_parallel
+from localchat.engine.layers.rotary import rope_parameters_by_key
 from localchat.engine.loader import (
     ModelFiles,
     eos_token_ids,
@@ -251,13 +252,26 @@ def _kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     )
 
 
+def model_context(hf_config) -> int:
+    """The longest context the model takes: max_position_embeddings, stretched by a rope scaling
+    that extends it past that (linear and dynamic NTK by their factor, yarn to its factor times the
+    original context), as vLLM reads it."""
+    base = getattr(hf_config, "max_position_embeddings", None) or 2048
+    longest = base
+    for params in rope_parameters_by_key(hf_config).values():
+        factor = float(params.get("factor") or 1.0)
+        if params["rope_type"] in ("linear", "dynamic"):
+            longest = max(longest, int(base * factor))
+        elif params["rope_type"] == "yarn":
+            original = params.get("original_max_position_embeddings") or base
+            longest = max(longest, int(original * factor))
+    return longest
+
+
 def _max_model_len(
     config: EngineConfig, hf_config, device: torch.device, dtype: torch.dtype
 ) -> int:
-    model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
-    sliding = getattr(hf_config, "sliding_window", None)
-    if sliding and getattr(hf_config, "use_sliding_window", True) and sliding < model_max:
-        model_max = sliding  # full attention is only exact within the window
+    model_max = model_context(hf_config)
     if config.max_model_len is None:
         if device.type == "cuda":
             return model_max

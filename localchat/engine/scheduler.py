@@ -62,6 +62,9 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if self.block_manager.must_recompute(seq):
+                self._recompute(seq)
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._allocate_or_preempt(seq, num_new, batch):
                 break  # seq itself was preempted: it was the newest, so nothing after it is left
@@ -123,6 +126,14 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _recompute(self, seq: Sequence) -> None:
+        """Send a running sequence back to be computed again from its first token (not a
+        preemption: memory is not short)."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:

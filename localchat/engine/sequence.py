@@ -68,6 +68,7 @@ class Sequence:
         if self.params.prompt_logprobs is not None and index == 0:
             self.prompt_logprobs = [None] * self.num_prompt_tokens
         self.num_preemptions = 0
+        self.kv_salt: object = None  # see BlockManager.length_salt
         self.generator: torch.Generator | None = None
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(

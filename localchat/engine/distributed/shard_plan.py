@@ -27,7 +27,25 @@ class ShardPlan:
 
 
 def check_tensor_parallel(spec: DecoderSpec, world_size: int) -> None:
-    """Refuse a size that does not split the model, naming its head counts."""
+    """Refuse a size that does not split the model, naming its head counts, and the features a
+    shard does not run yet."""
+    unsplit = [
+        name
+        for name, used in (
+            ("mixture-of-experts MLPs", spec.moe is not None),
+            ("q/k norms over the whole projection", spec.qk_norm_full),
+            ("attention sinks", spec.attention_sinks),
+            ("attention output and MLP biases", spec.o_bias or spec.mlp_bias),
+        )
+        if used
+    ]
+    if unsplit and world_size > 1:
+        raise InvalidParameterError(
+            f"--tensor-parallel-size {world_size}: {spec.family} models have "
+            f"{', '.join(unsplit)}, which tensor parallelism does not split yet "
+            "(use --data-parallel-size for several copies)",
+            param="tensor_parallel_size",
+        )
     heads, kv_heads = spec.num_heads, spec.num_kv_heads
     counts = f"the model has {heads} query heads and {kv_heads} KV heads"
     flag = f"--tensor-parallel-size {world_size}"

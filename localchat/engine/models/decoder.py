@@ -1,13 +1,10 @@
-"""Our forward pass for decoder-only transformers of the Llama family (Llama, Mistral, Qwen2,
-Qwen3).
-
-The variants differ only in flags: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
-head_dim, tied embeddings and rope scaling. q/k/v and gate/up are fused into one matmul each.
-"""
+"""Our forward pass for decoder-only transformers: every family we run (models/families.py) is a
+Llama layer with some of DecoderSpec's variations switched on (norm placement, activation, scales,
+soft-capping, sliding windows, sinks, mixture-of-experts MLPs)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -16,136 +13,88 @@ from torch import nn
 from localchat.engine.forward_context import get_forward_context
 from localchat.engine.gguf_rows import GgufRows
 from localchat.engine.models import cpu_decode
-from localchat.kernels import (
-    paged_attention,
-    rms_norm,
-    rotary_embedding,
-    store_kv_cache,
-)
-from localchat.kernels.decode_attention import fused_decode_attention
-from localchat.kernels.linear import can_pack, linear, linear_silu_and_mul, pack_weight
+from localchat.engine.models.layers import MLP, Attention, RMSNorm
+from localchat.engine.models.moe import SparseMoE
+from localchat.engine.models.spec import DecoderSpec
+from localchat.kernels.linear import can_pack, linear, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel
 
-# The projection weights: dense nn.Parameters, or quantized (a PackedWeight or a tuple of them),
-# which replace the parameter of the same name as a plain attribute.
+__all__ = [
+    "MLP",
+    "PROJECTIONS",
+    "Attention",
+    "DecoderForCausalLM",
+    "DecoderLayer",
+    "DecoderSpec",
+    "RMSNorm",
+    "projection_slots",
+]
+
+# A dense layer's projection weights: (submodule, attribute)
 PROJECTIONS = (
     ("self_attn", "qkv_weight"),
     ("self_attn", "o_weight"),
     ("mlp", "gate_up_weight"),
     ("mlp", "down_weight"),
 )
+_MODULE_PROJECTIONS = {
+    Attention: ("qkv_weight", "o_weight"),
+    MLP: ("gate_up_weight", "down_weight"),
+}
 
 
-@dataclass(frozen=True)
-class DecoderSpec:
-    """The shape of a model, read from its HF config (see models/registry.py)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    qkv_bias: bool = False
-    qk_norm: bool = False
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x, residual=None):
-        return rms_norm(x, self.weight, self.eps, residual)
-
-
-class Attention(nn.Module):
-    def __init__(self, spec: DecoderSpec):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            spec.num_heads,
-            spec.num_kv_heads,
-            spec.head_dim,
-        )
-        self.q_size = spec.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
-        self.scale = spec.head_dim**-0.5
-        self.qkv_weight = nn.Parameter(
-            torch.empty(self.q_size + 2 * self.kv_size, spec.hidden_size)
-        )
-        self.qkv_bias = (
-            nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if spec.qkv_bias else None
-        )
-        self.o_weight = nn.Parameter(torch.empty(spec.hidden_size, self.q_size))
-        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_cache = self.v_cache = torch.empty(
-            0
-        )  # views into the engine's KV pool, bound after allocation
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        ctx = get_forward_context()
-        qkv = linear(hidden, self.qkv_weight, self.qkv_bias)
-        if self.q_norm is None:
-            out = fused_decode_attention(
-                qkv,
-                self.k_cache,
-                self.v_cache,
-                ctx.cos,
-                ctx.sin,
-                ctx.attn,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.scale,
-            )
-            if out is not None:
-                return linear(out, self.o_weight)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary_embedding(q, k, ctx.cos, ctx.sin)
-        store_kv_cache(k, v, self.k_cache, self.v_cache, ctx.attn.slot_mapping)
-        out = paged_attention(q, self.k_cache, self.v_cache, ctx.attn, self.scale)
-        return linear(out.reshape(-1, self.q_size), self.o_weight)
-
-
-class MLP(nn.Module):
-    def __init__(self, spec: DecoderSpec):
-        super().__init__()
-        self.gate_up_weight = nn.Parameter(
-            torch.empty(2 * spec.intermediate_size, spec.hidden_size)
-        )
-        self.down_weight = nn.Parameter(torch.empty(spec.hidden_size, spec.intermediate_size))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear_silu_and_mul(linear(hidden, self.gate_up_weight), self.down_weight)
+def projection_slots(model: nn.Module) -> Iterator[tuple[nn.Module, str]]:
+    """(module, attribute) of every projection weight in the model: attention's, the dense MLPs'
+    and every expert's."""
+    for module in model.modules():
+        for attr in _MODULE_PROJECTIONS.get(type(module), ()):
+            yield module, attr
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: DecoderSpec):
+    def __init__(self, spec: DecoderSpec, index: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Attention(spec)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = MLP(spec)
+        layer = spec.layer(index)
+        self.norms = spec.norms
+        self.residual_scale = spec.residual_scale
+        norm = lambda: RMSNorm(spec.hidden_size, spec.rms_norm_eps)  # noqa: E731
+        # Hugging Face's names: input_layernorm before attention, post_attention_layernorm before
+        # the MLP (Llama) or after attention (Gemma, OLMo 2), pre/post_feedforward_layernorm around
+        # the MLP
+        if spec.norms != "post":
+            self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        if spec.norms == "sandwich":
+            self.pre_feedforward_layernorm = norm()
+        if spec.norms != "pre":
+            self.post_feedforward_layernorm = norm()
+        self.self_attn = Attention(spec, layer)
+        self.mlp: nn.Module = SparseMoE(spec) if layer.moe else MLP(spec)
 
     def forward(self, hidden, residual):
+        """(hidden, residual) -> (hidden, residual): the residual stream is residual + hidden (or
+        hidden alone where residual is None); the add is fused into the next norm."""
+        if self.norms == "post":  # OLMo 2: x + norm(attn(x)), then x + norm(mlp(x))
+            stream = hidden if residual is None else residual + hidden
+            attended = self.post_attention_layernorm(self.self_attn(stream))
+            stream = stream + attended
+            return self.post_feedforward_layernorm(self.mlp(stream)), stream
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        if self.norms == "sandwich":
+            hidden = self.post_attention_layernorm(hidden)
+            hidden, residual = self.pre_feedforward_layernorm(self._scaled(hidden), residual)
+            return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+        hidden, residual = self.post_attention_layernorm(self._scaled(hidden), residual)
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A block's output as it joins the residual stream (Granite scales it)."""
+        return hidden if self.residual_scale == 1.0 else hidden * self.residual_scale
 
 
 class DecoderForCausalLM(nn.Module):
@@ -156,7 +105,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = (
             None
@@ -168,11 +117,17 @@ class DecoderForCausalLM(nn.Module):
         self.cpu_decode: cpu_decode.CpuDecodeStack | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        dtype = self.norm.weight.dtype
         if isinstance(self.embed_tokens, GgufRows):
-            return self.embed_tokens.rows(input_ids, self.norm.weight.dtype)
-        if isinstance(self.embed_tokens, PackedWeight):
-            return embedding_rows(self.embed_tokens, input_ids, self.norm.weight.dtype)
-        return F.embedding(input_ids, self.embed_tokens)
+            hidden = self.embed_tokens.rows(input_ids, dtype)
+        elif isinstance(self.embed_tokens, PackedWeight):
+            hidden = embedding_rows(self.embed_tokens, input_ids, dtype)
+        else:
+            hidden = F.embedding(input_ids, self.embed_tokens)
+        if self.spec.embed_scale != 1.0:
+            # in the model's dtype, as transformers scales (Gemma's sqrt(hidden), Granite's factor)
+            hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
+        return hidden
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed(input_ids), None
@@ -186,8 +141,15 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:
-            return linear(hidden, self.packed_head)
-        return linear(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)
+            logits = linear(hidden, self.packed_head)
+        else:
+            logits = linear(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)
+        spec = self.spec
+        if spec.logits_divisor != 1.0:
+            logits = logits / spec.logits_divisor
+        if spec.final_softcap is not None:
+            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+        return logits
 
     @torch.no_grad()
     def pack_weights(self) -> bool:
@@ -196,18 +158,18 @@ class DecoderForCausalLM(nn.Module):
         weights are left as they are. False if nothing could be packed."""
         if self.norm.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return False
-        for layer in self.layers:
-            for module_name, name in PROJECTIONS:
-                module = getattr(layer, module_name)
-                if name in module._parameters and can_pack(module._parameters[name]):
-                    setattr(module, name, pack_weight(module._parameters.pop(name)))
-                elif isinstance(value := getattr(module, name), (PackedWeight, tuple)):
-                    setattr(module, name, interleave_for_kernel(value))
+        for module, name in projection_slots(self):
+            dense = module._parameters.get(name)
+            if dense is not None and can_pack(dense):
+                del module._parameters[name]
+                setattr(module, name, pack_weight(dense))
+            elif isinstance(value := getattr(module, name), (PackedWeight, tuple)):
+                setattr(module, name, interleave_for_kernel(value))
         if isinstance(self.lm_head, PackedWeight):
             self.lm_head = interleave_for_kernel(self.lm_head)
         elif self.lm_head is None and isinstance(self.embed_tokens, PackedWeight):
             self.embed_tokens = interleave_for_kernel(self.embed_tokens)  # tied: it is the head
-        self.cpu_decode = cpu_decode.build_decode_stack(self)
+        self.cpu_decode = cpu_decode.build_decode_stack(self) if self.spec.is_plain else None
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, torch.Tensor) and can_pack(head):
             self.packed_head = pack_weight(head)

@@ -1,0 +1,127 @@
+"""Tiny random-weight models of every family we run, built with transformers' own classes and
+configs, and saved as safetensors: the references the family tests hold our forward pass against.
+
+Weights are drawn wider than transformers' initialisation (norm weights around their identity,
+biases and sinks non-zero), so a dropped feature changes the logits. Families with sliding windows
+get a window of WINDOW tokens, so prompts longer than it test the window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WINDOW = 24
+VOCAB = 256
+_BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+)
+_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+
+# family -> (transformers config class name, model class name, config overrides)
+FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
+    "phi4-mini": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            partial_rotary_factor=0.75,
+            original_max_position_embeddings=48,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                "long_factor": [2.0 + 0.5 * i for i in range(6)],
+                "partial_rotary_factor": 0.75,
+            },
+        ),
+    ),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.1,
+            logits_scaling=2.5,
+        ),
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(num_hidden_layers=3, no_rope_layers=[1, 1, 0]),
+    ),
+    "qwen2-yarn": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 256,
+                "rope_theta": 10000.0,
+            }
+        ),
+    ),
+    "llama-dynamic": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            max_position_embeddings=48,
+            rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0},
+        ),
+    ),
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(_MOE, shared_expert_intermediate_size=48, num_hidden_layers=3, mlp_only_layers=[1]),
+    ),
+    "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_MOE, head_dim=16)),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    ),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(_MOE, intermediate_size=32)),
+}
+# families whose layers attend within a sliding window
+WINDOWED: tuple[str, ...] = ()
+
+
+def build(family: str, seed: int = 0):
+    """The family's tiny transformers model (float32, eval), with randomized weights."""
+    import transformers
+
+    config_class, model_class, overrides = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**_BASE, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).to(torch.float32).eval()
+    gemma = family.startswith("gemma")  # Gemma's norms multiply by (1 + weight)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0.0 if gemma else 1.0, 0.3)
+            elif name.endswith(("bias", "sinks")):
+                param.normal_(0.0, 0.5)
+            else:
+                param.normal_(0.0, 0.1)
+    return model
+
+
+def save(family: str, directory: Path, seed: int = 0):
+    """Build the family's model and save it as a safetensors checkpoint in `directory`."""
+    model = build(family, seed)
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
