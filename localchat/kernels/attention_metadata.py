@@ -15,7 +15,9 @@ class ReferencePlan:
 
     decode_slots: torch.Tensor | None  # [num_decodes, max_len] pool slots of each decode's keys
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_len] True where a key exists
-    prefills: list[tuple[int, int, torch.Tensor, int]]  # (q_start, q_end, key slots, prefix length)
+    # (q_start, q_end, key slots, prefix length): the slots of the keys gathered (under a sliding
+    # window, from the first one the first query sees), the keys among them before the queries
+    prefills: list[tuple[int, int, torch.Tensor, int]]
 
 
 class DecodePartials(NamedTuple):
@@ -52,6 +54,8 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int] = field(default_factory=list)
     # Made by the first layer that needs them, reused by the step's other layers.
     reference_plan: ReferencePlan | None = field(default=None, repr=False, compare=False)
+    # the same for a sliding window, one per window size (only the window's keys are gathered)
+    window_plans: dict[int, ReferencePlan] = field(default_factory=dict, repr=False, compare=False)
     decode_partials: DecodePartials | None = field(default=None, repr=False, compare=False)
 
     @property

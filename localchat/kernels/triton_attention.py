@@ -13,6 +13,12 @@ log2 domain (scaled by scale * log2(e)) so the online softmax can use exp2.
 - Prefills (the remaining sequences): one program per (query tile, sequence, kv head); the rows of a
   tile are (query token, head of the group) pairs. Key tiles wholly below the tile's first query
   position need no mask; only the tiles on the diagonal apply the causal mask.
+
+Options (constexpr flags, so a kernel without them is what it was; see kernels/attention.py for the
+semantics): a sliding window starts the decode's key range at the window's first key and the
+prefill's key loop at the first tile its first query sees (the tiles the window cuts through for
+some rows are masked, the rest of the band is not); softcap caps every score with a tanh; sinks
+join each row's softmax sum at the end (the decode's reduce merges them once, after the splits).
 """
 
 from __future__ import annotations
@@ -23,71 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
+from localchat.kernels.attention import check_options
 from localchat.kernels.attention_metadata import AttentionMetadata, DecodePartials
+from localchat.kernels.triton_attention_tiles import (
+    fold_sinks,
+    load_kv_tiles,
+    online_softmax_step,
+)
 
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _load_kv_tile(
-    cache_ptr,
-    block_table_row_ptr,
-    offs_n,
-    n_mask,
-    kv_head,
-    offs_d,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    MASK_N: tl.constexpr,
-):
-    """Gather the [BLOCK_N, BLOCK_D] K or V rows of tokens offs_n from their pages (zeros where
-    masked)."""
-    if MASK_N:
-        page = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
-    else:
-        page = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE)
-    # int64: page * stride overflows int32 in large pools.
-    rows = page.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-    ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
-    if MASK_N:
-        tile = tl.load(ptrs, mask=n_mask[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    elif BLOCK_D != HEAD_DIM:
-        tile = tl.load(ptrs, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-    else:
-        tile = tl.load(ptrs)
-    return tile
-
-
-@triton.jit
-def _online_softmax_step(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k,
-    v,
-    qk_scale,
-    score_mask,
-    MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Fold one key tile into the running (acc, row max m_i, row sum l_i), all float32, log2
-    domain."""
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    if MASKED:
-        s = tl.where(score_mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m_i - m_safe)
-    p = tl.math.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -101,7 +51,10 @@ def _decode_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    sinks_ptr,
     qk_scale,
+    softcap,
+    window,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -119,15 +72,21 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)  # decodes come first, so sequence i's query is token i
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # This split's keys: a contiguous, BLOCK_N-aligned range (empty for the splits past a short
-    # context).
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    # This split's keys: a contiguous, BLOCK_N-long range of the keys the query sees (empty for the
+    # splits past a short context).
+    first = 0
+    if USE_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -148,22 +107,8 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _load_kv_tile(
+        k, v = load_kv_tiles(
             k_cache_ptr,
-            block_table_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            BLOCK_D,
-            True,
-        ).to(q.dtype)
-        v = _load_kv_tile(
             v_cache_ptr,
             block_table_row,
             offs_n,
@@ -173,17 +118,21 @@ def _decode_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
+            q.dtype,
             BLOCK_SIZE,
             HEAD_DIM,
             BLOCK_D,
             True,
-        ).to(q.dtype)
-        acc, m_i, l_i = _online_softmax_step(
-            acc, m_i, l_i, q, k, v, qk_scale, n_mask[None, :], True, DOT_PRECISION
+        )
+        acc, m_i, l_i = online_softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, softcap, n_mask[None, :], True, SOFTCAP, DOT_PRECISION
         )
 
     store_mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
+        if USE_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=g_mask, other=0.0).to(tl.float32)
+            acc, m_i, l_i = fold_sinks(acc, m_i, l_i, sink)
         out = acc / tl.maximum(l_i, 1e-30)[:, None]  # l_i == 0 only for an empty (padding) sequence
         tl.store(
             out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -204,7 +153,9 @@ def _decode_reduce_kernel(
     part_m_ptr,
     part_l_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     out_ptr,
+    window,
     stride_ot,
     stride_oh,
     NUM_Q_HEADS: tl.constexpr,
@@ -213,10 +164,14 @@ def _decode_reduce_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
+    if USE_WINDOW:
+        seq_len = tl.minimum(seq_len, window)  # the keys the query sees
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     offs_s = tl.arange(0, BLOCK_S)
     # splits that saw at least one key
@@ -232,9 +187,14 @@ def _decode_reduce_kernel(
         other=0.0,
     )
     m_max = tl.max(m, 0)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634  # log2 domain
+        m_max = tl.maximum(m_max, sink)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.math.exp2(m - m_max)  # rescale every split to the common max
     total = tl.sum(l_part * w, 0)
+    if USE_SINKS:
+        total += tl.math.exp2(sink - m_max)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(total, 1e-30)
     tl.store(
         out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
@@ -252,8 +212,11 @@ def _prefill_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     out_ptr,
+    sinks_ptr,
     first_seq,
     qk_scale,
+    softcap,
+    window,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -270,6 +233,9 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     seq = first_seq + tl.program_id(1)
@@ -304,24 +270,42 @@ def _prefill_kernel(
 
     # Keys before the tile's first query position are visible to every row: no mask at all.
     diagonal_start = (context + q_first) // BLOCK_N * BLOCK_N
-    for n0 in range(0, diagonal_start, BLOCK_N):
+    free_start = 0
+    if USE_WINDOW:
+        # No row sees a key before `lo` (where the first query's window starts): none is read. The
+        # tiles before free_start are cut by some row's window; from there every row sees them.
+        lo = tl.maximum(context + q_first - window + 1, 0)
+        q_last = context + tl.minimum(q_first + BLOCK_Q, q_len) - 1
+        free_start = tl.cdiv(tl.maximum(q_last - window + 1, 0), BLOCK_N) * BLOCK_N
+        free_start = tl.minimum(free_start, diagonal_start)
+        for n0 in range(lo // BLOCK_N * BLOCK_N, free_start, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n >= lo
+            k, v = load_kv_tiles(
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_row,
+                offs_n,
+                n_mask,
+                kv_head,
+                offs_d,
+                stride_cb,
+                stride_cs,
+                stride_ch,
+                q.dtype,
+                BLOCK_SIZE,
+                HEAD_DIM,
+                BLOCK_D,
+                True,
+            )
+            in_window = (offs_n[None, :] > q_pos[:, None] - window) & n_mask[None, :]
+            acc, m_i, l_i = online_softmax_step(
+                acc, m_i, l_i, q, k, v, qk_scale, softcap, in_window, True, SOFTCAP, DOT_PRECISION
+            )
+    for n0 in range(free_start, diagonal_start, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = _load_kv_tile(
+        k, v = load_kv_tiles(
             k_cache_ptr,
-            block_table_row,
-            offs_n,
-            None,
-            kv_head,
-            offs_d,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            BLOCK_D,
-            False,
-        ).to(q.dtype)
-        v = _load_kv_tile(
             v_cache_ptr,
             block_table_row,
             offs_n,
@@ -331,13 +315,14 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
+            q.dtype,
             BLOCK_SIZE,
             HEAD_DIM,
             BLOCK_D,
             False,
-        ).to(q.dtype)
-        acc, m_i, l_i = _online_softmax_step(
-            acc, m_i, l_i, q, k, v, qk_scale, None, False, DOT_PRECISION
+        )
+        acc, m_i, l_i = online_softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, softcap, None, False, SOFTCAP, DOT_PRECISION
         )
 
     # Diagonal tiles: up to the tile's last query position, causal mask per row.
@@ -345,22 +330,10 @@ def _prefill_kernel(
     for n0 in range(diagonal_start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _load_kv_tile(
+        if USE_WINDOW:
+            n_mask = n_mask & (offs_n >= lo)
+        k, v = load_kv_tiles(
             k_cache_ptr,
-            block_table_row,
-            offs_n,
-            n_mask,
-            kv_head,
-            offs_d,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            BLOCK_D,
-            True,
-        ).to(q.dtype)
-        v = _load_kv_tile(
             v_cache_ptr,
             block_table_row,
             offs_n,
@@ -370,16 +343,21 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
+            q.dtype,
             BLOCK_SIZE,
             HEAD_DIM,
             BLOCK_D,
             True,
-        ).to(q.dtype)
+        )
         causal = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        acc, m_i, l_i = _online_softmax_step(
-            acc, m_i, l_i, q, k, v, qk_scale, causal, True, DOT_PRECISION
+        if USE_WINDOW:
+            causal = causal & (offs_n[None, :] > q_pos[:, None] - window)
+        acc, m_i, l_i = online_softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, softcap, causal, True, SOFTCAP, DOT_PRECISION
         )
 
+    if USE_SINKS:
+        acc, m_i, l_i = fold_sinks(acc, m_i, l_i, tl.load(sinks_ptr + heads).to(tl.float32))
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -455,14 +433,20 @@ def paged_attention_triton(
     md: AttentionMetadata,
     scale: float,
     num_splits: int | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D] -> out [T, Hq, D] in q.dtype (float32
-    math).
+    math). sliding_window, softcap and sinks [Hq] as in paged_attention_ref.
 
-    Launch sizes come from host values in md only (no device sync). num_splits overrides the decode
+    Launch sizes come from host values in md only (no device sync); which kernels run depends only
+    on which options are set, never on the lengths (CUDA graphs). num_splits overrides the decode
     split count (tests); by default it follows the batch shape (see _decode_num_splits). Rows of
     `out` past query_start_loc[-1] (padding tokens, if any) are left uninitialized.
     """
+    check_options(sliding_window, softcap, sinks, q.shape[1])
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -471,8 +455,17 @@ def paged_attention_triton(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = _launch_config(q.dtype, head_dim, q.is_cuda)
     block_d = triton.next_power_of_2(max(head_dim, 16))
+    flags = dict(
+        USE_WINDOW=sliding_window is not None,
+        SOFTCAP=softcap is not None,
+        USE_SINKS=sinks is not None,
+    )
+    window = sliding_window or 0
+    sinks = sinks.contiguous() if sinks is not None else out  # out: a pointer never read
     common = (
         scale * _LOG2E,
+        (softcap or 1.0) * _LOG2E,
+        window,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -501,6 +494,7 @@ def paged_attention_triton(
             part_acc,
             part_m,
             part_l,
+            sinks,
             *common,
             NUM_Q_HEADS=num_q_heads,
             GROUP=group,
@@ -511,6 +505,7 @@ def paged_attention_triton(
             BLOCK_D=block_d,
             BLOCK_N=block_n,
             DOT_PRECISION=config["precision"],
+            **flags,
             num_warps=decode_warps,
             num_stages=2,
         )
@@ -520,7 +515,9 @@ def paged_attention_triton(
                 part_m,
                 part_l,
                 md.seq_lens,
+                sinks,
                 out,
+                window,
                 out.stride(0),
                 out.stride(1),
                 NUM_Q_HEADS=num_q_heads,
@@ -529,6 +526,8 @@ def paged_attention_triton(
                 BLOCK_S=triton.next_power_of_2(splits),
                 BLOCK_D=block_d,
                 BLOCK_N=block_n,
+                USE_WINDOW=flags["USE_WINDOW"],
+                USE_SINKS=flags["USE_SINKS"],
             )
 
     num_prefills = md.num_seqs - nd
@@ -544,6 +543,7 @@ def paged_attention_triton(
             md.seq_lens,
             md.query_start_loc,
             out,
+            sinks,
             nd,
             *common,
             GROUP=group,
@@ -554,6 +554,7 @@ def paged_attention_triton(
             BLOCK_D=block_d,
             BLOCK_N=block_n,
             DOT_PRECISION=config["precision"],
+            **flags,
             num_warps=warps,
             num_stages=stages,
         )

@@ -40,22 +40,28 @@ def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
         elif name in pointers:
             signature[name] = pointers[name]
         else:
-            signature[name] = "fp32" if name in ("qk_scale", "eps", "limit", "alpha") else "i32"
+            signature[name] = (
+                "fp32" if name in ("qk_scale", "softcap", "eps", "limit", "alpha") else "i32"
+            )
         if name in pointers or (name.startswith("stride_") and name != "stride_bt"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     options = dict(num_warps=num_warps, num_stages=num_stages)
     triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
 
 
-def build_attention(dtype: torch.dtype, head_dim: int, group: int) -> None:
+def build_attention(dtype: torch.dtype, head_dim: int, group: int, options: bool = False) -> None:
+    """The attention kernels, with every option (window, softcap, sinks) on if `options`."""
     t = TYPES[dtype]
     pointers = {name: f"*{t}" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
     pointers |= {
         name: "*i32" for name in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
     }
-    pointers |= {name: "*fp32" for name in ("part_acc_ptr", "part_m_ptr", "part_l_ptr")}
+    pointers |= {
+        name: "*fp32" for name in ("part_acc_ptr", "part_m_ptr", "part_l_ptr", "sinks_ptr")
+    }
     config = triton_attention._launch_config(dtype, head_dim, on_gpu=True)
     block_n, warps = config["decode"]
+    flags = dict(USE_WINDOW=options, SOFTCAP=options, USE_SINKS=options)
     common = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n)
     build(
         triton_attention._decode_kernel,
@@ -68,13 +74,21 @@ def build_attention(dtype: torch.dtype, head_dim: int, group: int) -> None:
             BLOCK_SIZE=16,
             BLOCK_G=16,
             DOT_PRECISION=config["precision"],
+            **flags,
         ),
         num_warps=warps,
     )
     build(
         triton_attention._decode_reduce_kernel,
         pointers,
-        dict(common, NUM_Q_HEADS=8 * group, NUM_SPLITS=8, BLOCK_S=8),
+        dict(
+            common,
+            NUM_Q_HEADS=8 * group,
+            NUM_SPLITS=8,
+            BLOCK_S=8,
+            USE_WINDOW=options,
+            USE_SINKS=options,
+        ),
     )
     block_m, block_n, warps, stages = config["prefill"]
     build(
@@ -89,6 +103,7 @@ def build_attention(dtype: torch.dtype, head_dim: int, group: int) -> None:
             BLOCK_D=head_dim,
             BLOCK_N=block_n,
             DOT_PRECISION=config["precision"],
+            **flags,
         ),
         num_warps=warps,
         num_stages=stages,
@@ -138,4 +153,6 @@ if __name__ == "__main__":
     build_attention(torch.bfloat16, 128, 4)
     build_attention(torch.float16, 64, 1)
     build_attention(torch.float32, 128, 8)
+    build_attention(torch.bfloat16, 64, 8, options=True)  # gpt-oss: window and sinks
+    build_attention(torch.float32, 256, 2, options=True)  # Gemma 2: window and softcap
     print("built for sm_90")
