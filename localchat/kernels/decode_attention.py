@@ -1,12 +1,14 @@
 """The CPU fast path for a batch of decodes: rotary, KV store and paged attention in one C++ call
 per layer (kernels/csrc/decode_attention.h). It applies only to all-decode float32 batches on the
 CPU over a float32, float16 or bfloat16 KV pool; everything else takes the per-op path
-(kernels/rotary.py, kv_cache.py, attention.py), which it must equal."""
+(kernels/rotary.py, kv_cache.py, attention.py), which it must equal, options included (a sliding
+window, whose keys alone are read; a softcap on the scores; sinks)."""
 
 from __future__ import annotations
 
 import torch
 
+from localchat.kernels.attention import check_options
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
@@ -23,9 +25,15 @@ def fused_decode_attention(
     num_kv_heads: int,
     head_dim: int,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Attention output [T, num_heads * head_dim] for an all-decode batch, or None when the fast
-    path does not apply (the caller then runs the per-op path). `qkv` is rotated in place."""
+    path does not apply (the caller then runs the per-op path). `qkv` is rotated in place.
+    sliding_window, softcap and sinks [num_heads] as paged_attention takes them."""
+    check_options(sliding_window, softcap, sinks, num_heads)
     if (
         qkv.device.type != "cpu"
         or qkv.dtype != torch.float32
@@ -50,4 +58,7 @@ def fused_decode_attention(
         num_kv_heads,
         head_dim,
         scale,
+        sliding_window or 0,
+        softcap or 0.0,
+        None if sinks is None else sinks.to(torch.float32).contiguous(),
     )

@@ -1,7 +1,8 @@
 // One call per layer for a batch of decodes on the CPU (one query token per sequence): rotary embedding
 // of q and k (neox halves), the store of k and v into the paged pool, and attention of every query head
 // over its sequence's keys. The torch reference path runs about 25 small ops for the same work, each
-// costing more in dispatch than in arithmetic at batch 1.
+// costing more in dispatch than in arithmetic at batch 1. Options as kernels/attention.py has them: a
+// sliding window (only its keys are read), a softcap on the scores, and a sink logit per query head.
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -42,6 +43,9 @@ struct PoolShape {
   T* v_cache;
   int64_t num_heads, num_kv_heads, head_dim, half, block_size;
   float scale;
+  int64_t window = 0;            // a query sees its last `window` keys (0: all of them)
+  float softcap = 0.f;           // scores s become softcap * tanh(s / softcap) (0: as they are)
+  const float* sinks = nullptr;  // [num_heads] one more logit in each head's softmax sum, without a value
 };
 
 // Rotary for KV head h of one token and its group of query heads, and the store of its key and value.
@@ -91,13 +95,33 @@ float exp_shifted(float* x, int64_t n, float top) {
   return total;
 }
 
+// s[i] = cap * tanh(s[i] / cap) over n scores: tanh as a rational function (Eigen's, within 4e-7 relative),
+// which the compiler vectorizes, where std::tanh would stay a scalar call per score.
+void softcap_scores(float* s, int64_t n, float cap) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(std::max(s[i] / cap, -7.90531110763549805f), 7.90531110763549805f), x2 = x * x;
+    float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    p = p * x2 + -8.60467152213735e-11f;
+    p = p * x2 + 5.12229709037114e-08f;
+    p = p * x2 + 1.48572235717979e-05f;
+    p = p * x2 + 6.37261928875436e-04f;
+    p = p * x2 + 4.89352455891786e-03f;
+    float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    q = q * x2 + 2.26843463243900e-03f;
+    q = q * x2 + 4.89352518554385e-03f;
+    s[i] = cap * (x * p / q);
+  }
+}
+
 // Keys ahead of the one in use whose rows are prefetched (see attend_partial).
 constexpr int64_t kPrefetchKeys = 16;
 
 // The KV heads [h0, h1) of one token (and their query heads; queries: [Hq * D], rotated) over keys [j0, j1), for
 // splitting a sequence's keys between threads or its heads between tasks. The current token's key and value
 // (the last, not read from the pool: another thread may still be storing them) come as cur_k / cur_v [Hkv * D],
-// rounded to the pool's type. partials: [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top score,
+// rounded to the pool's type. partials: [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top score (scores
+// capped if p.softcap is set),
 // l = sum_j exp(s_j - m), acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
 //
 // Keys are visited in pool order, each key's row read once for all its query heads. Values go a run at a time
@@ -140,6 +164,7 @@ void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<
   }
   for (int64_t i = 0; i < heads; ++i) {
     float* s = scores.data() + i * stride;
+    if (p.softcap > 0.f) softcap_scores(s, n, p.softcap);
     float top = -INFINITY;
     for (int64_t m = 0; m < n; ++m) top = std::max(top, s[m]);
     partials[i * (D + 2)] = top;
@@ -163,11 +188,13 @@ void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<
   }
 }
 
-// The attention output [D] of one query head from the partials of `count` key ranges, `stride` floats apart.
-void merge_partials(const float* partials, int64_t count, int64_t stride, int64_t D, float* out) {
-  float top = -INFINITY;
+// The attention output [D] of one query head from the partials of `count` key ranges, `stride` floats apart,
+// with the head's sink logit, if any, in the softmax sum.
+void merge_partials(const float* partials, int64_t count, int64_t stride, int64_t D, float* out,
+                    float sink = -INFINITY) {
+  float top = sink;
   for (int64_t c = 0; c < count; ++c) top = std::max(top, partials[c * stride]);
-  float total = 0.f;
+  float total = sink > -INFINITY ? std::exp(sink - top) : 0.f;
   std::fill(out, out + D, 0.f);
   for (int64_t c = 0; c < count; ++c) {
     const float* part = partials + c * stride;
@@ -182,7 +209,8 @@ void merge_partials(const float* partials, int64_t count, int64_t stride, int64_
   for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
-// Rotary and the store for KV head h of one token, then its query heads' attention over all the sequence's keys.
+// Rotary and the store for KV head h of one token, then its query heads' attention over the sequence's keys (those
+// in the window, if there is one).
 // current: scratch for the token's key and value as the pool holds them; partials: scratch.
 template <typename T>
 void attend_kv_head(const DecodeToken& t, const PoolShape<T>& p, int64_t h, std::vector<float>& scores,
@@ -193,8 +221,14 @@ void attend_kv_head(const DecodeToken& t, const PoolShape<T>& p, int64_t h, std:
   store_row(current.data() + h * D, t.qkv + Hq * D + h * D, D);
   store_row(current.data() + row + h * D, t.qkv + (Hq + Hkv) * D + h * D, D);
   partials.resize(group * (D + 2));
-  attend_partial(t.qkv, t, p, h, h + 1, 0, t.length, current.data(), current.data() + row, scores, partials.data());
-  for (int64_t g = 0; g < group; ++g) merge_partials(partials.data() + g * (D + 2), 1, D + 2, D, t.out + (h * group + g) * D);
+  const int64_t first = p.window > 0 ? std::max<int64_t>(t.length - p.window, 0) : 0;
+  attend_partial(t.qkv, t, p, h, h + 1, first, t.length, current.data(), current.data() + row, scores,
+                 partials.data());
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t head = h * group + g;
+    merge_partials(partials.data() + g * (D + 2), 1, D + 2, D, t.out + head * D,
+                   p.sinks ? p.sinks[head] : -INFINITY);
+  }
 }
 
 // decode_attention over a pool of element type T.
@@ -202,10 +236,11 @@ template <typename T>
 void decode_attention_over(torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& cos,
                            const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& tables,
                            const torch::Tensor& seq_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                           double scale, torch::Tensor& out) {
+                           double scale, int64_t window, double softcap, const float* sinks, torch::Tensor& out) {
   const int64_t tokens = qkv.size(0), row = qkv.size(1);
   const PoolShape<T> pool{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), num_heads, num_kv_heads, head_dim,
-                          cos.size(1), k_cache.size(1), static_cast<float>(scale)};
+                          cos.size(1), k_cache.size(1), static_cast<float>(scale), window,
+                          static_cast<float>(softcap), sinks};
   float* qkv_p = qkv.data_ptr<float>();
   float* out_p = out.data_ptr<float>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
@@ -227,11 +262,14 @@ void decode_attention_over(torch::Tensor& qkv, torch::Tensor& k_cache, torch::Te
 
 // qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32, float16 or bfloat16;
 // cos/sin: [T, rotary_dim / 2]; slot_mapping: [T] int64; block_tables: [T, max_blocks] int32;
-// seq_lens: [T] int32 (keys per sequence, this token's included). Returns [T, Hq * D].
+// seq_lens: [T] int32 (keys per sequence, this token's included); window: a query sees its last `window` keys (0:
+// all); softcap: scores s become softcap * tanh(s / softcap) (0: none); sinks: None or [Hq] float32, a logit per
+// query head added to its softmax sum. Returns [T, Hq * D].
 torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
                                const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slot_mapping,
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens, int64_t num_heads,
-                               int64_t num_kv_heads, int64_t head_dim, double scale) {
+                               int64_t num_kv_heads, int64_t head_dim, double scale, int64_t window, double softcap,
+                               const c10::optional<torch::Tensor>& sinks) {
   TORCH_CHECK(qkv.scalar_type() == torch::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
   TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "the KV pool must be contiguous, k and v of one type");
@@ -239,11 +277,15 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
               seq_lens.scalar_type() == torch::kInt, "metadata dtypes");
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim, "qkv width does not match the heads");
+  TORCH_CHECK(window >= 0 && softcap >= 0, "window and softcap: 0 (off) or positive");
+  TORCH_CHECK(!sinks || (sinks->scalar_type() == torch::kFloat && sinks->is_contiguous() && sinks->numel() == num_heads),
+              "sinks: [num_heads] contiguous float32");
+  const float* sink_logits = sinks ? sinks->data_ptr<float>() : nullptr;
   const torch::Tensor tables = block_tables.contiguous();
   torch::Tensor out = torch::empty({qkv.size(0), num_heads * head_dim}, torch::kFloat);
   with_pool_type(k_cache, [&](auto element) {
     decode_attention_over<decltype(element)>(qkv, k_cache, v_cache, cos, sin, slot_mapping, tables, seq_lens,
-                                             num_heads, num_kv_heads, head_dim, scale, out);
+                                             num_heads, num_kv_heads, head_dim, scale, window, softcap, sink_logits, out);
   });
   return out;
 }
