@@ -62,12 +62,12 @@ def list_models(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = [("NAME", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SIZE", "WHERE")]
+    table = [("NAME", "FAMILY", "PARAMS", "QUANT", "CONTEXT", "SIZE", "WHERE")]
     for r in rows:
         table.append(
             (
                 r["name"],
-                r["architecture"] or "-",
+                r["family_label"],
                 format_parameters(r["parameters"]),
                 r["quantization"] or "-",
                 str(r["context_length"] or "-"),
@@ -101,6 +101,7 @@ def show(
         return
     for key in ("name", "source", "format", "architecture"):
         typer.echo(f"  {key:<15}{info[key] or '-'}")
+    typer.echo(f"  {'family':<15}{info['family'] or 'not supported by localchat'}")
     typer.echo(f"  {'parameters':<15}{format_parameters(info['parameters'])}")
     typer.echo(f"  {'quantization':<15}{info['quantization'] or '-'}")
     typer.echo(f"  {'context length':<15}{info['context_length'] or '-'}")

@@ -11,6 +11,7 @@ from math import prod
 from pathlib import Path
 
 from localchat.errors import InvalidModelFileError
+from localchat.models.family_names import family_of_gguf, family_of_model_type
 from localchat.models.gguf_header import read_header
 from localchat.models.names import quant_of_filename
 
@@ -22,6 +23,14 @@ class Facts:
     quantization: str | None
     context_length: int | None
     size_bytes: int
+    family: str | None = None  # the family localchat runs it as; None: not one it runs
+
+    @property
+    def family_label(self) -> str:
+        """The family, or the architecture with "(not supported)"."""
+        if self.family:
+            return self.family
+        return f"{self.architecture} (not supported)" if self.architecture else "-"
 
 
 def facts_of(kind: str, path: Path) -> Facts:
@@ -45,12 +54,14 @@ def _gguf_facts(path: Path) -> Facts:
         header = read_header(path)
     except InvalidModelFileError:  # listed anyway, with what its name and size say
         return Facts(None, None, quant_of_filename(path.name), None, path.stat().st_size)
+    architecture = header.metadata.get("general.architecture")
     return Facts(
-        header.metadata.get("general.architecture"),
+        architecture,
         header.parameters,
         gguf_quantization(path, header.metadata.get("general.file_type")),
         header.arch_field("context_length"),
         path.stat().st_size,
+        family_of_gguf(architecture, header.arch_field("expert_count")),
     )
 
 
@@ -76,6 +87,7 @@ def _dir_facts(directory: Path) -> Facts:
         quant or dtypes.get(str(dtype), dtype),
         text.get("max_position_embeddings"),
         sum(p.stat().st_size for p in directory.iterdir() if p.is_file()),
+        family_of_model_type(config.get("model_type")),
     )
 
 

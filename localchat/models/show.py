@@ -20,6 +20,7 @@ def describe(entry: Entry) -> dict[str, Any]:
     return {
         **summary(entry),
         "architecture": facts.architecture,
+        "family": facts.family,
         "parameters": facts.parameters,
         "context_length": facts.context_length,
         "generation_defaults": defaults_for(entry.kind, entry.path).as_dict(),
@@ -39,6 +40,8 @@ def summary(entry: Entry) -> dict[str, Any]:
         "quantization": facts.quantization,
         "size_bytes": facts.size_bytes,
         "architecture": facts.architecture,
+        "family": facts.family,
+        "family_label": facts.family_label,
         "parameters": facts.parameters,
         "context_length": facts.context_length,
         "path": str(entry.path),

