@@ -83,7 +83,7 @@ def bench(
             _W,
             "--workload",
             "-w",
-            help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4",
+            help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4, c5",
         ),
     ] = "c2",
     num_requests: Annotated[
@@ -103,7 +103,7 @@ def bench(
         option(
             _W,
             "--rounds",
-            help="c4: rounds in which the systems take turns, each on fresh requests "
+            help="c4, c5: rounds in which the systems take turns, each on fresh requests "
             "(default 4); the ratio is the median of the rounds' ratios",
         ),
     ] = None,
@@ -128,7 +128,7 @@ def bench(
             _P,
             "--gguf",
             help="GGUF file for the llama.cpp peer (default: MODEL when it is one); "
-            "c4: made there if missing",
+            "c4, c5: made there if missing",
         ),
     ] = None,
     url: Annotated[
@@ -265,7 +265,7 @@ def bench(
         )
         mode, extra = "online", {}
     else:
-        # c4: each system in its own process, taking turns
+        # c4, c5: each system in its own process, taking turns
         run = run_big_model if chosen.isolated else run_offline
         outcome = run(
             config,

@@ -1,6 +1,6 @@
 """Model shapes for random-weight GGUF files: named presets or an HF config.json, and the tensors
-and `{arch}.*` metadata llama.cpp's converter writes for a Llama, Qwen2 or Qwen3 model of that
-shape.
+and `{arch}.*` metadata llama.cpp's converter writes for a Llama, Qwen2, Qwen3 or Qwen3-MoE model of
+that shape.
 
 Shapes here are numpy shapes (rows, columns); GGUF stores them reversed, the writer does that.
 """
@@ -19,7 +19,9 @@ _ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
+_GGUF_ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +45,26 @@ class ModelShape:
     context_length: int = 8192
     tie_word_embeddings: bool = False
     vocab_size: int | None = None
+    # a mixture-of-experts MLP in every layer (qwen3moe): experts, experts per token, expert width
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.arch not in ("llama", "qwen2", "qwen3"):
+        if self.arch not in _GGUF_ARCHES:
             raise InvalidParameterError(
-                f"architecture {self.arch!r} is not supported: llama, qwen2, qwen3", param="config"
+                f"architecture {self.arch!r} is not supported: {', '.join(_GGUF_ARCHES)}",
+                param="config",
+            )
+        if (self.arch == "qwen3moe") != (self.num_experts > 0):
+            raise InvalidParameterError(
+                "num_experts is for the qwen3moe architecture, which needs it", param="num_experts"
+            )
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise InvalidParameterError(
+                f"num_experts_per_tok must be in 1..{self.num_experts}, "
+                f"got {self.num_experts_per_tok}",
+                param="num_experts_per_tok",
             )
         for field in (
             "hidden_size",
@@ -108,6 +125,24 @@ PRESETS: dict[str, ModelShape] = {
         context_length=131072,
         tie_word_embeddings=True,
     ),
+    # Qwen3-30B-A3B: the C5 workload's shape (128 experts, 8 a token)
+    "qwen3-30b-a3b": ModelShape(
+        "qwen3-30b-a3b",
+        "qwen3moe",
+        2048,
+        48,
+        32,
+        4,
+        6144,
+        head_dim=128,
+        explicit_head_dim=True,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        context_length=40960,
+        num_experts=128,
+        num_experts_per_tok=8,
+        expert_intermediate_size=768,
+    ),
     # SmolLM2-135M (the default model's shape)
     "smollm2-135m": ModelShape(
         "smollm2-135m",
@@ -158,6 +193,9 @@ def shape_from_config(path: Path) -> ModelShape:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             context_length=int(config.get("max_position_embeddings", 8192)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            num_experts=int(config.get("num_experts") or 0) if arch == "qwen3moe" else 0,
+            num_experts_per_tok=int(config.get("num_experts_per_tok") or 0),
+            expert_intermediate_size=int(config.get("moe_intermediate_size") or 0),
         )
     except KeyError as exc:
         raise InvalidParameterError(
@@ -181,8 +219,9 @@ def resolve_shape(spec: str) -> ModelShape:
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One tensor: GGUF name, numpy shape, and role ('matrix' gets quantized; 'norm' is ones, 'bias'
-    is small random, both float32 as llama.cpp keeps 1-D tensors)."""
+    """One tensor: GGUF name, numpy shape, and role ('matrix' gets quantized, 3-D for stacked
+    experts; 'norm' is ones, 'bias' and 'router' small random, all three float32 as llama.cpp keeps
+    1-D tensors and expert routers)."""
 
     name: str
     shape: tuple[int, ...]
@@ -220,11 +259,18 @@ def tensor_specs(shape: ModelShape) -> list[TensorSpec]:
             add("attn_q", (q_rows,), "bias", "bias")
             add("attn_k", (kv_rows,), "bias", "bias")
             add("attn_v", (kv_rows,), "bias", "bias")
-        if shape.arch == "qwen3":  # per-head q/k RMSNorm
+        if shape.arch in ("qwen3", "qwen3moe"):  # per-head q/k RMSNorm
             add("attn_q_norm", (hd,), "norm")
             add("attn_k_norm", (hd,), "norm")
         add("attn_output", (hidden, q_rows))
         add("ffn_norm", (hidden,), "norm")
+        if shape.num_experts:  # the router (kept float32, as llama.cpp does) and stacked experts
+            experts, width = shape.num_experts, shape.expert_intermediate_size
+            add("ffn_gate_inp", (experts, hidden), "router")
+            add("ffn_gate_exps", (experts, width, hidden))
+            add("ffn_up_exps", (experts, width, hidden))
+            add("ffn_down_exps", (experts, hidden, width))
+            continue
         add("ffn_gate", (shape.intermediate_size, hidden))
         add("ffn_up", (shape.intermediate_size, hidden))
         add("ffn_down", (hidden, shape.intermediate_size))
@@ -251,3 +297,7 @@ def add_arch_metadata(writer, shape: ModelShape) -> None:
     if shape.arch == "llama":
         writer.add_vocab_size(shape.vocab_size)
         writer.add_rope_dimension_count(shape.dim_per_head)
+    if shape.num_experts:
+        writer.add_expert_count(shape.num_experts)
+        writer.add_expert_used_count(shape.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(shape.expert_intermediate_size)

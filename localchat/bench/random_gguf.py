@@ -1,5 +1,6 @@
-"""Write a random-weight GGUF of any Llama/Qwen2/Qwen3 shape in a chosen quantization mix, with the
-default model's tokenizer, so tests and benchmarks have 1B- and 8B-shaped files without a model hub.
+"""Write a random-weight GGUF of any Llama/Qwen2/Qwen3/Qwen3-MoE shape in a chosen quantization
+mix, with the default model's tokenizer, so tests and benchmarks have 1B-, 8B- and 30B-A3B-shaped
+files without a model hub.
 
 Each tensor is written as soon as it is made, so memory stays at about one tensor. Its blocks are
 drawn at random from a pool of 65,536 random blocks of its type: the legacy types (Q4_0 ... Q8_0,
@@ -85,7 +86,7 @@ def tensor_type(spec: TensorSpec, quant: str, shape: ModelShape) -> GGMLQuantiza
     if quant in _MIXED:
         output = spec.kind == "output" or (spec.kind == "token_embd" and shape.tie_word_embeddings)
         more_bits = (
-            spec.kind in ("attn_v", "ffn_down")
+            spec.kind in ("attn_v", "ffn_down", "ffn_down_exps")
             and spec.layer is not None
             and _use_more_bits(spec.layer, shape.num_layers)
         )
@@ -177,7 +178,7 @@ def _tensor_bytes(
 ) -> np.ndarray:
     if spec.role == "norm":
         return np.ones(spec.shape, dtype=np.float32).view(np.uint8)
-    if spec.role == "bias":
+    if spec.role in ("bias", "router"):
         return (rng.standard_normal(spec.shape, dtype=np.float32) * std).view(np.uint8)
     pool = pools.get(qtype)
     if pool is None:
@@ -188,7 +189,7 @@ def _tensor_bytes(
         values = rng.standard_normal(spec.shape, dtype=np.float32) * std
         return np.ascontiguousarray(quantize(values, qtype)).view(np.uint8)
     blocks = pool[rng.integers(0, POOL_BLOCKS, int(np.prod(spec.shape)) // block_values)]
-    return blocks.reshape(spec.shape[0], -1) if len(spec.shape) == 2 else blocks.reshape(-1)
+    return blocks.reshape(*spec.shape[:-1], -1) if len(spec.shape) >= 2 else blocks.reshape(-1)
 
 
 def write_random_gguf(

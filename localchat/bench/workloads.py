@@ -111,6 +111,17 @@ WORKLOADS: dict[str, Workload] = {
         isolated=True,
         rounds=4,
     ),
+    "c5": Workload(
+        "c5",
+        "mixture of experts, CPU",
+        "decode",
+        1,
+        (128, 128),
+        (64, 64),
+        random_gguf=("qwen3-30b-a3b", "q4_k_m"),
+        isolated=True,
+        rounds=4,
+    ),
 }
 
 
@@ -152,7 +163,7 @@ def select_workload(
     if rounds is not None:
         if not workload.isolated:
             raise InvalidParameterError(
-                f"--rounds is for workloads that run each system in its own process (c4), "
+                f"--rounds is for workloads that run each system in its own process (c4, c5), "
                 f"not {workload.name}",
                 param="rounds",
             )
