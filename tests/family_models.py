@@ -32,6 +32,34 @@ _MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 # family -> (transformers config class name, model class name, config overrides)
 FAMILIES: dict[str, tuple[str, str, dict]] = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            sliding_window=WINDOW,
+            query_pre_attn_scalar=20,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            query_pre_attn_scalar=20,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+        ),
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=WINDOW)),
     "phi4-mini": (
         "Phi3Config",
         "Phi3ForCausalLM",
@@ -63,6 +91,7 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         "SmolLM3ForCausalLM",
         dict(num_hidden_layers=3, no_rope_layers=[1, 1, 0]),
     ),
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=WINDOW)),
     "qwen2-yarn": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
@@ -95,9 +124,32 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
     ),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(_MOE, intermediate_size=32)),
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            head_dim=16,
+            num_hidden_layers=3,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            swiglu_limit=1.5,  # the random activations reach it
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 128,
+                "rope_theta": 150000.0,
+            },
+        ),
+    ),
 }
 # families whose layers attend within a sliding window
-WINDOWED: tuple[str, ...] = ()
+WINDOWED = ("gemma2", "gemma3", "phi3", "mistral-window", "gpt-oss")
 
 
 def build(family: str, seed: int = 0):
