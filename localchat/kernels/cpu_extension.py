@@ -3,7 +3,8 @@
 The build takes about a minute on 2 cores and is cached by torch (keyed by the source and the
 flags), so later starts load it in milliseconds. It compiles for this CPU (-march=native); without a
 C++ compiler, or if the build fails, `cpu_kernels()` returns None and callers fall back to torch
-ops.
+ops, unless LOCALCHAT_REQUIRE_CPU_KERNELS=1 (CI): then a failed build raises, so it cannot pass
+unnoticed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +40,21 @@ _SOURCES = (
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None
+REQUIRE_ENV = "LOCALCHAT_REQUIRE_CPU_KERNELS"  # "1": a failed build raises instead of falling back
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The kernels did not build where LOCALCHAT_REQUIRE_CPU_KERNELS=1 asks for them."""
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's extension builder runs (CXX, else c++), if it is installed."""
+    return shutil.which(os.environ.get("CXX") or "c++")
+
+
+def build_failure() -> str | None:
+    """Why cpu_kernels() found no kernels (the build's error), once it has tried; else None."""
+    return _failed
 
 
 def _cpu_signature() -> str:
@@ -57,21 +74,27 @@ def _cpu_signature() -> str:
 def cpu_kernels(progress=None) -> ModuleType | None:
     """The compiled extension, building it on first use; None when it cannot be built here."""
     global _module, _failed
-    if _module is not None or _failed is not None or os.environ.get("LOCALCHAT_NO_CPU_KERNELS"):
+    if _module is not None or os.environ.get("LOCALCHAT_NO_CPU_KERNELS"):
         return _module
-    with _lock:
-        if _module is not None or _failed is not None:
-            return _module
-        try:
-            _module = build_kernels(progress=progress)
-        except (
-            Exception
-        ) as exc:  # no compiler, no headers, an old CPU: run the torch fallback instead
-            _failed = f"{type(exc).__name__}: {exc}"
-            logger.warning(
-                "CPU kernels unavailable, using slower torch ops (%s)", _failed.splitlines()[0]
-            )
-        return _module
+    if _failed is None:
+        with _lock:
+            if _module is not None:
+                return _module
+            if _failed is None:
+                # no compiler, no headers, an old CPU: run the torch fallback instead
+                try:
+                    _module = build_kernels(progress=progress)
+                except Exception as exc:
+                    _failed = f"{type(exc).__name__}: {exc}"
+                    logger.warning(
+                        "CPU kernels unavailable, using slower torch ops (%s)",
+                        _failed.splitlines()[0],
+                    )
+    if _module is None and os.environ.get(REQUIRE_ENV) == "1":
+        raise CpuKernelsUnavailable(
+            f"the C++ CPU kernels did not build and {REQUIRE_ENV}=1 requires them: {_failed}"
+        )
+    return _module
 
 
 def build_kernels(extra_flags: tuple[str, ...] = (), progress=None) -> ModuleType:

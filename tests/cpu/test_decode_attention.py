@@ -8,10 +8,10 @@ import torch
 
 from localchat.kernels.attention import paged_attention_ref
 from localchat.kernels.attention_metadata import AttentionMetadata
-from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.decode_attention import fused_decode_attention
 from localchat.kernels.kv_cache import store_kv_cache_ref
 from localchat.kernels.rotary import rotary_embedding_ref
+from tests.cpu_kernels import kernels_or_skip
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
 
@@ -19,8 +19,7 @@ pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (con
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(9, 3, 64, 64), (8, 8, 32, 32), (16, 2, 80, 40)])
 def test_fused_decode_equals_reference(heads, pool_dtype):
-    if cpu_kernels() is None:
-        pytest.skip("the C++ CPU kernels cannot be built here")
+    kernels_or_skip()
     num_heads, num_kv_heads, head_dim, rotary_half = (
         heads  # the last case: partial rotary (dims 80, rotary 80)
     )

@@ -18,9 +18,9 @@ from localchat.engine.gguf_repack import (
     repack,
     repack_reference,
 )
-from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import pack_k_params, unpack_k_params
 from localchat.kernels.quant_linear import interleave_for_kernel
+from tests.cpu_kernels import kernels_or_skip
 
 # byte offsets of each type's float16 fields inside a block (random bytes there could be inf/nan)
 _F16_FIELDS = {
@@ -72,8 +72,7 @@ def test_repack_matches_gguf_dequantize(qtype):
 
 @pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
 def test_cpp_repack_equals_the_torch_reference_bit_for_bit(qtype):
-    if cpu_kernels() is None:
-        pytest.skip("the C++ CPU kernels cannot be built here")
+    kernels_or_skip()
     rows, cols = 40, 1024
     data = random_blocks(qtype, rows, cols, seed=3)
     order = torch.randperm(rows, generator=torch.Generator().manual_seed(1))
@@ -103,8 +102,8 @@ def test_repack_straight_into_the_interleaved_layout(qtype, monkeypatch):
     """Repacking with interleave gives what interleaving the repacked weight gives (42 rows: the
     last two stay row-major); types the kernels read in their blocks are kept as the file has
     them, and the C++ repack still interleaves them when asked."""
-    ext = cpu_kernels()
-    if ext is None or not bool(ext.simd_isa()):
+    ext = kernels_or_skip()
+    if not bool(ext.simd_isa()):
         pytest.skip("the interleaved layout is the VNNI kernel's")
     rows, cols = 42, 512
     data = random_blocks(qtype, rows, cols, seed=5)

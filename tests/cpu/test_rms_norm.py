@@ -5,16 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.norm import rms_norm, rms_norm_ref
+from tests.cpu_kernels import kernels_or_skip
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 130])
 def test_add_rms_norm_matches_reference(rows):
-    if cpu_kernels() is None:
-        pytest.skip("the C++ CPU kernels cannot be built here")
+    kernels_or_skip()
     generator = torch.Generator().manual_seed(rows)
     x, residual = (
         torch.randn(rows, 576, generator=generator),

@@ -11,7 +11,7 @@ import torch
 from localchat.engine.sampler import SamplingBatch, race_noise, sample_reference
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
-from localchat.kernels.cpu_extension import cpu_kernels
+from tests.cpu_kernels import kernels_or_skip
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
 
@@ -43,9 +43,7 @@ def batch_of(settings: list[dict], vocab: int) -> SamplingBatch:
 
 
 def kernel_and_reference(logits: torch.Tensor, batch: SamplingBatch):
-    ext = cpu_kernels()
-    if ext is None:
-        pytest.skip("the C++ CPU kernels cannot be built here")
+    ext = kernels_or_skip()
     noise = race_noise(logits.shape, [None] * logits.shape[0])
     got = ext.sample_tokens(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, noise)
     return got.tolist(), sample_reference(logits, batch, noise).tolist()
@@ -80,9 +78,7 @@ def test_a_mixed_batch_with_banned_tokens_picks_what_the_reference_picks():
 
 def test_tied_top_tokens_resolve_to_the_lowest_id_as_greedy_does():
     # (the reference's order among ties is torch.topk's, which is unspecified)
-    ext = cpu_kernels()
-    if ext is None:
-        pytest.skip("the C++ CPU kernels cannot be built here")
+    ext = kernels_or_skip()
     logits = torch.zeros(3, 512)
     logits[:, [7, 300, 301]] = 5.0
     settings = [
