@@ -5,11 +5,6 @@ request's `model`, loaded on first use, evicted least-recently-used under --max-
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,15 +14,10 @@ import pytest
 
 from tests.models.conftest import ST_NAME, ST_REPO
 from tests.models.test_registry import _hand_made_cache
+from tests.serve_process import serve_process
 
 DEFAULT = "smollm2-135m-instruct:q4_1"
 SMALL = ["--kv-cache-memory", "32MiB", "--max-model-len", "256", "--threads", "1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _rss_mib(pid: int) -> float:
@@ -38,31 +28,10 @@ def _rss_mib(pid: int) -> float:
 
 @contextmanager
 def _serve(log_path: Path, *args: str):
-    """`localchat serve ARGS` on a free port until /health answers; SIGTERM afterwards."""
-    port = _free_port()
-    command = [sys.executable, "-m", "localchat", "serve", "--port", str(port), *args, *SMALL]
-    log = log_path.open("w")  # open while the server runs
-    process = subprocess.Popen(command, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-        yield url, process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+    """`localchat serve ARGS` (the server picks its port) until /health answers; SIGTERM
+    afterwards."""
+    with serve_process(log_path, *args, *SMALL, timeout=120) as server:
+        yield server.base_url, server.process
 
 
 def _sample(url: str, name: str) -> float:
@@ -75,10 +44,12 @@ def _cards(url: str) -> dict[str, dict]:
     return {card["id"]: card for card in httpx.get(f"{url}/v1/models").json()["data"]}
 
 
-async def _wait_unloaded(url: str, name: str, timeout: float = 10.0) -> float:
+async def _wait_unloaded(url: str, name: str) -> float:
+    """Seconds until `name` is unloaded (a minute at most: a deadline against a hang, not a
+    measure of speed)."""
     start = time.monotonic()
     while _cards(url)[name]["loaded"]:
-        assert time.monotonic() - start < timeout, f"{name} still loaded after {timeout} s"
+        assert time.monotonic() - start < 60, f"{name} still loaded after 60 s"
         await asyncio.sleep(0.1)
     return time.monotonic() - start
 
@@ -119,12 +90,9 @@ def test_two_models_one_server(two_models, cli):
     assert httpx.get(f"{url}/v1/models/{ST_NAME}").json()["id"] == ST_NAME
     assert httpx.get(f"{url}/v1/models/nope").status_code == 404
     rss = asyncio.run(_scenario(url, process.pid))
+    # (for the eye only: the allocator decides when heap goes back. That the pool lets an evicted
+    # engine go, tests/models/test_engine_pool.py checks by its references)
     print(f"RSS (MiB) after each of {DEFAULT}, {ST_NAME} x3, one loaded at a time: {rss}")
-    # eviction gives the memory back: the last two swaps' RSS is not more than 10% above the two
-    # before them (an engine left behind would add its weights and KV pool, over 10%). It may fall
-    # below them when the allocator hands heap back; the first loads are no baseline, as the
-    # allocator keeps some of the heap it grew
-    assert max(rss[4:]) <= max(rss[2:4]) * 1.10, rss
     cards = _cards(url)
     assert [n for n, c in cards.items() if c["loaded"]] == [ST_NAME]
     assert cards[ST_NAME]["memory_bytes"] > 32 * 2**20  # its weights and the 32 MiB KV pool
@@ -167,10 +135,16 @@ async def _scenario(url: str, pid: int) -> list[float]:
     with pytest.raises(BadRequestError) as bad:
         await _ask(client, ST_NAME, keep_alive="soon")
     assert bad.value.body["param"] == "keep_alive" and "not a duration" in bad.value.message
+    # one at a time, alternating: each request unloads the other model (the pool's counter)
+    swaps = 0 if _cards(url)[DEFAULT]["loaded"] else 1
+    unloads = _sample(url, "localchat_model_unloads_total")
     rss = []
     for model in [DEFAULT, ST_NAME] * 3:
         await _ask(client, model)
         rss.append(_rss_mib(pid))
+        loaded = [name for name, card in _cards(url).items() if card["loaded"]]
+        assert loaded == [model] and _sample(url, "localchat_models_loaded") == 1
+    assert _sample(url, "localchat_model_unloads_total") - unloads == 5 + swaps
     await client.close()
     return rss
 
@@ -209,14 +183,17 @@ async def _budget_scenario(url: str) -> None:
     assert not cards["tiny-a"]["loaded"] and cards["tiny-b"]["loaded"]
     assert cards["tiny-b"]["unloads_in_seconds"] is None  # --keep-alive -1: forever
     # a request's keep_alive becomes its model's: 0 unloads it once the reply is sent
+    unloads = _sample(url, "localchat_model_unloads_total")
     await _ask(client, "tiny-b", keep_alive=0)
-    print(f"keep_alive=0: unloaded {await _wait_unloaded(url, 'tiny-b', timeout=5):.2f} s after")
-    # "1s": unloaded by the background task about a second after the last request
+    print(f"keep_alive=0: unloaded {await _wait_unloaded(url, 'tiny-b'):.2f} s after")
+    assert _sample(url, "localchat_model_unloads_total") == unloads + 1
+    # "1s": due a second after the last request, then unloaded by the background task (nothing
+    # else unloads it: no request follows)
     await _ask(client, "tiny-a", keep_alive="1s")
-    assert _cards(url)["tiny-a"]["keep_alive_seconds"] == 1
-    waited = await _wait_unloaded(url, "tiny-a", timeout=10)
-    print(f"keep_alive=1s: unloaded {waited:.2f} s after the reply")
-    assert waited < 5
+    card = _cards(url)["tiny-a"]
+    assert card["keep_alive_seconds"] == 1 and 0 <= card["unloads_in_seconds"] <= 1
+    print(f"keep_alive=1s: unloaded {await _wait_unloaded(url, 'tiny-a'):.2f} s after the reply")
+    assert _sample(url, "localchat_model_unloads_total") == unloads + 2
     await client.close()
 
 
@@ -237,9 +214,10 @@ async def _while_loading(url: str) -> None:
             answered.append(time.monotonic() - started)
     took = time.monotonic() - started
     await loading
+    # (how many were answered meanwhile is the machine's timing, printed, not asserted: that a
+    # load keeps no request to a loaded engine waiting, test_engine_pool.py holds a load back
+    # to show)
     print(f"smol loaded and answered in {took:.2f} s; tiny-a answered {len(answered)} meanwhile")
-    # had its requests waited for the load, none would be answered before smol's
-    assert len(answered) >= 2, (answered, took)
     assert all(card["loaded"] for name, card in _cards(url).items() if name != "tiny-b")
     # both loaded, hit at once: two engines step at the same time in one process
     replies = await asyncio.gather(*(_ask(client, m) for m in ["smol", "tiny-a"] * 4))
