@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-import time
+import sys
+from pathlib import Path
 
 import llguidance
 import pytest
 
 from localchat.reasoning import ThinkSplitter, new_splitter, reasoning_parser_for
+from localchat.server import tool_parsers
 from localchat.server.chat_reply import ReplyParser
 from localchat.server.tool_parsers import (
     HermesParser,
@@ -148,16 +150,39 @@ def test_deepseek_r1_starts_thinking_and_drops_a_written_tag():
     assert ThinkSplitter(in_thinking=True).feed("abc</think>x") == ("abc", "x")
 
 
-def test_long_arguments_and_bad_escapes_stream():
-    code = "x = 1\\n" * 2000  # a file an agent writes through a call, 14,000 characters
+def _stream_call(lines: int) -> tuple[list, str, int]:
+    """A call writing a file of `lines` lines, fed ~4 characters a token: the pieces, the code, and
+    how many lines of Python the server's parsers ran for it (sys.settrace's line events: a count,
+    not a time)."""
+    code = "x = 1\\n" * lines
     text = f'<tool_call>\n{{"name": "write", "arguments": {{"code": "{code}"}}}}\n</tool_call>'
     reply = ReplyParser(None, HermesParser())
-    started = time.perf_counter()
-    pieces = [reply.feed(text[i : i + 4]) for i in range(0, len(text), 4)]  # ~4 chars a token
-    pieces.append(reply.feed("", final=True))
-    assert time.perf_counter() - started < 2.0
+    server = str(Path(tool_parsers.__file__).parent)
+    executed = 0
+
+    def count(frame, event, arg):
+        nonlocal executed
+        executed += event == "line"
+        return count
+
+    sys.settrace(lambda frame, *_: count if frame.f_code.co_filename.startswith(server) else None)
+    try:
+        pieces = [reply.feed(text[i : i + 4]) for i in range(0, len(text), 4)]
+        pieces.append(reply.feed("", final=True))
+    finally:
+        sys.settrace(None)
+    return pieces, code, executed // len(pieces)
+
+
+def test_long_arguments_and_bad_escapes_stream():
+    pieces, code, per_token = _stream_call(2000)  # a file an agent writes, 14,000 characters
     arguments = "".join(d.arguments for p in pieces for d in p.calls)
     assert json.loads(arguments) == {"code": code.replace("\\n", "\n")}
+    # the reply is read again on every token, by regexes: the Python run per token does not grow
+    # with the arguments (a scan in Python, character by character, would run 4x the lines of a
+    # 500-line file's tokens here)
+    _, _, short_per_token = _stream_call(500)
+    assert per_token < 1.5 * short_per_token, (per_token, short_per_token)
     # a key or name that is not a valid JSON string is no call, not an error
     for bad in ('{"na\\q": "f", "arguments": {}}', '{"name": "f\\q", "arguments": {}}'):
         reply = ReplyParser(None, HermesParser())
