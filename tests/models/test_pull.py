@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import signal
@@ -58,12 +59,23 @@ def test_pull_safetensors_repo_honours_hf_token(cli, hub_cache, fake_hub, monkey
     assert "tokenizer.json" in names and "README.md" not in names
     assert all(r["authorization"] == "Bearer hf_secret" for r in fake_hub.requests)
 
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from localchat import LLM, SamplingParams
 
     out = LLM(ST_NAME, kv_cache_memory="16MiB", max_model_len=128).generate(
-        ["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    )
-    assert len(out[0].token_ids) == 4
+        ["Hello, my name is"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )[0]
+    # the weights the hub served: transformers, on the pulled snapshot, continues as we do
+    reference = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
+    prompt = torch.tensor([out.prompt_token_ids])
+    with torch.no_grad():
+        expected = reference.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=8,
+            min_new_tokens=8,
+        )  # fmt: skip
+    assert out.token_ids == expected[0, prompt.shape[1] :].tolist()
 
 
 def test_a_dropped_connection_resumes_with_a_range_request(cli, hub_cache, fake_hub):
@@ -163,30 +175,61 @@ def silent_server():
     server.close()
 
 
-def _closed_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+@pytest.fixture
+def closed_port():
+    """The URL of a port bound, never listened on, and held for the test: a connection to it is
+    refused, and no other process can take it meanwhile."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{bound.getsockname()[1]}"
+
+
+@dataclasses.dataclass
+class Connection:
+    address: tuple
+    waits: list[float | None]  # every timeout set on the socket: the longest each wait may last
+
+
+@pytest.fixture
+def connections(monkeypatch) -> list[Connection]:
+    """Every TCP connection the test's process tries (the hub probe's, huggingface_hub's), with
+    the timeouts its connect and reads may wait."""
+    tried: list[Connection] = []
+
+    class Recorded(socket.socket):
+        def settimeout(self, value):
+            self.__dict__.setdefault("waits", []).append(value)
+            super().settimeout(value)
+
+        def connect(self, address):
+            tried.append(Connection(address, self.__dict__.setdefault("waits", [])))
+            super().connect(address)
+
+    monkeypatch.setattr(socket, "socket", Recorded)  # what socket.create_connection makes
+    return tried
 
 
 @pytest.mark.parametrize("where", ["refused", "no-dns", "silent"])
 def test_an_unreachable_hub_fails_fast_with_a_clear_message(
-    cli, hub_cache, monkeypatch, silent_server, where
+    cli, hub_cache, monkeypatch, closed_port, silent_server, connections, where
 ):
-    endpoint = {
-        "refused": _closed_port(),
-        "no-dns": "http://hub.invalid",
-        "silent": silent_server,
-    }[where]
+    """Fast by construction, not by a stopwatch: a probe and at most one request (no retries), and
+    every wait of theirs bounded by a timeout of a few seconds."""
+    endpoint = {"refused": closed_port, "no-dns": "http://hub.invalid", "silent": silent_server}[
+        where
+    ]
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    start = time.monotonic()
     result = cli("pull", "Qwen/Qwen2.5-0.5B-Instruct-GGUF:q4_k_m")
-    elapsed = time.monotonic() - start
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert endpoint in result.stderr and (
         "cannot reach" in result.stderr or "in time" in result.stderr
     )
-    assert elapsed < 8, elapsed
+    # refused: the probe's connection only; no DNS: none; silent: the probe's and the file list's
+    assert len(connections) == {"refused": 1, "no-dns": 0, "silent": 2}[where], connections
+    for connection in connections:
+        assert connection.waits and all(
+            wait is not None and 0 < wait <= 5 for wait in connection.waits
+        ), connection
 
 
 def test_choosing_files_names_the_choices(cli, hub_cache, fake_hub):
