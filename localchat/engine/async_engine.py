@@ -152,6 +152,7 @@ class AsyncEngine:
         self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
         self._streams: dict[str, _Stream] = {}
         self._holding: dict[str, _Stream] = {}  # engine thread: streams with held deltas
+        self._clock: Callable[[], float] = time.monotonic  # when held deltas are due
         # engine thread: added requests whose acceptance waits for their grammar (see _accept)
         self._accepting: dict[str, tuple[asyncio.Future, Request]] = {}
         # engine thread: the embed() calls waiting, by their futures
@@ -410,7 +411,7 @@ class AsyncEngine:
         """Hand a step's deltas to their event loops (holding those of streams with an interval
         until it has passed), with the held deltas that are due."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        now = time.monotonic()
+        now = self._clock()
         for output in outputs:
             request_id = output.request_id
             stream = self._streams.get(request_id)

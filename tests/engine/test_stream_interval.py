@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from localchat.engine import async_engine
 from localchat.engine.async_engine import AsyncEngine, _Stream
 from localchat.engine.outputs import CompletionOutput, RequestOutput
 from localchat.errors import EngineDeadError
@@ -19,11 +18,27 @@ def delta(token: int | None, finish: str | None = None) -> RequestOutput:
     return RequestOutput("r", None, [1], [output], finished=finish is not None)
 
 
+class FakeClock:
+    """The engine's clock in a test: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def clock(monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(async_engine.time, "monotonic", lambda: now[0])
-    return now
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def engine_on(clock: FakeClock) -> AsyncEngine:
+    """An engine (never started) whose stream intervals run on `clock`; the process's own clock,
+    which the event loop reads too, is left alone."""
+    engine = AsyncEngine()
+    engine._clock = clock
+    return engine
 
 
 async def received(stream: _Stream) -> list:
@@ -36,24 +51,24 @@ async def received(stream: _Stream) -> list:
 
 
 async def test_the_first_token_goes_at_once_then_one_hand_over_per_interval(clock):
-    engine = AsyncEngine()
+    engine = engine_on(clock)
     stream = engine._streams["r"] = _Stream(asyncio.get_running_loop(), interval=0.05)
     engine._deliver([delta(None)])  # a step without a token (a prefill chunk) is not held
     engine._deliver([delta(1)])
     assert await received(stream) == [[], [1]]
     for token in (2, 3):
-        clock[0] += 0.02
+        clock.now += 0.02
         engine._deliver([delta(token)])
     assert await received(stream) == []
-    clock[0] += 0.02  # 60 ms after the first token
+    clock.now += 0.02  # 60 ms after the first token
     engine._deliver([delta(4)])
     assert await received(stream) == [[2], [3], [4]]
-    clock[0] += 0.01
+    clock.now += 0.01
     engine._deliver([delta(5)])
-    clock[0] += 0.05
+    clock.now += 0.05
     engine._deliver([])  # no delta this step (preempted): what is due goes anyway
     assert await received(stream) == [[5]]
-    clock[0] += 0.01  # 10 ms after that hand-over
+    clock.now += 0.01  # 10 ms after that hand-over
     engine._deliver([delta(6)])
     assert await received(stream) == []
     engine._deliver([delta(7, finish="length")])  # the last delta never waits
@@ -62,7 +77,7 @@ async def test_the_first_token_goes_at_once_then_one_hand_over_per_interval(cloc
 
 
 async def test_without_an_interval_every_delta_goes_at_once(clock):
-    engine = AsyncEngine()
+    engine = engine_on(clock)
     stream = engine._streams["r"] = _Stream(asyncio.get_running_loop())
     for token in (1, 2, 3):
         engine._deliver([delta(token)])
@@ -70,7 +85,7 @@ async def test_without_an_interval_every_delta_goes_at_once(clock):
 
 
 async def test_a_failing_engine_hands_over_what_it_held_before_the_error(clock):
-    engine = AsyncEngine()
+    engine = engine_on(clock)
     stream = engine._streams["r"] = _Stream(asyncio.get_running_loop(), interval=1.0)
     engine._deliver([delta(1)])
     engine._deliver([delta(2)])
