@@ -117,7 +117,11 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         "Qwen2MoeForCausalLM",
         dict(_MOE, shared_expert_intermediate_size=48, num_hidden_layers=3, mlp_only_layers=[1]),
     ),
-    "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_MOE, head_dim=16)),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(_MOE, head_dim=16, norm_topk_prob=True),  # as Qwen3-30B-A3B
+    ),
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",

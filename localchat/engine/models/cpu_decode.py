@@ -5,13 +5,18 @@ between steps.
 It applies when the model runs float32 on a CPU with the vector kernels (AVX-512 VNNI or AVX2) and
 every projection is quantized (one PackedWeight, or several whose rows stack, as a Q4_K_M file's
 Q4_K q/k and Q6_K v do); otherwise the layers run op by op. Qwen3's per-head q/k norms run inside
-the layer.
+the layer, and so does a mixture-of-experts MLP (Qwen3-MoE, Mixtral: the router, top-k, and each
+chosen expert's projections).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from localchat.engine.models.moe import SparseMoE
+from localchat.engine.models.spec import DecoderSpec, LayerSpec
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
@@ -57,6 +62,48 @@ class CpuDecodeStack:
         )
 
 
+def supports(spec: DecoderSpec) -> bool:
+    """Whether the C++ stack runs this model's layers: Llama/Qwen layers (DecoderSpec.is_plain),
+    whose MLP may be a mixture of experts routed by a softmax over all experts (Qwen3-MoE, Mixtral)
+    without biases or a shared expert."""
+    if spec.moe is None:
+        return spec.is_plain
+    moe = spec.moe
+    dense = dataclasses.replace(spec, moe=None, layers=())
+    return (
+        dense.is_plain
+        and all(dataclasses.replace(layer, moe=False) == LayerSpec() for layer in spec.layers)
+        and moe.routing == "softmax_topk"
+        and not (moe.router_bias or moe.expert_bias or moe.shared_expert_size)
+    )
+
+
+def _tensors(parts: list[PackedWeight]) -> tuple[list[list[torch.Tensor]], list[int]]:
+    """The C++ layer's description of PackedWeights: four tensors and four format fields each."""
+    tensors = [[p.qweight, p.scales, _or_empty(p.mins), _or_empty(p.super_scales)] for p in parts]
+    formats = [f for p in parts for f in (p.bits, p.group_size, p.zero_point, p.arrangement)]
+    return tensors, formats
+
+
+def _moe_mlp(ext, moe, spec: DecoderSpec):
+    """The C++ MoeMlp of a SparseMoE whose experts are all quantized; None otherwise."""
+    weights = [(e.gate_up_weight, e.down_weight) for e in moe.experts]
+    if not all(_is_packed(w) for pair in weights for w in pair):
+        return None
+    projections = [_parts(w) for pair in weights for w in pair]
+    tensors, formats = _tensors([p for projection in projections for p in projection])
+    width = spec.moe.intermediate_size
+    return ext.MoeMlp(
+        moe.router_weight.float(),
+        tensors,
+        [len(projection) for projection in projections],
+        formats,
+        spec.moe.top_k,
+        spec.moe.normalize_topk,
+        [precise_activations(spec.hidden_size), precise_activations(width)],
+    )
+
+
 def build_decode_stack(model) -> CpuDecodeStack | None:
     """The C++ decode stack of the model, or None when the fast path does not apply to this
     model."""
@@ -67,36 +114,41 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
         or model.norm.weight.device.type != "cpu"
         or model.norm.weight.dtype != torch.float32
         or use_triton(model.norm.weight)
+        or not supports(model.spec)
     ):
         return None
     layers = []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        weights = (attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight)
+        weights = [attn.qkv_weight, attn.o_weight]
+        moe = mlp if isinstance(mlp, SparseMoE) else None
+        if moe is None:
+            weights += [mlp.gate_up_weight, mlp.down_weight]
         if not all(_is_packed(w) for w in weights):
             return None
         projections = [_parts(w) for w in weights]
-        parts = [p for projection in projections for p in projection]
-        layers.append(
-            ext.DecodeLayer(
-                layer.input_layernorm.weight,
-                layer.post_attention_layernorm.weight,
-                layer.input_layernorm.eps,
-                [
-                    [p.qweight, p.scales, _or_empty(p.mins), _or_empty(p.super_scales)]
-                    for p in parts
-                ],
-                [len(projection) for projection in projections],
-                [f for p in parts for f in (p.bits, p.group_size, p.zero_point, p.arrangement)],
-                attn.qkv_bias,
-                None if attn.q_norm is None else attn.q_norm.weight,
-                None if attn.k_norm is None else attn.k_norm.weight,
-                attn.num_heads,
-                attn.num_kv_heads,
-                attn.head_dim,
-                [precise_activations(projection[0].shape[1]) for projection in projections],
-            )
+        tensors, formats = _tensors([p for projection in projections for p in projection])
+        decode_layer = ext.DecodeLayer(
+            layer.input_layernorm.weight,
+            layer.post_attention_layernorm.weight,
+            layer.input_layernorm.eps,
+            tensors,
+            [len(projection) for projection in projections],
+            formats,
+            attn.qkv_bias,
+            None if attn.q_norm is None else attn.q_norm.weight,
+            None if attn.k_norm is None else attn.k_norm.weight,
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+            [precise_activations(projection[0].shape[1]) for projection in projections],
         )
+        if moe is not None:
+            experts = _moe_mlp(ext, moe, model.spec)
+            if experts is None:
+                return None
+            decode_layer.set_moe(experts)
+        layers.append(decode_layer)
     return CpuDecodeStack(model, ext.DecodeStack(layers, model.norm.weight, model.norm.eps))
 
 

@@ -169,7 +169,7 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head = interleave_for_kernel(self.lm_head)
         elif self.lm_head is None and isinstance(self.embed_tokens, PackedWeight):
             self.embed_tokens = interleave_for_kernel(self.embed_tokens)  # tied: it is the head
-        self.cpu_decode = cpu_decode.build_decode_stack(self) if self.spec.is_plain else None
+        self.cpu_decode = cpu_decode.build_decode_stack(self)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, torch.Tensor) and can_pack(head):
             self.packed_head = pack_weight(head)

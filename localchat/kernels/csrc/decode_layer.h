@@ -11,6 +11,7 @@
 #endif
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -59,7 +60,6 @@ struct PackedRef {
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
     gemv = pick_gemv(precise, symmetric, k_scales, L);
-    reserve(1);
   }
   PackedRef(const PackedRef&) = delete;
   PackedRef& operator=(const PackedRef&) = delete;
@@ -77,12 +77,21 @@ struct PackedRef {
     return total;
   }
 
-  void quantize(int thread, const float* x) {
-    quantize_chunks(x, K, L, 0, chunks, precise, zero_point, act.rows[thread]);
+  void quantize(int thread, const float* x) { quantize_into(x, act.rows[thread]); }
+
+  // x quantized as this weight's products read it (see same_activations)
+  void quantize_into(const float* x, ActivationRow& row) const {
+    quantize_chunks(x, K, L, 0, chunks, precise, zero_point, row);
   }
 
   // Output rows [pass_begin, pass_end) * kRowsPerPass, from this thread's activation row.
   void multiply(int thread, int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
+    multiply(act.rows[thread], pass_begin, pass_end, out, bias);
+  }
+
+  // ... from an activation row quantized for this weight elsewhere (SharedActivations)
+  void multiply(const ActivationRow& row, int64_t pass_begin, int64_t pass_end, float* out,
+                const float* bias) const {
     const uint8_t* wp = qweight.data_ptr<uint8_t>();
     const void* sp = scales.data_ptr();
     const void* mp = symmetric ? nullptr : mins.data_ptr();
@@ -92,10 +101,55 @@ struct PackedRef {
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
       gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
-           weight_bytes, L, act.rows[thread], count, dots);
+           weight_bytes, L, row, count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
     }
   }
+};
+
+// Whether two weights read the same activation row for the same input: it depends on the weight's layout (its
+// chunks and groups), the precision of the codes, and the zero point folded into the row's sums.
+bool same_activations(const PackedRef& a, const PackedRef& b) {
+  return a.K == b.K && a.precise == b.precise && a.zero_point == b.zero_point && a.L.nibbles == b.L.nibbles &&
+         a.L.u6 == b.L.u6 && a.L.group_size == b.L.group_size && a.L.chunk_values == b.L.chunk_values &&
+         a.L.act_chunk_bytes == b.L.act_chunk_bytes && a.L.file == b.L.file;
+}
+
+// One thread's activation rows of one input, one per distinct activation layout of the weights that read it: a
+// layer's experts share their layouts, so a thread quantizes the input once per layout, not once per expert, and
+// the experts hold no activation buffers of their own.
+class SharedActivations {
+ public:
+  void reset(const float* x) {
+    input_ = x;
+    for (auto& entry : entries_) entry->ready = false;
+  }
+
+  const ActivationRow& row_for(const PackedRef& weight) {
+    Entry* found = nullptr;
+    for (auto& entry : entries_) {
+      if (same_activations(*entry->like, weight)) found = entry.get();
+    }
+    if (!found) {  // a layout first met: its buffers are kept for the next inputs
+      entries_.push_back(std::make_unique<Entry>(weight));
+      found = entries_.back().get();
+    }
+    if (!found->ready) {
+      weight.quantize_into(input_, found->buffers.rows[0]);
+      found->ready = true;
+    }
+    return found->buffers.rows[0];
+  }
+
+ private:
+  struct Entry {
+    explicit Entry(const PackedRef& weight) : like(&weight), buffers(1, weight.K, weight.L) {}
+    const PackedRef* like;
+    ActivationBuffers buffers;  // holds pointers into its own storage: an Entry is never moved
+    bool ready = false;
+  };
+  std::vector<std::unique_ptr<Entry>> entries_;
+  const float* input_ = nullptr;
 };
 
 // Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, arrangement).
@@ -119,6 +173,7 @@ struct Projection {
   std::unique_ptr<Claims[]> claims;  // one per thread
   int claim_slots = 0;
 
+  Projection() = default;
   // parts: (qweight, scales, mins, supers) each, the last two empty when absent; formats: (bits, group_size,
   // zero_point, arrangement) each
   Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
@@ -138,6 +193,11 @@ struct Projection {
 
   void reserve(int threads) {
     for (auto& part : parts) part->reserve(threads);
+    reserve_claims(threads);
+  }
+
+  // Room for the threads' claims only: a projection whose activations come from SharedActivations (an expert's).
+  void reserve_claims(int threads) {
     if (claim_slots < threads) {
       claims = std::make_unique<Claims[]>(threads);
       claim_slots = threads;
@@ -172,7 +232,7 @@ struct Projection {
   // from the others' until every range is claimed, so a thread the machine slowed down (a vCPU's neighbours,
   // an interrupt) does not keep the other waiting at the barrier. Each thread claims from its own range's
   // start and a helper takes the next claim, so both read contiguous runs of the weight.
-  void multiply(int thread, int threads, float* out, const float* bias) {
+  void multiply(int thread, int threads, float* out, const float* bias, SharedActivations* shared = nullptr) {
     for (int k = 0; k < threads; ++k) {
       const int owner = (thread + k) % threads;
       const int64_t begin = first_pass_of(owner, threads), end = first_pass_of(owner + 1, threads);
@@ -180,7 +240,7 @@ struct Projection {
       for (;;) {
         const int64_t first = begin + next.fetch_add(kClaimPasses, std::memory_order_relaxed);
         if (first >= end) break;
-        multiply_passes(thread, first, std::min(end, first + kClaimPasses), out, bias);
+        multiply_passes(thread, first, std::min(end, first + kClaimPasses), out, bias, shared);
       }
     }
   }
@@ -190,13 +250,17 @@ struct Projection {
   void release(int thread) { claims[thread].next.store(0, std::memory_order_relaxed); }
 
   // Passes [begin, end) over all parts (each part's rows land after the previous part's), with this thread's
-  // activation row.
-  void multiply_passes(int thread, int64_t begin, int64_t end, float* out, const float* bias) const {
+  // activation row (the part's own, or the shared one for its layout).
+  void multiply_passes(int thread, int64_t begin, int64_t end, float* out, const float* bias,
+                       SharedActivations* shared) const {
     int64_t first_pass = 0, first_row = 0;
     for (const auto& part : parts) {
       const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
       const int64_t hi = std::min<int64_t>(end - first_pass, part->passes);
-      if (lo < hi) part->multiply(thread, lo, hi, out + first_row, bias ? bias + first_row : nullptr);
+      float* rows = out + first_row;
+      const float* b = bias ? bias + first_row : nullptr;
+      if (lo < hi && shared) part->multiply(shared->row_for(*part), lo, hi, rows, b);
+      else if (lo < hi) part->multiply(thread, lo, hi, rows, b);
       first_pass += part->passes;
       first_row += part->N;
     }
@@ -218,6 +282,11 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 // output (all heads, merged) and attention scores, and (when profiling) the cycles it spent in each phase.
 struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
+  // a mixture-of-experts layer's: the chosen experts (by id) and their weights, their SiLU products [k][width],
+  // and the activation rows of the MLP's input and of each chosen expert's product
+  std::vector<int64_t> experts;
+  std::vector<float> expert_weights, expert_products;
+  std::vector<SharedActivations> expert_inputs;
   std::vector<char> keys_ready;
   std::vector<float> scores;
   std::vector<uint16_t> current;  // a 16-bit pool's copy of the current token's keys and values [2][Hkv * D]
@@ -227,6 +296,138 @@ struct ThreadScratch {
 // Phases of a layer, for DecodeStack.profile(): each projection with its input's norm and quantization,
 // attention, and the waits at the barriers.
 enum Phase { kQkv, kAttention, kO, kGateUp, kDown, kBarrier, kPhases };
+
+// A sparse mixture-of-experts MLP for one decode token (Qwen3-MoE, Mixtral, ...): a float32 router picks the
+// top_k experts from the softmax of its logits (renormalized over them when `normalize`), each chosen expert's
+// gated SiLU MLP runs, and their outputs are summed with the routing weights, in expert order as transformers
+// adds them. The threads share the router's rows, then every chosen expert's gate_up rows, then their down
+// rows (a barrier after each); each thread routes for itself (the same arithmetic, so the same experts) and
+// adds the weighted sum to its own copy of the residual stream.
+class MoeMlp {
+ public:
+  // router: [experts, hidden] float32; parts: (qweight, scales, mins, supers) of every expert's parts, expert by
+  // expert, gate_up's then down's; part_counts: (gate_up parts, down parts) per expert; formats: (bits,
+  // group_size, zero_point, arrangement) per part; precise: whether gate_up's and down's activations take two
+  // int8 codes each.
+  MoeMlp(torch::Tensor router, std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,
+         std::vector<int64_t> formats, int64_t top_k, bool normalize, std::vector<bool> precise)
+      : router_(router.to(torch::kFloat).contiguous()), top_k_(top_k), normalize_(normalize) {
+    TORCH_CHECK(router_.dim() == 2, "the router is [experts, hidden]");
+    const int64_t experts = router_.size(0);
+    TORCH_CHECK(part_counts.size() == static_cast<size_t>(2 * experts), "two part counts per expert");
+    TORCH_CHECK(precise.size() == 2, "precise: gate_up's and down's");
+    TORCH_CHECK(formats.size() == kFormatFields * parts.size(), "formats has four entries per part");
+    TORCH_CHECK(1 <= top_k && top_k <= experts, "top_k must be in 1..experts");
+    size_t first = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const size_t gate_up = part_counts[2 * e], down = part_counts[2 * e + 1];
+      TORCH_CHECK(gate_up >= 1 && down >= 1 && first + gate_up + down <= parts.size(), "part counts do not match parts");
+      gate_up_.push_back(std::make_unique<Projection>(parts, formats, first, gate_up, precise[0]));
+      down_.push_back(std::make_unique<Projection>(parts, formats, first + gate_up, down, precise[1]));
+      first += gate_up + down;
+      TORCH_CHECK(gate_up_.back()->N == 2 * down_.back()->K && gate_up_.back()->K == router_.size(1) &&
+                  down_.back()->N == router_.size(1) && down_.back()->K == down_[0]->K,
+                  "MoeMlp: inconsistent expert shapes");
+    }
+    width_ = down_[0]->K;
+    logits_.resize(experts);
+    gate_up_out_.resize(top_k * 2 * width_);
+    down_out_.resize(top_k * hidden());
+  }
+
+  int64_t hidden() const { return router_.size(1); }
+
+  void reserve(int threads, ThreadScratch& s) {
+    for (auto& p : gate_up_) p->reserve_claims(threads);
+    for (auto& p : down_) p->reserve_claims(threads);
+    s.experts.resize(std::max<size_t>(s.experts.size(), top_k_));
+    s.expert_weights.resize(std::max<size_t>(s.expert_weights.size(), top_k_));
+    s.expert_products.resize(std::max<size_t>(s.expert_products.size(), top_k_ * width_));
+    if (s.expert_inputs.size() < static_cast<size_t>(top_k_ + 1)) s.expert_inputs.resize(top_k_ + 1);
+  }
+
+  // `normed`: this thread's normalized input; the weighted sum of the chosen experts' outputs is added to `res`.
+  template <typename Barrier, typename PhaseMark>
+  void run(int tid, int n, ThreadScratch& s, const float* normed, float* res, Barrier&& barrier,
+           PhaseMark&& phase) {
+    const int64_t experts = router_.size(0), H = hidden(), W = width_;
+    const float* router = router_.data_ptr<float>();
+    for (int64_t e = experts * tid / n; e < experts * (tid + 1) / n; ++e) {
+      logits_[e] = dot(router + e * H, normed, H);
+    }
+    barrier();
+    route(s);
+    SharedActivations& input = s.expert_inputs[0];
+    input.reset(normed);
+    for (int64_t j = 0; j < top_k_; ++j) {
+      gate_up_[s.experts[j]]->multiply(tid, n, gate_up_out_.data() + j * 2 * W, nullptr, &input);
+    }
+    phase(kGateUp);
+    barrier();
+    for (int64_t j = 0; j < top_k_; ++j) gate_up_[s.experts[j]]->release(tid);
+    for (int64_t j = 0; j < top_k_; ++j) {
+      const float* gate = gate_up_out_.data() + j * 2 * W;
+      float* product = s.expert_products.data() + j * W;
+      silu_and_mul(gate, gate + W, product, W);
+      SharedActivations& inputs = s.expert_inputs[j + 1];
+      inputs.reset(product);
+      down_[s.experts[j]]->multiply(tid, n, down_out_.data() + j * H, nullptr, &inputs);
+    }
+    phase(kDown);
+    barrier();
+    for (int64_t j = 0; j < top_k_; ++j) down_[s.experts[j]]->release(tid);
+    for (int64_t h = 0; h < H; ++h) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < top_k_; ++j) sum += s.expert_weights[j] * down_out_[j * H + h];
+      res[h] += sum;
+    }
+  }
+
+ private:
+  // The top_k experts of the softmax of the router's logits and their weights, into s.experts and
+  // s.expert_weights in ascending expert order (the order transformers adds their outputs in).
+  void route(ThreadScratch& s) const {
+    const int64_t experts = router_.size(0);
+    float top = logits_[0];
+    for (int64_t e = 1; e < experts; ++e) top = std::max(top, logits_[e]);
+    float total = 0.f;
+    std::vector<float>& probs = s.scores;  // free between attention steps
+    probs.resize(std::max<size_t>(probs.size(), experts));
+    for (int64_t e = 0; e < experts; ++e) total += probs[e] = std::exp(logits_[e] - top);
+    std::vector<std::pair<float, int64_t>> chosen(top_k_, {-1.f, -1});
+    for (int64_t e = 0; e < experts; ++e) {  // top_k by insertion: the largest first, the lower id on a tie
+      const float p = probs[e] / total;
+      if (p <= chosen.back().first) continue;
+      int64_t j = top_k_ - 1;
+      while (j > 0 && chosen[j - 1].first < p) {
+        chosen[j] = chosen[j - 1];
+        --j;
+      }
+      chosen[j] = {p, e};
+    }
+    float sum = 0.f;
+    for (const auto& c : chosen) sum += c.first;
+    std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    for (int64_t j = 0; j < top_k_; ++j) {
+      s.experts[j] = chosen[j].second;
+      s.expert_weights[j] = normalize_ ? chosen[j].first / sum : chosen[j].first;
+    }
+  }
+
+  static float dot(const float* a, const float* b, int64_t n) {
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+  }
+
+  torch::Tensor router_;
+  int64_t top_k_;
+  bool normalize_;
+  int64_t width_ = 0;
+  std::vector<std::unique_ptr<Projection>> gate_up_, down_;
+  std::vector<float> logits_, gate_up_out_, down_out_;
+};
 
 }  // namespace
 
@@ -244,7 +445,8 @@ class DecodeLayer {
       : input_norm_(input_norm.contiguous()), post_norm_(post_norm.contiguous()), eps_(static_cast<float>(eps)),
         precise_(std::move(precise)), heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim),
         qkv_(make(parts, formats, part_counts, 0)), o_(make(parts, formats, part_counts, 1)),
-        gate_up_(make(parts, formats, part_counts, 2)), down_(make(parts, formats, part_counts, 3)) {
+        gate_up_(dense_mlp(part_counts) ? make(parts, formats, part_counts, 2) : Projection()),
+        down_(dense_mlp(part_counts) ? make(parts, formats, part_counts, 3) : Projection()) {
     if (qkv_bias.has_value() && qkv_bias->defined()) qkv_bias_ = qkv_bias->to(torch::kFloat).contiguous();
     if (q_norm.has_value() && q_norm->defined()) {
       TORCH_CHECK(k_norm.has_value() && k_norm->defined(), "q_norm comes with k_norm");
@@ -253,12 +455,20 @@ class DecodeLayer {
       TORCH_CHECK(q_norm_.numel() == head_dim_ && k_norm_.numel() == head_dim_, "q/k norms are per head");
     }
     hidden_ = o_.N;
-    TORCH_CHECK(qkv_.N == (heads_ + 2 * kv_heads_) * head_dim_ && o_.K == heads_ * head_dim_ &&
-                gate_up_.N == 2 * down_.K && down_.N == hidden_ && qkv_.K == hidden_ && gate_up_.K == hidden_,
+    TORCH_CHECK(qkv_.N == (heads_ + 2 * kv_heads_) * head_dim_ && o_.K == heads_ * head_dim_ && qkv_.K == hidden_,
                 "DecodeLayer: inconsistent shapes");
+    TORCH_CHECK(!dense_mlp(part_counts) || (gate_up_.N == 2 * down_.K && down_.N == hidden_ && gate_up_.K == hidden_),
+                "DecodeLayer: inconsistent MLP shapes");
     qkv_out_.resize(qkv_.N);
     o_out_.resize(hidden_);
     gate_up_out_.resize(gate_up_.N);
+  }
+
+  // A mixture-of-experts MLP instead of the dense one (a layer built with the qkv and o projections only).
+  void set_moe(std::shared_ptr<MoeMlp> moe) {
+    TORCH_CHECK(gate_up_.parts.empty(), "set_moe: the layer has a dense MLP");
+    TORCH_CHECK(moe && moe->hidden() == hidden_, "set_moe: the experts' width does not match the layer");
+    moe_ = std::move(moe);
   }
 
   // Per-call inputs shared by every layer of a token.
@@ -273,7 +483,9 @@ class DecodeLayer {
 
   // Room for this many threads' activation rows, and for a thread's scratch. Called outside the region.
   void reserve(int threads, ThreadScratch& s) {
+    TORCH_CHECK(moe_ || !gate_up_.parts.empty(), "DecodeLayer: no MLP (set_moe first)");
     for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) p->reserve(threads);
+    if (moe_) moe_->reserve(threads, s);
     s.residual.resize(hidden_);
     s.normed.resize(hidden_);
     s.product.resize(std::max<int64_t>(static_cast<int64_t>(s.product.size()), down_.K));
@@ -286,8 +498,10 @@ class DecodeLayer {
 
   // The layer inside a parallel region that every thread runs. s.residual (this thread's copy of the residual
   // stream) gets `incoming` added first when given (the previous layer's MLP output, shared); the layer's MLP
-  // output goes to out (shared). Every shared buffer is written by one step and read after the next barrier.
-  void run(int tid, int n, ThreadScratch& s, const float* incoming, float* out, const Step& step) {
+  // output goes to out (shared), and true is returned, unless the layer added it to s.residual itself (the
+  // experts' sum, which each thread forms anyway). Every shared buffer is written by one step and read after the
+  // next barrier.
+  bool run(int tid, int n, ThreadScratch& s, const float* incoming, float* out, const Step& step) {
     uint64_t* cycles = s.cycles.empty() ? nullptr : s.cycles.data();
     uint64_t mark = cycles ? __rdtsc() : 0;
     auto phase = [&](Phase which) {
@@ -319,6 +533,10 @@ class DecodeLayer {
     o_.release(tid);
     add_into(res, o_out_.data(), hidden_);
     rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed);
+    if (moe_) {
+      moe_->run(tid, n, s, normed, res, barrier, phase);
+      return false;
+    }
     gate_up_.quantize(tid, normed);
     gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
     phase(kGateUp);
@@ -330,6 +548,7 @@ class DecodeLayer {
     phase(kDown);
     barrier();
     down_.release(tid);
+    return true;
   }
 
   // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32, float16 or bfloat16.
@@ -346,12 +565,18 @@ class DecodeLayer {
   }
 
   int64_t hidden() const { return hidden_; }
+  bool has_mlp() const { return moe_ || !gate_up_.parts.empty(); }
 
  private:
+  // part_counts names four projections, or two (qkv, o) where experts are the MLP (set_moe)
+  static bool dense_mlp(const std::vector<int64_t>& counts) {
+    TORCH_CHECK(counts.size() == 4 || counts.size() == 2, "part_counts has one entry per projection");
+    return counts.size() == 4;
+  }
+
   Projection make(const std::vector<std::vector<torch::Tensor>>& parts, const std::vector<int64_t>& formats,
                   const std::vector<int64_t>& counts, size_t which) const {
-    TORCH_CHECK(counts.size() == 4, "part_counts has one entry per projection");
-    TORCH_CHECK(precise_.size() == 4, "precise has one entry per projection");
+    TORCH_CHECK(precise_.size() == counts.size(), "precise has one entry per projection");
     TORCH_CHECK(formats.size() == kFormatFields * parts.size(), "formats has four entries per part");
     size_t first = 0;
     for (size_t i = 0; i < which; ++i) first += counts[i];
@@ -441,7 +666,8 @@ class DecodeLayer {
   float eps_;
   std::vector<bool> precise_;  // per projection (qkv, o, gate_up, down)
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
-  Projection qkv_, o_, gate_up_, down_;
+  Projection qkv_, o_, gate_up_, down_;  // gate_up_ and down_ without parts where moe_ is the MLP
+  std::shared_ptr<MoeMlp> moe_;
   std::vector<float> qkv_out_, partials_, o_out_, gate_up_out_;
 };
 
@@ -453,6 +679,7 @@ class DecodeStack {
       : layers_(std::move(layers)), final_norm_(final_norm.to(torch::kFloat).contiguous()),
         eps_(static_cast<float>(eps)) {
     TORCH_CHECK(!layers_.empty(), "a stack needs layers");
+    for (const auto& layer : layers_) TORCH_CHECK(layer->has_mlp(), "DecodeStack: a layer has no MLP (set_moe)");
     hidden_ = layers_[0]->hidden();
     TORCH_CHECK(final_norm_.numel() == hidden_, "the final norm must match the hidden size");
     mlp_out_.resize(hidden_);
@@ -493,12 +720,14 @@ class DecodeStack {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
       ThreadScratch& s = scratch_[tid];
       std::copy(embedding, embedding + hidden_, s.residual.data());
+      bool pending = false;  // the previous layer's MLP output waits in mlp_out_
       for (size_t i = 0; i < layers_.size(); ++i) {
-        layers_[i]->run(tid, n, s, i == 0 ? nullptr : mlp_out_.data(), mlp_out_.data(), step);
+        pending = layers_[i]->run(tid, n, s, pending ? mlp_out_.data() : nullptr, mlp_out_.data(), step);
       }
+      if (tid == 0) last_pending_ = pending;
     }
     float* res = scratch_[0].residual.data();
-    add_into(res, mlp_out_.data(), hidden_);
+    if (last_pending_) add_into(res, mlp_out_.data(), hidden_);
     rms_norm_into(res, final_norm_.data_ptr<float>(), hidden_, eps_, out.data_ptr<float>());
     if (profiling_) {
       if (totals_.size() < static_cast<size_t>(threads) * kPhases) totals_.resize(threads * kPhases, 0);
@@ -528,6 +757,7 @@ class DecodeStack {
   int64_t hidden_ = 0;
   bool bound_ = false;
   bool profiling_ = false;
+  bool last_pending_ = false;
   std::vector<float> mlp_out_;
   std::vector<ThreadScratch> scratch_;
   std::vector<uint64_t> totals_;

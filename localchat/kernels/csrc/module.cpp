@@ -31,7 +31,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::vector<int64_t>, std::vector<int64_t>, c10::optional<torch::Tensor>,
                           c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t, int64_t,
                           std::vector<bool>>())
-      .def("bind_cache", &DecodeLayer::bind_cache);
+      .def("bind_cache", &DecodeLayer::bind_cache)
+      .def("set_moe", &DecodeLayer::set_moe);
+  pybind11::class_<MoeMlp, std::shared_ptr<MoeMlp>>(m, "MoeMlp", pybind11::module_local())
+      .def(pybind11::init<torch::Tensor, std::vector<std::vector<torch::Tensor>>, std::vector<int64_t>,
+                          std::vector<int64_t>, int64_t, bool, std::vector<bool>>());
   pybind11::class_<DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
       .def("bind_caches", &DecodeStack::bind_caches)
