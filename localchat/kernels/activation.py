@@ -46,6 +46,13 @@ def act_and_mul(
         from localchat.kernels.triton_activation import act_and_mul_triton
 
         return act_and_mul_triton(x, activation, limit, alpha)
+    return act_and_mul_ref(x, activation, limit, alpha)
+
+
+def act_and_mul_ref(
+    x: torch.Tensor, activation: str, limit: float = 7.0, alpha: float = 1.702
+) -> torch.Tensor:
+    """The torch reference of act_and_mul."""
     if activation == "silu":
         return silu_and_mul_ref(x)
     if activation == "gelu_tanh":

@@ -11,16 +11,9 @@ _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 
 
 @triton.jit
-def _act_and_mul_kernel(
-    x_ptr, y_ptr, stride_x, stride_y, d, limit, alpha, ACT: tl.constexpr, BLOCK: tl.constexpr
-):
-    # Grid: (rows, column tiles of the output). Rows are independent, so any d works with a masked
-    # tile.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+def gated_activation(gate, up, limit, alpha, ACT: tl.constexpr):
+    """(act(gate), up as it multiplies) in float32, for ACT 0 (SiLU), 1 (tanh-approximated GELU)
+    or 2 (gpt-oss's clamped SwiGLU: gate clamped above, up clamped both ways and plus one)."""
     if ACT == 0:
         act = gate * tl.sigmoid(gate)
     elif ACT == 1:
@@ -31,6 +24,21 @@ def _act_and_mul_kernel(
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit) + 1.0
         act = gate * tl.sigmoid(gate * alpha)
+    return act, up
+
+
+@triton.jit
+def _act_and_mul_kernel(
+    x_ptr, y_ptr, stride_x, stride_y, d, limit, alpha, ACT: tl.constexpr, BLOCK: tl.constexpr
+):
+    # Grid: (rows, column tiles of the output). Rows are independent, so any d works with a masked
+    # tile.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+    act, up = gated_activation(gate, up, limit, alpha, ACT)
     # Round act(gate) to the input dtype before the product, as the reference (act(gate) * up)
     # does.
     act = act.to(y_ptr.dtype.element_ty).to(tl.float32)

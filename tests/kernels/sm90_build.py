@@ -22,6 +22,7 @@ from localchat.kernels import (  # noqa: E402
     triton_activation,
     triton_attention,
     triton_kv_cache,
+    triton_moe,
     triton_norm,
     triton_rotary,
 )
@@ -32,7 +33,7 @@ TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
     """Compile fn; unnamed scalar args are i32 (fp32 for scale/eps); pointers and strides
-    16-divisible, as the JIT specializes them in practice."""
+    16-divisible, as the JIT specializes them in practice. Returns the compiled kernel."""
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -46,7 +47,9 @@ def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
         if name in pointers or (name.startswith("stride_") and name != "stride_bt"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     options = dict(num_warps=num_warps, num_stages=num_stages)
-    triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
+    return triton.compile(
+        ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options
+    )
 
 
 def build_attention(dtype: torch.dtype, head_dim: int, group: int, options: bool = False) -> None:
@@ -148,7 +151,54 @@ def build_pointwise(dtype: torch.dtype) -> None:
     )
 
 
+SM90_SHARED_MEMORY = 227 * 1024  # the most one block may ask for on an H100/H200
+
+
+def build_moe(dtype: torch.dtype, every_option: bool) -> None:
+    """The fused MoE's kernels with each launch config the wrapper picks (decode to prefill),
+    with and without biases and K tails (and, if `every_option`, every activation in each); each
+    must fit an SM's shared memory."""
+    t = f"*{TYPES[dtype]}"
+    index = {name: "*i32" for name in ("sorted_pairs_ptr", "block_experts_ptr")}
+    index["num_padded_ptr"] = "*i64"
+    activations = list(triton_moe._ACTIVATIONS.values())
+    for pairs in (8, 2048, 65536):  # 8 pairs over 64 experts (decode), 32 and 1024 per expert
+        config = triton_moe._launch_config(pairs, 64, dtype, on_gpu=True)
+        common = dict(BLOCK_M=config["block_m"], GROUP_M=8, DOT_PRECISION=config["precision"])
+        for name, pointers, flags in (
+            ("gate_up", dict(x_ptr=t, w_ptr=t, bias_ptr=t, out_ptr=t), dict(TOP_K=8)),
+            ("down", dict(x_ptr=t, w_ptr=t, bias_ptr=t, weights_ptr=t, out_ptr="*fp32"), {}),
+        ):
+            block_n, block_k, warps, stages = config[name]
+            kernel = getattr(triton_moe, f"_moe_{name}_kernel")
+            for bias, even_k in ((False, True), (True, False)):
+                for act in activations if every_option and name == "gate_up" else [0]:
+                    compiled = build(
+                        kernel,
+                        dict(index, **pointers),
+                        dict(
+                            common,
+                            **flags,
+                            **({"ACT": act} if name == "gate_up" else {}),
+                            HAS_BIAS=bias,
+                            EVEN_K=even_k,
+                            BLOCK_N=block_n,
+                            BLOCK_K=block_k,
+                        ),
+                        num_warps=warps,
+                        num_stages=stages,
+                    )
+                    assert compiled.metadata.shared <= SM90_SHARED_MEMORY, (
+                        f"_moe_{name}_kernel asks for {compiled.metadata.shared} B of shared memory"
+                    )
+    build(
+        triton_moe._moe_sum_kernel, {"part_ptr": "*fp32", "out_ptr": t}, dict(TOP_K=8, BLOCK=1024)
+    )
+
+
 if __name__ == "__main__":
+    build_moe(torch.bfloat16, every_option=True)
+    build_moe(torch.float32, every_option=False)
     build_pointwise(torch.bfloat16)
     build_attention(torch.bfloat16, 128, 4)
     build_attention(torch.float16, 64, 1)
