@@ -32,6 +32,8 @@ _SOURCES = (
     "decode_attention.h",
     "kv_rows.h",
     "decode_layer.h",
+    "decode_moe.h",
+    "decode_projection.h",
     "rms_norm.h",
     "vector_math.h",
     "gguf_repack.h",

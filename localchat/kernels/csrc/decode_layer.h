@@ -19,253 +19,13 @@
 #include <vector>
 
 #include "decode_attention.h"
+#include "decode_moe.h"
+#include "decode_projection.h"
 #include "quant_linear.h"
 #include "vector_math.h"
 
 #if LC_SIMD
 namespace {
-
-// A PackedWeight's tensors and what the kernels need to know about them.
-struct PackedRef {
-  torch::Tensor qweight, scales, mins, supers;
-  Layout L;
-  int64_t N = 0, K = 0, groups = 0, w_row = 0, chunks = 0, weight_bytes = 0, passes = 0;
-  int32_t zero_point = 0;
-  bool symmetric = true;
-  bool interleaved = false;
-  bool k_scales = false;  // scales/mins are K-quant sub-scales (bytes) with supers (d, dmin)
-  bool precise = true;    // two int8 codes per activation (quant_linear.h), else one
-  GemvFn gemv = nullptr;
-  ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
-
-  // m, u: undefined or empty when absent
-  PackedRef(torch::Tensor q, torch::Tensor s, torch::Tensor m, torch::Tensor u, int64_t bits, int64_t group_size,
-            int64_t zp, int64_t arrangement, bool precise_codes)
-      : qweight(std::move(q)), scales(std::move(s)), L(make_layout(bits, group_size, arrangement)) {
-    interleaved = arrangement == kInterleaved;
-    precise = precise_codes;
-    symmetric = !(m.defined() && m.numel() > 0);
-    k_scales = u.defined() && u.numel() > 0;
-    if (!symmetric) mins = m;
-    if (k_scales) supers = u;
-    // the checks quant_linear makes
-    (void)WeightArgs(qweight, scales, symmetric ? c10::optional<torch::Tensor>() : mins,
-                     k_scales ? c10::optional<torch::Tensor>(supers) : c10::optional<torch::Tensor>(), false);
-    N = qweight.size(0);
-    K = L.in_features(qweight.size(1));
-    groups = K / L.group_size;
-    w_row = qweight.size(1);
-    chunks = (K + L.chunk_values - 1) / L.chunk_values;
-    weight_bytes = L.code_bytes(K);
-    passes = (N + kRowsPerPass - 1) / kRowsPerPass;
-    zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
-    gemv = pick_gemv(precise, symmetric, k_scales, L);
-  }
-  PackedRef(const PackedRef&) = delete;
-  PackedRef& operator=(const PackedRef&) = delete;
-
-  // One activation row per thread (each thread quantizes the whole input for itself).
-  void reserve(int threads) {
-    if (static_cast<int>(act.rows.size()) < threads) act = ActivationBuffers(threads, K, L);
-  }
-
-  // The bytes one product reads: codes, scales, mins and super-scales.
-  int64_t bytes() const {
-    int64_t total = qweight.nbytes() + scales.nbytes();
-    if (!symmetric) total += mins.nbytes();
-    if (k_scales) total += supers.nbytes();
-    return total;
-  }
-
-  void quantize(int thread, const float* x) { quantize_into(x, act.rows[thread]); }
-
-  // x quantized as this weight's products read it (see same_activations)
-  void quantize_into(const float* x, ActivationRow& row) const {
-    quantize_chunks(x, K, L, 0, chunks, precise, zero_point, row);
-  }
-
-  // Output rows [pass_begin, pass_end) * kRowsPerPass, from this thread's activation row.
-  void multiply(int thread, int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
-    multiply(act.rows[thread], pass_begin, pass_end, out, bias);
-  }
-
-  // ... from an activation row quantized for this weight elsewhere (SharedActivations)
-  void multiply(const ActivationRow& row, int64_t pass_begin, int64_t pass_end, float* out,
-                const float* bias) const {
-    const uint8_t* wp = qweight.data_ptr<uint8_t>();
-    const void* sp = scales.data_ptr();
-    const void* mp = symmetric ? nullptr : mins.data_ptr();
-    const at::Half* up = k_scales ? supers.data_ptr<at::Half>() : nullptr;
-    for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
-      const int64_t n = pass * kRowsPerPass;
-      const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-      float dots[kRowsPerPass];
-      gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
-           weight_bytes, L, row, count, dots);
-      for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
-    }
-  }
-};
-
-// Whether two weights read the same activation row for the same input: it depends on the weight's layout (its
-// chunks and groups), the precision of the codes, and the zero point folded into the row's sums.
-bool same_activations(const PackedRef& a, const PackedRef& b) {
-  return a.K == b.K && a.precise == b.precise && a.zero_point == b.zero_point && a.L.nibbles == b.L.nibbles &&
-         a.L.u6 == b.L.u6 && a.L.group_size == b.L.group_size && a.L.chunk_values == b.L.chunk_values &&
-         a.L.act_chunk_bytes == b.L.act_chunk_bytes && a.L.file == b.L.file;
-}
-
-// One thread's activation rows of one input, one per distinct activation layout of the weights that read it: a
-// layer's experts share their layouts, so a thread quantizes the input once per layout, not once per expert, and
-// the experts hold no activation buffers of their own.
-class SharedActivations {
- public:
-  void reset(const float* x) {
-    input_ = x;
-    for (auto& entry : entries_) entry->ready = false;
-  }
-
-  const ActivationRow& row_for(const PackedRef& weight) {
-    Entry* found = nullptr;
-    for (auto& entry : entries_) {
-      if (same_activations(*entry->like, weight)) found = entry.get();
-    }
-    if (!found) {  // a layout first met: its buffers are kept for the next inputs
-      entries_.push_back(std::make_unique<Entry>(weight));
-      found = entries_.back().get();
-    }
-    if (!found->ready) {
-      weight.quantize_into(input_, found->buffers.rows[0]);
-      found->ready = true;
-    }
-    return found->buffers.rows[0];
-  }
-
- private:
-  struct Entry {
-    explicit Entry(const PackedRef& weight) : like(&weight), buffers(1, weight.K, weight.L) {}
-    const PackedRef* like;
-    ActivationBuffers buffers;  // holds pointers into its own storage: an Entry is never moved
-    bool ready = false;
-  };
-  std::vector<std::unique_ptr<Entry>> entries_;
-  const float* input_ = nullptr;
-};
-
-// Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, arrangement).
-constexpr size_t kFormatFields = 4;
-
-// How many passes a thread claims at a time from a range of a projection (its own, or another thread's once
-// its own is done).
-constexpr int64_t kClaimPasses = 8;
-
-// The passes claimed so far from one thread's range, on a cache line of its own.
-struct alignas(64) Claims {
-  std::atomic<int64_t> next{0};
-};
-
-// A projection whose output rows come from one or more PackedWeights, stacked: a GGUF file may store q, k
-// and v (or gate and up) in different types, as Q4_K_M files do.
-struct Projection {
-  std::vector<std::unique_ptr<PackedRef>> parts;
-  int64_t N = 0, K = 0, passes = 0;
-  double bytes = 0.0;  // what one product reads of the parts' tensors
-  std::unique_ptr<Claims[]> claims;  // one per thread
-  int claim_slots = 0;
-
-  Projection() = default;
-  // parts: (qweight, scales, mins, supers) each, the last two empty when absent; formats: (bits, group_size,
-  // zero_point, arrangement) each
-  Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
-             size_t first, size_t count, bool precise) {
-    for (size_t i = first; i < first + count; ++i) {
-      const auto& t = tensors[i];
-      TORCH_CHECK(t.size() == 4, "a part is (qweight, scales, mins, supers), the last two empty when absent");
-      const int64_t* f = formats.data() + kFormatFields * i;
-      parts.push_back(std::make_unique<PackedRef>(t[0], t[1], t[2], t[3], f[0], f[1], f[2], f[3], precise));
-      TORCH_CHECK(parts.size() == 1 || parts.back()->K == K, "the parts of a projection share in_features");
-      K = parts.back()->K;
-      N += parts.back()->N;
-      passes += parts.back()->passes;
-      bytes += static_cast<double>(parts.back()->bytes());
-    }
-  }
-
-  void reserve(int threads) {
-    for (auto& part : parts) part->reserve(threads);
-    reserve_claims(threads);
-  }
-
-  // Room for the threads' claims only: a projection whose activations come from SharedActivations (an expert's).
-  void reserve_claims(int threads) {
-    if (claim_slots < threads) {
-      claims = std::make_unique<Claims[]>(threads);
-      claim_slots = threads;
-    }
-  }
-
-  void quantize(int thread, const float* x) {
-    for (auto& part : parts) part->quantize(thread, x);
-  }
-
-  // The first pass of thread `thread` of `threads`: the threads share the parts' bytes evenly, not their passes,
-  // since parts of different types differ in bytes per row (a Q4_K_M file's q and k are Q4_K, its v often Q6_K,
-  // and an even split of passes left the thread with v about 3 ms a token behind on an 8B model).
-  int64_t first_pass_of(int thread, int threads) const {
-    if (thread >= threads) return passes;
-    const double target = bytes * thread / threads;
-    double before = 0.0;
-    int64_t first = 0;
-    for (const auto& part : parts) {
-      const double part_bytes = static_cast<double>(part->bytes());
-      if (before + part_bytes > target) {
-        const double share = (target - before) / part_bytes;
-        return first + std::min<int64_t>(part->passes, std::llround(share * part->passes));
-      }
-      before += part_bytes;
-      first += part->passes;
-    }
-    return passes;
-  }
-
-  // The product's rows, shared by the threads: each claims kClaimPasses at a time from its own range, then
-  // from the others' until every range is claimed, so a thread the machine slowed down (a vCPU's neighbours,
-  // an interrupt) does not keep the other waiting at the barrier. Each thread claims from its own range's
-  // start and a helper takes the next claim, so both read contiguous runs of the weight.
-  void multiply(int thread, int threads, float* out, const float* bias, SharedActivations* shared = nullptr) {
-    for (int k = 0; k < threads; ++k) {
-      const int owner = (thread + k) % threads;
-      const int64_t begin = first_pass_of(owner, threads), end = first_pass_of(owner + 1, threads);
-      std::atomic<int64_t>& next = claims[owner].next;
-      for (;;) {
-        const int64_t first = begin + next.fetch_add(kClaimPasses, std::memory_order_relaxed);
-        if (first >= end) break;
-        multiply_passes(thread, first, std::min(end, first + kClaimPasses), out, bias, shared);
-      }
-    }
-  }
-
-  // Ready for the next product: each thread resets its own range's claims after the barrier that follows a
-  // product, so the next barrier publishes the reset before the projection is used again.
-  void release(int thread) { claims[thread].next.store(0, std::memory_order_relaxed); }
-
-  // Passes [begin, end) over all parts (each part's rows land after the previous part's), with this thread's
-  // activation row (the part's own, or the shared one for its layout).
-  void multiply_passes(int thread, int64_t begin, int64_t end, float* out, const float* bias,
-                       SharedActivations* shared) const {
-    int64_t first_pass = 0, first_row = 0;
-    for (const auto& part : parts) {
-      const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
-      const int64_t hi = std::min<int64_t>(end - first_pass, part->passes);
-      float* rows = out + first_row;
-      const float* b = bias ? bias + first_row : nullptr;
-      if (lo < hi && shared) part->multiply(shared->row_for(*part), lo, hi, rows, b);
-      else if (lo < hi) part->multiply(thread, lo, hi, rows, b);
-      first_pass += part->passes;
-      first_row += part->N;
-    }
-  }
-};
 
 // x's RMSNorm into out (the sum of squares vectorized; the width is a few thousand at most).
 void rms_norm_into(const float* x, const float* weight, int64_t width, float eps, float* out) {
@@ -276,158 +36,20 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 #pragma omp simd
   for (int64_t i = 0; i < width; ++i) out[i] = x[i] * inv * weight[i];
 }
-
 // What each thread of the decode region keeps for itself: its copy of the residual stream, the normalized input
 // of the next projection, SiLU's product, the current token's rotated keys and queries, the attention
 // output (all heads, merged) and attention scores, and (when profiling) the cycles it spent in each phase.
 struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
-  // a mixture-of-experts layer's: the chosen experts (by id) and their weights, their SiLU products [k][width],
-  // and the activation rows of the MLP's input and of each chosen expert's product
-  std::vector<int64_t> experts;
-  std::vector<float> expert_weights, expert_products;
-  std::vector<SharedActivations> expert_inputs;
+  MoeScratch moe;  // a mixture-of-experts layer's
   std::vector<char> keys_ready;
   std::vector<float> scores;
   std::vector<uint16_t> current;  // a 16-bit pool's copy of the current token's keys and values [2][Hkv * D]
   std::vector<uint64_t> cycles;  // [kPhases], when profiling
 };
-
 // Phases of a layer, for DecodeStack.profile(): each projection with its input's norm and quantization,
 // attention, and the waits at the barriers.
 enum Phase { kQkv, kAttention, kO, kGateUp, kDown, kBarrier, kPhases };
-
-// A sparse mixture-of-experts MLP for one decode token (Qwen3-MoE, Mixtral, ...): a float32 router picks the
-// top_k experts from the softmax of its logits (renormalized over them when `normalize`), each chosen expert's
-// gated SiLU MLP runs, and their outputs are summed with the routing weights, in expert order as transformers
-// adds them. The threads share the router's rows, then every chosen expert's gate_up rows, then their down
-// rows (a barrier after each); each thread routes for itself (the same arithmetic, so the same experts) and
-// adds the weighted sum to its own copy of the residual stream.
-class MoeMlp {
- public:
-  // router: [experts, hidden] float32; parts: (qweight, scales, mins, supers) of every expert's parts, expert by
-  // expert, gate_up's then down's; part_counts: (gate_up parts, down parts) per expert; formats: (bits,
-  // group_size, zero_point, arrangement) per part; precise: whether gate_up's and down's activations take two
-  // int8 codes each.
-  MoeMlp(torch::Tensor router, std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,
-         std::vector<int64_t> formats, int64_t top_k, bool normalize, std::vector<bool> precise)
-      : router_(router.to(torch::kFloat).contiguous()), top_k_(top_k), normalize_(normalize) {
-    TORCH_CHECK(router_.dim() == 2, "the router is [experts, hidden]");
-    const int64_t experts = router_.size(0);
-    TORCH_CHECK(part_counts.size() == static_cast<size_t>(2 * experts), "two part counts per expert");
-    TORCH_CHECK(precise.size() == 2, "precise: gate_up's and down's");
-    TORCH_CHECK(formats.size() == kFormatFields * parts.size(), "formats has four entries per part");
-    TORCH_CHECK(1 <= top_k && top_k <= experts, "top_k must be in 1..experts");
-    size_t first = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      const size_t gate_up = part_counts[2 * e], down = part_counts[2 * e + 1];
-      TORCH_CHECK(gate_up >= 1 && down >= 1 && first + gate_up + down <= parts.size(), "part counts do not match parts");
-      gate_up_.push_back(std::make_unique<Projection>(parts, formats, first, gate_up, precise[0]));
-      down_.push_back(std::make_unique<Projection>(parts, formats, first + gate_up, down, precise[1]));
-      first += gate_up + down;
-      TORCH_CHECK(gate_up_.back()->N == 2 * down_.back()->K && gate_up_.back()->K == router_.size(1) &&
-                  down_.back()->N == router_.size(1) && down_.back()->K == down_[0]->K,
-                  "MoeMlp: inconsistent expert shapes");
-    }
-    width_ = down_[0]->K;
-    logits_.resize(experts);
-    gate_up_out_.resize(top_k * 2 * width_);
-    down_out_.resize(top_k * hidden());
-  }
-
-  int64_t hidden() const { return router_.size(1); }
-
-  void reserve(int threads, ThreadScratch& s) {
-    for (auto& p : gate_up_) p->reserve_claims(threads);
-    for (auto& p : down_) p->reserve_claims(threads);
-    s.experts.resize(std::max<size_t>(s.experts.size(), top_k_));
-    s.expert_weights.resize(std::max<size_t>(s.expert_weights.size(), top_k_));
-    s.expert_products.resize(std::max<size_t>(s.expert_products.size(), top_k_ * width_));
-    if (s.expert_inputs.size() < static_cast<size_t>(top_k_ + 1)) s.expert_inputs.resize(top_k_ + 1);
-  }
-
-  // `normed`: this thread's normalized input; the weighted sum of the chosen experts' outputs is added to `res`.
-  template <typename Barrier, typename PhaseMark>
-  void run(int tid, int n, ThreadScratch& s, const float* normed, float* res, Barrier&& barrier,
-           PhaseMark&& phase) {
-    const int64_t experts = router_.size(0), H = hidden(), W = width_;
-    const float* router = router_.data_ptr<float>();
-    for (int64_t e = experts * tid / n; e < experts * (tid + 1) / n; ++e) {
-      logits_[e] = dot(router + e * H, normed, H);
-    }
-    barrier();
-    route(s);
-    SharedActivations& input = s.expert_inputs[0];
-    input.reset(normed);
-    for (int64_t j = 0; j < top_k_; ++j) {
-      gate_up_[s.experts[j]]->multiply(tid, n, gate_up_out_.data() + j * 2 * W, nullptr, &input);
-    }
-    phase(kGateUp);
-    barrier();
-    for (int64_t j = 0; j < top_k_; ++j) gate_up_[s.experts[j]]->release(tid);
-    for (int64_t j = 0; j < top_k_; ++j) {
-      const float* gate = gate_up_out_.data() + j * 2 * W;
-      float* product = s.expert_products.data() + j * W;
-      silu_and_mul(gate, gate + W, product, W);
-      SharedActivations& inputs = s.expert_inputs[j + 1];
-      inputs.reset(product);
-      down_[s.experts[j]]->multiply(tid, n, down_out_.data() + j * H, nullptr, &inputs);
-    }
-    phase(kDown);
-    barrier();
-    for (int64_t j = 0; j < top_k_; ++j) down_[s.experts[j]]->release(tid);
-    for (int64_t h = 0; h < H; ++h) {
-      float sum = 0.f;
-      for (int64_t j = 0; j < top_k_; ++j) sum += s.expert_weights[j] * down_out_[j * H + h];
-      res[h] += sum;
-    }
-  }
-
- private:
-  // The top_k experts of the softmax of the router's logits and their weights, into s.experts and
-  // s.expert_weights in ascending expert order (the order transformers adds their outputs in).
-  void route(ThreadScratch& s) const {
-    const int64_t experts = router_.size(0);
-    float top = logits_[0];
-    for (int64_t e = 1; e < experts; ++e) top = std::max(top, logits_[e]);
-    float total = 0.f;
-    std::vector<float>& probs = s.scores;  // free between attention steps
-    probs.resize(std::max<size_t>(probs.size(), experts));
-    for (int64_t e = 0; e < experts; ++e) total += probs[e] = std::exp(logits_[e] - top);
-    std::vector<std::pair<float, int64_t>> chosen(top_k_, {-1.f, -1});
-    for (int64_t e = 0; e < experts; ++e) {  // top_k by insertion: the largest first, the lower id on a tie
-      const float p = probs[e] / total;
-      if (p <= chosen.back().first) continue;
-      int64_t j = top_k_ - 1;
-      while (j > 0 && chosen[j - 1].first < p) {
-        chosen[j] = chosen[j - 1];
-        --j;
-      }
-      chosen[j] = {p, e};
-    }
-    float sum = 0.f;
-    for (const auto& c : chosen) sum += c.first;
-    std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-    for (int64_t j = 0; j < top_k_; ++j) {
-      s.experts[j] = chosen[j].second;
-      s.expert_weights[j] = normalize_ ? chosen[j].first / sum : chosen[j].first;
-    }
-  }
-
-  static float dot(const float* a, const float* b, int64_t n) {
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-  }
-
-  torch::Tensor router_;
-  int64_t top_k_;
-  bool normalize_;
-  int64_t width_ = 0;
-  std::vector<std::unique_ptr<Projection>> gate_up_, down_;
-  std::vector<float> logits_, gate_up_out_, down_out_;
-};
 
 }  // namespace
 
@@ -485,7 +107,7 @@ class DecodeLayer {
   void reserve(int threads, ThreadScratch& s) {
     TORCH_CHECK(moe_ || !gate_up_.parts.empty(), "DecodeLayer: no MLP (set_moe first)");
     for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) p->reserve(threads);
-    if (moe_) moe_->reserve(threads, s);
+    if (moe_) moe_->reserve(threads, s.moe);
     s.residual.resize(hidden_);
     s.normed.resize(hidden_);
     s.product.resize(std::max<int64_t>(static_cast<int64_t>(s.product.size()), down_.K));
@@ -534,7 +156,7 @@ class DecodeLayer {
     add_into(res, o_out_.data(), hidden_);
     rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed);
     if (moe_) {
-      moe_->run(tid, n, s, normed, res, barrier, phase);
+      moe_->run(tid, n, s.moe, normed, res, barrier, [&] { phase(kGateUp); }, [&] { phase(kDown); });
       return false;
     }
     gate_up_.quantize(tid, normed);
