@@ -85,6 +85,34 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return normalized
 
 
+SYSTEM_ROLES = ("system", "developer")
+
+
+def without_system(messages: list[dict]) -> list[dict]:
+    return [m for m in messages if m["role"] not in SYSTEM_ROLES]
+
+
+def system_merged(messages: list[dict]) -> list[dict] | None:
+    """The conversation with its system and developer messages' text at the top of the first user
+    message (a blank line between), as Gemma's documentation asks of templates without a system
+    role; a user message of their own where none follows them. None when there are none."""
+    if len(without_system(messages)) == len(messages):
+        return None
+    system = "\n\n".join(
+        m["content"] for m in messages if m["role"] in SYSTEM_ROLES and m.get("content")
+    )
+    rest = without_system(messages)
+    first_user = next((i for i, m in enumerate(rest) if m["role"] == "user"), None)
+    if not system:
+        return rest
+    if first_user is None:
+        return [{"role": "user", "content": system}, *rest]
+    user = rest[first_user]
+    content = user.get("content")
+    rest[first_user] = {**user, "content": f"{system}\n\n{content}" if content else system}
+    return rest
+
+
 class ChatTemplate:
     """A model's chat template plus the special tokens it may refer to."""
 
@@ -126,10 +154,43 @@ class ChatTemplate:
         **kwargs,
     ) -> str:
         """The prompt text for `messages`; `kwargs` (chat_template_kwargs, e.g. enable_thinking)
-        reach the template."""
+        reach the template.
+
+        A template that has no system role (Gemma 1 and 2, older Mistral ones) gets the fallback
+        Gemma documents: the system (and developer) messages' text goes at the top of the first
+        user message, a blank line before the user's own; only when the template rejected the
+        conversation because of them (it renders without them), else its error stands."""
+        messages = normalize_messages(messages)
+        options = dict(
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            documents=documents,
+            **kwargs,
+        )
+        try:
+            return self._render(messages, **options)
+        except InvalidParameterError:
+            merged = system_merged(messages)
+            if merged is None:
+                raise
+        # the template refused a conversation with a system message: if it takes the rest, the
+        # system message was what it refused (else the rest's error is the one to report)
+        self._render(without_system(messages), **options)
+        return self._render(merged, **options)
+
+    def _render(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        tools: list[dict] | None,
+        documents: list[dict] | None,
+        **kwargs,
+    ) -> str:
         import jinja2
 
-        messages = normalize_messages(messages)
         if continue_final_message:
             if not messages or not isinstance(messages[-1].get("content"), str):
                 raise InvalidParameterError(
