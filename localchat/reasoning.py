@@ -1,12 +1,19 @@
-"""Split a streamed reply into thinking (<think>...</think>, as Qwen3 and DeepSeek-R1 write it) and
-the answer: one splitter for the TUI and for the server's `--reasoning-parser`."""
+"""Split a streamed reply into thinking (<think>...</think>, as Qwen3 and DeepSeek-R1 write it, or
+gpt-oss's harmony analysis channel: `localchat/harmony.py`) and the answer: one splitter for the TUI
+and for the server's `--reasoning-parser`."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from localchat.errors import InvalidParameterError
 
+if TYPE_CHECKING:
+    from localchat.harmony import HarmonySplitter
+
 OPEN, CLOSE = "<think>", "</think>"
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
+HARMONY = "harmony"
+REASONING_PARSERS = ("qwen3", "deepseek_r1", HARMONY)
 
 
 class ThinkSplitter:
@@ -68,8 +75,10 @@ def partial_suffix(text: str, tag: str) -> int:
 
 
 def reasoning_parser_for(name: str | None, template_source: str | None) -> str | None:
-    """The `--reasoning-parser` in effect: the one named, else qwen3 when the chat template
-    mentions <think>, else none."""
+    """The `--reasoning-parser` in effect: the one named, else harmony when the chat template
+    writes gpt-oss's harmony format, qwen3 when it mentions <think>, else none."""
+    from localchat.harmony import is_harmony_template
+
     if name:
         if name not in REASONING_PARSERS:
             raise InvalidParameterError(
@@ -77,6 +86,8 @@ def reasoning_parser_for(name: str | None, template_source: str | None) -> str |
                 param="reasoning_parser",
             )
         return name
+    if is_harmony_template(template_source):
+        return HARMONY
     return "qwen3" if template_source and OPEN in template_source else None
 
 
@@ -86,17 +97,22 @@ def starts_thinking(parser: str, prompt_tail: str) -> bool:
     return parser == "deepseek_r1" or prompt_tail.rstrip().endswith(OPEN)
 
 
-def new_splitter(parser: str, prompt_tail: str) -> ThinkSplitter:
-    """A splitter for one reply."""
+def new_splitter(parser: str, prompt_tail: str) -> ThinkSplitter | HarmonySplitter:
+    """A splitter for one reply (`prompt_tail`: the prompt's last tokens, special tokens kept)."""
+    if parser == HARMONY:
+        from localchat.harmony import HarmonySplitter
+
+        return HarmonySplitter(prompt_tail)
     return ThinkSplitter(starts_thinking(parser, prompt_tail))
 
 
 def reply_thinking(parser: str | None, prompt_tail: str) -> str | None:
     """How a reply may think, for a grammar that must leave the thinking free: "inside" (it starts
-    in the block), "maybe" (it may open one first), or None (no parser, or the prompt closed the
-    block, as templates do with enable_thinking=false)."""
-    if parser is None:
-        return None
+    in the block), "maybe" (it may open one first), "harmony" (an optional analysis message comes
+    first), or None (no parser, or the prompt closed the block, as templates do with
+    enable_thinking=false)."""
+    if parser is None or parser == HARMONY:
+        return parser
     if starts_thinking(parser, prompt_tail):
         return "inside"
     return None if prompt_tail.rstrip().endswith(CLOSE) else "maybe"

@@ -1,11 +1,13 @@
 """One chat choice's reply, parsed as it streams: reasoning (`<think>`) split off first, then tool
-calls found in the answer; the rest is content."""
+calls found in the answer; the rest is content. A harmony reply (gpt-oss) is split in one pass:
+its analysis channel is the reasoning, its calls to functions the tool calls."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from localchat.harmony import HarmonySplitter
 from localchat.reasoning import ThinkSplitter
 from localchat.server.tool_parsers import CallProgress, ToolCall, ToolParser, valid_arguments
 
@@ -66,13 +68,14 @@ class ToolStream:
             content, self.section = buffer[:start], buffer[start:]
         else:
             self.section += text
-        deltas = self._advance(self.parser.scan(self.section), final)
+        deltas = self.advance(self.parser.scan(self.section), final)
         if final and not self.calls:  # no call could be read: it was text after all
             content += self.section
             self.section = ""
         return content, deltas
 
-    def _advance(self, found: list[CallProgress], final: bool) -> list[ToolCallDelta]:
+    def advance(self, found: list[CallProgress], final: bool) -> list[ToolCallDelta]:
+        """The deltas that bring the announced calls up to `found` (the calls as far as written)."""
         deltas = []
         for index, progress in enumerate(found):
             if index == len(self.calls):
@@ -99,9 +102,12 @@ class ToolStream:
 class ReplyParser:
     """Reasoning and tool calls of one choice; `feed` each text delta (the last with `final`)."""
 
-    def __init__(self, splitter: ThinkSplitter | None, tools: ToolParser | None):
+    def __init__(self, splitter: ThinkSplitter | HarmonySplitter | None, tools: ToolParser | None):
         self.splitter = splitter
         self.tools = ToolStream(tools) if tools is not None else None
+        self.harmony = splitter if isinstance(splitter, HarmonySplitter) else None
+        if self.harmony is not None:
+            self.harmony.calls_to_answer = tools is None
 
     def feed(self, text: str, final: bool = False) -> ReplyPiece:
         piece = ReplyPiece()
@@ -112,10 +118,25 @@ class ReplyParser:
                 held_reasoning, held_answer = self.splitter.flush()
                 piece.reasoning += held_reasoning
                 answer += held_answer
-        if self.tools is not None:
+        if self.harmony is not None and self.tools is not None:
+            answer += self._harmony_calls(piece, final)
+        elif self.tools is not None:
             answer, piece.calls = self.tools.feed(answer, final)
         piece.content = answer
         return piece
+
+    def _harmony_calls(self, piece: ReplyPiece, final: bool) -> str:
+        """Announce and stream the harmony splitter's calls; at the end, the arguments of a call
+        that never became one (not a JSON object) are content."""
+        assert self.harmony is not None and self.tools is not None
+        found = [
+            CallProgress(call.name, call.arguments, call.done or final, given=True)
+            for call in self.harmony.calls
+        ]
+        piece.calls = self.tools.advance(found, final)
+        if not final:
+            return ""
+        return "".join(call.arguments for call in found[len(self.tools.calls) :])
 
     @property
     def calls(self) -> list[ToolCall]:

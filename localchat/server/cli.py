@@ -17,8 +17,7 @@ import typer
 
 from localchat.cli_options import engine_options, option
 from localchat.errors import InvalidParameterError
-from localchat.reasoning import reasoning_parser_for
-from localchat.server.tool_parsers import tool_parser_for
+from localchat.server.tool_parsers import chat_parsers
 
 logger = logging.getLogger("localchat.server")
 _PANEL = "Server options"
@@ -91,7 +90,7 @@ def serve(
         option(
             _PANEL,
             "--tool-call-parser",
-            help="hermes, llama3_json or mistral (default: from the chat template)",
+            help="hermes, llama3_json, mistral or harmony (default: from the chat template)",
         ),
     ] = None,
     reasoning_parser: Annotated[
@@ -99,7 +98,8 @@ def serve(
         option(
             _PANEL,
             "--reasoning-parser",
-            help="qwen3 or deepseek_r1 (default: qwen3 when the template has <think>)",
+            help="qwen3, deepseek_r1 or harmony (default: harmony for a gpt-oss template, "
+            "qwen3 when the template has <think>)",
         ),
     ] = None,
     pooling: Annotated[
@@ -155,8 +155,7 @@ def serve(
             f"--data-parallel-size must be >= 1, got {data_parallel_size}",
             param="data_parallel_size",
         )
-    tool_parser_for(tool_call_parser, None)  # a bad name fails before the model loads
-    reasoning_parser_for(reasoning_parser, None)
+    chat_parsers(tool_call_parser, reasoning_parser, None)  # bad names fail before loading
     from localchat.engine.llm_engine import POOLING
 
     if pooling not in POOLING:

@@ -36,6 +36,9 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # an assistant's reasoning, sent back as the server returned it (vLLM's two names for it)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)

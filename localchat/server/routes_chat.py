@@ -9,7 +9,8 @@ from typing import Annotated, Any
 from litestar import Request, Response, post
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
-from localchat.reasoning import new_splitter, reply_thinking
+from localchat.harmony import harmony_stop_ids
+from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser, ReplyPiece
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
@@ -131,10 +132,15 @@ async def create_chat_completion(
     tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""
     defaults = server.engine.model_info.generation_defaults  # generation_config.json
     grammar, grammar_param = await checked_grammar(
-        data, tool_grammar, reply_thinking(reasoning, tail)
+        data, tool_grammar, reply_thinking(reasoning, tail), server.special_token_id
     ) or (None, None)
     params = chat_sampling_params(defaults.fill_request(data), grammar)
-    if plan.parse and not server.tools.skip_special_tokens:
+    if reasoning == HARMONY:  # the reply's structure is its special tokens
+        params.skip_special_tokens = False
+        params.stop_token_ids = harmony_stop_ids(
+            params.stop_token_ids, server.special_token_id, server.engine.model_info.eos_token_ids
+        )
+    elif plan.parse and not server.tools.skip_special_tokens:
         params.skip_special_tokens = False  # the call marker is a special token
     generation = await start_generation(
         request, server, "chatcmpl", params, [prompt], grammar_param

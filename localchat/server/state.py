@@ -14,10 +14,9 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 
 from localchat.errors import InvalidParameterError, LocalchatError, ModelNotFoundError
-from localchat.reasoning import reasoning_parser_for
 from localchat.server.logprobs import TokenStrings
 from localchat.server.metrics import ServerMetrics
-from localchat.server.tool_parsers import ToolParser, tool_parser_for
+from localchat.server.tool_parsers import ToolParser, chat_parsers
 from localchat.server.tools import template_messages
 
 if TYPE_CHECKING:
@@ -51,8 +50,9 @@ class ServerState:
         self.token_str = TokenStrings(self.engine.tokenizer)
         template = getattr(self.engine, "chat_template", None)
         source = template.source if template is not None else None
-        self.tools = tool_parser_for(self.tool_call_parser, source)
-        self.reasoning = reasoning_parser_for(self.reasoning_parser, source)
+        self.tools, self.reasoning = chat_parsers(
+            self.tool_call_parser, self.reasoning_parser, source
+        )
 
     def special_token_id(self, text: str) -> int | None:
         """The id of an added (special) token spelled `text`, if the tokenizer has one."""

@@ -12,10 +12,13 @@ import asyncio
 import contextlib
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from localchat.engine.guided_decoding import validate_grammar
 from localchat.errors import InvalidParameterError
+from localchat.harmony import final_lark
+from localchat.reasoning import HARMONY
 from localchat.server.protocol import SamplingFields
 
 JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions
@@ -242,9 +245,12 @@ def _thinking_lark(thinking: str, answer: str) -> str:
     return "\n".join([start, *rules]) + "\n"
 
 
-def after_reasoning(grammar: str, thinking: str) -> str:
+def after_reasoning(
+    grammar: str, thinking: str, token_id: Callable[[str], int | None] = lambda _: None
+) -> str:
     """`grammar` (llguidance's JSON form or Lark text) applied only after the reply's thinking
-    (`thinking` as `reasoning.reply_thinking` says), which stays unconstrained."""
+    (`thinking` as `reasoning.reply_thinking` says), which stays unconstrained; for a harmony reply,
+    as its final message (`token_id` gives the ids of the format's special tokens)."""
     top = None
     if grammar.lstrip().startswith("{"):
         with contextlib.suppress(json.JSONDecodeError):
@@ -255,7 +261,9 @@ def after_reasoning(grammar: str, thinking: str) -> str:
     grammars[0]["name"] = name = grammars[0].get("name") or "answer"
     wrapper = {
         "name": "localchat_reasoning",
-        "lark_grammar": _thinking_lark(thinking, name),
+        "lark_grammar": final_lark(name, token_id)
+        if thinking == HARMONY
+        else _thinking_lark(thinking, name),
     }
     return json.dumps({**top, "grammars": [wrapper, *grammars]})
 
@@ -264,10 +272,12 @@ async def checked_grammar(
     request: SamplingFields,
     tool_grammar: tuple[str, str] | None = None,
     thinking: str | None = None,
+    token_id: Callable[[str], int | None] = lambda _: None,
 ) -> tuple[str, str] | None:
     """The request's grammar (or `tool_grammar`, from a forced tool call), validated off the event
     loop, and the field that gave it; None when the output is free. With `thinking` (a reasoning
-    parser is on) the grammar applies only once the thinking has ended."""
+    parser is on) the grammar applies only once the thinking has ended (a harmony tool grammar
+    is a whole reply already; `token_id` names the special tokens of harmony's)."""
     found = request_grammar(request)
     if tool_grammar is not None:
         if found is not None:
@@ -279,7 +289,7 @@ async def checked_grammar(
     if found is None:
         return None
     grammar, param = found
-    if thinking is not None:
-        grammar = after_reasoning(grammar, thinking)
+    if thinking is not None and not (thinking == HARMONY and param == "tool_choice"):
+        grammar = after_reasoning(grammar, thinking, token_id)
     await asyncio.to_thread(validate_grammar, grammar, param)
     return grammar, param

@@ -5,7 +5,8 @@ grammar that forces a valid call (tool_choice "required" or a named function).
   SmolLM-style and Hermes templates);
 - `llama3_json`: the reply is `{"name": ..., "parameters": {...}}` (optionally after
   `<|python_tag|>`; several joined by `;`), as Llama 3.1-3.3 templates ask;
-- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`;
+- `harmony` (gpt-oss, `harmony_tools.py`): a commentary message to `functions.NAME`.
 
 A call's `arguments` are the JSON text the model wrote for them, so that the fragments streamed as
 it writes them (`scan`, read again as the reply grows) concatenate to exactly the final arguments.
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from localchat.errors import InvalidParameterError
-from localchat.reasoning import partial_suffix
+from localchat.harmony import is_harmony_template
+from localchat.reasoning import HARMONY, partial_suffix, reasoning_parser_for
 
 _COMPACT = {"whitespace_flexible": False}
 
@@ -364,24 +366,53 @@ class MistralParser(ToolParser):
         return f"start: {marker} %json {json.dumps(array)}\n"
 
 
-PARSERS: dict[str, type[ToolParser]] = {
-    parser.name: parser for parser in (HermesParser, Llama3JsonParser, MistralParser)
-}
+def parsers() -> dict[str, type[ToolParser]]:
+    """Every format by its name (harmony's lives in its own module)."""
+    from localchat.server.harmony_tools import HarmonyToolParser
+
+    formats = (HermesParser, Llama3JsonParser, MistralParser, HarmonyToolParser)
+    return {parser.name: parser for parser in formats}
 
 
 def tool_parser_for(name: str | None, template_source: str | None) -> ToolParser:
     """The parser named by `--tool-call-parser`, else the one the chat template's text implies
     (Hermes when it says nothing)."""
+    known = parsers()
     if name:
-        if name not in PARSERS:
+        if name not in known:
             raise InvalidParameterError(
-                f"unknown tool-call parser {name!r}; choose one of {', '.join(PARSERS)}",
+                f"unknown tool-call parser {name!r}; choose one of {', '.join(known)}",
                 param="tool_call_parser",
             )
-        return PARSERS[name]()
+        return known[name]()
     source = template_source or ""
+    if is_harmony_template(source):
+        return known["harmony"]()
     if "[TOOL_CALLS]" in source:
         return MistralParser()
     if "<|python_tag|>" in source or "ipython" in source:
         return Llama3JsonParser()
     return HermesParser()
+
+
+def chat_parsers(
+    tool_call_parser: str | None, reasoning_parser: str | None, template_source: str | None
+) -> tuple[ToolParser, str | None]:
+    """The tool-call parser and the reasoning parser in effect (each named, or implied by the chat
+    template). Harmony's reasoning and tool calls are read together: naming harmony for one of
+    them picks it for the other, and naming another parser for the other is an error."""
+    tools = tool_parser_for(tool_call_parser, template_source)
+    reasoning = reasoning_parser_for(reasoning_parser, template_source)
+    if (tools.name == HARMONY) == (reasoning == HARMONY):
+        return tools, reasoning
+    if tool_call_parser is None and reasoning == HARMONY:
+        return tool_parser_for(HARMONY, template_source), reasoning
+    if reasoning_parser is None and tools.name == HARMONY:
+        return tools, HARMONY
+    raise InvalidParameterError(
+        "harmony's reasoning and tool calls are parsed together: name harmony for both "
+        "--tool-call-parser and --reasoning-parser, or for neither",
+        param="tool_call_parser"
+        if tool_call_parser and tools.name != HARMONY
+        else "reasoning_parser",
+    )

@@ -105,11 +105,18 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as chat templates expect them: an assistant's tool-call arguments as objects (the
     API carries them as JSON text), as transformers' and vLLM's templates read them; a message
     without content (an assistant's tool calls, `content: null`) has "" as vLLM gives it, for
-    templates that add `message['content']` to a string (SmolLM2's)."""
+    templates that add `message['content']` to a string (SmolLM2's); an assistant's reasoning
+    (`reasoning_content`, or `reasoning`) is also its `thinking`, where gpt-oss's template reads
+    it (Qwen3's reads `reasoning_content`)."""
     result = []
     for message in messages:
         data = message.to_dict()
         data.setdefault("content", "")
+        reasoning = data.pop("reasoning", None)
+        if reasoning and not data.get("reasoning_content"):
+            data["reasoning_content"] = reasoning
+        if data.get("reasoning_content") and message.role == "assistant":
+            data["thinking"] = data["reasoning_content"]
         for call in data.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
