@@ -12,7 +12,8 @@ from localchat.config import EngineConfig
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.model_source import resolve_model
 from localchat.engine.sampling_params import SamplingParams
-from localchat.reasoning import reasoning_parser_for, reply_thinking
+from localchat.harmony import harmony_stop_ids
+from localchat.reasoning import HARMONY, new_splitter, reasoning_parser_for, reply_thinking
 from localchat.tui.backends import (
     BackendStats,
     ChatBackend,
@@ -48,7 +49,8 @@ class EngineBackend(ChatBackend):
 
             self.model_name = DEFAULT_MODEL_NAME
         self.description = "in-process engine"
-        self.reasoning: str | None = None  # qwen3 when the chat template has <think> (as serve)
+        # harmony for gpt-oss's template, qwen3 when the chat template has <think> (as serve)
+        self.reasoning: str | None = None
 
     def _progress(self, message: str) -> None:  # called from the engine thread while loading
         if self._on_progress is not None and self._loop is not None:
@@ -80,7 +82,14 @@ class EngineBackend(ChatBackend):
         token_ids = self.prompt_token_ids(request)
         tail = self.engine.detokenize(token_ids[-8:], skip_special_tokens=False)
         params = SamplingParams(**request.sampling, grammar=self._grammar(request, tail))
-        splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
+        if self.reasoning == HARMONY:  # gpt-oss: the reply's channels are its special tokens
+            splitter = new_splitter(HARMONY, tail)
+            params.skip_special_tokens = False
+            params.stop_token_ids = harmony_stop_ids(
+                params.stop_token_ids, self._special_token_id, self.engine.model_info.eos_token_ids
+            )
+        else:
+            splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
         timer = ReplyTimer()
         stream = await self.engine.add_request(token_ids, params, stream_interval=STREAM_INTERVAL_S)
         try:
@@ -118,8 +127,12 @@ class EngineBackend(ChatBackend):
         if thinking is not None:
             from localchat.server.structured import after_reasoning
 
-            grammar = after_reasoning(grammar, thinking)
+            grammar = after_reasoning(grammar, thinking, self._special_token_id)
         return grammar
+
+    def _special_token_id(self, text: str) -> int | None:
+        tokenizer = self.engine.tokenizer
+        return None if tokenizer is None else tokenizer.get_added_vocab().get(text)
 
     def stats(self) -> BackendStats | None:
         stats = self.engine.stats()
