@@ -8,6 +8,7 @@ that reads them, rather than skipping them, fails; the Triton kernels' pool is N
 sequences' blocks too (the reference's gather reads a short decode's padding and masks it).
 """
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -46,10 +47,9 @@ def _reference_fallback(*args, **options):
 PATHS = {
     "reference": paged_attention_ref,
     "reference_fallback": _reference_fallback,
-    "triton": paged_attention_triton,
-    "triton_3_splits": lambda *args, **options: paged_attention_triton(
-        *args, num_splits=3, **options
-    ),
+    # the decode kernel alone (the sinks in its last step), and with a reduce (the sinks there)
+    "triton_1_split": functools.partial(paged_attention_triton, num_splits=1),
+    "triton_3_splits": functools.partial(paged_attention_triton, num_splits=3),
 }
 
 
