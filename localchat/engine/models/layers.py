@@ -64,8 +64,10 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.kv_size, spec.rms_norm_eps)
         self.qk_norm_full = spec.qk_norm_full
         self.sinks = nn.Parameter(torch.zeros(spec.num_heads)) if spec.attention_sinks else None
-        # views into the engine's KV pool, bound after allocation
+        # views into the engine's KV pool, bound after allocation, and the KV group whose block
+        # tables they are read through (engine/kv_groups.py)
         self.k_cache = self.v_cache = torch.empty(0)
+        self.kv_group = 0
 
     def _features(self) -> dict:
         """The attention kernels' options this layer uses (absent ones are off)."""
@@ -78,6 +80,7 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
+        md = ctx.attn.for_group(self.kv_group)
         qkv = linear(hidden, self.qkv_weight, self.qkv_bias)
         if self.q_norm is None and self.rope is not None:
             cos, sin = ctx.rope[self.rope]
@@ -87,7 +90,7 @@ class Attention(nn.Module):
                 self.v_cache,
                 cos,
                 sin,
-                ctx.attn,
+                md,
                 self.num_heads,
                 self.num_kv_heads,
                 self.head_dim,
@@ -106,19 +109,22 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = rotary_embedding(q, k, *ctx.rope[self.rope])
-        store_kv_cache(k, v, self.k_cache, self.v_cache, ctx.attn.slot_mapping)
-        out = paged_attention(
-            q, self.k_cache, self.v_cache, ctx.attn, self.scale, **self._features()
-        )
+        store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        out = paged_attention(q, self.k_cache, self.v_cache, md, self.scale, **self._features())
         return linear(out.reshape(-1, self.q_size), self.o_weight, self.o_bias)
 
 
 class MLP(nn.Module):
     """The gated MLP: down(act(gate(x)) * up(x)), gate and up fused into one projection."""
 
-    def __init__(self, spec: DecoderSpec, intermediate_size: int | None = None, bias: bool = False):
+    def __init__(
+        self, spec: DecoderSpec, intermediate_size: int | None = None, bias: bool | None = None
+    ):
+        """An MLP of `intermediate_size` (default: the model's), with biases on its projections
+        if `bias` (default: the model's, spec.mlp_bias)."""
         super().__init__()
         width = spec.intermediate_size if intermediate_size is None else intermediate_size
+        bias = spec.mlp_bias if bias is None else bias
         self.activation = spec.activation
         self.limit, self.alpha = spec.swiglu_limit, spec.swiglu_alpha
         self.gate_up_weight = nn.Parameter(torch.empty(2 * width, spec.hidden_size))
