@@ -18,6 +18,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _CACHE_DIR = tempfile.mkdtemp(prefix="localchat-test-cache-")
 os.environ["LOCALCHAT_CACHE_DIR"] = _CACHE_DIR
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+# A Hugging Face home of this run's own (its hub cache, token and assets), for every test and every
+# process they start: nothing is read from or written to the user's cache, and no stored login is
+# sent (the pull tests still give each test an empty hub cache of its own: hub_cache)
+HF_HOME = tempfile.mkdtemp(prefix="localchat-test-hf-")
+os.environ["HF_HOME"] = HF_HOME
+os.environ["HF_HUB_CACHE"] = os.path.join(HF_HOME, "hub")
+os.environ.pop("HF_TOKEN", None)
+atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
+# the environment the session started with, which no test may leave changed (test_isolation.py)
+TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from localchat.kernels.triton_kv_cache import store_kv_cache_triton
 from localchat.kernels.triton_norm import rms_norm_triton
 from localchat.kernels.triton_rotary import rotary_embedding_triton
 from tests.kernels.conftest import (
-    DEVICE,  # sets TRITON_INTERPRET on the CPU, before triton is imported
+    DEVICE,  # imports the Triton kernels interpreted, on the CPU
 )
 
 ON_GPU = DEVICE != "cpu"

@@ -17,7 +17,7 @@ from localchat.kernels import triton_quant_linear as tql
 from localchat.kernels.packed_weight import PackedWeight, pack_u4, quantize_weight
 from localchat.kernels.triton_quant_linear import triton_quant_linear
 from tests.kernels.conftest import (
-    DEVICE,  # pytest imports it first: TRITON_INTERPRET is set before triton loads
+    DEVICE,  # imports the Triton kernels interpreted, on the CPU
 )
 
 ON_GPU = DEVICE != "cpu"
