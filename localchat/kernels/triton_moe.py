@@ -31,8 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from localchat.kernels.moe import check_moe_shapes
+from localchat.kernels.moe import Experts, PackedExperts, check_moe_shapes
 from localchat.kernels.triton_activation import _ACTIVATIONS, gated_activation
+from localchat.kernels.triton_quant_linear import _dequant
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -71,9 +72,84 @@ def _block_of_pairs(
 
 
 @triton.jit
+def _k_step(kb, K, QUANT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step kb's activation columns (u4: those of the low nibbles, the high ones are 16 on), the
+    byte of a weight row each reads, and which of them are inside K. A u4 byte holds weights j
+    and j + 16 of its group of 32, so a step reads BLOCK_K // 2 bytes a row and runs two dots."""
+    if QUANT == 2:
+        p = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        k = (p // 16) * 32 + p % 16
+    else:
+        k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        p = k
+    return k, p, k < K
+
+
+@triton.jit
+def _load_activations(x_rows, k, inside, QUANT: tl.constexpr, EVEN_K: tl.constexpr):
+    """A K step's tile of the rows x_rows [BLOCK_M, 1] point at, and (u4) that of the high
+    nibbles' columns (else the same tile)."""
+    if EVEN_K:
+        xs = tl.load(x_rows + k[None, :])
+    else:
+        xs = tl.load(x_rows + k[None, :], mask=inside[None, :], other=0.0)
+    xs_hi = xs
+    if QUANT == 2:
+        xs_hi = tl.load(x_rows + (k + 16)[None, :], mask=inside[None, :], other=0.0)
+    return xs, xs_hi
+
+
+@triton.jit
+def _accumulate(
+    acc,
+    xs,
+    xs_hi,
+    w_cols,
+    s_cols,
+    m_cols,
+    k,
+    p,
+    inside,
+    zero_point,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_MINS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """acc + a K step's product with one weight: w_cols [1, BLOCK_N] point at each output
+    column's weight row (its codes where quantized: QUANT 1 u8, 2 u4), s_cols and m_cols at its
+    group scales and mins. Quantized weights are dequantized in float32, then fed to tl.dot in
+    the activations' dtype (as triton_quant_linear does)."""
+    if QUANT == 0:
+        if EVEN_K:
+            w = tl.load(w_cols + k[:, None])
+        else:
+            w = tl.load(w_cols + k[:, None], mask=inside[:, None], other=0.0)
+        result = tl.dot(xs, w, acc, input_precision=DOT_PRECISION)
+    elif QUANT == 1:
+        mask = inside[:, None]
+        codes = tl.load(w_cols + p[:, None], mask=mask, other=0)
+        g = (k // GROUP)[:, None]
+        w = _dequant(codes, s_cols + g, m_cols + g, mask, zero_point, HAS_MINS)
+        result = tl.dot(xs, w.to(xs.dtype), acc, input_precision=DOT_PRECISION)
+    else:
+        mask = inside[:, None]
+        codes = tl.load(w_cols + p[:, None], mask=mask, other=0)
+        g = (p // 16)[:, None]
+        lo = _dequant(codes & 0x0F, s_cols + g, m_cols + g, mask, zero_point, HAS_MINS)
+        hi = _dequant(codes >> 4, s_cols + g, m_cols + g, mask, zero_point, HAS_MINS)
+        result = tl.dot(xs, lo.to(xs.dtype), acc, input_precision=DOT_PRECISION)
+        result = tl.dot(xs_hi, hi.to(xs.dtype), result, input_precision=DOT_PRECISION)
+    return result
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,
     w_ptr,
+    scales_ptr,
+    mins_ptr,
     bias_ptr,
     out_ptr,
     sorted_pairs_ptr,
@@ -85,12 +161,18 @@ def _moe_gate_up_kernel(
     stride_xm,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_be,
     stride_om,
+    zero_point,
     limit,
     alpha,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_MINS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -99,7 +181,8 @@ def _moe_gate_up_kernel(
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # x [T, K]; w [E, 2N, K] (gate rows, then up rows); out [T * TOP_K, N]: act(gate) * up
+    # x [T, K]; w [E, 2N, K] (gate rows, then up rows; or its codes, scales [E, 2N, K // GROUP]
+    # and mins); out [T * TOP_K, N]: act(gate) * up
     pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
@@ -107,28 +190,50 @@ def _moe_gate_up_kernel(
     expert, pairs, valid, rows, offs_n, offs_w = _block_of_pairs(
         sorted_pairs_ptr, block_experts_ptr, pid_m, pid_n, num_pairs, N, TOP_K, BLOCK_M, BLOCK_N
     )
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
-    w_base = w_ptr + expert * stride_we
-    g_ptrs = w_base + offs_w[None, :] * stride_wn + offs_k[:, None]
-    u_ptrs = w_base + (offs_w + N)[None, :] * stride_wn + offs_k[:, None]
+    x_rows = x_ptr + rows[:, None] * stride_xm
+    gate_w = w_ptr + expert * stride_we + offs_w[None, :] * stride_wn
+    up_w = w_ptr + expert * stride_we + (offs_w + N)[None, :] * stride_wn
+    gate_s = expert * stride_se + offs_w[None, :] * stride_sn
+    up_s = expert * stride_se + (offs_w + N)[None, :] * stride_sn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            xs = tl.load(x_ptrs)
-            g = tl.load(g_ptrs)
-            u = tl.load(u_ptrs)
-        else:
-            inside = offs_k < K - kb * BLOCK_K
-            xs = tl.load(x_ptrs, mask=inside[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=inside[:, None], other=0.0)
-            u = tl.load(u_ptrs, mask=inside[:, None], other=0.0)
-        acc_g = tl.dot(xs, g, acc_g, input_precision=DOT_PRECISION)
-        acc_u = tl.dot(xs, u, acc_u, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+        k, p, inside = _k_step(kb, K, QUANT, BLOCK_K)
+        xs, xs_hi = _load_activations(x_rows, k, inside, QUANT, EVEN_K)
+        acc_g = _accumulate(
+            acc_g,
+            xs,
+            xs_hi,
+            gate_w,
+            scales_ptr + gate_s,
+            mins_ptr + gate_s,
+            k,
+            p,
+            inside,
+            zero_point,
+            QUANT,
+            GROUP,
+            HAS_MINS,
+            EVEN_K,
+            DOT_PRECISION,
+        )
+        acc_u = _accumulate(
+            acc_u,
+            xs,
+            xs_hi,
+            up_w,
+            scales_ptr + up_s,
+            mins_ptr + up_s,
+            k,
+            p,
+            inside,
+            zero_point,
+            QUANT,
+            GROUP,
+            HAS_MINS,
+            EVEN_K,
+            DOT_PRECISION,
+        )
     if HAS_BIAS:
         b_ptrs = bias_ptr + expert * stride_be + offs_w
         acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
@@ -147,6 +252,8 @@ def _moe_gate_up_kernel(
 def _moe_down_kernel(
     x_ptr,
     w_ptr,
+    scales_ptr,
+    mins_ptr,
     bias_ptr,
     weights_ptr,
     out_ptr,
@@ -159,8 +266,14 @@ def _moe_down_kernel(
     stride_xm,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_be,
     stride_om,
+    zero_point,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_MINS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -169,29 +282,38 @@ def _moe_down_kernel(
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # x [T * TOP_K, K] (the activations, a row per pair); w [E, N, K]; weights [T * TOP_K];
-    # out [T * TOP_K, N] float32: weight * (x @ w[e].T + bias[e])
+    # x [T * TOP_K, K] (the activations, a row per pair); w [E, N, K] (or its codes, scales and
+    # mins); weights [T * TOP_K]; out [T * TOP_K, N] float32: weight * (x @ w[e].T + bias[e])
     pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     expert, pairs, valid, rows, offs_n, offs_w = _block_of_pairs(
         sorted_pairs_ptr, block_experts_ptr, pid_m, pid_n, num_pairs, N, 1, BLOCK_M, BLOCK_N
     )
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_w[None, :] * stride_wn + offs_k[:, None]
+    x_rows = x_ptr + rows[:, None] * stride_xm
+    w_cols = w_ptr + expert * stride_we + offs_w[None, :] * stride_wn
+    s_offs = expert * stride_se + offs_w[None, :] * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            xs = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            inside = offs_k < K - kb * BLOCK_K
-            xs = tl.load(x_ptrs, mask=inside[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=inside[:, None], other=0.0)
-        acc = tl.dot(xs, w, acc, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        k, p, inside = _k_step(kb, K, QUANT, BLOCK_K)
+        xs, xs_hi = _load_activations(x_rows, k, inside, QUANT, EVEN_K)
+        acc = _accumulate(
+            acc,
+            xs,
+            xs_hi,
+            w_cols,
+            scales_ptr + s_offs,
+            mins_ptr + s_offs,
+            k,
+            p,
+            inside,
+            zero_point,
+            QUANT,
+            GROUP,
+            HAS_MINS,
+            EVEN_K,
+            DOT_PRECISION,
+        )
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_be + offs_w).to(tl.float32)[None, :]
     # the expert's output in the model's dtype (as its down projection gives it), then weighted
@@ -273,12 +395,25 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _weight_args(w: Experts) -> tuple[list, dict]:
+    """The kernels' arguments for one stacked weight: (w, scales, mins, stride_we, stride_wn,
+    stride_se, stride_sn, zero_point) and the constexprs QUANT, GROUP, HAS_MINS."""
+    if isinstance(w, PackedExperts):
+        q, scales = _last_dim_contiguous(w.qweight), w.scales.contiguous()
+        mins = scales if w.mins is None else w.mins.contiguous()  # read only with HAS_MINS
+        strides = [q.stride(0), q.stride(1), scales.stride(0), scales.stride(1)]
+        quant = {"QUANT": 2 if w.layout == "u4" else 1, "GROUP": w.group_size}
+        return [q, scales, mins, *strides, w.zero_point], quant | {"HAS_MINS": w.mins is not None}
+    w = _last_dim_contiguous(w)
+    return [w, w, w, w.stride(0), w.stride(1), 0, 0, 0], {"QUANT": 0, "GROUP": 1, "HAS_MINS": False}
+
+
 def fused_moe_triton(
     hidden: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: Experts,
+    w2: Experts,
     b13: torch.Tensor | None = None,
     b2: torch.Tensor | None = None,
     activation: str = "silu",
@@ -286,13 +421,15 @@ def fused_moe_triton(
     alpha: float = 1.702,
 ) -> torch.Tensor:
     """kernels/moe.fused_moe_ref's result, by the kernels above: hidden [T, H] (float16, bfloat16
-    or float32; the weights in its dtype), weights and ids [T, k], w13 [E, 2W, H], w2 [E, H, W],
-    b13 [E, 2W], b2 [E, H]. Returns a new [T, H] tensor."""
+    or float32), weights and ids [T, k], w13 [E, 2W, H] and w2 [E, H, W] (dense in hidden's dtype,
+    or PackedExperts: u4 or u8 codes dequantized in the GEMMs), b13 [E, 2W], b2 [E, H]. Returns a
+    new [T, H] tensor."""
     check_moe_shapes(hidden, weights, ids, w13, w2, b13, b2)
-    if hidden.dtype not in DTYPES or w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
+    dense = [w.dtype for w in (w13, w2) if isinstance(w, torch.Tensor)]
+    if hidden.dtype not in DTYPES or any(dtype != hidden.dtype for dtype in dense):
         raise ValueError(
-            f"hidden and the expert weights must share a float16, bfloat16 or float32 dtype, got "
-            f"{hidden.dtype}, {w13.dtype} and {w2.dtype}"
+            f"hidden and the dense expert weights must share a float16, bfloat16 or float32 "
+            f"dtype, got {hidden.dtype} and {', '.join(map(str, dense))}"
         )
     tokens, size = hidden.shape
     top_k, experts, width = ids.shape[1], w13.shape[0], w2.shape[2]
@@ -300,32 +437,32 @@ def fused_moe_triton(
     if tokens == 0 or top_k == 0:
         return out.zero_()
     x = _last_dim_contiguous(hidden)
-    w13, w2 = _last_dim_contiguous(w13), _last_dim_contiguous(w2)
     pairs = tokens * top_k
     c = _launch_config(pairs, experts, hidden.dtype, hidden.device.type == "cuda")
     block_m = c["block_m"]
     sorted_pairs, block_experts, num_padded = moe_align_block_size(ids, experts, block_m)
     tiles_m = block_experts.numel()
+    grouping = [sorted_pairs, block_experts, num_padded, pairs]
     common = dict(BLOCK_M=block_m, GROUP_M=8, DOT_PRECISION=c["precision"])
 
     activated = torch.empty((pairs, width), dtype=hidden.dtype, device=hidden.device)
+    (w, scales, mins, *strides, zero_point), quant = _weight_args(w13)
     block_n, block_k, warps, stages = c["gate_up"]
     _moe_gate_up_kernel[(tiles_m * triton.cdiv(width, block_n),)](
         x,
-        w13,
-        w13 if b13 is None else _last_dim_contiguous(b13),
+        w,
+        scales,
+        mins,
+        x if b13 is None else _last_dim_contiguous(b13),
         activated,
-        sorted_pairs,
-        block_experts,
-        num_padded,
-        pairs,
+        *grouping,
         width,
         size,
         x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
+        *strides,
         0 if b13 is None else b13.stride(0),
         activated.stride(0),
+        zero_point,
         float(limit),
         float(alpha),
         TOP_K=top_k,
@@ -336,34 +473,36 @@ def fused_moe_triton(
         BLOCK_K=block_k,
         num_warps=warps,
         num_stages=stages,
+        **quant,
         **common,
     )
 
     weighted = torch.empty((pairs, size), dtype=torch.float32, device=hidden.device)
+    (w, scales, mins, *strides, zero_point), quant = _weight_args(w2)
     block_n, block_k, warps, stages = c["down"]
     _moe_down_kernel[(tiles_m * triton.cdiv(size, block_n),)](
         activated,
-        w2,
-        w2 if b2 is None else _last_dim_contiguous(b2),
+        w,
+        scales,
+        mins,
+        x if b2 is None else _last_dim_contiguous(b2),
         weights.reshape(-1).contiguous(),
         weighted,
-        sorted_pairs,
-        block_experts,
-        num_padded,
-        pairs,
+        *grouping,
         size,
         width,
         activated.stride(0),
-        w2.stride(0),
-        w2.stride(1),
+        *strides,
         0 if b2 is None else b2.stride(0),
         weighted.stride(0),
+        zero_point,
         HAS_BIAS=b2 is not None,
         EVEN_K=width % block_k == 0,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=warps,
         num_stages=stages,
+        **quant,
         **common,
     )
 

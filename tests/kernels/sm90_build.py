@@ -156,32 +156,41 @@ SM90_SHARED_MEMORY = 227 * 1024  # the most one block may ask for on an H100/H20
 
 def build_moe(dtype: torch.dtype, every_option: bool) -> None:
     """The fused MoE's kernels with each launch config the wrapper picks (decode to prefill),
-    with and without biases and K tails (and, if `every_option`, every activation in each); each
-    must fit an SM's shared memory."""
+    dense with and without biases and K tails, and (if `every_option`) every activation and u8
+    and u4 weights; each must fit an SM's shared memory."""
     t = f"*{TYPES[dtype]}"
     index = {name: "*i32" for name in ("sorted_pairs_ptr", "block_experts_ptr")}
     index["num_padded_ptr"] = "*i64"
-    activations = list(triton_moe._ACTIVATIONS.values())
+    dense = dict(w_ptr=t, scales_ptr=t, mins_ptr=t)
+    packed = dict(w_ptr="*u8", scales_ptr="*fp16", mins_ptr="*fp16")
+    # (weights' pointers, bias and K tail, QUANT, GROUP, HAS_MINS)
+    variants = [(dense, False, 0, 1, False), (dense, True, 0, 1, False)]
+    if every_option:
+        variants += [(packed, True, 1, 16, True), (packed, False, 2, 32, False)]
     for pairs in (8, 2048, 65536):  # 8 pairs over 64 experts (decode), 32 and 1024 per expert
         config = triton_moe._launch_config(pairs, 64, dtype, on_gpu=True)
         common = dict(BLOCK_M=config["block_m"], GROUP_M=8, DOT_PRECISION=config["precision"])
         for name, pointers, flags in (
-            ("gate_up", dict(x_ptr=t, w_ptr=t, bias_ptr=t, out_ptr=t), dict(TOP_K=8)),
-            ("down", dict(x_ptr=t, w_ptr=t, bias_ptr=t, weights_ptr=t, out_ptr="*fp32"), {}),
+            ("gate_up", dict(x_ptr=t, bias_ptr=t, out_ptr=t), dict(TOP_K=8)),
+            ("down", dict(x_ptr=t, bias_ptr=t, weights_ptr=t, out_ptr="*fp32"), {}),
         ):
             block_n, block_k, warps, stages = config[name]
             kernel = getattr(triton_moe, f"_moe_{name}_kernel")
-            for bias, even_k in ((False, True), (True, False)):
-                for act in activations if every_option and name == "gate_up" else [0]:
+            activations = list(triton_moe._ACTIVATIONS.values())
+            for i, (weights, bias, quant, group, mins) in enumerate(variants):
+                for act in activations if i == 0 and every_option and name == "gate_up" else [0]:
                     compiled = build(
                         kernel,
-                        dict(index, **pointers),
+                        dict(index, **pointers, **weights),
                         dict(
                             common,
                             **flags,
                             **({"ACT": act} if name == "gate_up" else {}),
+                            QUANT=quant,
+                            GROUP=group,
+                            HAS_MINS=mins,
                             HAS_BIAS=bias,
-                            EVEN_K=even_k,
+                            EVEN_K=not bias,
                             BLOCK_N=block_n,
                             BLOCK_K=block_k,
                         ),

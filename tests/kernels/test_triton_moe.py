@@ -4,6 +4,8 @@ and SparseMoE's fused path against its expert-by-expert one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from localchat.engine.models.moe import SparseMoE
 from localchat.engine.models.spec import DecoderSpec, MoESpec
 from localchat.kernels import dispatch, moe, triton_moe
 from localchat.kernels.activation import act_and_mul_ref
-from localchat.kernels.moe import fused_moe_ref
+from localchat.kernels.moe import PackedExperts, fused_moe_ref
+from localchat.kernels.packed_weight import quantize_weight
 from localchat.kernels.triton_moe import fused_moe_triton, moe_align_block_size
 from tests.kernels.conftest import DEVICE
 
@@ -137,6 +140,44 @@ def test_strided_inputs_and_wrong_shapes():
         fused_moe_triton(hidden, weights, ids, w13.half(), w2)
 
 
+def packed(dense: torch.Tensor, bits: int, group: int = 32, zero_point: int | None = None):
+    """Experts quantized group-wise (asymmetric; symmetric around zero_point where given)."""
+    weights = [quantize_weight(w, bits, group) for w in dense.float()]
+    if zero_point is not None:
+        weights = [dataclasses.replace(w, mins=None, zero_point=zero_point) for w in weights]
+    stacked = PackedExperts.stack(weights)
+    assert stacked is not None
+    return stacked
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("w13_form", "w2_form", "shape", "bias"),
+    [
+        ((4, 32, None), (4, 32, None), (9, 64, 32, 8, 2), False),  # int4: u4 with mins
+        ((8, 16, None), (8, 16, None), (7, 48, 48, 8, 2), True),  # u8, groups of 16, K tails
+        ((4, 32, 8), (8, 32, 128), (5, 64, 32, 16, 4), False),  # Q4_0-like and Q8_0-like
+    ],
+    ids=["u4", "u8-group16-bias", "symmetric"],
+)
+def test_quantized_experts(w13_form, w2_form, shape, bias, dtype):
+    tokens, size, width, experts, top_k = shape
+    hidden, weights, ids, w13, w2, b13, b2 = make_case(
+        tokens, size, width, experts, top_k, dtype, bias=bias, seed=8
+    )
+    q13, q2 = packed(w13, *w13_form), packed(w2, *w2_form)
+    assert q13.shape == tuple(w13.shape) and q2.shape == tuple(w2.shape)
+    got = fused_moe_triton(hidden, weights, ids, q13, q2, b13, b2, "silu")
+    expected = fused_moe_ref(hidden, weights, ids, q13, q2, b13, b2, "silu")
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    dense = (q13.dequantize(torch.float32), q2.dequantize(torch.float32))
+    naive = naive_moe(hidden.cpu(), weights.cpu(), ids.cpu(), *[w.cpu() for w in dense],
+                      None if b13 is None else b13.cpu(), None if b2 is None else b2.cpu(),
+                      "silu", 7.0, 1.702)  # fmt: skip
+    tol = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    assert (got.cpu().double() - naive).abs().max().item() <= tol * max(naive.abs().max(), 1.0)
+
+
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_align_groups_every_pair_once_in_its_experts_blocks(block_m):
     g = torch.Generator(device=DEVICE).manual_seed(6)
@@ -225,20 +266,42 @@ def test_sparse_moe_fused_path_equals_expert_by_expert(spec, monkeypatch):
     assert module.stacked is stacked  # stacked once
 
 
-def test_quantized_experts_run_one_by_one_on_the_triton_path(monkeypatch):
-    from localchat.kernels.packed_weight import quantize_weight
-
+@pytest.mark.parametrize("bits", [4, 8])
+def test_sparse_moe_stacks_quantized_experts(bits, monkeypatch):
     module = _random_moe(_spec(size=64, width=32))  # whole groups of 32 inputs
     for expert in module.experts:
         for name in ("gate_up_weight", "down_weight"):
             weight = expert._parameters.pop(name)
-            setattr(expert, name, quantize_weight(weight, 8))
+            setattr(expert, name, quantize_weight(weight, bits))
     hidden = torch.randn(5, 64, device=DEVICE)
+    # each expert through kernels/quant_linear.py's torch reference (not the CPU's kernels, which
+    # round the activations to int8 codes)
+    monkeypatch.setattr("localchat.kernels.quant_linear.cpu_kernels", lambda *a: None)
+    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: False)
+    expected = module(hidden)
+    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: True)
+    monkeypatch.setattr("localchat.kernels.moe.use_triton", lambda t: True)
+    got = module(hidden)
+    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+    assert module.stacked is not None
+    w13 = module.stacked[0]
+    assert isinstance(w13, PackedExperts) and w13.layout == f"u{bits}"
+    assert module.experts[3].gate_up_weight.qweight.data_ptr() == w13.qweight[3].data_ptr()
+
+
+def test_experts_quantized_in_several_forms_run_one_by_one(monkeypatch):
+    module = _random_moe(_spec(size=64, width=32))
+    for i, expert in enumerate(module.experts):
+        weight = expert._parameters.pop("gate_up_weight")
+        expert.gate_up_weight = quantize_weight(weight, 4 if i else 8)
+    hidden = torch.randn(5, 64, device=DEVICE)
+    monkeypatch.setattr("localchat.kernels.quant_linear.cpu_kernels", lambda *a: None)
     monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: False)
     expected = module(hidden)
     monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: True)
     torch.testing.assert_close(module(hidden), expected, atol=0, rtol=0)
     assert module.stacked is None and module._unstackable
+    assert isinstance(module.experts[0].down_weight, torch.nn.Parameter)  # left as it was
 
 
 @cpu_only

@@ -5,9 +5,10 @@ routing weights.
 Each expert is its own MLP module, so its weights load, quantize, pack and run like any dense MLP's:
 a GGUF file's expert blocks stay in the file's memory map, one PackedWeight per expert. On the CPU
 the experts run one after the other, each on its rows. Where the Triton kernels run (CUDA), dense
-experts run as one fused MoE (kernels/triton_moe.py) over their weights stacked [E, 2W, H] and
-[E, H, W]: stacked once, at the first such forward, after which each expert's parameters are views
-into the stacks (no second copy). Quantized experts run one after the other there too.
+and W4A16/W8A16 experts run as one fused MoE (kernels/triton_moe.py) over their weights stacked
+[E, 2W, H] and [E, H, W]: stacked once, at the first such forward, after which each expert's
+weights are views into the stacks (no second copy). Experts that do not stack (quantized in
+several forms) run one after the other there too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from localchat.engine.models.layers import MLP
 from localchat.engine.models.spec import DecoderSpec, MoESpec
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.linear import linear
-from localchat.kernels.moe import fused_moe
+from localchat.kernels.moe import Experts, PackedExperts, fused_moe
+from localchat.kernels.packed_weight import PackedWeight
 
 
 def route(logits: torch.Tensor, moe: MoESpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,34 +62,44 @@ class SparseMoE(nn.Module):
             nn.Parameter(torch.empty(1, spec.hidden_size)) if moe.shared_expert_gate else None
         )
         # (w13, w2, b13, b2): the experts' weights stacked for the fused kernel (stack_experts)
-        self.stacked: tuple[torch.Tensor | None, ...] | None = None
-        self._unstackable = False  # an expert's weights are not plain tensors: known once
+        self.stacked: tuple[Experts, Experts, torch.Tensor | None, torch.Tensor | None] | None = (
+            None
+        )
+        self._unstackable = False  # the experts' weights do not stack: known once
 
     @torch.no_grad()
     def stack_experts(self) -> bool:
-        """Stack the experts' dense weights (and biases) into [E, ...] tensors for the fused
-        kernel, once, and make each expert's parameters views into them, so the memory is not
-        doubled. False (and nothing changes) where an expert's weight is not a plain tensor (a
-        PackedWeight, a oneDNN-packed weight)."""
+        """Stack the experts' weights and biases into [E, ...] tensors for the fused kernel, once,
+        and make each expert's weights views into them, so the memory is not doubled: dense
+        parameters as they are, quantized ones (a PackedWeight each) in the GPU's form
+        (PackedExperts). False (and nothing changes) where they do not stack: oneDNN-packed
+        weights, tuples of PackedWeights, experts quantized in different forms."""
         if self.stacked is not None or self._unstackable:
             return not self._unstackable
         names = ("gate_up_weight", "down_weight", "gate_up_bias", "down_bias")
         values = [[getattr(expert, name) for expert in self.experts] for name in names]
-        self._unstackable = not all(
-            type(v) is nn.Parameter and not v.is_mkldnn for group in values[:2] for v in group
-        )
-        if self._unstackable:
+        weights: list[Experts | None] = []
+        for group in values[:2]:
+            if all(type(v) is nn.Parameter and not v.is_mkldnn for v in group):
+                weights.append(torch.stack([v.detach() for v in group]))
+            elif all(type(v) is PackedWeight for v in group):
+                weights.append(PackedExperts.stack(group))
+            else:
+                weights.append(None)
+        w13, w2 = weights
+        self._unstackable = w13 is None or w2 is None
+        if w13 is None or w2 is None:
             return False
-        stacked: list[torch.Tensor | None] = []
-        for name, group in zip(names, values, strict=True):
-            if group[0] is None:
-                stacked.append(None)
-                continue
-            tensor = torch.stack([v.detach() for v in group])
+        b13, b2 = (
+            None if g[0] is None else torch.stack([v.detach() for v in g]) for g in values[2:]
+        )
+        for name, stack in zip(names, (w13, w2, b13, b2), strict=True):
             for i, expert in enumerate(self.experts):
-                expert._parameters[name] = nn.Parameter(tensor[i], requires_grad=False)
-            stacked.append(tensor)
-        self.stacked = tuple(stacked)
+                if isinstance(stack, PackedExperts):
+                    setattr(expert, name, stack.expert(i))
+                elif stack is not None:
+                    expert._parameters[name] = nn.Parameter(stack[i], requires_grad=False)
+        self.stacked = (w13, w2, b13, b2)
         return True
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -96,7 +108,6 @@ class SparseMoE(nn.Module):
         if use_triton(hidden) and self.stack_experts():
             assert self.stacked is not None
             w13, w2, b13, b2 = self.stacked
-            assert w13 is not None and w2 is not None
             out = fused_moe(
                 hidden, weights, ids, w13, w2, b13, b2, self.activation, self.limit, self.alpha
             )
