@@ -39,6 +39,11 @@ class AttentionMetadata:
     they are the last ones of its seq_lens[i] tokens, whose keys live in the blocks block_tables[i]
     (-1 pads the rows). slot_mapping[t] is the pool slot (block * block_size + offset) where token
     t's key/value is stored; -1 marks a padding token whose key/value is not stored.
+
+    A model with sliding-window layers has several KV groups (engine/kv_groups.py), each with its
+    own blocks: this is the first group's view of the batch, and `group_views` the others' (the
+    same sequences and queries, their own slot mapping and block tables, in which a sliding group's
+    blocks before its window are -1: no kernel reads a key before a query's window).
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -57,7 +62,29 @@ class AttentionMetadata:
     # the same for a sliding window, one per window size (only the window's keys are gathered)
     window_plans: dict[int, ReferencePlan] = field(default_factory=dict, repr=False, compare=False)
     decode_partials: DecodePartials | None = field(default=None, repr=False, compare=False)
+    # the other KV groups' views of this batch, groups 1.. (empty for a model of one group)
+    group_views: tuple[AttentionMetadata, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """KV group `group`'s view of the batch (a layer reads its group's)."""
+        return self if group == 0 else self.group_views[group - 1]
+
+    def with_tables(
+        self, slot_mapping: torch.Tensor, block_tables: torch.Tensor
+    ) -> AttentionMetadata:
+        """The same batch over another group's blocks (memos of its own, made by its layers)."""
+        return AttentionMetadata(
+            slot_mapping=slot_mapping,
+            query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens,
+            block_tables=block_tables,
+            num_decodes=self.num_decodes,
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+            seq_lens_cpu=self.seq_lens_cpu,
+            query_start_loc_cpu=self.query_start_loc_cpu,
+        )
