@@ -110,6 +110,7 @@ class LLMEngine:
             config.enable_prefix_caching,
             length_salt=rotary.kv_salt if rotary.depends_on_length else None,
             recompute_on_salt_change=rotary.recomputes_on_switch,
+            windows=self.runner.kv_layout.windows,
         )
         self.scheduler = Scheduler(
             self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens

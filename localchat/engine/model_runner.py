@@ -10,8 +10,10 @@ import numpy as np
 import torch
 
 from localchat.engine.cuda_graphs import DecodeGraphs
+from localchat.engine.distributed.parallel_layers import TensorParallelDecoder
 from localchat.engine.forward_context import ForwardContext, forward_context
 from localchat.engine.guided_decoding import GrammarCompiler
+from localchat.engine.kv_groups import KVLayout, kv_layout
 from localchat.engine.layers.rotary import RotaryTables
 from localchat.engine.logits_processors import apply_constraints
 from localchat.engine.memory import PrefaultedMemory, resident_zeros
@@ -55,19 +57,27 @@ class ModelRunner:
         self.grammar_compiler: GrammarCompiler | None = None  # set by the engine with a tokenizer
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        # which layers share blocks (engine/kv_groups.py); one group under tensor parallelism, whose
+        # ranks are sent one block table per sequence
+        windows = [self.spec.layer(i).sliding_window for i in range(self.spec.num_layers)]
+        self.kv_layout: KVLayout = kv_layout(
+            windows, hybrid=not isinstance(model, TensorParallelDecoder)
+        )
         self._rope_lengths: torch.Tensor | None = None  # set by _prepare, read by _forward
 
     # --- KV pool ----------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         spec = self.spec
-        elements = 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim
+        elements = 2 * self.kv_layout.slots * self.block_size * spec.num_kv_heads * spec.head_dim
         return elements * torch.empty(0, dtype=self.kv_cache_dtype).element_size()
 
     def allocate_kv_cache(self, num_blocks: int, memory: PrefaultedMemory | None = None) -> None:
-        """One pool [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets views of
-        it. On the CPU it is carved from `memory` where that is given and large enough."""
+        """One pool [2, slots, blocks, block_size, kv_heads, head_dim]; each layer gets views of
+        its slot (a model of one KV group: slot i for layer i). On the CPU it is carved from
+        `memory` where that is given and large enough."""
         spec = self.spec
-        shape = (2, spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        slots = self.kv_layout.slots
+        shape = (2, slots, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeroed up front on the CPU too, so every page of the pool is resident from the start: the
         # memory the server reports at ready is what it keeps, instead of growing by the pool's size
         # as blocks are first used (llama.cpp clears its cache at start-up too).
@@ -79,14 +89,17 @@ class ModelRunner:
             self._bind_kv_cache(torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
 
     def _bind_kv_cache(self, pool: torch.Tensor | None) -> None:
-        """Make `pool` the KV pool and give each layer its views (None releases the pool)."""
+        """Make `pool` the KV pool and give each layer its views and KV group (None releases the
+        pool)."""
         self.kv_cache = pool
+        placement = self.kv_layout.placement()
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             assert isinstance(attn, Attention)  # nn.Module attributes are typed Tensor | Module
             empty = torch.empty(0)
-            attn.k_cache = empty if pool is None else pool[0, index]
-            attn.v_cache = empty if pool is None else pool[1, index]
+            attn.kv_group, slot = placement[index]
+            attn.k_cache = empty if pool is None else pool[0, slot]
+            attn.v_cache = empty if pool is None else pool[1, slot]
 
     def capture_cuda_graphs(self) -> DecodeGraphs | None:
         """Capture decode graphs (CUDA with Triton only; the reference kernels synchronize); None
@@ -107,7 +120,8 @@ class ModelRunner:
         num_blocks = -(-num_tokens // self.block_size)
         self.allocate_kv_cache(num_blocks)
         seq = Request("profile", [0] * num_tokens, SamplingParams(max_tokens=1)).seqs[0]
-        seq.block_table = list(range(num_blocks))
+        # every group in the same blocks: their keys are not read back for anything but the time
+        seq.block_tables = [list(range(num_blocks))] * len(self.kv_layout.groups)
         hidden = self._forward(*self._prepare([seq], [num_tokens])[:3])
         rows = hidden[-1:].expand(min(self.max_num_seqs, num_tokens), -1)
         self.model.compute_logits(rows).float().softmax(dim=-1)
@@ -193,12 +207,16 @@ class ModelRunner:
         positions = np.arange(len(input_ids)) - np.repeat(
             query_start_loc[:-1] - np.asarray(starts), num_new
         )
-        max_blocks = max(len(seq.block_table) for seq in seqs)
-        block_tables = np.full((len(seqs), max_blocks), -1, dtype=np.int32)
+        # [groups, seqs, blocks]: each KV group's tables (a sequence's are all as long)
+        max_blocks = max(len(seq.block_tables[0]) for seq in seqs)
+        num_groups = len(seqs[0].block_tables)
+        block_tables = np.full((num_groups, len(seqs), max_blocks), -1, dtype=np.int32)
         for row, seq in enumerate(seqs):
-            block_tables[row, : len(seq.block_table)] = seq.block_table
-        slot_mapping = (
-            block_tables[seq_index, positions // block_size].astype(np.int64) * block_size
+            for group, table in enumerate(seq.block_tables):
+                block_tables[group, row, : len(table)] = table
+        # C order: fancy indexing after a slice lays the groups out innermost
+        slot_mapping = np.ascontiguousarray(
+            block_tables[:, seq_index, positions // block_size].astype(np.int64) * block_size
             + positions % block_size
         )
         if self.rotary.depends_on_length:
@@ -210,15 +228,19 @@ class ModelRunner:
         sample_rows = [row for row, seq in enumerate(seqs) if seq_lens[row] == seq.num_tokens]
         to_device = self._to_device
         md = AttentionMetadata(
-            slot_mapping=to_device(slot_mapping),
+            slot_mapping=to_device(slot_mapping[0]),
             query_start_loc=to_device(query_start_loc.astype(np.int32)),
             seq_lens=to_device(np.asarray(seq_lens, dtype=np.int32)),
-            block_tables=to_device(block_tables),
+            block_tables=to_device(block_tables[0]),
             num_decodes=num_decodes,
             max_query_len=max(num_new),
             max_seq_len=max(seq_lens),
             seq_lens_cpu=seq_lens,
             query_start_loc_cpu=query_start_loc.tolist(),
+        )
+        md.group_views = tuple(
+            md.with_tables(to_device(slot_mapping[g]), to_device(block_tables[g]))
+            for g in range(1, num_groups)
         )
         return (
             to_device(np.asarray(input_ids, dtype=np.int64)),

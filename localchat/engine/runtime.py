@@ -150,7 +150,8 @@ class EngineRuntime:
         )
 
     def num_kv_blocks(self, runner) -> int:
-        """Blocks that fit the KV budget; the budget must hold at least one full-length sequence."""
+        """Blocks that fit the KV budget; the budget must hold at least one full-length sequence
+        (in each KV group: every block of a full group, a sliding group's window and a chunk)."""
         per_block = runner.bytes_per_block()
         if self.device.type == "cuda" and self.config.kv_cache_memory is None:
             budget = _cuda_kv_budget(
@@ -159,7 +160,9 @@ class EngineRuntime:
         else:
             budget = kv_budget(self.config)
         num_blocks = budget // per_block
-        needed = -(-self.max_model_len // self.config.block_size)
+        needed = runner.kv_layout.blocks_per_sequence(
+            self.max_model_len, self.config.block_size, self.max_num_batched_tokens
+        )
         if num_blocks < needed:
             raise InvalidParameterError(
                 f"the KV cache ({format_bytes(budget)}, {num_blocks} blocks of "

@@ -93,8 +93,8 @@ class Scheduler:
                 skipped.append(seq)
                 continue
             embedding = seq.request.pooling is not None
-            cached = [] if embedding else self.block_manager.find_cached_prefix(seq)
-            num_cached = len(cached) * self.block_manager.block_size
+            cached = None if embedding else self.block_manager.find_cached_prefix(seq)
+            num_cached = len(cached or ()) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(seq, num_new, cached):
                 self.waiting.appendleft(seq)

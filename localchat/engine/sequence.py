@@ -40,7 +40,7 @@ _seq_counter = itertools.count()
 
 
 class Sequence:
-    """Token ids, KV block table and progress of one sample.
+    """Token ids, KV block tables and progress of one sample.
 
     `num_computed_tokens` counts tokens whose keys/values are in the pool; the sequence needs
     compute until it reaches `num_tokens`, and samples a new token each step that ends there.
@@ -56,7 +56,9 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens: int | None = None
-        self.block_table: list[int] = []
+        # one block table per KV group (engine/kv_groups.py; -1 where a sliding window's block
+        # was given back), set by the BlockManager; the hash of each full block, as registered
+        self.block_tables: list[list[int]] = []
         self.block_hashes: list[int] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -82,6 +84,11 @@ class Sequence:
         # with mean pooling, the last token's with last pooling), filled by the model runner
         self.pooled: torch.Tensor | None = None
         self.first_token_time: float | None = None
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first KV group's blocks (a model without windows has no other)."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def num_tokens(self) -> int:
