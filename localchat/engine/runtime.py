@@ -16,6 +16,7 @@ from localchat.engine.background_weights import BackgroundWeights
 from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.distributed.parallel_layers import shard_model
 from localchat.engine.distributed.shard_plan import check_tensor_parallel
+from localchat.engine.kv_groups import kv_layout
 from localchat.engine.layers.rotary import rope_parameters_by_key
 from localchat.engine.loader import (
     ModelFiles,
@@ -114,7 +115,14 @@ class EngineRuntime:
         if tp > 1:  # refuse a size that does not split the heads before loading the weights
             check_tensor_parallel(spec_from_config(hf_config), tp)
         kv_cache_dtype = pool_dtype(config, files.source.kind)
-        max_model_len = _max_model_len(config, hf_config, device, kv_cache_dtype)
+        cuda = device.type == "cuda"
+        max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
+        max_num_batched_tokens = max(
+            config.max_num_batched_tokens or (8192 if cuda else 512), max_num_seqs
+        )
+        max_model_len = _max_model_len(
+            config, hf_config, device, kv_cache_dtype, max_num_batched_tokens
+        )
         say(
             f"loading weights ({'random' if config.load_format == 'dummy' else files.source.name}, "
             f"{str(dtype).removeprefix('torch.')}, {device.type})"
@@ -130,9 +138,6 @@ class EngineRuntime:
             shard=None if tp == 1 else functools.partial(shard_model, rank=0, world_size=tp),
             tensors=weights,
         )
-        cuda = device.type == "cuda"
-        max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
-        max_num_batched_tokens = config.max_num_batched_tokens or (8192 if cuda else 512)
         return cls(
             config,
             files,
@@ -145,7 +150,7 @@ class EngineRuntime:
             kv_cache_dtype,
             max_model_len,
             max_num_seqs,
-            max(max_num_batched_tokens, max_num_seqs),
+            max_num_batched_tokens,
             eos_token_ids(files, hf_config),
         )
 
@@ -242,17 +247,24 @@ def pool_dtype(config: EngineConfig, source_kind: str) -> torch.dtype:
     return dtype
 
 
-def _kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    return (
+def _default_kv_length(
+    config: EngineConfig, hf_config, dtype: torch.dtype, chunk: int, limit: int
+) -> int:
+    """The longest sequence (at most `limit` tokens) the default KV budget holds: every full
+    layer's keys, and each sliding-window layer's window and a prefill chunk (kv_groups.py)."""
+    spec = spec_from_config(hf_config)
+    windows = [spec.layer(i).sliding_window for i in range(spec.num_layers)]
+    layout = kv_layout(windows, hybrid=config.tensor_parallel_size == 1)
+    block_size = config.block_size
+    per_block = (
         2
-        * hf_config.num_hidden_layers
-        * kv_heads
-        * head_dim
+        * layout.slots
+        * block_size
+        * spec.num_kv_heads
+        * spec.head_dim
         * torch.empty(0, dtype=dtype).element_size()
     )
+    return layout.longest_sequence(CPU_DEFAULT_KV_MEMORY // per_block, block_size, chunk, limit)
 
 
 def model_context(hf_config) -> int:
@@ -272,7 +284,7 @@ def model_context(hf_config) -> int:
 
 
 def _max_model_len(
-    config: EngineConfig, hf_config, device: torch.device, dtype: torch.dtype
+    config: EngineConfig, hf_config, device: torch.device, dtype: torch.dtype, chunk: int
 ) -> int:
     model_max = model_context(hf_config)
     if config.max_model_len is None:
@@ -282,11 +294,9 @@ def _max_model_len(
         if (
             config.kv_cache_memory is None
         ):  # a big model's default context is what the default KV budget holds
-            fits = (
-                CPU_DEFAULT_KV_MEMORY // _kv_bytes_per_token(hf_config, dtype) // config.block_size
-            )
-            if fits * config.block_size < length:
-                length = max(fits * config.block_size, config.block_size)
+            fits = _default_kv_length(config, hf_config, dtype, chunk, length)
+            if fits < length:
+                length = max(fits, config.block_size)
                 logger.info(
                     "max_model_len %d: what the default KV cache (%s) holds; raise "
                     "--kv-cache-memory for more",

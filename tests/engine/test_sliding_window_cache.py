@@ -154,3 +154,29 @@ def test_prefix_cached_follow_ups_keep_the_tokens(family):
     assert bm.prefix_cache_hits - hits == 32
     twice = _prompts([3 * WINDOW], seed=7)[0]
     assert run.greedy([twice], 10, n=2) == [[_hf_greedy(hf, twice, 10)] * 2]
+
+
+def test_the_cpu_default_context_counts_the_windows():
+    """A Gemma 3 12B-shaped config (8 global layers of 48, local window 1024) with a float16 pool:
+    the default 1 GiB KV budget holds one sequence of the CPU's default 8192 tokens, where keeping
+    every layer's keys (one group, as under tensor parallelism) held 2720."""
+    import transformers
+
+    from localchat.config import EngineConfig
+    from localchat.engine.runtime import _max_model_len
+
+    config = transformers.Gemma3TextConfig(
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        hidden_size=3840,
+        sliding_window=1024,
+        max_position_embeddings=131072,
+    )
+    cpu = torch.device("cpu")
+    windows = _max_model_len(EngineConfig(), config, cpu, torch.float16, chunk=512)
+    every_layer = _max_model_len(
+        EngineConfig(tensor_parallel_size=2), config, cpu, torch.float16, chunk=512
+    )
+    assert (windows, every_layer) == (8192, 2720)
