@@ -79,7 +79,7 @@ def check(case, activation="silu", limit=7.0, alpha=1.702):
 
 # (tokens, hidden, width, experts, top_k): a decode, a decode batch, a prefill chunk; H and W not
 # powers of two, H a multiple of the K step or not, W ending a column tile short
-SHAPES = [(1, 48, 40, 8, 2), (5, 64, 24, 16, 4), (70, 40, 36, 8, 2)]
+SHAPES = [(1, 48, 40, 8, 2), (5, 64, 24, 16, 4), (44, 40, 36, 8, 2)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -318,3 +318,33 @@ def test_cpu_tensors_take_the_reference(monkeypatch):
         torch.testing.assert_close(moe.fused_moe(*case), fused_moe_ref(*case))
     finally:
         dispatch._triton_on_cpu.cache_clear()
+
+
+@cpu_only
+def test_an_int8_moe_model_on_the_triton_kernels_gives_the_references_tokens(tmp_path, monkeypatch):
+    """The whole engine on a tiny Qwen3-MoE quantized to int8: every kernel on Triton (the
+    interpreter), the experts stacked for the fused MoE (W8A16), against the CPU's path."""
+    from localchat import LLM, SamplingParams
+    from tests.family_models import save
+
+    save("qwen3-moe", tmp_path)
+    prompts = [list(range(3, 20)), [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+    def run():
+        llm = LLM(str(tmp_path), max_model_len=32, kv_cache_memory="1MiB", quantization="int8")
+        tokens = [out.token_ids for out in llm.generate(prompts, params)]
+        return tokens, llm.engine.prompt_logits(prompts[0]), llm.engine.runner.model
+
+    expected, expected_logits, _ = run()
+    monkeypatch.setenv("LOCALCHAT_TRITON_ON_CPU", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    dispatch._triton_on_cpu.cache_clear()
+    try:
+        tokens, logits, model = run()
+    finally:
+        dispatch._triton_on_cpu.cache_clear()
+    assert all(isinstance(layer.mlp.stacked[0], PackedExperts) for layer in model.layers)
+    assert tokens == expected
+    # the CPU's int8 kernels round the activations to int8 codes (two per value here)
+    torch.testing.assert_close(logits, expected_logits, rtol=2e-3, atol=2e-3)
