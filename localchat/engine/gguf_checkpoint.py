@@ -1,6 +1,11 @@
 """Read a GGUF file with the `gguf` package: an HF config from its metadata, and its tensors under
-Hugging Face names (llama.cpp's rotary row permutation of Q/K undone), quantized ones kept as
-PackedWeights."""
+Hugging Face names with llama.cpp's conventions undone (engine/gguf_arches.py), quantized ones kept
+as PackedWeights.
+
+A tensor of stacked experts ([experts, rows, columns], llama.cpp's `ffn_*_exps`) is split into one
+weight per expert; each expert's blocks are a contiguous range of the tensor, so a quantized expert
+stays in the file's memory map exactly as a 2-D tensor does.
+"""
 
 from __future__ import annotations
 
@@ -12,37 +17,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from localchat.engine.gguf_arches import ARCHES, GgufMeta, rope_parameters
+from localchat.engine.gguf_names import TensorTarget
+from localchat.engine.gguf_names import tensor_target as _target
 from localchat.engine.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, dense, repack
 from localchat.engine.gguf_rows import GgufRows
 from localchat.errors import InvalidModelFileError, UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
 
-# GGUF architecture -> (HF config class name, HF architecture, Q/K rows permuted by llama.cpp's
-# converter)
-_ARCHES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", True),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", False),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", False),
-}
-
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
+Weight = torch.Tensor | PackedWeight | GgufRows
 
 
 class GGUFCheckpoint:
@@ -65,61 +48,60 @@ class GGUFCheckpoint:
                 "(compare its size with the original)"
             ) from None
         self.arch = self.field("general.architecture")
-        if self.arch not in _ARCHES:
+        if self.arch not in ARCHES:
             raise UnsupportedModelError(
                 f"{self.path.name}: GGUF architecture {self.arch!r} is not supported; "
-                f"supported: {', '.join(_ARCHES)}"
+                f"supported: {', '.join(ARCHES)}"
             )
+        self.meta = GgufMeta(self.reader, self.arch, self.path.name)
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
         return default if field is None else field.contents()
 
-    def _arch_field(self, key: str, default=None):
-        return self.field(f"{self.arch}.{key}", default)
-
     def hf_config(self):
         import transformers
 
-        config_name, architecture, _ = _ARCHES[self.arch]
-        num_heads = self._arch_field("attention.head_count")
-        hidden = self._arch_field("embedding_length")
-        tensor_names = {t.name for t in self.reader.tensors}
-        if "rope_freqs.weight" in tensor_names:
+        meta = self.meta
+        if "rope_freqs.weight" in meta.tensors:
             raise UnsupportedModelError(
                 f"{self.path.name}: GGUF rope_freqs (llama3 rope scaling) is not supported; "
                 "use the Hugging Face safetensors checkpoint"
             )
-        kwargs = dict(
-            architectures=[architecture],
-            vocab_size=len(self.field("tokenizer.ggml.tokens", []))
-            or self._arch_field("vocab_size"),
+        num_heads = meta.get("attention.head_count")
+        hidden = meta.get("embedding_length")
+        head_dim = meta.get("attention.key_length", hidden // num_heads)
+        embedding = meta.shape("token_embd.weight")
+        common = dict(
+            vocab_size=embedding[0] if embedding else len(self.field("tokenizer.ggml.tokens", [])),
             hidden_size=hidden,
-            intermediate_size=self._arch_field("feed_forward_length"),
-            num_hidden_layers=self._arch_field("block_count"),
+            intermediate_size=meta.get("feed_forward_length"),
+            num_hidden_layers=meta.get("block_count"),
             num_attention_heads=num_heads,
-            num_key_value_heads=self._arch_field("attention.head_count_kv", num_heads),
-            head_dim=self._arch_field("attention.key_length", hidden // num_heads),
-            rms_norm_eps=self._arch_field("attention.layer_norm_rms_epsilon", 1e-6),
-            rope_theta=self._arch_field("rope.freq_base", 10000.0),
-            max_position_embeddings=self._arch_field("context_length", 4096),
-            tie_word_embeddings="output.weight" not in tensor_names,
+            num_key_value_heads=meta.get("attention.head_count_kv", num_heads),
+            head_dim=head_dim,
+            rms_norm_eps=meta.get("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_parameters=rope_parameters(meta, head_dim),
+            max_position_embeddings=meta.get("context_length", 4096),
+            tie_word_embeddings="output.weight" not in meta.tensors,
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
             eos_token_id=self.field("tokenizer.ggml.eos_token_id"),
         )
-        config = getattr(transformers, config_name)(**kwargs)
+        config_class, architecture, fields = ARCHES[self.arch].build(meta, common)
+        config = getattr(transformers, config_class)(**fields)
         config.architectures = [architecture]
         return config
 
     def tensor_index(self) -> dict:
         """What loading the weights needs, as JSON: the tensors' names, types, shapes and byte
         ranges, and the head counts for un-permuting Q/K. Reading it back skips parsing the file's
-        metadata (the tokenizer's arrays take seconds in gguf-py)."""
-        num_heads = self._arch_field("attention.head_count")
-        return {
+        metadata (the tokenizer's arrays take seconds in gguf-py). Refuses, by name, a tensor we
+        have no place for or a type we cannot read, before anything is loaded."""
+        num_heads = self.meta.get("attention.head_count")
+        index = {
             "arch": self.arch,
             "num_heads": num_heads,
-            "num_kv_heads": self._arch_field("attention.head_count_kv", num_heads),
+            "num_kv_heads": self.meta.get("attention.head_count_kv", num_heads),
             "tensors": [
                 {
                     "name": t.name,
@@ -131,64 +113,131 @@ class GGUFCheckpoint:
                 for t in self.reader.tensors
             ],
         }
+        for entry in index["tensors"]:
+            if tensor_target(self.arch, entry["name"], self.path) is not None:
+                _check_type(entry, self.path)
+        return index
+
+
+def tensor_target(arch: str, name: str, path: Path) -> TensorTarget | None:
+    try:
+        return _target(ARCHES[arch], name)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{path.name}: {exc} (architecture {arch!r})") from None
+
+
+def _check_type(entry: dict, path: Path) -> None:
+    from gguf import GGMLQuantizationType
+
+    qtype = GGMLQuantizationType(entry["type"])
+    if qtype in DENSE_TYPES or qtype in QUANTIZED_TYPES:
+        return
+    hint = (
+        " (gpt-oss's MXFP4 experts have no kernel here yet: use a GGUF whose experts are Q8_0, "
+        "F16 or BF16)"
+        if qtype.name == "MXFP4"
+        else ""
+    )
+    raise UnsupportedModelError(
+        f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}{hint}; supported: "
+        f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}"
+    )
 
 
 def gguf_weights(
     path: Path, index: dict, dequantize: bool = False, interleave: bool = False
-) -> Iterator[tuple[str, torch.Tensor | PackedWeight | GgufRows]]:
+) -> Iterator[tuple[str, Weight]]:
     """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized
     types as PackedWeights (their codes kept; with `interleave`, in the CPU kernel's layout, which
     leaves Q4_K, Q5_K, Q6_K and long-row Q8_0 in the map as their blocks, and an untied token
     embedding as GgufRows, read from the map as it is looked up), F32/F16/BF16 as tensors; with
-    `dequantize`, all as float32 tensors (the reference path). `index` is
-    GGUFCheckpoint.tensor_index()."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize as gguf_dequantize
-
+    `dequantize`, all as float32 tensors (the reference path). A stack of experts comes as one
+    weight per expert. `index` is GGUFCheckpoint.tensor_index()."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     if data.size < max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0):
         raise InvalidModelFileError(
             f"{path.name}: the file is shorter than its tensor table says (cut off?)"
         )
-    permuted = _ARCHES[index["arch"]][2]
     untied = any(entry["name"] == "output.weight" for entry in index["tensors"])
     for entry in index["tensors"]:
-        name = _hf_name(entry["name"])
-        if name is None:
+        target = tensor_target(index["arch"], entry["name"], path)
+        if target is None:
             continue
-        shape = tuple(entry["shape"])
-        qtype = GGMLQuantizationType(entry["type"])
+        _check_type(entry, path)
         raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
-        order = None
-        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = index["num_heads"] if name.endswith("q_proj.weight") else index["num_kv_heads"]
-            order = _unpermute_index(shape[0], heads)
-        if qtype in DENSE_TYPES:
-            weight: torch.Tensor | PackedWeight | GgufRows = dense(raw, qtype, shape)
-        elif qtype not in QUANTIZED_TYPES:
-            raise UnsupportedModelError(
-                f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}; supported: "
-                f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}"
-            )
-        elif interleave and untied and name == "model.embed_tokens.weight" and not dequantize:
-            weight = GgufRows(raw.reshape(shape[0], -1), qtype, (shape[0], shape[1]))
-        elif dequantize:
-            array = np.asarray(
-                gguf_dequantize(raw.reshape(shape[0], -1), qtype), dtype=np.float32
-            ).reshape(shape)
-            weight = torch.from_numpy(np.ascontiguousarray(array))
+        shape = tuple(entry["shape"])
+        if target.experts:
+            parts = _split_experts(raw, shape, target.name)
         else:
-            weight = repack(raw, qtype, shape, order, interleave)  # rows reordered while repacking
-        if order is not None and isinstance(weight, torch.Tensor):
-            weight = weight[order].contiguous()
-        if dequantize and isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
-            weight = weight.float()
-        yield name, weight
-        if not _reads_the_map(weight, data):
+            parts = [(target.name, raw, shape)]
+        in_map = False
+        for name, part, part_shape in parts:
+            embedding = interleave and untied and name == "model.embed_tokens.weight"
+            weight = _weight(
+                part, entry["type"], part_shape, target, index, dequantize, interleave, embedding
+            )
+            yield name, weight
+            in_map = in_map or _reads_the_map(weight, data)
+        if not in_map:
             _release(data, entry["offset"], entry["nbytes"])
 
 
-def _reads_the_map(weight: torch.Tensor | PackedWeight | GgufRows, data: np.memmap) -> bool:
+def _split_experts(
+    raw: np.ndarray, shape: tuple[int, ...], template: str
+) -> list[tuple[str, np.ndarray, tuple[int, ...]]]:
+    """One (name, bytes, shape) per expert of a [experts, ...] tensor: expert e's bytes are the
+    e-th of `experts` equal ranges (views of the file's map, never copies)."""
+    count = shape[0]
+    if len(shape) < 2 or raw.size % count:
+        raise InvalidModelFileError(f"{template}: a stack of experts of shape {shape}")
+    each = raw.size // count
+    return [
+        (template.format(expert=e), raw[e * each : (e + 1) * each], shape[1:]) for e in range(count)
+    ]
+
+
+def _weight(
+    raw: np.ndarray,
+    type_id: int,
+    shape: tuple[int, ...],
+    target: TensorTarget,
+    index: dict,
+    dequantize: bool,
+    interleave: bool,
+    embedding: bool,
+) -> Weight:
+    """One tensor (a 1-D or 2-D one, or one expert of a stack) as its weight."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    qtype = GGMLQuantizationType(type_id)
+    order = None
+    if target.permute is not None:
+        heads = index["num_heads"] if target.permute == "q" else index["num_kv_heads"]
+        order = _unpermute_index(shape[0], heads)
+    # a norm, a bias or a gate vector: float32 (llama.cpp keeps them so)
+    small = bool(target.shift or target.row_vector or len(shape) == 1)
+    weight: torch.Tensor
+    if qtype in DENSE_TYPES:
+        weight = dense(raw, qtype, shape)
+    elif dequantize or small:
+        rows = raw.reshape(shape[0], -1) if len(shape) > 1 else raw
+        array = np.asarray(gguf_dequantize(rows, qtype), dtype=np.float32)
+        weight = torch.from_numpy(np.ascontiguousarray(array.reshape(shape)))
+    elif embedding:  # an untied embedding, only ever looked up: left in the file
+        return GgufRows(raw.reshape(shape[0], -1), qtype, (shape[0], shape[1]))
+    else:  # rows reordered while repacking
+        return repack(raw, qtype, (shape[0], shape[1]), order, interleave)
+    if order is not None:
+        weight = weight[order].contiguous()
+    if dequantize or small:
+        weight = weight.float()
+    if target.shift:
+        weight = weight - target.shift  # stored as w + shift; the placer adds the family's back
+    return weight.reshape(1, -1) if target.row_vector else weight
+
+
+def _reads_the_map(weight: Weight, data: np.memmap) -> bool:
     """Whether the weight keeps reading the file's memory map (the file's blocks, GgufRows)."""
     if isinstance(weight, GgufRows):
         return True
@@ -205,15 +254,6 @@ def _release(data: np.memmap, offset: int, nbytes: int) -> None:
     start = offset - offset % mmap.PAGESIZE
     with contextlib.suppress(OSError, ValueError):
         handle.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
-
-
-def _hf_name(gguf_name: str) -> str | None:
-    parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
-    return None
 
 
 def _unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
