@@ -21,7 +21,9 @@ import platformdirs
 
 from localchat.engine.model_source import _say
 
-_FORMAT_VERSION = 4  # 4: a manifest of the files instead of a "done" marker
+# 4: a manifest of the files instead of a "done" marker; 5: every llama.cpp family (configs read as
+# llama.cpp reads them, end-of-turn tokens among the EOS ids)
+_FORMAT_VERSION = 5
 TENSOR_INDEX = "gguf_tensors.json"  # where the file's tensors are (GGUFCheckpoint.tensor_index)
 # Written last: every other file's name and size. A directory without it, or whose files differ
 # from it (cut short, deleted), is half-written and is rebuilt, never trusted.
@@ -118,16 +120,59 @@ def _locked(path: Path) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _convert(gguf_path: Path, out: Path) -> None:
-    from transformers import AutoTokenizer
+# Tokens that end a turn in chat templates (as llama.cpp, which stops on them by their text too):
+# Gemma's <end_of_turn>, gpt-oss's <|return|> and <|call|>, ChatML's <|im_end|>, Phi-3's <|end|>,
+# Llama 3's <|eot_id|> and <|eom_id|>
+END_OF_TURN = (
+    *("<end_of_turn>", "<|return|>", "<|call|>", "<|im_end|>", "<|end|>", "<|eot_id|>"),
+    "<|eom_id|>",
+)
+_CONTROL = 3  # llama.cpp's token type of special tokens
 
+
+def _convert(gguf_path: Path, out: Path) -> None:
     from localchat.engine.gguf_checkpoint import GGUFCheckpoint
 
     checkpoint = GGUFCheckpoint(gguf_path)
     config = checkpoint.hf_config()
-    config.save_pretrained(out)
     (out / TENSOR_INDEX).write_text(json.dumps(checkpoint.tensor_index()))
-    generation = {"eos_token_id": config.eos_token_id, "bos_token_id": config.bos_token_id}
+    config.save_pretrained(out)
+    eos = _eos_ids(checkpoint)
+    generation = {"eos_token_id": eos if len(eos) > 1 else config.eos_token_id}
+    generation["bos_token_id"] = config.bos_token_id
     (out / "generation_config.json").write_text(json.dumps(generation))
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    tokenizer.save_pretrained(out)
+    _tokenizer(gguf_path, config.model_type).save_pretrained(out)
+
+
+def _eos_ids(checkpoint) -> list[int]:
+    """The ids that end a reply: the file's EOS, its end-of-turn and end-of-message ids, and the
+    special tokens that end a turn by their text (END_OF_TURN), EOS first."""
+    ids = [checkpoint.field(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    reader = checkpoint.reader
+    tokens, types = (
+        reader.fields.get("tokenizer.ggml.tokens"),
+        reader.fields.get("tokenizer.ggml.token_type"),
+    )
+    if tokens is not None and types is not None:
+        wanted = {text.encode() for text in END_OF_TURN}
+        for position, part in enumerate(tokens.data):
+            text = bytes(tokens.parts[part])
+            if text in wanted and int(types.parts[types.data[position]][0]) == _CONTROL:
+                ids.append(position)
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def _tokenizer(gguf_path: Path, model_type: str):
+    """The file's tokenizer, as transformers builds it from GGUF metadata, in the class its
+    AutoTokenizer gives the model type, without transformers' check that it can load the model
+    itself (it cannot for several of llama.cpp's architectures, and parsing the whole file for that
+    takes seconds)."""
+    from transformers.models.auto.tokenization_auto import (
+        TOKENIZER_MAPPING_NAMES,
+        tokenizer_class_from_name,
+    )
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    name = TOKENIZER_MAPPING_NAMES.get(model_type)
+    cls = (tokenizer_class_from_name(name) if name else None) or TokenizersBackend
+    return cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
