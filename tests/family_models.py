@@ -156,12 +156,13 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
 WINDOWED = ("gemma2", "gemma3", "phi3", "mistral-window", "gpt-oss")
 
 
-def build(family: str, seed: int = 0):
-    """The family's tiny transformers model (float32, eval), with randomized weights."""
+def build(family: str, seed: int = 0, **changes):
+    """The family's tiny transformers model (float32, eval), with randomized weights; `changes`
+    override config fields."""
     import transformers
 
     config_class, model_class, overrides = FAMILIES[family]
-    config = getattr(transformers, config_class)(**{**_BASE, **overrides})
+    config = getattr(transformers, config_class)(**{**_BASE, **overrides, **changes})
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).to(torch.float32).eval()
     gemma = family.startswith("gemma")  # Gemma's norms multiply by (1 + weight)
