@@ -323,7 +323,8 @@ def test_cpu_tensors_take_the_reference(monkeypatch):
 @cpu_only
 def test_an_int8_moe_model_on_the_triton_kernels_gives_the_references_tokens(tmp_path, monkeypatch):
     """The whole engine on a tiny Qwen3-MoE quantized to int8: every kernel on Triton (the
-    interpreter), the experts stacked for the fused MoE (W8A16), against the CPU's path."""
+    interpreter), the experts stacked at load for the fused MoE (W8A16), against the CPU's
+    path."""
     from localchat import LLM, SamplingParams
     from tests.family_models import save
 
@@ -333,18 +334,22 @@ def test_an_int8_moe_model_on_the_triton_kernels_gives_the_references_tokens(tmp
 
     def run():
         llm = LLM(str(tmp_path), max_model_len=32, kv_cache_memory="1MiB", quantization="int8")
+        model = llm.engine.runner.model
+        stacked_at_load = [layer.mlp.stacked for layer in model.layers]
         tokens = [out.token_ids for out in llm.generate(prompts, params)]
-        return tokens, llm.engine.prompt_logits(prompts[0]), llm.engine.runner.model
+        return tokens, llm.engine.prompt_logits(prompts[0]), stacked_at_load
 
-    expected, expected_logits, _ = run()
+    expected, expected_logits, stacked = run()
+    assert stacked == [None, None]
     monkeypatch.setenv("LOCALCHAT_TRITON_ON_CPU", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     dispatch._triton_on_cpu.cache_clear()
     try:
-        tokens, logits, model = run()
+        tokens, logits, stacked = run()
     finally:
         dispatch._triton_on_cpu.cache_clear()
-    assert all(isinstance(layer.mlp.stacked[0], PackedExperts) for layer in model.layers)
+    # stacked when the model loaded (before any forward pass)
+    assert all(s is not None and isinstance(s[0], PackedExperts) for s in stacked)
     assert tokens == expected
     # the CPU's int8 kernels round the activations to int8 codes (two per value here)
     torch.testing.assert_close(logits, expected_logits, rtol=2e-3, atol=2e-3)

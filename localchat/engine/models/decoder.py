@@ -16,6 +16,7 @@ from localchat.engine.models import cpu_decode
 from localchat.engine.models.layers import MLP, Attention, RMSNorm
 from localchat.engine.models.moe import SparseMoE
 from localchat.engine.models.spec import DecoderSpec
+from localchat.kernels.dispatch import use_triton
 from localchat.kernels.linear import can_pack, linear, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel
@@ -155,7 +156,14 @@ class DecoderForCausalLM(nn.Module):
     def pack_weights(self) -> bool:
         """Swap every dense projection weight for its oneDNN-packed copy, freeing the plain one (CPU
         only). The embedding stays plain for lookups; a dense LM head gets a packed copy. Quantized
-        weights are left as they are. False if nothing could be packed."""
+        weights are left as they are. False if nothing could be packed.
+
+        Where the Triton kernels run (CUDA), each MoE block's experts are stacked for the fused
+        MoE here, at load, rather than in the first forward pass (the KV budget's profiling)."""
+        if use_triton(self.norm.weight):
+            for module in self.modules():
+                if isinstance(module, SparseMoE):
+                    module.stack_experts()
         if self.norm.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return False
         for module, name in projection_slots(self):
