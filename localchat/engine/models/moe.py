@@ -6,9 +6,9 @@ Each expert is its own MLP module, so its weights load, quantize, pack and run l
 a GGUF file's expert blocks stay in the file's memory map, one PackedWeight per expert. On the CPU
 the experts run one after the other, each on its rows. Where the Triton kernels run (CUDA), dense
 and W4A16/W8A16 experts run as one fused MoE (kernels/triton_moe.py) over their weights stacked
-[E, 2W, H] and [E, H, W]: stacked once, at the first such forward, after which each expert's
-weights are views into the stacks (no second copy). Experts that do not stack (quantized in
-several forms) run one after the other there too.
+[E, 2W, H] and [E, H, W]: stacked once, at load (DecoderForCausalLM.pack_weights; else at the
+first such forward), after which each expert's weights are views into the stacks (no second
+copy). Experts that do not stack (quantized in several forms) run one after the other there too.
 """
 
 from __future__ import annotations
