@@ -4,6 +4,7 @@ session."""
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import shutil
 import tempfile
@@ -28,6 +29,65 @@ os.environ.pop("HF_TOKEN", None)
 atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
 # the environment the session started with, which no test may leave changed (test_isolation.py)
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+
+def _starts_a_server(item) -> bool:
+    """Whether the test, or a fixture it takes, calls serve_process() (a `localchat serve`)."""
+    functions = [getattr(item, "function", None)]
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        functions += [definition.func for definition in definitions]
+    for function in functions:
+        try:
+            if function is not None and "serve_process(" in inspect.getsource(function):
+                return True
+        except (OSError, TypeError):  # no source: a builtin or generated fixture
+            continue
+    return False
+
+
+def pytest_collection_modifyitems(items):
+    """A test that takes the real default model (the default_gguf fixture, or a fixture built on
+    it: an engine, a server on it) or starts a server process is slow: `pytest -m "not slow"`, the
+    fast subset, leaves it out."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "default_gguf" in fixtures or (hasattr(item, "_fixtureinfo") and _starts_a_server(item)):
+            item.add_marker(pytest.mark.slow)
+
+
+_FAST_GUARD = pytest.MonkeyPatch()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Outside the slow tests, from before their fixtures (a module's or the session's too) to
+    after their teardown, no engine loads the default model and no server process starts: a test
+    that does either, unmarked, fails and says so, instead of making the fast subset slow.
+    (Reading the default file's tokenizer, as random GGUF files do, is allowed.)"""
+    if item.get_closest_marker("slow") is not None:
+        return
+    from localchat.engine import model_source, runtime
+    from tests import serve_process
+
+    resolve = model_source.resolve_model
+
+    def without_the_default(model, *args, **kwargs):
+        source = None if model is None else resolve(model, *args, **kwargs)
+        if source is None or source.path == model_source.find_default_gguf():
+            raise AssertionError(
+                "this test loads the real default model: take the default_gguf fixture or mark "
+                "it slow (the fast subset runs without it)"
+            )
+        return source
+
+    _FAST_GUARD.setattr(model_source, "resolve_model", without_the_default)
+    _FAST_GUARD.setattr(runtime, "resolve_model", without_the_default)
+    _FAST_GUARD.setattr(serve_process, "IN_FAST_TEST", True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    _FAST_GUARD.undo()
 
 
 @pytest.fixture

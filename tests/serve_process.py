@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+IN_FAST_TEST = False  # set by tests/conftest.py while a test outside the slow ones runs
+
 
 class ServeProcess:
     """The process, its base URL (`http://127.0.0.1:PORT`) and its log."""
@@ -52,6 +54,7 @@ def serve_process(
 ) -> Iterator[ServeProcess]:
     """Start `localchat serve --port 0 ARGS` (the default model unless ARGS name one), wait until
     /health answers 200, and stop it with SIGTERM afterwards (killed if it takes over 60 s)."""
+    assert not IN_FAST_TEST, "this test starts a server process: mark it slow"
     env = {**os.environ, **({"LOCALCHAT_API_KEY": api_key} if api_key else {})}
     with open(log_path, "w") as log:
         process = subprocess.Popen(

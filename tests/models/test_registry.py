@@ -119,7 +119,7 @@ def test_rm_of_one_gguf_keeps_the_repos_others(cli, hub_cache, default_gguf):
     assert rows[0]["path"] == str(snapshot / "tiny-chat.Q8_0.gguf")
 
 
-def test_rm_errors_are_clear(cli, hub_cache):
+def test_rm_errors_are_clear(cli, hub_cache, default_gguf):  # the default is installed
     result = cli("rm", "nosuchmodel", "--yes")
     assert result.exit_code == 2 and "'nosuchmodel' not found" in result.stderr
     result = cli("rm", "smollm2-135m-instruct:q4_1", "--yes")
