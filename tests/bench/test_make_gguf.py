@@ -25,6 +25,7 @@ from localchat.bench.random_gguf import (
     write_random_gguf,
 )
 from localchat.errors import InvalidParameterError
+from tests.logits_reference import assert_follows, random_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 # hidden 256: every row is a whole number of K-quant super-blocks, so no type falls back
@@ -180,7 +181,12 @@ def test_qwen_shapes_carry_their_extra_tensors(tmp_path):
 
 @pytest.mark.parametrize(("arch", "quant"), [("llama", "q4_k_m"), ("qwen3", "q8_0")])
 def test_the_file_loads_and_generates_in_localchat(arch, quant, tmp_path, default_gguf):
-    from localchat import LLM, SamplingParams
+    """It loads in localchat and in transformers, and the two agree: prompt logits, and greedy
+    tokens with their log-probabilities (the file's weights, read the same way by both)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from localchat import LLM
 
     # qwen3: head_dim != hidden / heads, as in Qwen3 itself
     head_dim = 128 if arch == "qwen3" else None
@@ -199,10 +205,17 @@ def test_the_file_loads_and_generates_in_localchat(arch, quant, tmp_path, defaul
     if head_dim:
         assert GGUFReader(str(path)).fields["qwen3.attention.key_length"].contents() == 128
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="64MiB")
-    output = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[
-        0
-    ]
-    assert len(output.outputs[0].token_ids) == 4
+    # the file as transformers reads it (gguf-py's dequantization, its own Q/K un-permutation)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+
+    def reference(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return hf(torch.tensor([ids])).logits[0]
+
+    prompts = [llm.engine.tokenize("Hello"), *random_prompts(1, 30, vocab=hf.config.vocab_size)]
+    assert_follows(llm, reference, prompts, rtol=2e-3, max_tokens=6)
 
 
 def test_the_script(tiny_config, tmp_path, default_gguf):

@@ -13,8 +13,6 @@ from localchat.errors import InvalidParameterError
 from localchat.kernels.packed_weight import PackedWeight
 from tests.engine.test_loading import tiny_config
 
-pytestmark = pytest.mark.slow
-
 
 def test_default_model_runs_quantized_and_follows_the_float32_path(llm, float_llm):
     model = llm.engine.runner.model
@@ -91,19 +89,21 @@ def test_dense_checkpoints_quantize_weight_only(tiny_dense, quantization, tolera
     assert 0 < error < tolerance, error
 
 
-def test_dummy_weights_quantize_and_generate():
-    llm = LLM(
-        "tests/data/models/qwen2.5-0.5b",
-        load_format="dummy",
-        quantization="int4",
-        max_model_len=128,
-        kv_cache_memory="64MiB",
-    )
-    assert isinstance(llm.engine.runner.model.layers[0].self_attn.qkv_weight, PackedWeight)
-    out = llm.generate(
-        [[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    )[0]
-    assert len(out.token_ids) == 4
+def test_dummy_weights_quantize_and_generate(tmp_path):
+    """Random weights quantized as they are drawn (one parameter at a time) are those weights:
+    the model follows the float one drawn from the same seed, as a quantized checkpoint does."""
+    config = tiny_config("qwen2.5-0.5b", hidden_size=128, intermediate_size=256)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    options = {"load_format": "dummy", "max_model_len": 128, "kv_cache_memory": "16MiB"}
+    quantized = LLM(str(tmp_path), quantization="int4", **options)
+    dense = LLM(str(tmp_path), **options)
+    assert isinstance(quantized.engine.runner.model.layers[0].self_attn.qkv_weight, PackedWeight)
+    ids = list(range(3, 60))
+    expected, got = dense.engine.prompt_logits(ids), quantized.engine.prompt_logits(ids)
+    error = ((got - expected).norm() / expected.norm()).item()
+    assert 0 < error < 0.15, error  # int4's error, as for a dense checkpoint quantized above
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert len(quantized.generate([[1, 2, 3, 4]], params)[0].token_ids) == 4
 
 
 def test_requantizing_a_gguf_is_refused(default_gguf):
