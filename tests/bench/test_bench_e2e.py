@@ -100,6 +100,9 @@ def test_online_run_against_a_real_server(bench_server, offline_json, tmp_path):
 
 
 def test_online_poisson_rate_and_failures_counted(bench_server, tmp_path):
+    """Prompts of 8 to 700 tokens against a server of 512: the one seed 3 draws too long for it
+    (with its 3 output tokens) is refused (400), counted as a failure and left out of the
+    figures, and the run goes on."""
     path = tmp_path / "rate.json"
     run_bench(
         "--url",
@@ -107,17 +110,24 @@ def test_online_poisson_rate_and_failures_counted(bench_server, tmp_path):
         "--api-key",
         API_KEY,
         "--num-requests",
-        "3",
+        "4",
         "--input-len",
-        "8",
+        "8:700",
         "--output-len",
         "3",
         "--request-rate",
         "50",
+        "--seed",
+        "3",
         "--json",
         str(path),
     )
-    check_figures(json.loads(path.read_text())["results"]["server"], requests=3)
+    fig = json.loads(path.read_text())["results"]["server"]
+    assert (fig["requests"], fig["completed"], fig["failures"]) == (4, 3, 1)
+    assert fig["output_tokens"] == 3 * 3 and fig["requested_output_tokens"] == 4 * 3
+    assert 3 * 8 <= fig["prompt_tokens"] <= 3 * 509  # the completed ones' prompts only
+    for key in ("ttft_ms", "tpot_ms"):
+        assert 0 < fig[key]["p50"] <= fig[key]["p99"], (key, fig[key])
 
 
 def test_online_wrong_key_is_a_clear_error(bench_server):

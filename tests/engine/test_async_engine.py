@@ -143,8 +143,10 @@ async def test_cancelling_an_add_that_waits_for_its_grammar_aborts_it(engine, mo
     grammar = llguidance.LLMatcher.grammar_from_lark("start: /[a-z ]+/")
     params = SamplingParams(grammar=grammar, max_tokens=4000, ignore_eos=True)  # minutes, if run
     add = asyncio.create_task(engine.add_request("x", params))
-    await asyncio.sleep(0.3)
-    assert not add.done() and engine.stats().num_waiting == 1
+    async with asyncio.timeout(30):  # the engine thread has taken it: it waits for its grammar
+        while engine.stats().num_waiting != 1:
+            await asyncio.sleep(0.01)
+    assert not add.done()
     add.cancel()
     with pytest.raises(asyncio.CancelledError):
         await add

@@ -64,12 +64,21 @@ def test_tokenize_detokenize(http):
     )
 
 
-def test_metrics_exposition(http, metrics):
-    http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
-    samples = metrics()
+def test_metrics_exposition(http, wait_idle):
+    before = wait_idle()  # the server is shared: count from here, by exactly this request's
+    body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    usage = http.post("/v1/completions", json=body).json()["usage"]
+    samples = wait_idle()
     for name in METRIC_NAMES:
         assert name in samples, name
-    assert samples["localchat_generation_tokens_total"] >= 2
+    generated = samples["localchat_generation_tokens_total"]
+    assert (
+        generated - before["localchat_generation_tokens_total"] == usage["completion_tokens"] == 2
+    )
+    prompt = samples["localchat_prompt_tokens_total"] - before["localchat_prompt_tokens_total"]
+    assert prompt == usage["prompt_tokens"] > 0
+    length = 'localchat_request_success_total{finished_reason="length"}'
+    assert samples[length] - before[length] == 1
     assert samples["localchat_prompt_tokens_total"] >= 1
     assert samples["localchat_time_to_first_token_seconds_count"] >= 1
     assert 0 <= samples["localchat_kv_cache_usage_perc"] <= 1
