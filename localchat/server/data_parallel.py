@@ -567,13 +567,20 @@ class DataParallelEngine(AsyncEngine):
             "Requests routed to the replica, by why: a cached prefix, or the lightest load.",
             labels=["replica", "route"],
         )
+        held = GaugeMetricFamily(
+            "localchat_replica_prefix_blocks",
+            "Prompt blocks the router counts the replica as holding (less those it reported "
+            "evicted).",
+            labels=["replica"],
+        )
         for replica in self.replicas:
             label = str(replica.index)
             up.add_metric([label], 1 if replica.alive else 0)
             in_flight.add_metric([label], replica.in_flight)
             for route, count in replica.routed.items():
                 routed.add_metric([label, route], count)
-        yield from (up, in_flight, routed)
+            held.add_metric([label], self.router.blocks_held(replica.index))
+        yield from (up, in_flight, routed, held)
         for name, documentation, kind, read in _REPLICA_SERIES:
             family = kind(name, documentation, labels=["replica"])
             for replica, replica_stat in zip(self.replicas, stats, strict=True):

@@ -53,6 +53,12 @@ class PrefixRouter:
             hashes.append(parent)
         return hashes
 
+    def blocks_held(self, replica: int) -> int:
+        """How many blocks the router counts `replica` as holding (sent there, not reported
+        evicted)."""
+        bit = 1 << replica
+        return sum(1 for holders in self.table.values() if holders & bit)
+
     def matched_blocks(self, hashes: list[int], replica: int) -> int:
         """How many leading blocks of `hashes` the router has sent to `replica`."""
         bit = 1 << replica

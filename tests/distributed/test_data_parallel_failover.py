@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # 8 MiB holds 22 blocks of 16 tokens (the default model's KV pool is float16): two prompts of 200
 # tokens evict a replica's older blocks
 ARGS = ("-dp", "2", "--threads", "1", "--kv-cache-memory", "8MiB", "--max-model-len", "256")
+POOL_BLOCKS = 22
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,12 @@ def test_a_prefix_the_replica_evicted_no_longer_routes_by_prefix(server):
     assert _routed(server)["prefix"] == before["prefix"] + 1
     for seed in range(2, 8):  # three prompts per replica, each 13 blocks: the pools turn over
         assert _complete(server, _prompt(200, seed)).status_code == 200
-    time.sleep(3)  # the replicas report their evictions at least once a second
+    # the router has sent the holder 6 + 3 x 12 full blocks, more than its 22; the replicas report
+    # what they evict at most once a second: wait for the report that brings it back within them
+    deadline = time.monotonic() + 30
+    while (held := _per_replica(_metrics(server), "prefix_blocks")[holder]) > POOL_BLOCKS:
+        assert time.monotonic() < deadline, f"the router still counts {held} blocks at {holder}"
+        time.sleep(0.1)
     before = _routed(server)
     assert _complete(server, conversation).status_code == 200
     after = _routed(server)

@@ -74,11 +74,13 @@ def test_evicted_blocks_stop_drawing_requests_to_the_replica():
     router.record(hashes, 0)
     router.record(hashes[:2], 1)
     assert router.choose(hashes, [0, 0]) == (0, True)
+    assert (router.blocks_held(0), router.blocks_held(1)) == (len(hashes), 2)
     router.evict(hashes[2:], 0)  # replica 0 dropped everything past the shared two blocks
     assert router.matched_blocks(hashes, 0) == 2
     assert hashes[3] not in router.table  # no holder left
     router.evict(hashes[:1], 0)
     assert router.choose(hashes, [0, 0]) == (1, True)  # only replica 1 still holds the start
+    assert (router.blocks_held(0), router.blocks_held(1)) == (1, 2)
 
 
 def test_a_block_manager_logs_its_evictions_in_the_router_s_hashes():
