@@ -30,10 +30,15 @@ PROMPT = "Name three colors."
 GENERATE = ["--raw", "-t", "0", "-n", "16", "--kv-cache-memory", "16MiB", "--load-format", "dummy"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@pytest.fixture
+def master_port():
+    """A port for torchrun's store, held for the test: bound (never listening) with SO_REUSEADDR,
+    so the store, which binds it the same way, can listen on it, while no other process is given
+    it between its choice and the store's start (a probed and released port could be)."""
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +97,9 @@ def _wait(processes: list[subprocess.Popen], timeout: float) -> list[int]:
                 p.wait()
 
 
-def test_two_nodes_generate_the_text_of_one_process_and_both_exit_cleanly(tiny_model, tmp_path):
+def test_two_nodes_generate_the_text_of_one_process_and_both_exit_cleanly(
+    tiny_model, tmp_path, master_port
+):
     command = ["generate", "-m", str(tiny_model), *GENERATE]
     alone = subprocess.run(
         [sys.executable, "-m", "localchat", *command, PROMPT],
@@ -102,7 +109,7 @@ def test_two_nodes_generate_the_text_of_one_process_and_both_exit_cleanly(tiny_m
     )
     assert alone.returncode == 0, alone.stderr
     assert alone.stdout.strip()
-    node1, node0 = _nodes(_free_port(), [*command, "-tp", "2", PROMPT], tmp_path)
+    node1, node0 = _nodes(master_port, [*command, "-tp", "2", PROMPT], tmp_path)
     assert _wait([node0, node1], timeout=240) == [0, 0], (tmp_path / "node1.err").read_text()
     assert (tmp_path / "node0.out").read_text() == alone.stdout
     assert (tmp_path / "node1.out").read_text() == ""  # rank 1 never sees a tokenizer's text
@@ -111,11 +118,11 @@ def test_two_nodes_generate_the_text_of_one_process_and_both_exit_cleanly(tiny_m
 
 
 def _serve_on_two_nodes(
-    model: Path, logs: Path, env: dict[str, str] | None = None
+    model: Path, logs: Path, port: int, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, subprocess.Popen, str]:
     """Node 1's and node 0's torchrun, and the URL rank 0 serves on once it says so."""
     command = ["serve", str(model), "--load-format", "dummy", "--kv-cache-memory", "16MiB"]
-    node1, node0 = _nodes(_free_port(), [*command, "-tp", "2", "--port", "0"], logs, env)
+    node1, node0 = _nodes(port, [*command, "-tp", "2", "--port", "0"], logs, env)
     deadline = time.monotonic() + 240
     while True:
         log = (logs / "node0.err").read_text()
@@ -135,7 +142,7 @@ def _rank_process(launcher: subprocess.Popen) -> psutil.Process:
     return ranks[0]
 
 
-def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp_path):
+def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp_path, master_port):
     reference = subprocess.run(
         [sys.executable, "-m", "localchat", "generate", "-m", str(tiny_model), *GENERATE, PROMPT],
         capture_output=True,
@@ -143,7 +150,7 @@ def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp
         timeout=180,
     )
     assert reference.returncode == 0, reference.stderr
-    node1, node0, url = _serve_on_two_nodes(tiny_model, tmp_path)
+    node1, node0, url = _serve_on_two_nodes(tiny_model, tmp_path, master_port)
     try:
         assert "serving" not in (tmp_path / "node1.err").read_text()  # rank 1 binds no port
         body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0}
@@ -160,10 +167,10 @@ def test_two_nodes_serve_rank_0_answers_and_rank_1_exits_with_it(tiny_model, tmp
     assert codes[1] == 0
 
 
-def test_a_hung_rank_on_the_other_node_turns_rank_0_unhealthy(tiny_model, tmp_path):
+def test_a_hung_rank_on_the_other_node_turns_rank_0_unhealthy(tiny_model, tmp_path, master_port):
     """Rank 1 is not rank 0's child (no exit to see): the idle ping finds it hung."""
     env = {**os.environ, "LOCALCHAT_TP_PING_TIMEOUT": "3"}
-    node1, node0, url = _serve_on_two_nodes(tiny_model, tmp_path, env)
+    node1, node0, url = _serve_on_two_nodes(tiny_model, tmp_path, master_port, env)
     rank1 = _rank_process(node1)
     try:
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
@@ -182,8 +189,8 @@ def test_a_hung_rank_on_the_other_node_turns_rank_0_unhealthy(tiny_model, tmp_pa
         _wait([node0, node1], timeout=60)
 
 
-def test_the_other_ranks_exit_nonzero_when_rank_0_dies(tiny_model, tmp_path):
-    node1, node0, _ = _serve_on_two_nodes(tiny_model, tmp_path)
+def test_the_other_ranks_exit_nonzero_when_rank_0_dies(tiny_model, tmp_path, master_port):
+    node1, node0, _ = _serve_on_two_nodes(tiny_model, tmp_path, master_port)
     try:
         _rank_process(node0).kill()
         started = time.monotonic()
@@ -208,14 +215,14 @@ def _refused(env: dict[str, str], *command: str) -> str:
     return result.stderr
 
 
-def test_world_size_other_than_tp_is_refused_with_a_clear_message():
+def test_world_size_other_than_tp_is_refused_with_a_clear_message(master_port):
     env = {
         **os.environ,
         "RANK": "0",
         "WORLD_SIZE": "2",
         "LOCAL_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(master_port),
     }
     stderr = _refused(env, "generate", "-tp", "3", "hello")
     assert "torchrun started 2 processes (WORLD_SIZE=2) but --tensor-parallel-size is 3" in stderr

@@ -71,10 +71,10 @@ def test_pull_safetensors_repo_honours_hf_token(cli, hub_cache, fake_hub, monkey
     reference = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
     prompt = torch.tensor([out.prompt_token_ids])
     with torch.no_grad():
+        mask = torch.ones_like(prompt)
         expected = reference.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=8,
-            min_new_tokens=8,
-        )  # fmt: skip
+            prompt, attention_mask=mask, do_sample=False, max_new_tokens=8, min_new_tokens=8
+        )
     assert out.token_ids == expected[0, prompt.shape[1] :].tolist()
 
 
