@@ -1,9 +1,9 @@
-"""Run one request while token streams decode, and measure how long the streams waited for a token
-meanwhile (the embedding tests: is a request computed beside the decodes, or between them?)."""
+"""Run one request while token streams decode, noting when each stream's tokens arrived and when
+the request was sent and answered (the embedding tests: is a request computed beside the
+decodes, or only once they are done?)."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -19,14 +19,6 @@ class BesideStreams(Generic[T]):
     streams: list[list[float]]  # each stream's token arrival times
     start: float
     end: float  # when the request was sent and answered
-
-    def longest_gaps(self) -> list[float]:
-        """Each stream's longest wait for its next token while the request ran (seconds)."""
-        gaps = []
-        for times in self.streams:
-            inside = [self.start, *(t for t in times if self.start < t < self.end), self.end]
-            gaps.append(max(b - a for a, b in itertools.pairwise(inside)))
-        return gaps
 
 
 def beside_streams(

@@ -148,3 +148,49 @@ async def test_async_embeddings_beside_a_stream_and_cancelled(default_gguf):
         assert len(vector) == 576  # SmolLM2-135M's hidden size
     finally:
         await engine.shutdown()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_async_embeddings_are_prefilled_in_the_streams_steps(default_gguf, monkeypatch):
+    """AsyncEngine.embed (what /v1/embeddings calls) beside a decoding stream: every step that
+    prefills the embeddings decodes the stream too (the engine's own batches, not a clock), and
+    the vectors are those computed alone."""
+    config = EngineConfig(max_model_len=1024, kv_cache_memory="64MiB", max_num_batched_tokens=64)
+    engine = await AsyncEngine(config).start()
+    try:
+        long = engine.tokenize(" ".join(f"word{i}" for i in range(150)))
+        alone = await engine.embed([long], "mean")
+        batches: list[list[str | None]] = []
+        runner = engine.engine.runner
+        run = runner.run
+
+        def spy(batch):  # (in the engine thread)
+            batches.append([seq.request.pooling for seq in batch.seqs])
+            return run(batch)
+
+        monkeypatch.setattr(runner, "run", spy)
+        params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+        stream = await engine.add_request("Once upon a time", params)
+        tokens: list[int] = []
+
+        async def read() -> None:
+            async for output in stream:
+                tokens.extend(output.outputs[0].token_ids)
+
+        reader = asyncio.create_task(read())
+        async with asyncio.timeout(60):
+            while not tokens:  # the stream is decoding
+                await asyncio.sleep(0.005)
+        vectors = await engine.embed([long], "mean")
+        with_embeddings = [kinds for kinds in batches if "mean" in kinds]
+        # ~450 tokens at 63 a step beside the decode: 8 steps, each with it
+        assert len(with_embeddings) >= len(long) // 64, batches
+        assert all(None in kinds for kinds in with_embeddings), with_embeddings
+        for vector, expected in zip(vectors, alone, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(vector), torch.tensor(expected), atol=1e-4, rtol=0
+            )
+        await reader
+        assert len(tokens) == 30
+    finally:
+        await engine.shutdown()

@@ -90,10 +90,12 @@ def _stream_tokens(http, prompt: str, times: list[float], max_tokens: int) -> No
 
 
 def test_embeddings_interleave_with_streams(http, wait_idle):
-    """Embedding requests are prefilled in the scheduler's steps next to the running decodes: the
-    streams go on producing tokens while a request of about three steps' token budget (512 on the
-    CPU) is computed, and it is answered long before the streams end; its vectors are those it gets
-    alone."""
+    """Embedding requests are prefilled in the scheduler's steps next to the running decodes: a
+    request of about three steps' token budget (512 on the CPU), sent while three streams decode,
+    is answered while every stream still has tokens to come (had it waited for the streams, it
+    would come after their last), and its vectors are those it gets alone. The batches themselves
+    are checked in tests/engine/test_embeddings.py; how long a stream waits meanwhile depends on
+    the machine, and benchmarks/embeddings_beside_streams.py measures it."""
     inputs = [" ".join(f"item{i}-{j}" for j in range(70)) for i in range(4)]  # ~1400 tokens
     alone = np.array([d["embedding"] for d in _post(http, input=inputs)["data"]])
     wait_idle()
@@ -102,12 +104,9 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
         lambda i, times: _stream_tokens(http, f"Story {i}:", times, 120),
         lambda: _post(http, input=inputs),
     )
-    loaded, start, end = run.result, run.start, run.end
-    # the longest wait for a stream's next token while the embeddings ran: about a step (a third
-    # of the time, with 3 steps' worth of input); run between steps, it would be all of it
-    gaps = run.longest_gaps()
-    assert all(gap < 0.6 * (end - start) for gap in gaps), (gaps, end - start)
-    assert all(times[-1] > end for times in run.streams), "the embeddings waited for the streams"
+    loaded = run.result
+    after = [sum(t > run.end for t in times) for times in run.streams]
+    assert all(after), f"tokens the streams had left once the embeddings were answered: {after}"
     vectors = np.array([d["embedding"] for d in loaded["data"]])
     assert np.allclose(vectors, alone, atol=1e-4)
     assert loaded["usage"] == _post(http, input=inputs)["usage"]
