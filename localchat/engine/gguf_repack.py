@@ -44,9 +44,12 @@ from localchat.kernels.packed_weight import (
     q6k_blocks_to_u6,
     q8_0_blocks_to_u8,
 )
+from localchat.kernels.quant_types import QUANT_TYPES
 
 DENSE_TYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
-QUANTIZED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+# the quantized GGUF types, one record each in kernels/quant_types.py (kernels/csrc/quant/types.def)
+QUANTIZED_TYPES = tuple(sorted((T(t.ggml_id) for t in QUANT_TYPES), key=int))
+_TYPES = {T(t.ggml_id): t for t in QUANT_TYPES}
 
 
 def _bytes(data: np.ndarray) -> torch.Tensor:
@@ -56,27 +59,14 @@ def _bytes(data: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(data).view(np.uint8))
 
 
-_SYMMETRIC_ZERO = {T.Q4_0: 8, T.Q5_0: 16, T.Q8_0: 128, T.Q6_K: 32}
-
-
-_LAYOUTS = {T.Q4_0: "u4", T.Q4_1: "u4", T.Q4_K: "u4", T.Q6_K: "u6"}
 # the types the vector kernels read in the file's own blocks, and their layouts
-FILE_BLOCK_TYPES = {
-    T.Q6_K: "q6k",
-    T.Q4_K: "q4k",
-    T.Q5_K: "q5k",
-    T.Q8_0: "q8_0",
-    T.Q4_0: "q4_0",
-    T.Q4_1: "q4_1",
-    T.Q5_0: "q5_0",
-    T.Q5_1: "q5_1",
-}
+FILE_BLOCK_TYPES = {qtype: t.layout for qtype, t in _TYPES.items()}
 # The types of one group a block are read in their blocks from this many inputs a row on (a 1B
 # model's and up). Shorter rows (a small model's, whose weights cost nothing to copy) keep the
 # interleaved layout: measured on the Zen 5 EPYC (2026-12-05, two engines in one process,
 # alternating), the default model's Q8_0 LM head (576 inputs) in its blocks made its decode 3%
 # slower (332.9 against 343.6 tok/s), where an 8B-shaped Q8_0 GEMV read 5-9% faster on two threads.
-GROUP_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+GROUP_BLOCK_TYPES = tuple(q for q, t in _TYPES.items() if t.block_weights == t.group_size)
 GROUP_BLOCKS_MIN_INPUTS = 2048
 
 
@@ -106,13 +96,14 @@ def repack(
     if qtype in FILE_BLOCK_TYPES and interleave and in_blocks:
         return file_blocks_weight(raw if order is None else raw[order], qtype)
     parts = ext.repack_gguf(raw, int(qtype), order, interleave, huge_pages_wanted())
+    kind = _TYPES[qtype]
     return PackedWeight(
-        _LAYOUTS.get(qtype, "u8"),
+        kind.repacked,
         parts[0],
         parts[1],
         parts[2] if len(parts) >= 3 else None,
-        16 if qtype == T.Q6_K else 32,
-        zero_point=_SYMMETRIC_ZERO.get(qtype, 0),
+        kind.group_size,
+        zero_point=kind.zero_point,
         source_type=qtype.name,
         super_scales=parts[3] if len(parts) == 4 else None,
         interleaved=interleave,

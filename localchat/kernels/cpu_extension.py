@@ -19,26 +19,8 @@ from types import ModuleType
 
 logger = logging.getLogger("localchat.kernels")
 
-_SOURCES = (
-    "module.cpp",
-    "block_cache.h",
-    "core_round_trip.h",
-    "quant_linear.h",
-    "quant_linear_avx2.h",
-    "quant_q6k.h",
-    "quant_k_blocks.h",
-    "quant_q8_0.h",
-    "quant_q4_q5_blocks.h",
-    "decode_attention.h",
-    "kv_rows.h",
-    "decode_layer.h",
-    "decode_moe.h",
-    "decode_projection.h",
-    "rms_norm.h",
-    "vector_math.h",
-    "gguf_repack.h",
-    "sampling.h",
-)  # module.cpp includes the rest
+_SOURCE_SUFFIXES = (".cpp", ".h", ".def")  # module.cpp includes the rest
+_TESTS = "tests"  # csrc/tests: standalone kernel tests, not part of the extension
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None
@@ -99,6 +81,16 @@ def cpu_kernels(progress=None) -> ModuleType | None:
     return _module
 
 
+def sources(directory: Path) -> list[Path]:
+    """The extension's source files under `directory` (csrc), in a stable order: what the name of
+    its build hashes."""
+    return sorted(
+        path
+        for path in directory.rglob("*")
+        if path.suffix in _SOURCE_SUFFIXES and _TESTS not in path.relative_to(directory).parts
+    )
+
+
 def build_kernels(extra_flags: tuple[str, ...] = (), progress=None) -> ModuleType:
     """Build the kernels for this CPU with `extra_flags` added to the compiler's (or load the build
     torch cached); raises where they cannot be built. cpu_kernels() takes the plain build; the
@@ -107,15 +99,16 @@ def build_kernels(extra_flags: tuple[str, ...] = (), progress=None) -> ModuleTyp
 
     directory = Path(__file__).parent / "csrc"
     digest = hashlib.sha256((_cpu_signature() + "".join(f" {f}" for f in extra_flags)).encode())
-    for source in _SOURCES:
-        digest.update((directory / source).read_bytes())
+    for source in sources(directory):
+        digest.update(str(source.relative_to(directory)).encode())
+        digest.update(source.read_bytes())
     name = f"localchat_cpu_{digest.hexdigest()[:12]}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     if progress is not None and not (build_dir / f"{name}.so").exists():
         progress("compiling the CPU kernels for this machine (first run only, about a minute)")
     return cpp_extension.load(
         name=name,
-        sources=[str(directory / _SOURCES[0])],
+        sources=[str(directory / "module.cpp")],
         extra_cflags=["-O3", "-march=native", *extra_flags, "-fopenmp"],
         verbose=False,
     )

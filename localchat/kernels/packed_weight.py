@@ -65,35 +65,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LAYOUTS = ("u4", "u6", "u8", "q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-Q6K_WEIGHTS, Q6K_BYTES = 256, 210  # a Q6_K block's weights and bytes
-Q4K_WEIGHTS, Q4K_BYTES = 256, 144  # a Q4_K block's
-Q5K_BYTES = 176  # a Q5_K block's (256 weights)
-Q8_0_WEIGHTS, Q8_0_BYTES = 32, 34  # a Q8_0 block's
-Q4_0_BYTES, Q4_1_BYTES = 18, 20  # a Q4_0 and a Q4_1 block's (32 weights)
-Q5_0_BYTES, Q5_1_BYTES = 22, 24  # a Q5_0 and a Q5_1 block's (32 weights)
-# the layouts that are the file's own blocks: (weights, bytes) of a block, and its arrangement
-FILE_BLOCKS = {
-    "q6k": (Q6K_WEIGHTS, Q6K_BYTES, 2),
-    "q4k": (Q4K_WEIGHTS, Q4K_BYTES, 3),
-    "q5k": (Q4K_WEIGHTS, Q5K_BYTES, 4),
-    "q8_0": (Q8_0_WEIGHTS, Q8_0_BYTES, 5),
-    "q4_0": (Q8_0_WEIGHTS, Q4_0_BYTES, 6),
-    "q4_1": (Q8_0_WEIGHTS, Q4_1_BYTES, 7),
-    "q5_0": (Q8_0_WEIGHTS, Q5_0_BYTES, 8),
-    "q5_1": (Q8_0_WEIGHTS, Q5_1_BYTES, 9),
-}
+from localchat.kernels.quant_types import BY_LAYOUT, QUANT_TYPES
+
+REPACKED_LAYOUTS = ("u4", "u6", "u8")
+LAYOUTS = (*REPACKED_LAYOUTS, *BY_LAYOUT)
+# the layouts that are the file's own blocks (quant_types.py, one per GGUF type): (weights, bytes)
+# of a block, and the arrangement the C++ kernels know it by
+FILE_BLOCKS = {t.layout: (t.block_weights, t.block_bytes, t.arrangement) for t in QUANT_TYPES}
 # each such layout's group size and zero point (asymmetric types: 0, their mins are in the blocks)
-BLOCK_GROUPS = {
-    "q6k": (16, 32),
-    "q4k": (32, 0),
-    "q5k": (32, 0),
-    "q8_0": (32, 128),
-    "q4_0": (32, 8),
-    "q4_1": (32, 0),
-    "q5_0": (32, 16),
-    "q5_1": (32, 0),
-}
+BLOCK_GROUPS = {t.layout: (t.group_size, t.zero_point) for t in QUANT_TYPES}
+Q6K_BYTES = BY_LAYOUT["q6k"].block_bytes
+Q4K_BYTES, Q5K_BYTES = BY_LAYOUT["q4k"].block_bytes, BY_LAYOUT["q5k"].block_bytes
+Q8_0_BYTES = BY_LAYOUT["q8_0"].block_bytes
 U6_CHUNK = 128  # u6 weights whose high bits share one 32-byte piece of the second plane
 ROWS_PER_BLOCK = 4  # rows interleaved together (the kernel's rows per pass)
 CODE_UNIT = 64  # bytes of a row's codes stored together when interleaved
@@ -235,13 +218,16 @@ class PackedWeight:
 
     @property
     def bits(self) -> int:
+        """The bits of the codes the kernels read: 4, 6 or 8 for the repacked layouts, the type's
+        (quant_types.py) for the file's blocks."""
+        if self.layout in BY_LAYOUT:
+            return BY_LAYOUT[self.layout].bits
         return int(self.layout[1])
 
     @property
     def arrangement(self) -> int:
-        """How the C++ kernels find the rows (quant_linear.h's Arrangement): 0 row-major, 1
-        interleaved, 2-9 the file's blocks (Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1:
-        FILE_BLOCKS)."""
+        """How the C++ kernels find the rows (quant/common.h's Arrangement): 0 row-major, 1
+        interleaved, from 2 on the file's blocks of a type (FILE_BLOCKS, from quant_types.py)."""
         if self.layout in FILE_BLOCKS:
             return FILE_BLOCKS[self.layout][2]
         return int(self.interleaved)

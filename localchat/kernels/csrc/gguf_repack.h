@@ -10,7 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "quant_linear.h"
+#include "quant/common.h"
+#include "quant/generic/blocks.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -33,9 +34,7 @@ void advise_huge_pages(const torch::Tensor& t) {
 #endif
 }
 
-// ggml's type ids (GGMLQuantizationType)
-enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
-
+// How a type repacks (quant/types.def): its blocks, its group, and the PackedWeight layout it becomes.
 struct BlockFormat {
   int64_t weights, bytes, group_size;
   int bits;  // the PackedWeight layout: 4 (u4), 6 (u6) or 8 (u8)
@@ -43,18 +42,11 @@ struct BlockFormat {
   bool k_scales = false;  // Q4_K/Q5_K: 6-bit sub-scales and mins kept in 12 bits a group, with (d, dmin) per 256
 };
 
-BlockFormat block_format(int64_t type) {
-  switch (type) {
-    case kQ4_0: return {32, 18, 32, 4, false};
-    case kQ4_1: return {32, 20, 32, 4, true};
-    case kQ5_0: return {32, 22, 32, 8, false};
-    case kQ5_1: return {32, 24, 32, 8, true};
-    case kQ8_0: return {32, 34, 32, 8, false};
-    case kQ4_K: return {256, 144, 32, 4, true, true};
-    case kQ5_K: return {256, 176, 32, 8, true, true};
-    case kQ6_K: return {256, 210, 16, 6, false};
-    default: TORCH_CHECK(false, "unsupported GGUF block type ", type);
-  }
+BlockFormat block_format(Arrangement type) {
+  TORCH_CHECK(type != kRowMajor, "unsupported GGUF block type");
+  const QuantTraits& t = quant_type(type);
+  const int bits = t.repacked[1] - '0';  // "u4", "u6", "u8"
+  return {t.block_weights, t.block_bytes, t.group_size, bits, t.mins, t.k_scales};
 }
 
 inline at::Half load_half(const uint8_t* p) {
@@ -121,39 +113,39 @@ void pack_u6_chunk(const uint8_t* codes, uint8_t* nibbles, uint8_t* top) {
 }
 
 // One block of row `in` into the row's outputs at block index b.
-void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
+void repack_block(Arrangement type, const uint8_t* in, int64_t b, const RowOut& o) {
   uint8_t* codes = o.codes;
   at::Half* scales = o.scales;
   at::Half* mins = o.mins;
   switch (type) {
-    case kQ4_0:
+    case kBlocksQ4_0:
       scales[b] = load_half(in);
       std::memcpy(codes + b * 16, in + 2, 16);  // ggml's nibble order is the u4 layout's
       break;
-    case kQ4_1:
+    case kBlocksQ4_1:
       scales[b] = load_half(in);
       mins[b] = load_half(in + 2);
       std::memcpy(codes + b * 16, in + 4, 16);
       break;
-    case kQ8_0: {
+    case kBlocksQ8_0: {
       scales[b] = load_half(in);
       uint8_t* out = codes + b * 32;
       for (int i = 0; i < 32; ++i) out[i] = in[2 + i] ^ 0x80;  // int8 q + 128
       break;
     }
-    case kQ5_0:
-    case kQ5_1: {
-      const bool asym = type == kQ5_1;
+    case kBlocksQ5_0:
+    case kBlocksQ5_1: {
+      const bool asym = type == kBlocksQ5_1;
       scales[b] = load_half(in);
       if (asym) mins[b] = load_half(in + 2);
-      q5_block_codes(in, asym, codes + b * 32);  // (quant_q4_q5_blocks.h)
+      generic::q5_block_codes(in, asym, codes + b * 32);  // (quant/generic/blocks.h)
       break;
     }
-    case kQ4_K:
-    case kQ5_K: {
+    case kBlocksQ4_K:
+    case kBlocksQ5_K: {
       o.supers[2 * b] = load_half(in);
       o.supers[2 * b + 1] = load_half(in + 2);
-      const bool five = type == kQ5_K;
+      const bool five = type == kBlocksQ5_K;
       const uint8_t* qh = in + 16;
       const uint8_t* qs = in + (five ? 48 : 16);
       for (int s = 0; s < 8; s += 2) {
@@ -188,7 +180,7 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
       }
       break;
     }
-    case kQ6_K: {
+    case kBlocksQ6_K: {
       const uint8_t* ql = in;
       const uint8_t* qh = in + 128;
       const int8_t* sc = reinterpret_cast<const int8_t*>(in + 192);
@@ -227,7 +219,9 @@ void repack_block(int64_t type, const uint8_t* in, int64_t b, const RowOut& o) {
 // `huge_pages`, qweight is asked for as transparent huge pages before it is written.
 std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, const c10::optional<torch::Tensor>& order,
                                        bool interleave, bool huge_pages) {
-  const BlockFormat f = block_format(type);
+  const Arrangement kind = arrangement_of_ggml(type);
+  TORCH_CHECK(kind != kRowMajor, "unsupported GGUF block type ", type);
+  const BlockFormat f = block_format(kind);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.stride(1) == 1, "raw must be uint8 [rows, bytes]");
   const int64_t rows = raw.size(0), row_bytes = raw.size(1);
   TORCH_CHECK(row_bytes % f.bytes == 0, "a row is not a whole number of blocks");
@@ -274,7 +268,7 @@ std::vector<torch::Tensor> repack_gguf(const torch::Tensor& raw, int64_t type, c
                        row_scales,
                        row_mins,
                        up ? up + r * 2 * blocks : nullptr};
-      for (int64_t b = 0; b < blocks; ++b) repack_block(type, in + b * f.bytes, b, out);
+      for (int64_t b = 0; b < blocks; ++b) repack_block(kind, in + b * f.bytes, b, out);
       if (!interleave || (r + 1) % kRowsPerPass || r + 1 > rows / kRowsPerPass * kRowsPerPass) continue;
       const int64_t first = r + 1 - kRowsPerPass;  // a whole block of rows is written: interleave it
       interleave_block(qp + first * q_row, q_row, kChunkBytes, false, scratch.data());

@@ -6,6 +6,7 @@
 #include "decode_layer.h"
 #include "gguf_repack.h"
 #include "quant_linear.h"
+#include "quant_restore.h"
 #include "rms_norm.h"
 #include "sampling.h"
 

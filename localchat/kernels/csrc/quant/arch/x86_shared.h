@@ -1,0 +1,190 @@
+// What the two x86 ISAs (arch/avx512/, arch/avx2/) share: unpacking K-quant sub-scales with SSE, the choice of a
+// kernel instantiation, and the block types' prefetch distances and field offsets.
+#pragma once
+#include "../common.h"
+
+#if LC_SIMD
+namespace {
+namespace isa {
+
+// The sub-scales and sub-mins of n K-quant groups (n even, at most 16) as 16 bytes each, zero past n: the low
+// bits from the n bytes at `low` and the top bits from the n / 2 bytes at `top` (k_params, 16 at a time).
+inline void k_sub_params(const uint8_t* low, const uint8_t* top, int64_t n, __m128i& scales, __m128i& mins) {
+  __m128i lo, hi;
+  if (n >= 16) {
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(low));
+    hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(top));
+  } else {
+#if LC_VNNI
+    lo = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), low);
+    hi = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (n / 2)) - 1), top);
+#else
+    alignas(16) uint8_t lb[16] = {}, hb[16] = {};
+    std::memcpy(lb, low, n);
+    std::memcpy(hb, top, n / 2);
+    lo = _mm_load_si128(reinterpret_cast<const __m128i*>(lb));
+    hi = _mm_load_si128(reinterpret_cast<const __m128i*>(hb));
+#endif
+  }
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  // byte g takes top byte g / 2, its low nibble for even g, its high one for odd g
+  const __m128i spread = _mm_shuffle_epi8(hi, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+  const __m128i bits = _mm_blendv_epi8(_mm_and_si128(spread, nibble), _mm_and_si128(_mm_srli_epi16(spread, 4), nibble),
+                                       _mm_set1_epi16(static_cast<int16_t>(0xFF00)));
+  // (values below 64 never carry into the next byte of the 16-bit shifts)
+  scales = _mm_or_si128(_mm_and_si128(lo, nibble), _mm_slli_epi16(_mm_and_si128(bits, _mm_set1_epi8(3)), 4));
+  mins = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), nibble),
+                      _mm_slli_epi16(_mm_and_si128(bits, _mm_set1_epi8(12)), 2));
+}
+
+// Row r's sub-scales and sub-mins of a pass's groups g .. g + n (n even; those past the first 16 are left out).
+inline void k_sub_params(const PassView& v, int r, int64_t g, int64_t n, __m128i& scales, __m128i& mins) {
+  k_sub_params(v.group<uint8_t>(v.s, r, g), v.half_group(v.m, r, g), std::min<int64_t>(n, 16), scales, mins);
+}
+
+// Row r's sub-scales (which = 0) or sub-mins (1) of a pass's groups g .. g + n, as k_sub_params gives them.
+inline __m128i k_sub_bytes(const PassView& v, int r, int64_t g, int64_t n, int which) {
+  __m128i scales, mins;
+  k_sub_params(v, r, g, n, scales, mins);
+  return which == 0 ? scales : mins;
+}
+
+// pick(precise, symmetric, bits, kq) with each flag as a std::bool_constant and bits as a std::integral_constant:
+// the kernel instantiation for a weight (K-quant scales come only with mins, so kq is never instantiated with
+// symmetric; u6 holds only Q6_K, which is symmetric without K-quant scales).
+template <typename Pick>
+auto pick_kernel(bool precise, bool symmetric, int bits, bool kq, Pick pick) {
+  using T = std::true_type;
+  using F = std::false_type;
+  auto with = [&](auto p, auto u) {
+    if (symmetric) return pick(p, T{}, u, F{});
+    return kq ? pick(p, F{}, u, T{}) : pick(p, F{}, u, F{});
+  };
+  auto with_bits = [&](auto p) {
+    if (bits == 6) {
+      LC_CHECK(symmetric && !kq, "u6 weights are symmetric, without K-quant scales");
+      return pick(p, T{}, std::integral_constant<int, 6>{}, F{});
+    }
+    return bits == 4 ? with(p, std::integral_constant<int, 4>{}) : with(p, std::integral_constant<int, 8>{});
+  };
+  return precise ? with_bits(T{}) : with_bits(F{});
+}
+
+
+// The GEMV reads a pass's rows one after the other: the rows are contiguous, so that is one stream, which it prefetches
+// this many blocks ahead. Measured on the Zen 5 EPYC (2026-12-05, one process, alternating, Q6_K weights from DRAM,
+// 2 threads): a pass's four rows read side by side (four streams) took 1.20-1.26 ms for a 4096 x 14336 weight
+// where row by row took 0.98-1.02 (u6 interleaved: 1.24-1.28); 16 blocks ahead was slower on that shape than
+// 24-48.
+constexpr int64_t kQ6KPrefetchBlocks = 32;
+
+// Prefetch the cache lines of `bytes` bytes from `distance` bytes past p, in a stream of blocks (past a weight's end:
+// harmless).
+inline void prefetch_ahead(const uint8_t* p, int64_t distance, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + distance + line);
+}
+
+inline void prefetch_q6k_ahead(const uint8_t* block) { prefetch_ahead(block, kQ6KPrefetchBlocks * kQ6KBytes, kQ6KBytes); }
+
+inline float q6k_super_scale(const uint8_t* block) {
+  uint16_t d;
+  std::memcpy(&d, block + kQ6KSuperScale, 2);
+  return _cvtsh_ss(d);
+}
+
+
+// The GEMV reads a pass's rows one after the other (one stream, as quant_q6k.h's), prefetching this many blocks
+// ahead. Measured on the Zen 5 EPYC (2026-12-05, one process, alternating, 8B-shaped Q4_K weights from DRAM):
+// 36-37 GB/s on one thread and 47 on two, where the interleaved u4 kernel read 29-33 and 42-45; Q5_K 36-38 and
+// 51-68 against u8's 21-23 and 32-41 (docs/benchmarks.md, twenty-fifth session).
+constexpr int64_t kKBlocksPrefetch = 32;
+
+// A K-quant block's bytes, and where its codes start, for 4- or 5-bit codes.
+template <int BITS>
+constexpr int64_t k_block_bytes() { return BITS == 5 ? kQ5KBytes : kQ4KBytes; }
+template <int BITS>
+constexpr int64_t k_block_codes() { return BITS == 5 ? kQ5KCodes : kQ4KCodes; }
+
+// (the kernels step two blocks at a time)
+template <int BITS>
+inline void prefetch_k_blocks_ahead(const uint8_t* pair) {
+  prefetch_ahead(pair, kKBlocksPrefetch * k_block_bytes<BITS>(), 2 * k_block_bytes<BITS>());
+}
+
+// The 8 sub-scales and 8 sub-mins of a K-quant block, a byte each (group q in byte q), from its 12 packed bytes:
+// groups 0-3 keep their low 6 bits in bytes 0-3 (scales) and 4-7 (mins), groups 4-7 their low 4 bits in bytes
+// 8-11 and their top 2 bits in the top bits of bytes 0-7.
+inline void k_block_sub_params(const uint8_t* block, uint64_t& scales, uint64_t& mins) {
+  uint32_t w0, w1, w2;
+  std::memcpy(&w0, block + kQ4KSubParams, 4);
+  std::memcpy(&w1, block + kQ4KSubParams + 4, 4);
+  std::memcpy(&w2, block + kQ4KSubParams + 8, 4);
+  const uint32_t scales_hi = (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030);
+  const uint32_t mins_hi = ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030);
+  scales = (w0 & 0x3F3F3F3F) | (uint64_t{scales_hi} << 32);
+  mins = (w1 & 0x3F3F3F3F) | (uint64_t{mins_hi} << 32);
+}
+
+// The sub-scales and sub-mins of block `block` and, when `two`, the next, as 16 bytes each (zero past the
+// blocks' groups), and their d and dmin (as float16 bits: d0 dmin0 d1 dmin1, zeros past them).
+template <int BITS>
+inline void k_pair_params(const uint8_t* block, bool two, __m128i& sub_scales, __m128i& sub_mins, __m128i& supers) {
+  uint64_t s0, m0, s1 = 0, m1 = 0;
+  int32_t first, second = 0;
+  k_block_sub_params(block, s0, m0);
+  std::memcpy(&first, block, 4);
+  if (two) {
+    k_block_sub_params(block + k_block_bytes<BITS>(), s1, m1);
+    std::memcpy(&second, block + k_block_bytes<BITS>(), 4);
+  }
+  sub_scales = _mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0));
+  sub_mins = _mm_set_epi64x(static_cast<int64_t>(m1), static_cast<int64_t>(m0));
+  supers = _mm_set_epi32(0, 0, second, first);
+}
+
+
+// Bytes ahead of the GEMV's row-by-row stream that it prefetches (about 4 KiB, as kPrefetchBytes), and the bytes
+// of the kGroupBlock groups each step reads.
+constexpr int64_t kQ8_0PrefetchBytes = 128 * kQ8_0Bytes, kQ8_0StepBytes = kGroupBlock * kQ8_0Bytes;
+
+// The 32 codes of the block `block` (int8).
+inline const uint8_t* q8_0_codes(const uint8_t* block) { return block + 2; }
+
+
+// A block's bytes, where its fifth bits (FIFTH: Q5) and its codes start, without (Q4_0, Q5_0) or with (Q4_1, Q5_1)
+// mins.
+template <bool MINS>
+constexpr int64_t q4_block_high() { return MINS ? 4 : 2; }
+template <bool MINS, bool FIFTH>
+constexpr int64_t q4_block_codes() { return q4_block_high<MINS>() + (FIFTH ? 4 : 0); }
+template <bool MINS, bool FIFTH>
+constexpr int64_t q4_block_bytes() { return q4_block_codes<MINS, FIFTH>() + 16; }
+static_assert(q4_block_bytes<false, false>() == kQ4_0Bytes && q4_block_bytes<true, false>() == kQ4_1Bytes &&
+              q4_block_bytes<false, true>() == kQ5_0Bytes && q4_block_bytes<true, true>() == kQ5_1Bytes);
+
+// The 16 code bytes of the block i of those from `first`, or zeros where i is past the n there (never, when the
+// caller knows the chunk is WHOLE).
+template <bool MINS, bool FIFTH, bool WHOLE = false>
+inline __m128i q4_codes(const uint8_t* first, int i, int64_t n) {
+  if (!WHOLE && i >= n) return _mm_setzero_si128();
+  return _mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(first + i * q4_block_bytes<MINS, FIFTH>() + q4_block_codes<MINS, FIFTH>()));
+}
+
+// The fifth bits of the blocks i0 and i0 + 1 of those from `first` (zero past the n there): bits 0-15 of each (its
+// weights 0-15) side by side in the low 32 bits, bits 16-31 (weights 16-31) in the high 32.
+template <bool MINS, bool WHOLE>
+inline uint64_t q5_fifth_pair(const uint8_t* first, int i0, int64_t n) {
+  constexpr int64_t kBytes = q4_block_bytes<MINS, true>(), kHigh = q4_block_high<MINS>();
+  uint32_t qh[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    if (WHOLE || i0 + i < n) std::memcpy(qh + i, first + (i0 + i) * kBytes + kHigh, 4);
+  }
+  return (qh[0] & 0xFFFFu) | (qh[1] & 0xFFFFu) << 16 | static_cast<uint64_t>((qh[0] >> 16) | (qh[1] >> 16) << 16) << 32;
+}
+
+
+
+}  // namespace isa
+}  // namespace
+#endif
