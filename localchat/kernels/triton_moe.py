@@ -7,17 +7,18 @@ only on (tokens, top_k, experts), so a decode step runs inside a CUDA graph:
    sorted by expert, each expert's run padded to a multiple of BLOCK_M with a sentinel pair, the
    expert of every BLOCK_M block, and the padded total. The buffers are sized for the worst case,
    T * k + min(E, T * k) * (BLOCK_M - 1) rows; blocks past the total exit at once.
-2. ``_moe_gate_up_kernel``: a grouped GEMM. A program takes one block of pairs (all one expert's)
-   and BLOCK_N columns of the expert's width, gathers its tokens' rows of hidden, and multiplies
-   them by the matching BLOCK_N gate rows and BLOCK_N up rows of w13[e] (two float32
+2. ``_moe_gemm_kernel``, GATED: a grouped GEMM. A program takes one block of pairs (all one
+   expert's) and BLOCK_N columns of the expert's width, gathers its tokens' rows of hidden, and
+   multiplies them by the matching BLOCK_N gate rows and BLOCK_N up rows of w13[e] (two float32
    accumulators sharing each loaded activation tile), adds the bias, and applies act(gate) * up
    in registers, rounding where the reference (a projection, then act_and_mul) rounds. It writes
    the [T * k, W] activations in pair order, in hidden's dtype: the only intermediate in memory.
-3. ``_moe_down_kernel``: the same grouped GEMM over the activations and w2[e], plus the bias,
-   times the pair's routing weight, into float32 [T * k, H].
+3. ``_moe_gemm_kernel``, not GATED: the same grouped GEMM over the activations and w2[e], plus the
+   bias, times the pair's routing weight, into float32 [T * k, H].
 4. ``_moe_sum_kernel``: each token's k rows added in slot order (deterministic: no atomics) and
    cast to hidden's dtype.
 
+Quantized experts (PackedExperts, u4 or u8) are dequantized tile by tile inside the GEMMs.
 Programs are ordered GROUP_M blocks at a time per column tile, so consecutive programs of one
 expert read the same weight tile from L2. Pointer offsets that multiply a row by a stride are
 int64 (E * 2W * H passes 2^31 in large models). Columns past the width and the sentinel pairs read
@@ -145,111 +146,7 @@ def _accumulate(
 
 
 @triton.jit
-def _moe_gate_up_kernel(
-    x_ptr,
-    w_ptr,
-    scales_ptr,
-    mins_ptr,
-    bias_ptr,
-    out_ptr,
-    sorted_pairs_ptr,
-    block_experts_ptr,
-    num_padded_ptr,
-    num_pairs,
-    N,
-    K,
-    stride_xm,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_be,
-    stride_om,
-    zero_point,
-    limit,
-    alpha,
-    TOP_K: tl.constexpr,
-    ACT: tl.constexpr,
-    QUANT: tl.constexpr,
-    GROUP: tl.constexpr,
-    HAS_MINS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    # x [T, K]; w [E, 2N, K] (gate rows, then up rows; or its codes, scales [E, 2N, K // GROUP]
-    # and mins); out [T * TOP_K, N]: act(gate) * up
-    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    # columns past N recompute column n % N and are not stored; padding pairs recompute row 0
-    expert, pairs, valid, rows, offs_n, offs_w = _block_of_pairs(
-        sorted_pairs_ptr, block_experts_ptr, pid_m, pid_n, num_pairs, N, TOP_K, BLOCK_M, BLOCK_N
-    )
-    x_rows = x_ptr + rows[:, None] * stride_xm
-    gate_w = w_ptr + expert * stride_we + offs_w[None, :] * stride_wn
-    up_w = w_ptr + expert * stride_we + (offs_w + N)[None, :] * stride_wn
-    gate_s = expert * stride_se + offs_w[None, :] * stride_sn
-    up_s = expert * stride_se + (offs_w + N)[None, :] * stride_sn
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k, p, inside = _k_step(kb, K, QUANT, BLOCK_K)
-        xs, xs_hi = _load_activations(x_rows, k, inside, QUANT, EVEN_K)
-        acc_g = _accumulate(
-            acc_g,
-            xs,
-            xs_hi,
-            gate_w,
-            scales_ptr + gate_s,
-            mins_ptr + gate_s,
-            k,
-            p,
-            inside,
-            zero_point,
-            QUANT,
-            GROUP,
-            HAS_MINS,
-            EVEN_K,
-            DOT_PRECISION,
-        )
-        acc_u = _accumulate(
-            acc_u,
-            xs,
-            xs_hi,
-            up_w,
-            scales_ptr + up_s,
-            mins_ptr + up_s,
-            k,
-            p,
-            inside,
-            zero_point,
-            QUANT,
-            GROUP,
-            HAS_MINS,
-            EVEN_K,
-            DOT_PRECISION,
-        )
-    if HAS_BIAS:
-        b_ptrs = bias_ptr + expert * stride_be + offs_w
-        acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
-        acc_u += tl.load(b_ptrs + N).to(tl.float32)[None, :]
-    dtype = out_ptr.dtype.element_ty
-    # round as the reference does: the projection's output, then act(gate), in the model's dtype
-    act, up = gated_activation(
-        acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), limit, alpha, ACT
-    )
-    out = act.to(dtype).to(tl.float32) * up
-    out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, out.to(dtype), mask=valid[:, None] & (offs_n < N)[None, :])
-
-
-@triton.jit
-def _moe_down_kernel(
+def _moe_gemm_kernel(
     x_ptr,
     w_ptr,
     scales_ptr,
@@ -271,6 +168,11 @@ def _moe_down_kernel(
     stride_be,
     stride_om,
     zero_point,
+    limit,
+    alpha,
+    GATED: tl.constexpr,
+    PAIRS_PER_ROW: tl.constexpr,
+    ACT: tl.constexpr,
     QUANT: tl.constexpr,
     GROUP: tl.constexpr,
     HAS_MINS: tl.constexpr,
@@ -282,45 +184,56 @@ def _moe_down_kernel(
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # x [T * TOP_K, K] (the activations, a row per pair); w [E, N, K] (or its codes, scales and
-    # mins); weights [T * TOP_K]; out [T * TOP_K, N] float32: weight * (x @ w[e].T + bias[e])
+    # GATED (gate/up): x [T, K], a row per token (pair // PAIRS_PER_ROW, PAIRS_PER_ROW = top_k);
+    # w [E, 2N, K], gate rows then up rows; out [pairs, N] in x's dtype: act(gate) * up.
+    # Else (down): x [pairs, K], a row per pair; w [E, N, K]; weights [pairs];
+    # out [pairs, N] float32: weight * (x @ w[e].T + bias[e]).
+    # A quantized w is its codes, with scales and mins [E, rows, K // GROUP].
     pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
+    # columns past N recompute column n % N and are not stored; padding pairs recompute row 0
     expert, pairs, valid, rows, offs_n, offs_w = _block_of_pairs(
-        sorted_pairs_ptr, block_experts_ptr, pid_m, pid_n, num_pairs, N, 1, BLOCK_M, BLOCK_N
-    )
+        sorted_pairs_ptr, block_experts_ptr, pid_m, pid_n, num_pairs, N, PAIRS_PER_ROW, BLOCK_M,
+        BLOCK_N
+    )  # fmt: skip
     x_rows = x_ptr + rows[:, None] * stride_xm
-    w_cols = w_ptr + expert * stride_we + offs_w[None, :] * stride_wn
+    w_offs = expert * stride_we + offs_w[None, :] * stride_wn
     s_offs = expert * stride_se + offs_w[None, :] * stride_sn
+    up_w_offs = expert * stride_we + (offs_w + N)[None, :] * stride_wn
+    up_s_offs = expert * stride_se + (offs_w + N)[None, :] * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k, p, inside = _k_step(kb, K, QUANT, BLOCK_K)
         xs, xs_hi = _load_activations(x_rows, k, inside, QUANT, EVEN_K)
         acc = _accumulate(
-            acc,
-            xs,
-            xs_hi,
-            w_cols,
-            scales_ptr + s_offs,
-            mins_ptr + s_offs,
-            k,
-            p,
-            inside,
-            zero_point,
-            QUANT,
-            GROUP,
-            HAS_MINS,
-            EVEN_K,
-            DOT_PRECISION,
-        )
+            acc, xs, xs_hi, w_ptr + w_offs, scales_ptr + s_offs, mins_ptr + s_offs, k, p, inside,
+            zero_point, QUANT, GROUP, HAS_MINS, EVEN_K, DOT_PRECISION,
+        )  # fmt: skip
+        if GATED:  # the up rows share the loaded activations
+            acc_up = _accumulate(
+                acc_up, xs, xs_hi, w_ptr + up_w_offs, scales_ptr + up_s_offs,
+                mins_ptr + up_s_offs, k, p, inside, zero_point, QUANT, GROUP, HAS_MINS, EVEN_K,
+                DOT_PRECISION,
+            )  # fmt: skip
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * stride_be + offs_w).to(tl.float32)[None, :]
-    # the expert's output in the model's dtype (as its down projection gives it), then weighted
-    down = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-    scale = tl.load(weights_ptr + rows).to(tl.float32)
+        b_ptrs = bias_ptr + expert * stride_be + offs_w
+        acc += tl.load(b_ptrs).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_ptrs + N).to(tl.float32)[None, :]
+    # round as the reference does: each projection's output in the model's dtype, then act(gate)
+    dtype = x_ptr.dtype.element_ty
+    if GATED:
+        act, up = gated_activation(
+            acc.to(dtype).to(tl.float32), acc_up.to(dtype).to(tl.float32), limit, alpha, ACT
+        )
+        result = (act.to(dtype).to(tl.float32) * up).to(dtype)
+    else:
+        scale = tl.load(weights_ptr + rows).to(tl.float32)
+        result = acc.to(dtype).to(tl.float32) * scale[:, None]
     out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, down * scale[:, None], mask=valid[:, None] & (offs_n < N)[None, :])
+    tl.store(out_ptrs, result, mask=valid[:, None] & (offs_n < N)[None, :])
 
 
 @triton.jit
@@ -446,65 +359,45 @@ def fused_moe_triton(
     common = dict(BLOCK_M=block_m, GROUP_M=8, DOT_PRECISION=c["precision"])
 
     activated = torch.empty((pairs, width), dtype=hidden.dtype, device=hidden.device)
-    (w, scales, mins, *strides, zero_point), quant = _weight_args(w13)
-    block_n, block_k, warps, stages = c["gate_up"]
-    _moe_gate_up_kernel[(tiles_m * triton.cdiv(width, block_n),)](
-        x,
-        w,
-        scales,
-        mins,
-        x if b13 is None else _last_dim_contiguous(b13),
-        activated,
-        *grouping,
-        width,
-        size,
-        x.stride(0),
-        *strides,
-        0 if b13 is None else b13.stride(0),
-        activated.stride(0),
-        zero_point,
-        float(limit),
-        float(alpha),
-        TOP_K=top_k,
-        ACT=_ACTIVATIONS[activation],
-        HAS_BIAS=b13 is not None,
-        EVEN_K=size % block_k == 0,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=warps,
-        num_stages=stages,
-        **quant,
-        **common,
-    )
-
     weighted = torch.empty((pairs, size), dtype=torch.float32, device=hidden.device)
-    (w, scales, mins, *strides, zero_point), quant = _weight_args(w2)
-    block_n, block_k, warps, stages = c["down"]
-    _moe_down_kernel[(tiles_m * triton.cdiv(size, block_n),)](
-        activated,
-        w,
-        scales,
-        mins,
-        x if b2 is None else _last_dim_contiguous(b2),
-        weights.reshape(-1).contiguous(),
-        weighted,
-        *grouping,
-        size,
-        width,
-        activated.stride(0),
-        *strides,
-        0 if b2 is None else b2.stride(0),
-        weighted.stride(0),
-        zero_point,
-        HAS_BIAS=b2 is not None,
-        EVEN_K=width % block_k == 0,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=warps,
-        num_stages=stages,
-        **quant,
-        **common,
-    )
+    flat_weights = weights.reshape(-1).contiguous()
+    # (gate/up: hidden -> activated, down: activated -> weighted)
+    for name, gated, a, w, bias, product, n, k in (
+        ("gate_up", True, x, w13, b13, activated, width, size),
+        ("down", False, activated, w2, b2, weighted, size, width),
+    ):
+        (w_arg, scales, mins, *strides, zero_point), quant = _weight_args(w)
+        block_n, block_k, warps, stages = c[name]
+        _moe_gemm_kernel[(tiles_m * triton.cdiv(n, block_n),)](
+            a,
+            w_arg,
+            scales,
+            mins,
+            a if bias is None else _last_dim_contiguous(bias),
+            flat_weights,
+            product,
+            *grouping,
+            n,
+            k,
+            a.stride(0),
+            *strides,
+            0 if bias is None else bias.stride(0),
+            product.stride(0),
+            zero_point,
+            float(limit),
+            float(alpha),
+            GATED=gated,
+            PAIRS_PER_ROW=top_k if gated else 1,
+            ACT=_ACTIVATIONS[activation],
+            HAS_BIAS=bias is not None,
+            EVEN_K=k % block_k == 0,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            num_warps=warps,
+            num_stages=stages,
+            **quant,
+            **common,
+        )
 
     block = min(1024, triton.next_power_of_2(size))
     _moe_sum_kernel[(tokens, triton.cdiv(size, block))](

@@ -170,22 +170,20 @@ def build_moe(dtype: torch.dtype, every_option: bool) -> None:
     for pairs in (8, 2048, 65536):  # 8 pairs over 64 experts (decode), 32 and 1024 per expert
         config = triton_moe._launch_config(pairs, 64, dtype, on_gpu=True)
         common = dict(BLOCK_M=config["block_m"], GROUP_M=8, DOT_PRECISION=config["precision"])
-        for name, pointers, flags in (
-            ("gate_up", dict(x_ptr=t, bias_ptr=t, out_ptr=t), dict(TOP_K=8)),
-            ("down", dict(x_ptr=t, bias_ptr=t, weights_ptr=t, out_ptr="*fp32"), {}),
-        ):
+        for name, gated in (("gate_up", True), ("down", False)):
+            pointers = dict(x_ptr=t, bias_ptr=t, weights_ptr=t, out_ptr=t if gated else "*fp32")
             block_n, block_k, warps, stages = config[name]
-            kernel = getattr(triton_moe, f"_moe_{name}_kernel")
             activations = list(triton_moe._ACTIVATIONS.values())
             for i, (weights, bias, quant, group, mins) in enumerate(variants):
-                for act in activations if i == 0 and every_option and name == "gate_up" else [0]:
+                for act in activations if i == 0 and every_option and gated else [0]:
                     compiled = build(
-                        kernel,
+                        triton_moe._moe_gemm_kernel,
                         dict(index, **pointers, **weights),
                         dict(
                             common,
-                            **flags,
-                            **({"ACT": act} if name == "gate_up" else {}),
+                            GATED=gated,
+                            PAIRS_PER_ROW=8 if gated else 1,
+                            ACT=act,
                             QUANT=quant,
                             GROUP=group,
                             HAS_MINS=mins,
@@ -198,7 +196,7 @@ def build_moe(dtype: torch.dtype, every_option: bool) -> None:
                         num_stages=stages,
                     )
                     assert compiled.metadata.shared <= SM90_SHARED_MEMORY, (
-                        f"_moe_{name}_kernel asks for {compiled.metadata.shared} B of shared memory"
+                        f"the {name} GEMM asks for {compiled.metadata.shared} B of shared memory"
                     )
     build(
         triton_moe._moe_sum_kernel, {"part_ptr": "*fp32", "out_ptr": t}, dict(TOP_K=8, BLOCK=1024)
