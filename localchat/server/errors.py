@@ -66,20 +66,31 @@ def error_from_exception(exc: BaseException) -> tuple[dict, int]:
     return error_body(f"internal server error: {type(exc).__name__}", 500, "server_error"), 500
 
 
-def _validation_error(exc: ValidationException) -> dict:
+def validation_problem(exc: ValidationException) -> tuple[str | None, str] | None:
+    """The field of a body that failed decoding (its path, e.g. `messages[0].content[1].text`;
+    None for the body as a whole) and what is wrong with it; None when Litestar says nothing."""
     problems = exc.extra if isinstance(exc.extra, list) else []
     if not problems:
-        return error_body(str(exc.detail), 400)
-    first = problems[0]
-    key, message = first.get("key"), first.get("message", "")
-    if key == "data":  # the body as a whole: not an object, or missing
-        if message.startswith("Object missing required field"):
-            field = message.split("`")[1] if "`" in message else None
-            return error_body(message, 400, param=field)
-        return error_body(f"the request body must be a JSON object: {message}", 400)
+        return None
+    key, message = problems[0].get("key"), problems[0].get("message", "")
+    missing = None
     if message.startswith("Object missing required field") and "`" in message:
-        key = message.split("`")[1]
-    return error_body(f"invalid value for {key!r}: {message}", 400, param=key)
+        missing = message.split("`")[1]
+    if key == "data":  # the body as a whole: not an object, or a field missing
+        return missing, message
+    return (f"{key}.{missing}" if missing and key else key), message
+
+
+def _validation_error(exc: ValidationException) -> dict:
+    problem = validation_problem(exc)
+    if problem is None:
+        return error_body(str(exc.detail), 400)
+    field, message = problem
+    if field is None:
+        return error_body(f"the request body must be a JSON object: {message}", 400)
+    if field.isidentifier() and message.startswith("Object missing"):
+        return error_body(message, 400, param=field)
+    return error_body(f"invalid value for {field!r}: {message}", 400, param=field)
 
 
 def _caused_by_bad_json(exc: BaseException) -> bool:

@@ -9,16 +9,12 @@ from typing import Annotated, Any
 from litestar import Request, Response, post
 
 from localchat.engine.outputs import CompletionOutput, RequestOutput
-from localchat.harmony import harmony_stop_ids
-from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser, ReplyPiece
+from localchat.server.chat_run import start_chat
 from localchat.server.logprobs import TokenStrings, chat_logprobs
 from localchat.server.protocol import JSON_BODY, ChatCompletionRequest
-from localchat.server.sampling import chat_sampling_params
-from localchat.server.state import ServerState, require_api_key, server_for
-from localchat.server.streaming import respond, start_generation
-from localchat.server.structured import checked_grammar
-from localchat.server.tools import plan_tools
+from localchat.server.state import require_api_key, server_for
+from localchat.server.streaming import respond
 
 
 class ChatDialect:
@@ -103,17 +99,6 @@ def _echo_text(data: ChatCompletionRequest, role: str) -> str:
     return "\n".join(part.text or "" for part in last.content or [])
 
 
-def _parser_factory(
-    server: ServerState, reasoning: str | None, tail: str, parse_tools: bool
-) -> Callable[[], ReplyParser]:
-    tools = server.tools if parse_tools else None
-
-    def new_parser() -> ReplyParser:
-        return ReplyParser(new_splitter(reasoning, tail) if reasoning else None, tools)
-
-    return new_parser
-
-
 @post(
     "/v1/chat/completions",
     status_code=200,
@@ -124,35 +109,20 @@ async def create_chat_completion(
     request: Request, data: Annotated[ChatCompletionRequest, JSON_BODY]
 ) -> Response:
     server = server_for(request, data.model)
-    plan = plan_tools(data, server.tools, server.special_token_id)
-    tool_grammar = (plan.grammar, str(data.tool_choice)) if plan.grammar else None
-    prompt = server.render_chat(data, plan.template_tools)
-    role = "assistant" if data.add_generation_prompt else data.messages[-1].role
-    reasoning = server.reasoning if role == "assistant" else None
-    tail = server.engine.detokenize(prompt[-8:], skip_special_tokens=False) if reasoning else ""
-    defaults = server.engine.model_info.generation_defaults  # generation_config.json
-    grammar, grammar_param = await checked_grammar(
-        data, tool_grammar, reply_thinking(reasoning, tail), server.special_token_id
-    ) or (None, None)
-    params = chat_sampling_params(defaults.fill_request(data), grammar)
-    if reasoning == HARMONY:  # the reply's structure is its special tokens
-        params.skip_special_tokens = False
-        params.stop_token_ids = harmony_stop_ids(
-            params.stop_token_ids, server.special_token_id, server.engine.model_info.eos_token_ids
-        )
-    elif plan.parse and not server.tools.skip_special_tokens:
-        params.skip_special_tokens = False  # the call marker is a special token
-    generation = await start_generation(
-        request, server, "chatcmpl", params, [prompt], grammar_param
-    )
+    run = await start_chat(request, server, data, server.new_id("chatcmpl"))
     dialect = ChatDialect(
         server.token_str,
         data.logprobs,
-        role,
-        _echo_text(data, role),
-        _parser_factory(server, reasoning, tail, plan.parse),
-        reasoning=reasoning is not None,
+        run.role,
+        _echo_text(data, run.role),
+        run.new_parser,
+        reasoning=run.reasoning is not None,
     )
     return await respond(
-        request, generation, dialect, data, model=server.model_name, object_name="chat.completion"
+        request,
+        run.generation,
+        dialect,
+        data,
+        model=server.model_name,
+        object_name="chat.completion",
     )

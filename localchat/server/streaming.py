@@ -110,10 +110,14 @@ async def start_generation(
     params: SamplingParams,
     prompts: list[str | list[int]],
     grammar_param: str | None = None,
+    *,
+    request_id: str | None = None,
 ) -> Generation:
-    """Queue the prompts as one Generation under a new response id (`{id_prefix}-...`), and hand it
-    to the access log line. `grammar_param` is the request's field that gave `params.grammar`."""
-    generation = Generation(server.engine, server.metrics, server.new_id(id_prefix), params)
+    """Queue the prompts as one Generation under a new response id (`{id_prefix}-...`, or
+    `request_id` when given), and hand it to the access log line. `grammar_param` is the request's
+    field that gave `params.grammar`."""
+    request_id = request_id or server.new_id(id_prefix)
+    generation = Generation(server.engine, server.metrics, request_id, params)
     try:
         await generation.start(prompts)
     except InvalidParameterError as exc:
@@ -127,6 +131,17 @@ async def start_generation(
         ) from None
     request.state.localchat_generation = generation
     return generation
+
+
+def sse_response(events: AsyncIterator[bytes], generation: Generation) -> Stream:
+    """A response streaming `events` (server-sent events of `generation`), which closes the
+    generation when it ends (aborting it if the client left first)."""
+    return Stream(
+        events,
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        background=BackgroundTask(generation.close),
+    )
 
 
 async def respond(
@@ -149,12 +164,7 @@ async def respond(
             "text_completion" if object_name == "text_completion" else f"{object_name}.chunk"
         )
         encoder = ChunkEncoder(response_id, chunk_object, created, model, include_usage)
-        return Stream(
-            sse_events(generation, dialect, encoder, include_usage),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-            background=BackgroundTask(generation.close),
-        )
+        return sse_response(sse_events(generation, dialect, encoder, include_usage), generation)
     outputs = await until_disconnect(request.receive, generation.collect())
     n = generation.params.n
     choices = [
