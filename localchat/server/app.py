@@ -9,6 +9,7 @@ from litestar.openapi import OpenAPIConfig
 
 from localchat import __version__
 from localchat.server.access_log import access_log
+from localchat.server.anthropic.routes import anthropic_router
 from localchat.server.errors import handle_exception
 from localchat.server.routes_chat import create_chat_completion
 from localchat.server.routes_completions import create_completion
@@ -18,9 +19,16 @@ from localchat.server.state import ServerState
 
 
 def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Litestar:
-    """The Litestar app; OpenAPI docs at /docs. Every error is answered in OpenAI's error shape."""
+    """The Litestar app; OpenAPI docs at /docs. Every error is answered in OpenAI's error shape
+    (Anthropic's on /v1/messages)."""
     return Litestar(
-        route_handlers=[create_chat_completion, create_completion, create_embeddings, *ROUTES],
+        route_handlers=[
+            create_chat_completion,
+            create_completion,
+            create_embeddings,
+            *ROUTES,
+            anthropic_router,
+        ],
         state=State({"server": server}),
         exception_handlers={Exception: handle_exception},
         cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])
