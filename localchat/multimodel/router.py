@@ -22,12 +22,25 @@ from localchat.server.metrics import MultiModelMetrics
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
-ROUTED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
+ROUTED = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+)
+ANTHROPIC = "/v1/messages"  # Anthropic's error shape on these paths
+STORED = "/v1/responses/"  # stored responses, shared by every model's app
 
 
 class ModelRouter:
-    def __init__(self, pool: EnginePool, api_key: str | None = None):
-        self.pool, self.api_key = pool, api_key
+    def __init__(self, pool: EnginePool, api_key: str | None = None, stored: Any = None):
+        """`stored` serves GET and DELETE /v1/responses/... (an ASGI app on the store that
+        every model's app keeps its responses in)."""
+        self.pool, self.api_key, self.stored = pool, api_key, stored
         self.created = int(time.time())
         self.metrics = MultiModelMetrics(
             lambda: [e.server.metrics for e in pool.loaded.values() if e.server is not None],
@@ -57,7 +70,7 @@ class ModelRouter:
             return
         path, method = scope["path"], scope["method"]
         if not self._authorized(scope):
-            return await _json(send, 401, _error("invalid or missing API key", 401))
+            return await _json(send, 401, _error("invalid or missing API key", 401, path=path))
         if method == "GET" and path == "/v1/models":
             return await _json(send, 200, {"object": "list", "data": self._cards()})
         if method == "GET" and path.startswith("/v1/models/"):
@@ -70,6 +83,8 @@ class ModelRouter:
             return await _json(send, 200, {"version": __version__})
         if method == "GET" and path == "/metrics":
             return await _send(send, 200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
+        if method in ("GET", "DELETE") and path.startswith(STORED) and self.stored is not None:
+            return await self.stored(scope, receive, send)
         if method != "POST" or path not in ROUTED:
             return await _json(send, 404, _error(f"no route {method} {path}", 404))
         body = await _read_body(receive)
@@ -78,7 +93,7 @@ class ModelRouter:
             entry = await self.pool.acquire(name, keep_alive)
         except LocalchatError as exc:
             status = exc.http_status
-            return await _json(send, status, _error(exc.message, status, exc.param))
+            return await _json(send, status, _error(exc.message, status, exc.param, path))
         try:
             await entry.app(scope, _replay(body, receive), send)
         finally:
@@ -100,7 +115,11 @@ class ModelRouter:
             return True
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"authorization", b"")
-        return hmac.compare_digest(given, f"Bearer {self.api_key}".encode())
+        key = self.api_key.encode()
+        return hmac.compare_digest(given, b"Bearer " + key) or (  # Anthropic's header too
+            scope["path"].startswith(ANTHROPIC)
+            and hmac.compare_digest(headers.get(b"x-api-key", b""), key)
+        )
 
     def _cards(self) -> list[dict]:
         now = time.monotonic()
@@ -122,10 +141,15 @@ class ModelRouter:
         return cards
 
 
-def _error(message: str, status: int, param: str | None = None) -> dict:
+def _error(message: str, status: int, param: str | None = None, path: str = "") -> dict:
     from localchat.server.errors import error_body
 
-    return error_body(message, status, param=param)
+    body = error_body(message, status, param=param)
+    if path.startswith(ANTHROPIC):
+        from localchat.server.anthropic.errors import anthropic_body
+
+        return anthropic_body(body, status)
+    return body
 
 
 async def _read_body(receive: Receive) -> bytes:

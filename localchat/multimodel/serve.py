@@ -69,13 +69,19 @@ async def serve_models(
     log_level: str,
     parsers: tuple[str | None, str | None],
     pooling: str,
+    responses_store=None,
 ) -> None:
     from localchat.multimodel.pool import EnginePool
     from localchat.multimodel.router import ModelRouter
     from localchat.server.access_log import access_log
     from localchat.server.app import build_app
+    from localchat.server.responses.routes import stored_responses_app
+    from localchat.server.responses.store import open_store
     from localchat.server.state import ServerState
     from localchat.server.uvicorn_run import serve_until_signal, socket_url, uvicorn_server
+
+    if responses_store is None:  # one store for every model's /v1/responses
+        responses_store = open_store(None)
 
     def build(engine, name):
         state = ServerState(
@@ -87,7 +93,7 @@ async def serve_models(
             pooling=pooling,
         )
         state.metrics.model_name = name
-        return build_app(state, cors_origins), state
+        return build_app(state, cors_origins, responses_store), state
 
     pool = EnginePool(
         models,
@@ -108,7 +114,9 @@ async def serve_models(
                 format_bytes(max_memory),
             )
     server = uvicorn_server(
-        access_log(ModelRouter(pool, api_key)), log_level=log_level, grace_period=grace_period
+        access_log(ModelRouter(pool, api_key, stored_responses_app(responses_store))),
+        log_level=log_level,
+        grace_period=grace_period,
     )
     logger.info(
         "serving %s (at most %d loaded%s, keep_alive %s) on %s%s",

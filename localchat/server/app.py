@@ -11,6 +11,8 @@ from localchat import __version__
 from localchat.server.access_log import access_log
 from localchat.server.anthropic.routes import anthropic_router
 from localchat.server.errors import handle_exception
+from localchat.server.responses.routes import ROUTES as RESPONSES_ROUTES
+from localchat.server.responses.store import MemoryResponseStore, ResponseStore
 from localchat.server.routes_chat import create_chat_completion
 from localchat.server.routes_completions import create_completion
 from localchat.server.routes_embeddings import create_embeddings
@@ -18,9 +20,14 @@ from localchat.server.routes_misc import ROUTES
 from localchat.server.state import ServerState
 
 
-def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Litestar:
+def build_app(
+    server: ServerState,
+    cors_origins: list[str] | None = None,
+    responses: ResponseStore | None = None,
+) -> Litestar:
     """The Litestar app; OpenAPI docs at /docs. Every error is answered in OpenAI's error shape
-    (Anthropic's on /v1/messages)."""
+    (Anthropic's on /v1/messages). `responses` keeps the Responses API's responses (in memory when
+    not given)."""
     return Litestar(
         route_handlers=[
             create_chat_completion,
@@ -28,8 +35,14 @@ def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Lit
             create_embeddings,
             *ROUTES,
             anthropic_router,
+            *RESPONSES_ROUTES,
         ],
-        state=State({"server": server}),
+        state=State(
+            {
+                "server": server,
+                "responses": MemoryResponseStore() if responses is None else responses,
+            }
+        ),
         exception_handlers={Exception: handle_exception},
         cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])
         if cors_origins
@@ -44,6 +57,10 @@ def build_app(server: ServerState, cors_origins: list[str] | None = None) -> Lit
     )
 
 
-def build_asgi_app(server: ServerState, cors_origins: list[str] | None = None):
+def build_asgi_app(
+    server: ServerState,
+    cors_origins: list[str] | None = None,
+    responses: ResponseStore | None = None,
+):
     """The app wrapped in the access log, as uvicorn runs it."""
-    return access_log(build_app(server, cors_origins))
+    return access_log(build_app(server, cors_origins, responses))

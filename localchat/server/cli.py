@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sqlite3
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -106,6 +107,15 @@ def serve(
         str,
         option(_PANEL, "--pooling", help="/v1/embeddings pooling: last (token) or mean"),
     ] = "last",
+    responses_store: Annotated[
+        Path | None,
+        option(
+            _PANEL,
+            "--responses-store",
+            help="SQLite file keeping /v1/responses' stored responses across restarts "
+            "(default: in memory)",
+        ),
+    ] = None,
     models: Annotated[
         str | None,
         option(
@@ -197,6 +207,7 @@ def serve(
         "log_level": log_level.lower(),
         "parsers": (tool_call_parser, reasoning_parser),
         "pooling": pooling,
+        "responses_store": _responses_store(responses_store),
     }
     if models is not None or models_dir is not None:
         asyncio.run(
@@ -220,6 +231,18 @@ def serve(
             data_parallel_size=data_parallel_size,
         )
     )
+
+
+def _responses_store(path: Path | None):
+    """The store of /v1/responses (opened before the model loads, so a bad path fails at once)."""
+    from localchat.server.responses.store import open_store
+
+    try:
+        return open_store(path)
+    except sqlite3.Error as exc:
+        raise InvalidParameterError(
+            f"cannot open --responses-store {path}: {exc}", param="responses_store"
+        ) from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -249,6 +272,7 @@ async def _serve(
     log_level,
     parsers: tuple[str | None, str | None] = (None, None),
     pooling: str = "last",
+    responses_store=None,
     data_parallel_size: int = 1,
 ) -> None:
     from localchat.engine.async_engine import AsyncEngine
@@ -279,7 +303,7 @@ async def _serve(
             reasoning_parser=parsers[1],
             pooling=pooling,
         )
-        app = build_asgi_app(server_state, cors_origins)
+        app = build_asgi_app(server_state, cors_origins, responses_store)
         server = uvicorn_server(app, log_level=log_level, grace_period=grace_period)
         logger.info(
             "serving %s (max_model_len %d) on %s%s",
