@@ -257,6 +257,8 @@ def test_kv_layout_sizes_a_sequence_by_its_windows():
     # a full group's every block, a sliding group's window plus a chunk and a block at each end
     assert layout.blocks_per_sequence(160, 16, 8) == 10 + 2 * 3
     assert layout.blocks_per_sequence(16, 16, 512) == 3
+    # a prefill chunk of 512 after a window's 23 keys: 35 blocks (and a block cut at each end)
+    assert layout.blocks_per_sequence(1600, 16, 512) == 100 + 2 * 35
     assert layout.longest_sequence(16, 16, 8, limit=10_000) == 160
     assert layout.longest_sequence(16, 16, 8, limit=100) == 100
     # the same memory without windows: 16 // 3 blocks of all three layers

@@ -94,8 +94,8 @@ def test_a_long_generation_fits_a_budget_that_holds_the_windows_only(family):
     )
     run = Run(llm)
     assert run.greedy([prompt], num_tokens) == [_hf_greedy(hf, prompt, num_tokens)]
-    held = run.peak_blocks * llm.engine.runner.bytes_per_block()
-    assert held <= budget < every_layer
+    # not by preempting itself and taking back only its windows from the prefix cache
+    assert llm.engine.scheduler.num_preemptions == 0
 
 
 def test_a_batch_that_preempts_keeps_the_tokens(family):
@@ -180,3 +180,24 @@ def test_the_cpu_default_context_counts_the_windows():
         EngineConfig(tensor_parallel_size=2), config, cpu, torch.float16, chunk=512
     )
     assert (windows, every_layer) == (8192, 2720)
+
+
+def test_a_longrope_switch_recomputes_a_windowed_sequence(tmp_path, monkeypatch):
+    """Phi-3.5/Phi-4 mini's longrope with a window on every layer: a sequence that outgrows the
+    original context (48) is computed again under the long factors, its given-back blocks and
+    salt included, and matches transformers; a second one shares nothing across the switch."""
+    from tests import family_models
+
+    config_class, model_class, overrides = family_models.FAMILIES["phi4-mini"]
+    monkeypatch.setitem(
+        family_models.FAMILIES,
+        "phi4-mini-window",
+        (config_class, model_class, {**overrides, "sliding_window": WINDOW}),
+    )
+    hf = save("phi4-mini-window", tmp_path)
+    hf.generation_config.eos_token_id = None
+    assert hf.config.sliding_window == WINDOW
+    prompts = _prompts([40, 44], seed=9)  # past the window, and past 48 while generating
+    llm = LLM(str(tmp_path), max_model_len=MAX_MODEL_LEN, kv_cache_memory="4MiB")
+    assert llm.engine.block_manager.recompute_on_salt_change
+    assert Run(llm).greedy(prompts, 16) == [_hf_greedy(hf, p, 16) for p in prompts]
