@@ -75,6 +75,21 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             },
         ),
     ),
+    "llama3": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+                "rope_theta": 500000.0,
+            },
+        ),
+    ),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
     "granite": (
         "GraniteConfig",

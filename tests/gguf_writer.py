@@ -20,6 +20,7 @@ values.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,7 @@ GGUF_FAMILIES: dict[str, tuple[str, dict]] = {
     "qwen2-moe": ("qwen2moe", dict(mlp_only_layers=[])),
     "qwen3-moe": ("qwen3moe", dict(norm_topk_prob=True)),
     "mixtral": ("llama", {}),
+    "llama3": ("llama", {}),
     "olmoe": ("olmoe", dict(num_key_value_heads=4)),  # llama.cpp's OLMoE has no grouped KV heads
     # llama.cpp's yarn rounds its correction range (transformers' truncate=True)
     "gpt-oss": (
@@ -427,9 +429,31 @@ def _add_family_metadata(writer: GGUFWriter, config, arch: str, head_dim: int) -
             )
 
 
+def _llama3_divisors(config, params: dict) -> np.ndarray:
+    """Llama 3.1's rope scaling as the divisor of each rotary pair's frequency (the rope_freqs
+    tensor): 1 for short wavelengths, `factor` for long ones, a smooth blend between."""
+    dim = config.head_dim
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    context = params["original_max_position_embeddings"]
+    divisors = []
+    for i in range(0, dim, 2):
+        wavelength = 2 * math.pi * params["rope_theta"] ** (i / dim)
+        if wavelength < context / high:
+            divisors.append(1.0)
+        elif wavelength > context / low:
+            divisors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(divisors, dtype=np.float32)
+
+
 def _extra_tensors(config, arch: str) -> list[tuple[str, np.ndarray]]:
-    """Tensors the converter makes from the config: Phi-3's longrope factors."""
+    """Tensors the converter makes from the config: Llama 3's rope_freqs, Phi-3's longrope
+    factors."""
     full, _ = _rope(config)
+    if arch == "llama" and full.get("rope_type") == "llama3":
+        return [("rope_freqs.weight", _llama3_divisors(config, full))]
     if arch != "phi3" or full.get("rope_type") != "longrope":
         return []
     return [

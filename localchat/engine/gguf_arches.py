@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from localchat.errors import UnsupportedModelError
 
@@ -58,7 +58,7 @@ class GgufMeta:
             i for i in range(self.get("block_count")) if f"blk.{i}.{base}.weight" in self.tensors
         }
 
-    def refuse(self, what: str):
+    def refuse(self, what: str) -> NoReturn:
         raise UnsupportedModelError(f"{self.file_name}: {what} is not supported")
 
 
@@ -92,7 +92,9 @@ def rope_parameters(meta: GgufMeta, head_dim: int) -> dict:
     original = meta.get("rope.scaling.original_context_length") or meta.get("context_length", 4096)
     if meta.get("rope.scaling.yarn_log_multiplier"):
         meta.refuse("rope.scaling.yarn_log_multiplier (DeepSeek's yarn)")
-    if "rope_factors_long.weight" in meta.tensors:
+    if "rope_freqs.weight" in meta.tensors:  # Llama 3.1+: llama3 scaling as per-pair divisors
+        params.update(llama3_from_freq_factors(meta, params["rope_theta"], head_dim))
+    elif "rope_factors_long.weight" in meta.tensors:
         params.update(
             rope_type="longrope",
             long_factor=meta.values("rope_factors_long.weight"),
@@ -118,6 +120,40 @@ def rope_parameters(meta: GgufMeta, head_dim: int) -> dict:
     if dims and dims != head_dim:
         params["partial_rotary_factor"] = dims / head_dim
     return params
+
+
+# The llama3 rope scalings Meta's models use (low_freq_factor, high_freq_factor, original context);
+# the factor is the largest divisor in the file
+_LLAMA3_SHAPES = [
+    (low, high, original)
+    for original in (8192, 4096, 16384, 2048, 32768)
+    for low, high in ((1.0, 4.0), (1.0, 2.0), (0.5, 4.0), (2.0, 8.0))
+]
+
+
+def llama3_from_freq_factors(meta: GgufMeta, theta: float, head_dim: int) -> dict:
+    """llama3 rope parameters from the `rope_freqs` tensor llama.cpp's converter writes for Llama
+    3.1 and later (each rotary pair's frequency divisor): the parameters whose divisors the file's
+    equal, so the model runs on transformers' own llama3 table."""
+    import torch
+
+    from localchat.engine.layers.rotary import llama3_divisors
+
+    divisors = torch.tensor(meta.values("rope_freqs.weight"), dtype=torch.float32)
+    factor = float(divisors.max())
+    dims = int(meta.get("rope.dimension_count") or head_dim)
+    for low, high, original in _LLAMA3_SHAPES:
+        params = {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": high,
+            "original_max_position_embeddings": original,
+        }
+        expected = llama3_divisors(dims, theta, params)
+        if expected.shape == divisors.shape and torch.allclose(expected, divisors, rtol=1e-4):
+            return params
+    meta.refuse("a rope_freqs tensor that no llama3 rope scaling gives")
 
 
 def _sliding(meta: GgufMeta, period: int, default: int | None = None) -> dict:

@@ -63,11 +63,6 @@ class GGUFCheckpoint:
         import transformers
 
         meta = self.meta
-        if "rope_freqs.weight" in meta.tensors:
-            raise UnsupportedModelError(
-                f"{self.path.name}: GGUF rope_freqs (llama3 rope scaling) is not supported; "
-                "use the Hugging Face safetensors checkpoint"
-            )
         num_heads = meta.get("attention.head_count")
         hidden = meta.get("embedding_length")
         head_dim = meta.get("attention.key_length", hidden // num_heads)

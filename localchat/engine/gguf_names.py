@@ -39,7 +39,8 @@ _GLOBAL_NAMES = {
 }
 _PARAMETERS = {"attn_sinks"}  # a parameter of its own in Hugging Face's model, not a .weight
 _ROW_VECTORS = {"ffn_gate_inp_shexp"}  # 1-D in the file, [1, hidden] in Hugging Face's model
-CONFIG_TENSORS = {"rope_factors_long", "rope_factors_short"}  # read into the config
+# read into the config's rotary parameters
+CONFIG_TENSORS = {"rope_factors_long", "rope_factors_short", "rope_freqs"}
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,20 @@ def _default_inv_freq(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta**exponents)
 
 
+def llama3_divisors(dim: int, theta: float, params: dict) -> torch.Tensor:
+    """What llama3 scaling divides each rotary pair's frequency by (llama.cpp's rope_freqs)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=dim,
+        num_attention_heads=1,
+        head_dim=dim,
+        rope_parameters={"rope_theta": theta, **params},
+    )
+    scaled, _ = _init_function("llama3")(config, None)
+    return _default_inv_freq(dim, theta) / scaled.float()
+
+
 def _init_function(rope_type: str):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

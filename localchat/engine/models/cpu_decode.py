@@ -92,14 +92,16 @@ def _moe_mlp(ext, moe, spec: DecoderSpec):
         return None
     projections = [_parts(w) for pair in weights for w in pair]
     tensors, formats = _tensors([p for projection in projections for p in projection])
-    width = spec.moe.intermediate_size
+    routing = spec.moe
+    assert routing is not None  # a SparseMoE's spec has its MoESpec
+    width = routing.intermediate_size
     return ext.MoeMlp(
         moe.router_weight.float(),
         tensors,
         [len(projection) for projection in projections],
         formats,
-        spec.moe.top_k,
-        spec.moe.normalize_topk,
+        routing.top_k,
+        routing.normalize_topk,
         [precise_activations(spec.hidden_size), precise_activations(width)],
     )
 
