@@ -9,8 +9,8 @@ quantize, get random codes and scale bytes with fp16 super-block scales chosen s
 weights have the asked standard deviation. Drawing from a pool keeps an 8B file to about a minute of
 CPU; the values are as random as a speed benchmark needs, and mean nothing.
 
-Not reproduced: llama.cpp's rope_freqs tensor for llama3 rope scaling (localchat's GGUF loader
-refuses it, and it costs nothing at run time).
+Not reproduced: llama.cpp's rope_freqs tensor for llama3 rope scaling (it costs nothing at run
+time, and the presets have no rope scaling).
 """
 
 from __future__ import annotations
