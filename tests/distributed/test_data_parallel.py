@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve_process import ServeProcess, serve_process
-from tests.stream_timing import beside_streams
+from tests.stream_timing import Answered, beside_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -179,13 +179,17 @@ def test_a_client_that_disconnects_aborts_its_request_in_the_replica(server):
     assert samples["localchat_request_success_total"][(("finished_reason", "abort"),)] >= 1
 
 
-def _stream_times(server: ServeProcess, prompt: str, times: list[float]) -> None:
-    body = {"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True}
+def _stream_times(
+    server: ServeProcess, prompt: str, times: list[float], answered: Answered
+) -> None:
+    body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "stream": True}
     url = f"{server.base_url}/v1/completions"
     with httpx.stream("POST", url, json=body, timeout=120) as reply:
         for line in reply.iter_lines():
             if line.startswith("data: {"):
                 times.append(time.monotonic())
+                if answered.hang_up(times):
+                    return
 
 
 def test_embeddings_run_in_a_replicas_scheduler_beside_the_streams(server):
@@ -197,7 +201,7 @@ def test_embeddings_run_in_a_replicas_scheduler_beside_the_streams(server):
     alone = [httpx.post(url, json={"input": t}, timeout=60).json()["data"][0] for t in inputs]
     run = beside_streams(
         2,
-        lambda i, times: _stream_times(server, f"Story {i}:", times),
+        lambda i, times, answered: _stream_times(server, f"Story {i}:", times, answered),
         lambda: httpx.post(url, json={"input": inputs}, timeout=120),
     )
     together = run.result

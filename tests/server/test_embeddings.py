@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.stream_timing import beside_streams
+from tests.stream_timing import Answered, beside_streams
 
 pytestmark = pytest.mark.slow
 
@@ -78,15 +78,17 @@ def test_embedding_errors(http, body, param):
     assert response.json()["error"]["param"] == param
 
 
-def _stream_tokens(http, prompt: str, times: list[float], max_tokens: int) -> None:
-    """Stream a completion, noting when each piece of text arrives."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+def _stream_tokens(http, prompt: str, times: list[float], answered: Answered) -> None:
+    """Stream a long completion, noting when each piece of text arrives, until answered.hang_up."""
+    body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "stream": True}
     body["temperature"] = 0
     with http.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 times.append(time.monotonic())
+                if answered.hang_up(times):
+                    return
 
 
 def test_embeddings_interleave_with_streams(http, wait_idle):
@@ -101,7 +103,7 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
     wait_idle()
     run = beside_streams(
         3,
-        lambda i, times: _stream_tokens(http, f"Story {i}:", times, 120),
+        lambda i, times, answered: _stream_tokens(http, f"Story {i}:", times, answered),
         lambda: _post(http, input=inputs),
     )
     loaded = run.result
