@@ -17,9 +17,9 @@ its codes. We split them into one code array and float16 scale/min arrays
 
 Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit sub-scales and
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
-otherwise: packed_weight.py). For Q6_K, the product of the super-block scale
-and its 8-bit sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's
-scale). Where the vector kernels (AVX-512 VNNI or AVX2) run, no type is repacked: each stays in
+otherwise: packed_weight.py). For Q6_K, the product of the super-block scale and its 8-bit
+sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's scale). Where
+the C++ kernels run (any ISA's, or the generic ones), no type is repacked: each stays in
 the file's memory map as its own blocks (layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1; the
 one-group types only in rows of GROUP_BLOCKS_MIN_INPUTS inputs or more), and the kernels form their
 scales as they form the repacked weights' (Q6_K's rounded the same way).
@@ -59,7 +59,7 @@ def _bytes(data: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(data).view(np.uint8))
 
 
-# the types the vector kernels read in the file's own blocks, and their layouts
+# the types the C++ kernels read in the file's own blocks, and their layouts
 FILE_BLOCK_TYPES = {qtype: t.layout for qtype, t in _TYPES.items()}
 # The types of one group a block are read in their blocks from this many inputs a row on (a 1B
 # model's and up). Shorter rows (a small model's, whose weights cost nothing to copy) keep the
@@ -90,8 +90,7 @@ def repack(
         return weight if order is None else weight.select_rows(order)
     if qtype not in QUANTIZED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
-    interleave = interleave and bool(ext.simd_isa())
-    # the vector kernels read these types in the file's blocks (the one-group types in long rows)
+    # the C++ kernels read these types in the file's blocks (the one-group types in long rows)
     in_blocks = qtype not in GROUP_BLOCK_TYPES or shape[1] >= GROUP_BLOCKS_MIN_INPUTS
     if qtype in FILE_BLOCK_TYPES and interleave and in_blocks:
         return file_blocks_weight(raw if order is None else raw[order], qtype)
@@ -112,7 +111,7 @@ def repack(
 
 def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
     """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 blocks [rows, row bytes] as a PackedWeight
-    that keeps them (FILE_BLOCK_TYPES' layout): what the vector kernels read
+    that keeps them (FILE_BLOCK_TYPES' layout): what the C++ kernels read
     (kernels/csrc/quant_q6k.h, quant_k_blocks.h, quant_q8_0.h, quant_q4_q5_blocks.h). With the
     file's memory map as `blocks`, loading neither copies nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)

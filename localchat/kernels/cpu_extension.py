@@ -1,10 +1,12 @@
-"""Build and load our C++ CPU kernels (kernels/csrc/*.cpp) once per machine, at first use.
+"""Build and load our C++ CPU kernels (kernels/csrc/) once per machine, at first use.
 
-The build takes about a minute on 2 cores and is cached by torch (keyed by the source and the
-flags), so later starts load it in milliseconds. It compiles for this CPU (-march=native); without a
-C++ compiler, or if the build fails, `cpu_kernels()` returns None and callers fall back to torch
-ops, unless LOCALCHAT_REQUIRE_CPU_KERNELS=1 (CI): then a failed build raises, so it cannot pass
-unnoticed.
+The build takes about a minute on 2 cores and is cached by torch (keyed by the sources and the
+flags), so later starts load it in milliseconds. It compiles for this CPU (-march=native), with the
+vector kernels of its ISA (docs/kernels.md: AVX-512 VNNI, AVX2 or NEON, the generic ones for the
+rest); LOCALCHAT_CPU_ISA=generic|avx2|avx512|neon builds one ISA's kernels instead (generic: none).
+Without a C++ compiler, or if the build fails, `cpu_kernels()` returns None (with a warning that
+says why) and callers fall back to torch ops, unless LOCALCHAT_REQUIRE_CPU_KERNELS=1 (CI): then a
+failed build raises, so it cannot pass unnoticed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None
 REQUIRE_ENV = "LOCALCHAT_REQUIRE_CPU_KERNELS"  # "1": a failed build raises instead of falling back
+ISA_ENV = "LOCALCHAT_CPU_ISA"  # generic, avx2, avx512 or neon: build that ISA's kernels only
+# each ISA's extra compiler flags, and what its build's simd_isa() says
+ISAS = {
+    "generic": (("-DLC_ISA_GENERIC",), ""),
+    "avx2": (("-mno-avx512f",), "avx2"),
+    "avx512": ((), "avx512-vnni"),
+    "neon": ((), "neon"),
+}
 
 
 class CpuKernelsUnavailable(RuntimeError):
@@ -67,7 +77,13 @@ def cpu_kernels(progress=None) -> ModuleType | None:
             if _failed is None:
                 # no compiler, no headers, an old CPU: run the torch fallback instead
                 try:
-                    _module = build_kernels(progress=progress)
+                    if compiler() is None:
+                        raise RuntimeError(
+                            "no C++ compiler here (CXX or c++): install g++ or clang++ for the "
+                            "C++ CPU kernels"
+                        )
+                    isa = os.environ.get(ISA_ENV)
+                    _module = build_isa(isa, progress) if isa else build_kernels(progress=progress)
                 except Exception as exc:
                     _failed = f"{type(exc).__name__}: {exc}"
                     logger.warning(
@@ -79,6 +95,19 @@ def cpu_kernels(progress=None) -> ModuleType | None:
             f"the C++ CPU kernels did not build and {REQUIRE_ENV}=1 requires them: {_failed}"
         )
     return _module
+
+
+def build_isa(isa: str, progress=None) -> ModuleType:
+    """The kernels built for one ISA (a key of ISAS): raises where this CPU cannot run it."""
+    if isa not in ISAS:
+        raise ValueError(f"{ISA_ENV}={isa!r}: expected one of {', '.join(ISAS)}")
+    flags, expected = ISAS[isa]
+    module = build_kernels(flags, progress=progress)
+    if module.simd_isa() != expected:
+        raise RuntimeError(
+            f"{ISA_ENV}={isa}: this CPU's build has {module.simd_isa() or 'no'} vector kernels"
+        )
+    return module
 
 
 def sources(directory: Path) -> list[Path]:
@@ -93,8 +122,8 @@ def sources(directory: Path) -> list[Path]:
 
 def build_kernels(extra_flags: tuple[str, ...] = (), progress=None) -> ModuleType:
     """Build the kernels for this CPU with `extra_flags` added to the compiler's (or load the build
-    torch cached); raises where they cannot be built. cpu_kernels() takes the plain build; the
-    tests also build ("-mno-avx512f",), the AVX2 kernels, on an AVX-512 machine."""
+    torch cached); raises where they cannot be built. cpu_kernels() takes the plain build (or
+    build_isa's); the tests also build the AVX2 and the generic kernels on an AVX-512 machine."""
     from torch.utils import cpp_extension
 
     directory = Path(__file__).parent / "csrc"

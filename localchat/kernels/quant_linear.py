@@ -1,5 +1,6 @@
-"""Projections with PackedWeight weights: the C++ vector kernel (AVX-512 VNNI or AVX2) on the CPU,
-Triton on CUDA, torch otherwise.
+"""Projections with PackedWeight weights: the C++ kernels on the CPU (kernels/csrc/quant/: the
+CPU's vector kernels, AVX-512 VNNI, AVX2 or NEON, and the generic ones), Triton on CUDA, torch
+otherwise.
 
 A fused projection (q/k/v, gate/up) whose parts came in different layouts (Q4_K_M files store attn_v
 as Q6_K next to Q4_K q/k), or whose parts are large (an 8B model's), is a tuple of PackedWeights:
@@ -203,16 +204,15 @@ def embedding_rows(weight: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) 
 
 
 def interleave_for_kernel(weight: QuantWeight) -> QuantWeight:
-    """The weight in the C++ kernel's interleaved layout (packed_weight.py), rearranged in place,
-    when that kernel will multiply it (a CPU with the AVX-512 VNNI or AVX2 build); otherwise the
-    weight as it is. The old PackedWeight must not be used afterwards: its tensors are the new
-    one's."""
+    """The weight in the C++ kernels' interleaved layout (packed_weight.py), rearranged in place,
+    when those kernels will multiply it (wherever they are built: every ISA's and the generic ones
+    read it); otherwise the weight as it is. The old PackedWeight must not be used afterwards: its
+    tensors are the new one's."""
     if isinstance(weight, tuple):
         return tuple(interleave_for_kernel(part) for part in weight)  # type: ignore[misc]
     ext = cpu_kernels()
     if (
         ext is None
-        or not bool(ext.simd_isa())
         or weight.interleaved
         or weight.layout in FILE_BLOCKS  # read in its own blocks
         or weight.device.type != "cpu"

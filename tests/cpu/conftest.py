@@ -1,8 +1,11 @@
 """Fixtures of the C++ CPU kernel tests.
 
-On an AVX-512 machine the kernel tests run twice: on the native build and on the AVX2 kernels (the
-same sources built with -mno-avx512f), which most laptops run and which would otherwise go untested
-here. A module opts in with `pytestmark = pytest.mark.usefixtures("each_isa")`.
+The kernel tests run on each build of the kernels this machine can run: the native one, on an
+AVX-512 machine the AVX2 kernels (the same sources built with -mno-avx512f), which most laptops run
+and which would otherwise go untested here, and the generic kernels (LOCALCHAT_CPU_ISA=generic:
+what runs where an ISA has no kernel). A module opts in with
+`pytestmark = pytest.mark.usefixtures("each_isa")`, and to the generic build with
+`GENERIC_KERNELS = True` (only the quantized projections' kernels differ there).
 """
 
 from __future__ import annotations
@@ -12,25 +15,29 @@ import functools
 import pytest
 
 from localchat.kernels import cpu_extension
-from localchat.kernels.cpu_extension import build_kernels
+from localchat.kernels.cpu_extension import build_isa
 from tests.cpu_kernels import kernels_or_skip
 
 
 @functools.cache
-def _avx2_build():
-    return build_kernels(("-mno-avx512f",))
+def _build(isa: str):
+    return build_isa(isa)
 
 
-@pytest.fixture(params=["native", "avx2"])
+@pytest.fixture(params=["native", "avx2", "generic"])
 def each_isa(request, monkeypatch):
-    """The test once on the native kernels and once, where those are AVX-512, on the AVX2 build,
-    which cpu_kernels() then returns (so the engine's own calls take it too)."""
+    """The test on the native kernels, on the AVX2 build where those are AVX-512, and on the
+    generic build where the native one has vector kernels; cpu_kernels() then returns that build
+    (so the engine's own calls take it too)."""
     native = kernels_or_skip()
-    if request.param == "avx2":
-        if native.simd_isa() != "avx512-vnni":
+    if request.param != "native":
+        if request.param == "avx2" and native.simd_isa() != "avx512-vnni":
             pytest.skip("the native build already is what this CPU runs")
-        module = _avx2_build()
-        assert module.simd_isa() == "avx2"
+        if request.param == "generic" and not native.simd_isa():
+            pytest.skip("the native build already is the generic one")
+        if request.param == "generic" and not getattr(request.module, "GENERIC_KERNELS", False):
+            pytest.skip("only the quantized projections' kernels differ on the generic build")
+        module = _build(request.param)
         monkeypatch.setattr(cpu_extension, "_module", module)
         # the block cache goes under torch's allocator once per process, from the native build
         monkeypatch.setenv("LOCALCHAT_CPU_BLOCK_CACHE_MB", "0")

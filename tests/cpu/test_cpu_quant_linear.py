@@ -20,7 +20,8 @@ from localchat.kernels.quant_linear import (
     quant_linear_reference,
 )
 
-pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 
 def int8_activation_reference(x: torch.Tensor, weight: PackedWeight, bias=None) -> torch.Tensor:

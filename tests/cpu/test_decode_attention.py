@@ -13,7 +13,7 @@ from localchat.kernels.kv_cache import store_kv_cache_ref
 from localchat.kernels.rotary import rotary_embedding_ref
 from tests.cpu_kernels import kernels_or_skip
 
-pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -13,6 +13,7 @@ from localchat.bench.random_gguf import write_random_gguf
 
 # native and AVX2 kernels (conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("each_isa")]
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 SHAPES = {
     "llama-q4_k_m": ModelShape("tiny-llama", "llama", 256, 8, 4, 2, 512),

@@ -1,6 +1,6 @@
 """Weights read in the GGUF file's own blocks: Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1
-projections (PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1;
-kernels/csrc/quant_q6k.h, quant_k_blocks.h, quant_q8_0.h and quant_q4_q5_blocks.h), where every
+projections (PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1; each ISA's
+kernels in kernels/csrc/quant/arch/, the generic ones in quant/generic/), where every
 kernel path gives the bits of the same weight repacked (as u6, u4 or u8; the 5-bit types' integer
 products differ from the u8 repack's in float rounding only) and the reference reads the blocks as
 gguf-py does, and an untied embedding (GgufRows). A loaded model reads them all from the file's
@@ -42,7 +42,8 @@ from localchat.kernels.quant_linear import (
 from tests.cpu.test_cpu_quant_linear import run
 from tests.cpu.test_gguf_repack import random_blocks
 
-pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 # rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
 # counts among them (4096 inputs: the bf16 GEMM path's size)
@@ -243,10 +244,19 @@ def test_group_blocks_from_2048_inputs_stay_in_their_blocks(ext, qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_only_the_vector_kernels_read_blocks(ext, qtype):
-    _, q, _ = pair(qtype, 8, 256)
-    with pytest.raises(RuntimeError, match="vector kernels"):
-        run(ext, torch.randn(1, 256), q, precise=True, vnni=False)
+def test_the_generic_kernels_read_blocks_as_the_repack(ext, qtype):
+    """The generic kernels (use_simd=False; what runs where an ISA has no kernel for a layout) read
+    every type's blocks, and give the repacked weight's bits: both become the same codes, scales and
+    mins before the same arithmetic."""
+    _, q, repacked = pair(qtype, 8, 512)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(9))
+    for precise in (True, False):
+        for rows in (x, x[:1]):
+            got = run(ext, rows, q, precise=precise, vnni=False)
+            assert torch.equal(got, run(ext, rows, repacked, precise=precise, vnni=False))
+            assert torch.equal(
+                got, run(ext, rows, interleaved_copy(repacked), precise=precise, vnni=False)
+            )
     with pytest.raises(ValueError, match=f"{q.layout} weights"):
         dataclasses.replace(q, scales=torch.empty(8, 16, dtype=torch.float16))
 

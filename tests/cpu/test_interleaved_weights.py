@@ -17,7 +17,8 @@ from localchat.kernels.packed_weight import (
 from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel, quant_linear
 from tests.cpu.test_cpu_quant_linear import run, weights
 
-pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 
 def copy(w: PackedWeight) -> PackedWeight:

@@ -13,6 +13,7 @@ from localchat.engine.models.registry import spec_from_config
 from tests.family_models import VOCAB, build, save
 
 pytestmark = pytest.mark.usefixtures("each_isa")
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 
 def _decode(llm: LLM, prompt: list[int]):

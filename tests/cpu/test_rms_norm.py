@@ -8,7 +8,7 @@ import torch
 from localchat.kernels.norm import rms_norm, rms_norm_ref
 from tests.cpu_kernels import kernels_or_skip
 
-pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 130])

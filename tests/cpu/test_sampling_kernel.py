@@ -13,7 +13,7 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
 from tests.cpu_kernels import kernels_or_skip
 
-pytestmark = pytest.mark.usefixtures("each_isa")  # native and AVX2 kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
 
 SETTINGS = [
     {"temperature": 0.7, "top_p": 0.95},  # the chat's defaults

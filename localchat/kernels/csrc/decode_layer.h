@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <tuple>
@@ -24,8 +25,21 @@
 #include "quant_linear.h"
 #include "vector_math.h"
 
-#if LC_SIMD
 namespace {
+
+// A cycle counter for DecodeStack.profile: the time-stamp counter on x86, the virtual counter on ARM (the profile
+// converts counts to time by the counter's measured rate).
+inline uint64_t cycle_count() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#elif defined(__aarch64__)
+  uint64_t ticks;
+  asm volatile("mrs %0, cntvct_el0" : "=r"(ticks));
+  return ticks;
+#else
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
 
 // x's RMSNorm into out (the sum of squares vectorized; the width is a few thousand at most).
 void rms_norm_into(const float* x, const float* weight, int64_t width, float eps, float* out) {
@@ -125,10 +139,10 @@ class DecodeLayer {
   // next barrier.
   bool run(int tid, int n, ThreadScratch& s, const float* incoming, float* out, const Step& step) {
     uint64_t* cycles = s.cycles.empty() ? nullptr : s.cycles.data();
-    uint64_t mark = cycles ? __rdtsc() : 0;
+    uint64_t mark = cycles ? cycle_count() : 0;
     auto phase = [&](Phase which) {
       if (!cycles) return;
-      const uint64_t now = __rdtsc();
+      const uint64_t now = cycle_count();
       cycles[which] += now - mark;
       mark = now;
     };
@@ -384,4 +398,3 @@ class DecodeStack {
   std::vector<ThreadScratch> scratch_;
   std::vector<uint64_t> totals_;
 };
-#endif

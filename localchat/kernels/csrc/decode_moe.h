@@ -11,7 +11,6 @@
 #include "decode_projection.h"
 #include "vector_math.h"
 
-#if LC_SIMD
 namespace {
 
 // What a thread of the decode region keeps for a mixture-of-experts layer: the chosen experts (by id) and their
@@ -157,4 +156,3 @@ class MoeMlp {
 };
 
 }  // namespace
-#endif

@@ -12,7 +12,6 @@
 
 #include "quant_linear.h"
 
-#if LC_SIMD
 namespace {
 
 // A PackedWeight's tensors and what the kernels need to know about them.
@@ -258,4 +257,3 @@ struct Projection {
 };
 
 }  // namespace
-#endif

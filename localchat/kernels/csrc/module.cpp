@@ -16,7 +16,7 @@
 using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_linear", &quant_linear, NoGil(), "y = x @ W.T for a packed u4/u8 weight (int8 activations; AVX-512 VNNI or AVX2)");
+  m.def("quant_linear", &quant_linear, NoGil(), "y = x @ W.T for a packed weight (int8 activations; the ISA's kernels, else the generic ones)");
   m.def("decode_attention", &decode_attention, NoGil(), "rotary + KV store + paged attention for a batch of decodes");
   m.def("add_rms_norm", &add_rms_norm, NoGil(), "residual += x; rms_norm(residual) (float32)");
   m.def("repack_gguf", &repack_gguf, NoGil(), "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
@@ -25,7 +25,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, NoGil(), "the dense float32 weight of a packed u4/u8 weight");
   m.def("dequantize_rows", &dequantize_rows, NoGil(), "rows of a packed weight as float32 (an embedding lookup)");
   m.def("dense_linear_bf16", &dense_linear_bf16, NoGil(), "x @ W.T through bfloat16: one oneDNN GEMM per band of restored weight rows (prefill)");
-#if LC_SIMD
   // module-local: a process may load a second build (the tests load the AVX2 one beside the AVX-512 one)
   pybind11::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(m, "DecodeLayer", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<std::vector<torch::Tensor>>,
@@ -42,9 +41,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("bind_caches", &DecodeStack::bind_caches)
       .def("forward", &DecodeStack::forward, NoGil())
       .def("profile", &DecodeStack::profile, "start/stop counting cycles per phase; returns and resets the totals");
-#endif
   m.def("install_block_cache", &install_block_cache, "keep freed CPU blocks of 1 MiB and more for reuse, up to this many bytes");
   m.def("block_cache_stats", &block_cache_stats, "(bytes cached, blocks cached, requests served from the cache)");
   m.def("core_round_trip_ns", &core_round_trip_ns, NoGil(), "ns per round trip of a cache line between two pinned CPUs (-1: cannot pin)");
-  m.def("simd_isa", &simd_isa, "the vector kernels compiled in: 'avx512-vnni', 'avx2', or '' (portable)");
+  m.def("simd_isa", &simd_isa, "the vector kernels compiled in: 'avx512-vnni', 'avx2', 'neon', or '' (the generic kernels only)");
 }

@@ -19,74 +19,6 @@
 
 namespace {
 
-// sum_g offsets[g] * terms[g]: an asymmetric weight's mins on the portable path.
-float offset_dot(const float* offsets, const float* terms, int64_t groups) {
-  float sum = 0.f;
-  for (int64_t g = 0; g < groups; ++g) sum += offsets[g] * terms[g];
-  return sum;
-}
-
-// A K-quant weight's scales d * sub-scale and mins -dmin * m as float32 [rows, groups] each (row-major).
-std::pair<torch::Tensor, torch::Tensor> k_scales_as_floats(const torch::Tensor& sub_scales, const torch::Tensor& sub_mins,
-                                                           const torch::Tensor& supers) {
-  const int64_t rows = sub_scales.size(0), groups = sub_scales.size(1);
-  torch::Tensor scales = torch::empty({rows, groups}, torch::kFloat), mins = torch::empty({rows, groups}, torch::kFloat);
-  const uint8_t* sc = sub_scales.data_ptr<uint8_t>();
-  const uint8_t* mn = sub_mins.data_ptr<uint8_t>();  // top bits: two groups a byte
-  const uint16_t* up = reinterpret_cast<const uint16_t*>(supers.data_ptr<at::Half>());
-  float* so = scales.data_ptr<float>();
-  float* mo = mins.data_ptr<float>();
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint16_t* pair = up + r * super_row(groups) + (g / 8) * 2;
-        int scale, min;
-        k_params(sc[r * groups + g], k_top_nibble(mn[(r * groups + g) / 2], g), scale, min);
-        so[r * groups + g] = static_cast<float>(scale) * half_to_float(pair[0]);
-        mo[r * groups + g] = -(static_cast<float>(min) * half_to_float(pair[1]));
-      }
-    }
-  });
-  return {scales, mins};
-}
-
-
-// Portable path: the same arithmetic, one group at a time (w: the row of K weights).
-int32_t group_dot_scalar(const uint8_t* w, int64_t K, const int8_t* q, int64_t g, const Layout& L) {
-  int32_t dot = 0;
-  if (L.u6) {
-    for (int i = 0; i < L.group_size; ++i) dot += generic::u6_code(w, K, g * L.group_size + i) * q[i];
-  } else if (L.nibbles) {
-    const uint8_t* b = w + g * 16;
-    for (int i = 0; i < 16; ++i) dot += (b[i] & 0x0F) * q[i] + (b[i] >> 4) * q[i + 16];
-  } else {
-    const uint8_t* b = w + g * L.group_size;
-    for (int i = 0; i < L.group_size; ++i) dot += b[i] * q[i];
-  }
-  return dot;
-}
-
-float row_dot_scalar(const uint8_t* w, const float* scales, int64_t groups, const Layout& L, bool precise,
-                     int32_t zero_point, const ActivationRow& a) {
-  float sum = 0.f;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t K = groups * L.group_size;
-    int32_t dot = group_dot_scalar(w, K, a.natural + g * L.group_size, g, L);
-    if (precise) dot = dot * 256 + group_dot_scalar(w, K, a.natural2 + g * L.group_size, g, L);
-    if (zero_point) {
-      int32_t codes = 0;
-      for (int i = 0; i < L.group_size; ++i) {
-        const int64_t k = g * L.group_size + i;
-        codes += precise ? 256 * a.natural[k] + a.natural2[k] : a.natural[k];
-      }
-      dot -= zero_point * codes;
-    }
-    const float da = a.block_scales[g * L.group_size / kActBlock];
-    sum += scales[g] * da * static_cast<float>(dot);
-  }
-  return sum;
-}
-
 // Interleave (back=false) or restore (back=true) the rows of a 2-D contiguous uint8 or float16 tensor in place,
 // `unit` elements at a time (64 for codes, kGroupBlock for scales and mins).
 void interleave_rows_inplace(torch::Tensor& t, int64_t unit, bool back) {
@@ -124,8 +56,7 @@ void interleave_weight(torch::Tensor qweight, torch::Tensor scales, const c10::o
 
 namespace {
 
-// A packed weight's tensors as the kernels read them, checked; row-major copies when `restore` (the portable
-// path and dequantize read rows one by one).
+// A packed weight's tensors as the kernels read them, checked; row-major copies when `restore`.
 struct WeightArgs {
   torch::Tensor qweight, scales, mins, supers;
   bool has_mins = false, k_scales = false;
@@ -164,12 +95,6 @@ struct WeightArgs {
     }
   }
 
-  // scales and mins as float arrays the portable path indexes (K-quants: d * sub-scale and -dmin * m)
-  std::pair<torch::Tensor, torch::Tensor> float_params() const {
-    if (k_scales) return k_scales_as_floats(scales, mins, supers);
-    return {scales.to(torch::kFloat), has_mins ? mins.to(torch::kFloat) : torch::Tensor()};
-  }
-
   // the arrays as the kernels read them
   WeightView view() const {
     return {qweight.data_ptr<uint8_t>(), scales.data_ptr(), has_mins ? mins.data_ptr() : nullptr,
@@ -184,7 +109,7 @@ struct WeightArgs {
 // With silu_and_mul, x is [M, 2K] = [gate | up] and the product silu(gate) * up is what gets multiplied.
 // arrangement: how the weight's rows are stored (Arrangement: row-major, interleaved, Q6_K blocks). supers: a
 // K-quant weight's (d, dmin) per 8 groups, its scales and mins then being the packed 6-bit sub-scales and sub-mins
-// (k_params).
+// (k_params). use_simd=false runs the generic kernels (quant/generic/kernels.h) where the ISA has its own.
 torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweight_in, const torch::Tensor& scales_in,
                            const c10::optional<torch::Tensor>& mins_in, const c10::optional<torch::Tensor>& supers_in,
                            const c10::optional<torch::Tensor>& bias, int64_t bits, int64_t group_size,
@@ -206,11 +131,8 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     return quant_linear(product, qweight_in, scales_in, mins_in, supers_in, bias, bits, group_size, zero_point, precise,
                         false, use_simd, arrangement);
   }
-  const bool simd = LC_SIMD && use_simd;
-  TORCH_CHECK(simd || !L.file_blocks(), "the file's blocks are read by the vector kernels only");
-  bool interleaved = arrangement == kInterleaved;
-  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, interleaved && !simd);
-  if (!simd) interleaved = false;
+  const WeightArgs w(qweight_in, scales_in, mins_in, supers_in, false);
+  const bool interleaved = arrangement == kInterleaved;
   const torch::Tensor x = x_in.to(torch::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = w.qweight.size(0);
   TORCH_CHECK(K % kActBlock == 0, "in_features must be a multiple of 32");
@@ -234,7 +156,6 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   float* op = out.data_ptr<float>();
   const uint8_t* wp = w.qweight.data_ptr<uint8_t>();
   const int64_t w_row = w.qweight.size(1);
-  const int32_t symmetric_zero = has_mins ? 0 : static_cast<int32_t>(zero_point);
   const float* bp = nullptr;
   torch::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
@@ -243,70 +164,53 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     bp = bias_f.data_ptr<float>();
   }
 
-  if (simd) {
-    const void* sp = w.scales.data_ptr();
-    const void* mp = has_mins ? w.mins.data_ptr() : nullptr;
-    const uint16_t* up = w.view().supers;
-    const int64_t weight_bytes = L.code_bytes(K);
-    const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
-    if (M == 1) {
-      const GemvFn gemv = pick_gemv(precise, !has_mins, w.k_scales, L);
-      at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
-        for (int64_t pass = begin; pass < end; ++pass) {
-          const int64_t n = pass * kRowsPerPass;
-          const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-          float dots[kRowsPerPass];
-          gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
-               weight_bytes, L, rows[0], count, dots);
-          for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
-        }
-      });
-      return out;
-    }
-    const PanelFn panel = pick_panel(precise, !has_mins, w.k_scales, L);
-    // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
-    // kPanelRows rows (their accumulators in L1), pass by pass
-    const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
-    at::parallel_for(0, passes, 1, [&](int64_t begin, int64_t end) {
-      // 64-byte aligned (new of an over-aligned type): the accumulators are vectors
-      struct alignas(64) Line { uint8_t bytes[64]; };
-      std::vector<Line> scratch(kPanelRows * kPanelScratchPerRow / sizeof(Line));
-      float dots[kPanelRows * kRowsPerPass];
-      for (int64_t band_begin = begin; band_begin < end; band_begin += band) {
-        const int64_t band_end = std::min(end, band_begin + band);
-        for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
-          const int64_t mt = std::min<int64_t>(M - m0, kPanelRows);
-          for (int64_t pass = band_begin; pass < band_end; ++pass) {
-            const int64_t n = pass * kRowsPerPass;
-            const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-            panel(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), groups, chunks,
-                  weight_bytes, L, rows.data() + m0, mt, count, dots, kRowsPerPass, scratch.data());
-            for (int64_t t = 0; t < mt; ++t) {
-              float* o = op + (m0 + t) * N + n;
-              for (int r = 0; r < count; ++r) o[r] = bp ? dots[t * kRowsPerPass + r] + bp[n + r] : dots[t * kRowsPerPass + r];
-            }
-          }
-        }
+  const void* sp = w.scales.data_ptr();
+  const void* mp = has_mins ? w.mins.data_ptr() : nullptr;
+  const uint16_t* up = w.view().supers;
+  const int64_t weight_bytes = L.code_bytes(K);
+  const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
+  if (M == 1) {
+    const GemvFn gemv = pick_gemv(precise, !has_mins, w.k_scales, L, use_simd);
+    at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t pass = begin; pass < end; ++pass) {
+        const int64_t n = pass * kRowsPerPass;
+        const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+        float dots[kRowsPerPass];
+        gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
+             weight_bytes, L, rows[0], count, dots);
+        for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
       }
     });
     return out;
   }
-  const auto [scales_f, mins_f] = w.float_params();
-  const float* sp = scales_f.data_ptr<float>();
-  const float* mp = has_mins ? mins_f.data_ptr<float>() : nullptr;
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const uint8_t* wr = wp + n * w_row;
-      for (int64_t m = 0; m < M; ++m) {
-        float v = row_dot_scalar(wr, sp + n * groups, groups, L, precise, symmetric_zero, rows[m]);
-        if (has_mins) v += offset_dot(mp + n * groups, rows[m].group_terms, groups);
-        if (bp) v += bp[n];
-        op[m * N + n] = v;
+  const PanelFn panel = pick_panel(precise, !has_mins, w.k_scales, L, use_simd);
+  // blocked for the caches: a band of weight rows (about 256 KiB, in L2) meets the activations in blocks of
+  // kPanelRows rows (their accumulators in L1), pass by pass
+  const int64_t band = std::max<int64_t>(1, (int64_t{256} << 10) / (kRowsPerPass * w_row));
+  at::parallel_for(0, passes, 1, [&](int64_t begin, int64_t end) {
+    // 64-byte aligned (new of an over-aligned type): the accumulators are vectors
+    struct alignas(64) Line { uint8_t bytes[64]; };
+    std::vector<Line> scratch(kPanelRows * kPanelScratchPerRow / sizeof(Line));
+    float dots[kPanelRows * kRowsPerPass];
+    for (int64_t band_begin = begin; band_begin < end; band_begin += band) {
+      const int64_t band_end = std::min(end, band_begin + band);
+      for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
+        const int64_t mt = std::min<int64_t>(M - m0, kPanelRows);
+        for (int64_t pass = band_begin; pass < band_end; ++pass) {
+          const int64_t n = pass * kRowsPerPass;
+          const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+          panel(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), groups, chunks,
+                weight_bytes, L, rows.data() + m0, mt, count, dots, kRowsPerPass, scratch.data());
+          for (int64_t t = 0; t < mt; ++t) {
+            float* o = op + (m0 + t) * N + n;
+            for (int r = 0; r < count; ++r) o[r] = bp ? dots[t * kRowsPerPass + r] + bp[n + r] : dots[t * kRowsPerPass + r];
+          }
+        }
       }
     }
   });
   return out;
 }
 
-// The vector kernels compiled in (LC_ISA_NAME): "avx512-vnni", "avx2", or "" (the portable path).
+// The vector kernels compiled in (LC_ISA_NAME): "avx512-vnni", "avx2", "neon", or "" (the generic kernels only).
 std::string simd_isa() { return LC_ISA_NAME; }

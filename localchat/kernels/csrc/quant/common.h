@@ -102,10 +102,8 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-inline uint16_t float_to_half(float f) {
-#if defined(__F16C__)
-  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
-#else
+// float32 -> float16 rounded to nearest even in integer arithmetic (what F16C's conversion gives).
+inline uint16_t float_to_half_bits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7FFFFFFF;
@@ -122,6 +120,13 @@ inline uint16_t float_to_half(float f) {
   uint32_t r = ax - 0x38000000;  // the exponent rebiased from 127 to 15, in float32's bit positions
   r += 0xFFF + ((r >> 13) & 1);  // round the 13 bits dropped to nearest even (a carry moves the exponent)
   return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  return float_to_half_bits(f);
 #endif
 }
 

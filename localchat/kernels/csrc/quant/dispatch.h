@@ -5,6 +5,7 @@
 #pragma once
 #include "common.h"
 #include "generic/blocks.h"
+#include "generic/kernels.h"
 #include "generic/restore.h"
 #if LC_VNNI
 #include "arch/avx512/kernels.h"
@@ -34,13 +35,16 @@ inline PanelFn pick_panel(bool, bool, bool, const Layout&) { return nullptr; }
 #endif
 }  // namespace isa
 
-// The GEMV and the panel kernel for a weight of layout L (symmetric: without mins; kq: K-quant scales).
-GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L) {
-  return isa::pick_gemv(precise, symmetric, kq, L);
+// The GEMV and the panel kernel for a weight of layout L (symmetric: without mins; kq: K-quant scales): this ISA's,
+// else the generic one; with vector=false, the generic one.
+GemvFn pick_gemv(bool precise, bool symmetric, bool kq, const Layout& L, bool vector = true) {
+  const GemvFn own = vector ? isa::pick_gemv(precise, symmetric, kq, L) : nullptr;
+  return own ? own : generic::pick_gemv(precise, symmetric, kq, L);
 }
 
-PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L) {
-  return isa::pick_panel(precise, symmetric, kq, L);
+PanelFn pick_panel(bool precise, bool symmetric, bool kq, const Layout& L, bool vector = true) {
+  const PanelFn own = vector ? isa::pick_panel(precise, symmetric, kq, L) : nullptr;
+  return own ? own : generic::pick_panel(precise, symmetric, kq, L);
 }
 
 // The row unpack of a type's blocks: this ISA's, else the generic one.

@@ -96,16 +96,31 @@ inline void u6_chunk_values(const uint8_t* row, int64_t K, int64_t c, const Layo
 }
 
 
-// A Q6_K row's group scales as floats, `groups` of them: d * sub-scale rounded to float16 as u6 stores it (the
-// AVX-512 build's q6k_row_scales, a group at a time).
-inline void q6k_row_scales(const uint8_t* row, int64_t groups, float* scales) {
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = row + g / kGroupBlock * kQ6KBytes;
-    const float sub = static_cast<float>(static_cast<int8_t>(block[kQ6KSubScales + g % kGroupBlock]));
-    scales[g] = half_to_float(float_to_half(half_to_float(load_half_bits(block + kQ6KSuperScale)) * sub));
-  }
+// The scale of group q (0-15) of a Q6_K block: d * sub-scale rounded to float16, as u6 stores it.
+inline float q6k_group_scale(const uint8_t* block, int q) {
+  const float sub = static_cast<float>(static_cast<int8_t>(block[kQ6KSubScales + q]));
+  return half_to_float(float_to_half(half_to_float(load_half_bits(block + kQ6KSuperScale)) * sub));
 }
 
+// A Q6_K row's group scales as floats, `groups` of them (the AVX-512 build's q6k_row_scales, a group at a time).
+inline void q6k_row_scales(const uint8_t* row, int64_t groups, float* scales) {
+  for (int64_t g = 0; g < groups; ++g) scales[g] = q6k_group_scale(row + g / kGroupBlock * kQ6KBytes, g % kGroupBlock);
+}
+
+
+// The scales d * sub-scale and mins -(dmin * sub-min) of the 8 groups of a Q4_K or Q5_K block, as floats.
+inline void k_block_params(const uint8_t* block, float* scales, float* mins) {
+  const float d = half_to_float(load_half_bits(block)), dmin = half_to_float(load_half_bits(block + 2));
+  for (int q = 0; q < 8; ++q) {
+    // get_scale_min_k4: groups 0-3 from the low 6 bits of bytes q and q + 4; groups 4-7 from the nibbles of
+    // byte q + 4 and the top bits of bytes q - 4 and q
+    const uint8_t* p = block + kQ4KSubParams;
+    const int sub = q < 4 ? p[q] & 63 : (p[q + 4] & 0x0F) | ((p[q - 4] >> 6) << 4);
+    const int sub_min = q < 4 ? p[q + 4] & 63 : (p[q + 4] >> 4) | ((p[q] >> 6) << 4);
+    scales[q] = static_cast<float>(sub) * d;
+    mins[q] = -(static_cast<float>(sub_min) * dmin);
+  }
+}
 
 // A row of K weights in Q4_K or Q5_K blocks (L.k_blocks()) as a row-major u4 row (Q4_K, K / 2 bytes) or u8 row (Q5_K,
 // K bytes) with each group's scale d * sub-scale and min -(dmin * sub-min) as floats, formed as RowRestorer forms
@@ -117,19 +132,9 @@ inline void k_blocks_row(const Layout& L, const uint8_t* row, int64_t K, uint8_t
   const int64_t first_code = five ? kQ5KCodes : kQ4KCodes;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * block_bytes;
-    uint16_t halves[2];
-    std::memcpy(halves, block, 4);
-    const float d = half_to_float(halves[0]);
-    const float dmin = half_to_float(halves[1]);
+    k_block_params(block, scales + 8 * b, mins + 8 * b);
     for (int q = 0; q < 8; ++q) {
-      // get_scale_min_k4: groups 0-3 from the low 6 bits of bytes q and q + 4; groups 4-7 from the nibbles of
-      // byte q + 4 and the top bits of bytes q - 4 and q
-      const uint8_t* p = block + kQ4KSubParams;
-      const int sub = q < 4 ? p[q] & 63 : (p[q + 4] & 0x0F) | ((p[q - 4] >> 6) << 4);
-      const int sub_min = q < 4 ? p[q + 4] & 63 : (p[q + 4] >> 4) | ((p[q] >> 6) << 4);
       const int64_t g = 8 * b + q;
-      scales[g] = static_cast<float>(sub) * d;
-      mins[g] = -(static_cast<float>(sub_min) * dmin);
       const uint8_t* qs = block + first_code + 32 * (q / 2);
       auto code = [&](int j) {  // weight j of group q
         const int nibble = q % 2 == 0 ? qs[j] & 0x0F : qs[j] >> 4;
@@ -147,14 +152,20 @@ inline void k_blocks_row(const Layout& L, const uint8_t* row, int64_t K, uint8_t
   }
 }
 
+// The scale d (and with `mins`, the min m) of a block of one group that starts with them as float16: Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1.
+inline void group_block_params(const uint8_t* block, bool mins, float& scale, float& min) {
+  scale = half_to_float(load_half_bits(block));
+  if (mins) min = half_to_float(load_half_bits(block + 2));
+}
+
 // A row of K weights in Q8_0 blocks as a row-major u8 row (code + 128, K bytes) with each group's scale as a float:
 // what dequantize_row reads (zero point 128).
 inline void q8_0_row(const uint8_t* row, int64_t K, uint8_t* codes, float* scales) {
   for (int64_t g = 0; g < K / kActBlock; ++g) {
     const uint8_t* block = row + g * kQ8_0Bytes;
-    uint16_t d;
-    std::memcpy(&d, block, 2);
-    scales[g] = half_to_float(d);
+    float unused;
+    group_block_params(block, false, scales[g], unused);
     for (int i = 0; i < kActBlock; ++i) codes[g * kActBlock + i] = static_cast<uint8_t>(block[2 + i] ^ 0x80);
   }
 }
@@ -179,10 +190,8 @@ inline bool q4_row(const Layout& L, const uint8_t* row, int64_t K, uint8_t* code
   const int64_t bytes = L.block_bytes();
   for (int64_t g = 0; g < K / kActBlock; ++g) {
     const uint8_t* block = row + g * bytes;
-    uint16_t halves[2];
-    std::memcpy(halves, block, 4);
-    scales[g] = half_to_float(halves[0]);
-    if (with_mins) mins[g] = half_to_float(halves[1]);
+    float unused;
+    group_block_params(block, with_mins, scales[g], with_mins ? mins[g] : unused);
     if (fifth) q5_block_codes(block, with_mins, codes + g * 32);
     else std::memcpy(codes + g * 16, block + (with_mins ? 4 : 2), 16);
   }

@@ -7,14 +7,11 @@
 namespace {
 namespace generic {
 
-// Row r of a pass (v: either arrangement) of a repacked weight: its w_row bytes of codes, row-major, into codes, and
-// its groups' scales and mins (with mins: v.m is set) as floats: float16 values, or with k_scales d * sub-scale and
-// -(dmin * sub-min).
-inline void gather_pass_row(const PassView& v, int r, int64_t w_row, int64_t groups, bool k_scales, uint8_t* codes,
-                            float* row_scales, float* row_mins) {
-  for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
-    std::memcpy(codes + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
-  }
+// Row r of a pass (v: either arrangement) of a repacked weight: its groups' scales and mins (with mins: v.m is set) as
+// floats: float16 values, or with k_scales d * sub-scale and -(dmin * sub-min); gather_pass_row also its w_row bytes
+// of codes, row-major, into codes.
+inline void gather_pass_params(const PassView& v, int r, int64_t groups, bool k_scales, float* row_scales,
+                               float* row_mins) {
   for (int64_t g = 0; g < groups; ++g) {
     if (k_scales) {  // d * sub-scale and -(dmin * sub-min)
       const uint16_t* pair = v.supers(r, g / kGroupBlock) + (g % kGroupBlock) / 8 * 2;
@@ -27,6 +24,14 @@ inline void gather_pass_row(const PassView& v, int r, int64_t w_row, int64_t gro
       if (v.m) row_mins[g] = half_to_float(*v.group<uint16_t>(v.m, r, g));
     }
   }
+}
+
+inline void gather_pass_row(const PassView& v, int r, int64_t w_row, int64_t groups, bool k_scales, uint8_t* codes,
+                            float* row_scales, float* row_mins) {
+  for (int64_t c = 0; c * kChunkBytes < w_row; ++c) {
+    std::memcpy(codes + c * kChunkBytes, v.codes(r, c), std::min<int64_t>(kChunkBytes, w_row - c * kChunkBytes));
+  }
+  gather_pass_params(v, r, groups, k_scales, row_scales, row_mins);
 }
 
 // One row of K weights as floats: row-major codes (row: the row's bytes), each group's float scale, and its min
