@@ -7,6 +7,8 @@ the field, never a 500."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -428,3 +430,24 @@ def test_the_sqlite_store_outlives_its_process(tmp_path):
     assert again.get("b") == _record(1)
     again.put("c", _record(1))  # a was used before b was read again here
     assert [again.get(k) is not None for k in "abc"] == [False, True, True]
+
+
+def test_a_store_that_cannot_open_is_refused_before_loading(tmp_path):
+    store = tmp_path / "no such folder" / "responses.db"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localchat",
+            "serve",
+            "--port",
+            "0",
+            "--responses-store",
+            str(store),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "cannot open --responses-store" in result.stderr and "loading" not in result.stderr
