@@ -17,13 +17,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class ChatRequest:
-    """One turn: the messages for the chat template, the sampling settings, the template kwargs,
-    and the JSON the reply must be (`/json`; None: free text)."""
+    """One turn: the messages (OpenAI's wire shape: an assistant's `tool_calls`, `tool` results
+    with their `tool_call_id`), the sampling settings, the template kwargs, the JSON the reply must
+    be (`/json`; None: free text), and the tools the model may call (OpenAI-style `tools`; None:
+    none) with the `tool_choice` (None: auto)."""
 
     messages: list[dict]
     sampling: dict
     chat_template_kwargs: dict | None = None
     json_mode: JsonMode | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
 
 
 @dataclass

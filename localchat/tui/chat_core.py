@@ -17,6 +17,7 @@ from textual.worker import Worker
 from localchat.errors import LocalchatError
 from localchat.tui.backends import ChatBackend, ReplyStats
 from localchat.tui.conversation import Conversation
+from localchat.tui.mcp_tools import McpTools
 from localchat.tui.messages import (
     STOP_HINT,
     AssistantMessage,
@@ -28,6 +29,7 @@ from localchat.tui.reply_writer import ReplyWriter
 from localchat.tui.session import CONTEXT_WARNING, ChatSession
 from localchat.tui.status_bar import ChatState, StatusBar, StatusInfo
 from localchat.tui.store import ConversationStore
+from localchat.tui.tool_round import ToolRound
 from localchat.tui.widgets import ChatList, LoadingPanel, PromptBox
 
 logger = logging.getLogger("localchat.tui")
@@ -36,11 +38,14 @@ WELCOME = """Chat with {model} ({how}).
 Enter sends · Shift+Enter or Ctrl+J adds a line · Up recalls earlier prompts
 Esc stops a reply · F1 or /help lists keys and slash commands · Ctrl+P opens the command palette
 Ctrl+B shows your conversations · Ctrl+Q quits"""
+# A turn ends after this many rounds of tool calls, whatever the model asks for next.
+MAX_TOOL_ROUNDS = 10
 
 
 class ChatCore(Screen):
-    """Chat with one model. The backend starts (loads) in the background when the screen mounts;
-    messages typed meanwhile wait for it. Every message is stored as soon as it exists."""
+    """Chat with one model. The backend starts (loads) in the background when the screen mounts,
+    and the MCP servers of `tools` with it; messages typed meanwhile wait for both. Every message
+    is stored as soon as it exists."""
 
     def __init__(
         self,
@@ -49,9 +54,12 @@ class ChatCore(Screen):
         *,
         conversation: Conversation | None = None,
         resume: bool = False,
+        tools: McpTools | None = None,
     ):
         super().__init__()
         self.backend = backend
+        self.tools = tools
+        self.tools_ready = asyncio.Event()  # set once the MCP servers started or failed to
         self.store = store
         self.session = ChatSession(backend, store, conversation)
         self.resume = resume
@@ -84,6 +92,10 @@ class ChatCore(Screen):
         self.query_one(PromptBox).focus()
         self.refresh_status()
         self.run_worker(self._load(), group="load", exit_on_error=False)
+        if self.tools is not None:
+            self.run_worker(self._start_tools(), group="tools", exit_on_error=False)
+        else:
+            self.tools_ready.set()
 
     # --- loading ----------------------------------------------------------------------------------
     async def _load(self) -> None:
@@ -107,6 +119,21 @@ class ChatCore(Screen):
             await panel.remove()
             self.ready.set()
             self.refresh_status()
+
+    async def _start_tools(self) -> None:
+        """Start the MCP servers; a server that fails is said in the chat and left out."""
+        assert self.tools is not None
+        try:
+            await self.tools.start()
+            for server in self.tools.failed:
+                await self.add_notice(
+                    f"MCP server {server.name} did not start: {server.error}", error=True
+                )
+            self.session.tools = self.tools.openai_tools() or None
+            if self.tools.by_name:
+                self.notify(f"{len(self.tools.by_name)} MCP tools ready: /tools lists them.")
+        finally:
+            self.tools_ready.set()
 
     # --- the conversation view --------------------------------------------------------------------
     @property
@@ -261,23 +288,50 @@ class ChatCore(Screen):
                 f"No reply: the model did not start ({self.load_error})", error=True
             )
             return
+        if not self.tools_ready.is_set():
+            view.set_meta("waiting for the MCP servers…" + STOP_HINT)
+            await self.tools_ready.wait()
         self.set_state(ChatState.GENERATING)
         try:
-            await self._write_reply(view)
+            await self._reply_and_tools(view)
         finally:
             self.set_state(ChatState.IDLE)
 
-    async def _write_reply(self, view: AssistantMessage) -> None:
+    async def _reply_and_tools(self, view: AssistantMessage) -> None:
+        """The reply; while it asks for MCP tools, the calls (each approved by the user) and the
+        reply to their results."""
+        for round_number in range(MAX_TOOL_ROUNDS + 1):
+            writer = await self._write_reply(view, follow_up=round_number > 0)
+            calls = writer.message.tool_calls if writer is not None else []
+            if not calls or self.tools is None or writer is None or writer.stopped or writer.error:
+                return
+            if round_number == MAX_TOOL_ROUNDS:
+                await self.add_notice(
+                    f"The model asked for tools {MAX_TOOL_ROUNDS} times in a row: its last calls "
+                    "were not run.",
+                    error=True,
+                )
+                return
+            if not await ToolRound(self, self.tools).run(calls):
+                await self.add_notice("Stopped at the tool call.")
+                return
+            view = AssistantMessage()
+            await self.messages_view.add(view)
+
+    async def _write_reply(
+        self, view: AssistantMessage, *, follow_up: bool = False
+    ) -> ReplyWriter | None:
+        """Write one reply into `view` (None: it could not start)."""
         try:
-            plan = await self.session.plan_turn()
+            plan = await self.session.plan_turn(follow_up=follow_up)
         except asyncio.CancelledError:
             await view.remove()
             await self.add_notice("Stopped before the first token.")
-            return
+            return None
         except LocalchatError as exc:
             await view.remove()
             await self.add_notice(f"Error: {exc.message}", error=True)
-            return
+            return None
         if plan.dropped:
             await self.messages_view.add(
                 Notice(
@@ -297,6 +351,7 @@ class ChatCore(Screen):
         elif writer.empty and writer.stopped:
             await self.add_notice("Stopped before the first token.")
         self.refresh_status(writer.stats)
+        return writer
 
     def _maybe_warn(self, context_used: float | None) -> None:
         conversation = self.session.conversation

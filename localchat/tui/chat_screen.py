@@ -262,6 +262,12 @@ class ChatScreen(ChatCore):
 
         self.app.push_screen(ModelPicker(choices, self.backend.model_name), apply)
 
+    def action_tools(self) -> None:
+        if self.tools is None:
+            self.notify("No tools: start the chat with --mcp servers.json.", severity="warning")
+            return
+        self.app.push_screen(TextScreen("MCP servers and tools", self.tools.listing()))
+
     def action_show_settings(self) -> None:
         session = self.session
         json_mode = session.json_mode.label if session.json_mode else None

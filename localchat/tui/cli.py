@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from localchat.cli_options import engine_options, stdin_is_tty
-from localchat.errors import EmptyPromptError
+from localchat.errors import EmptyPromptError, InvalidParameterError
+from localchat.tui.mcp_tools import DEFAULT_TIMEOUT_S, McpTools
 
 if TYPE_CHECKING:
     from localchat.tui.backends import ChatBackend
@@ -61,6 +62,19 @@ def chat(
         bool | None,
         typer.Option("--think/--no-think", help="Thinking models: pass enable_thinking"),
     ] = None,
+    mcp: Annotated[
+        str | None,
+        typer.Option(
+            "--mcp",
+            help="Offer the model the tools of the MCP servers in this JSON file (Claude "
+            'Desktop\'s shape: {"mcpServers": {"name": {"command": ..., "args": [...]} or '
+            '{"url": ...}}}); each call runs once you approve it',
+        ),
+    ] = None,
+    mcp_timeout: Annotated[
+        float,
+        typer.Option("--mcp-timeout", help="Seconds a tool call may take before it is stopped"),
+    ] = DEFAULT_TIMEOUT_S,
     engine_config=None,
 ) -> None:
     """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer
@@ -75,6 +89,7 @@ def chat(
     if max_tokens is not None:
         settings["max_tokens"] = max_tokens
     SamplingParams(**settings)  # a bad flag is reported before anything loads
+    tools = _mcp_tools(mcp, mcp_timeout)
     conversation = Conversation(system_prompt=system, settings=settings, think=think)
     backend: ChatBackend
     if url:
@@ -99,6 +114,22 @@ def chat(
             return
         from localchat.tui.app import ChatApp
 
-        ChatApp(backend, store, conversation=conversation, resume=resume).run()
+        ChatApp(backend, store, conversation=conversation, resume=resume, tools=tools).run()
     finally:
         store.close()
+
+
+def _mcp_tools(path: str | None, timeout: float) -> McpTools | None:
+    """The MCP servers of --mcp (none started yet); a bad file or flag fails here, in one line."""
+    if path is None:
+        return None
+    from localchat.tui.mcp_config import load_mcp_config
+
+    if not timeout > 0:
+        raise InvalidParameterError("--mcp-timeout must be a positive number of seconds")
+    specs = load_mcp_config(path)  # before anything loads
+    if not stdin_is_tty():
+        raise InvalidParameterError(
+            "--mcp needs the terminal chat: each tool call waits for your approval"
+        )
+    return McpTools(specs, timeout=timeout)

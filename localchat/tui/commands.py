@@ -90,6 +90,13 @@ COMMANDS: tuple[Command, ...] = (
         aliases=("models",),
     ),
     Command(
+        "tools",
+        "Tools",
+        "List the MCP servers of --mcp, their tools, and which run without asking",
+        "tools",
+        aliases=("mcp",),
+    ),
+    Command(
         "show", "Show settings", "Show the current settings", "show_settings", aliases=("info",)
     ),
     Command(

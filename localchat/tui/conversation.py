@@ -61,10 +61,14 @@ class Conversation:
     json_mode: JsonMode | None = None
 
     def template_messages(self, first: int = 0, end: int | None = None) -> list[dict]:
-        """What goes into the chat template: the system prompt, then messages[first:end] (answers
-        only)."""
+        """What goes into the chat template, in OpenAI's wire shape: the system prompt, then
+        messages[first:end] (answers only, without their thinking); a reply's tool calls go with it
+        where their results do (the calls of a reply that no tool answered stay out: an API would
+        refuse them)."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return head + [{"role": m.role, "content": m.content} for m in self.messages[first:end]]
+        messages = self.messages[first:end]
+        answered = {m.meta.get("tool_call_id") for m in messages if m.role == "tool"}
+        return head + [_wire_message(m, answered) for m in messages]
 
     def chat_template_kwargs(self) -> dict | None:
         return None if self.think is None else {"enable_thinking": self.think}
@@ -94,6 +98,11 @@ class Conversation:
         if self.system_prompt:
             lines += ["**System:**", "", self.system_prompt, ""]
         for message in self.messages:
+            if message.role == "tool":
+                meta = message.meta
+                heading = f"## Tool result: {meta.get('name') or '?'} ({meta.get('status')})"
+                lines += [heading, "", "```", message.content, "```", ""]
+                continue
             lines += [f"## {'You' if message.role == 'user' else 'Assistant'}", ""]
             if message.thinking:
                 lines += [
@@ -110,6 +119,23 @@ class Conversation:
             if message.stopped:
                 lines += ["*(stopped)*", ""]
         return "\n".join(lines)
+
+
+def _wire_message(message: StoredMessage, answered: set) -> dict:
+    wire: dict = {"role": message.role, "content": message.content}
+    if message.role == "tool":
+        wire["tool_call_id"] = message.meta.get("tool_call_id") or ""
+    calls = [call for call in message.tool_calls if call.get("id") in answered]
+    if calls:
+        wire["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call.get("arguments") or "{}"},
+            }
+            for call in calls
+        ]
+    return wire
 
 
 class ToolCallFold:

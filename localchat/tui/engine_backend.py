@@ -12,8 +12,12 @@ from localchat.config import EngineConfig
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.model_source import resolve_model
 from localchat.engine.sampling_params import SamplingParams
-from localchat.harmony import harmony_stop_ids
-from localchat.reasoning import HARMONY, new_splitter, reasoning_parser_for, reply_thinking
+from localchat.errors import InvalidParameterError
+from localchat.harmony import HarmonySplitter, harmony_stop_ids
+from localchat.reasoning import HARMONY, new_splitter, reply_thinking
+from localchat.server.chat_reply import ReplyParser
+from localchat.server.tool_parsers import ToolParser, chat_parsers
+from localchat.server.tools import ToolPlan
 from localchat.tui.backends import (
     BackendStats,
     ChatBackend,
@@ -21,6 +25,7 @@ from localchat.tui.backends import (
     ReplyDelta,
     ReplyTimer,
 )
+from localchat.tui.reply_tools import client_deltas, tool_plan, wire_to_template
 from localchat.tui.thinking import OPEN, ThinkSplitter
 
 # The engine hands a reply's tokens over at most this often (the first and the last at once): the
@@ -49,8 +54,10 @@ class EngineBackend(ChatBackend):
 
             self.model_name = DEFAULT_MODEL_NAME
         self.description = "in-process engine"
-        # harmony for gpt-oss's template, qwen3 when the chat template has <think> (as serve)
+        # harmony for gpt-oss's template, qwen3 when the chat template has <think> (as serve);
+        # the tool-call format the template implies (Hermes when it says nothing), as serve's
         self.reasoning: str | None = None
+        self.tool_parser: ToolParser | None = None
 
     def _progress(self, message: str) -> None:  # called from the engine thread while loading
         if self._on_progress is not None and self._loop is not None:
@@ -63,13 +70,22 @@ class EngineBackend(ChatBackend):
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
         template = self.engine.chat_template
-        self.reasoning = reasoning_parser_for(None, template.source if template else None)
+        self.tool_parser, self.reasoning = chat_parsers(
+            None, None, template.source if template else None
+        )
+
+    def _tool_plan(self, request: ChatRequest) -> ToolPlan:
+        """What the request's tools make of this reply (as serve plans it): the tools the template
+        shows, whether the reply is parsed for calls, and the grammar of a forced call."""
+        assert self.tool_parser is not None, "start() first"
+        return tool_plan(request, self.tool_parser, self._special_token_id)
 
     def prompt_token_ids(self, request: ChatRequest) -> list[int]:
         return self.engine.render_chat(
-            request.messages,
+            wire_to_template(request.messages),
             chat_template_kwargs=request.chat_template_kwargs,
             add_generation_prompt=True,
+            tools=self._tool_plan(request).template_tools,
         )
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int:
@@ -82,6 +98,8 @@ class EngineBackend(ChatBackend):
         token_ids = self.prompt_token_ids(request)
         tail = self.engine.detokenize(token_ids[-8:], skip_special_tokens=False)
         params = SamplingParams(**request.sampling, grammar=self._grammar(request, tail))
+        tools = self.tool_parser if self._tool_plan(request).parse else None
+        splitter: ThinkSplitter | HarmonySplitter
         if self.reasoning == HARMONY:  # gpt-oss: the reply's channels are its special tokens
             splitter = new_splitter(HARMONY, tail)
             params.skip_special_tokens = False
@@ -90,41 +108,48 @@ class EngineBackend(ChatBackend):
             )
         else:
             splitter = ThinkSplitter(in_thinking=tail.rstrip().endswith(OPEN))
+            if tools is not None and not tools.skip_special_tokens:
+                params.skip_special_tokens = False  # the call marker is a special token
+        parser = ReplyParser(splitter, tools)  # the thinking, the answer and the calls, as serve's
         timer = ReplyTimer()
         stream = await self.engine.add_request(token_ids, params, stream_interval=STREAM_INTERVAL_S)
         try:
             async for output in stream:
                 piece = output.outputs[0]
                 timer.add(len(piece.token_ids))
-                thinking, text = splitter.feed(piece.text)
-                if piece.finish_reason is not None:
-                    rest = splitter.flush()
-                    thinking, text = thinking + rest[0], text + rest[1]
+                reply = parser.feed(piece.text, final=piece.finish_reason is not None)
                 ttft = timer.ttft
                 metrics = output.metrics
                 if metrics is not None and metrics.first_token_time is not None:
                     ttft = metrics.first_token_time - metrics.arrival_time
                 yield ReplyDelta(
-                    text,
-                    thinking,
-                    piece.finish_reason,
+                    reply.content,
+                    reply.reasoning,
+                    parser.finish_reason(piece.finish_reason),
                     timer.tokens,
                     len(output.prompt_token_ids),
                     output.num_cached_tokens,
                     ttft,
                     timer.tokens_per_s,
+                    client_deltas(reply.calls),
                 )
         finally:
             await stream.aclose()
 
     def _grammar(self, request: ChatRequest, prompt_tail: str) -> str | None:
-        """The /json grammar, applied after the reply's thinking (which stays free) when the
-        template thinks, as `serve` does."""
-        if request.json_mode is None:
+        """The /json grammar or the grammar of a forced tool call, applied after the reply's
+        thinking (which stays free) when the template thinks, as `serve` does (a harmony call's
+        grammar is the whole reply already)."""
+        tool_grammar = self._tool_plan(request).grammar
+        if request.json_mode is not None and tool_grammar is not None:
+            raise InvalidParameterError(
+                "/json cannot be combined with a forced tool call", param="json"
+            )
+        grammar = request.json_mode.grammar if request.json_mode is not None else tool_grammar
+        if grammar is None:
             return None
-        grammar = request.json_mode.grammar
         thinking = reply_thinking(self.reasoning, prompt_tail)
-        if thinking is not None:
+        if thinking is not None and not (thinking == HARMONY and tool_grammar is not None):
             from localchat.server.structured import after_reasoning
 
             grammar = after_reasoning(grammar, thinking, self._special_token_id)

@@ -28,9 +28,9 @@ class ServerError(LocalchatError):
 
 
 def sampling_body(request: ChatRequest) -> dict:
-    """The request's sampling settings, template kwargs and JSON mode as chat-completions fields;
-    vLLM's extensions (top_k, repetition_penalty, chat_template_kwargs) are sent only when they
-    differ from the defaults."""
+    """The request's sampling settings, template kwargs, JSON mode and tools as chat-completions
+    fields; vLLM's extensions (top_k, repetition_penalty, chat_template_kwargs) are sent only when
+    they differ from the defaults."""
     sampling = request.sampling
     body = {"temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0)}
     if sampling.get("max_tokens") is not None:
@@ -45,6 +45,10 @@ def sampling_body(request: ChatRequest) -> dict:
         body["chat_template_kwargs"] = request.chat_template_kwargs
     if request.json_mode is not None:
         body["response_format"] = request.json_mode.response_format
+    if request.tools:
+        body["tools"] = request.tools
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice
     return body
 
 
@@ -96,6 +100,8 @@ class OpenAIBackend(ChatBackend):
         extra: dict[str, Any] = {}
         if request.chat_template_kwargs:
             extra["chat_template_kwargs"] = request.chat_template_kwargs
+        if request.tools:
+            extra["tools"] = request.tools
         try:
             answer = await self.client.tokenize(
                 messages=request.messages,

@@ -4,13 +4,13 @@ in a file (json_schema), for the in-process engine (an llguidance grammar) and f
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from localchat.errors import InvalidParameterError
+from localchat.tui.json_files import read_json_file
 
 OFF_WORDS = ("off", "none", "no", "false", "0")
 
@@ -50,22 +50,7 @@ def _schema_name(path: Path) -> str:
 
 
 def _read_schema(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidParameterError(f"/json: there is no file {path}", param="json") from None
-    except IsADirectoryError:
-        raise InvalidParameterError(f"/json: {path} is a directory", param="json") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InvalidParameterError(f"/json: cannot read {path}: {reason}", param="json") from None
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidParameterError(
-            f"/json: {path} is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
-            param="json",
-        ) from None
+    schema = read_json_file(path, "/json", "json")
     if not isinstance(schema, dict):
         raise InvalidParameterError(
             f"/json: {path} holds a JSON {type(schema).__name__}, not a schema object",

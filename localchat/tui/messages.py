@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import ScrollableContainer, Vertical, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 
 from localchat.tui.conversation import StoredMessage, tool_call_line
 from localchat.tui.session import reply_meta_text
+from localchat.tui.tool_views import ToolCallView
 
 # What the line under a reply says while the reply can still be stopped (Esc is not in the footer:
 # see chat_screen's _FOOTER)
@@ -230,6 +232,14 @@ class AssistantMessage(Vertical):
         self.meta.update(self._meta_text(message))
 
 
+def _message_widget(message: StoredMessage, position: int) -> Widget:
+    if message.role == "user":
+        return UserMessage(message.content, position)
+    if message.role == "tool":
+        return ToolCallView.of_result(message)
+    return AssistantMessage(message)
+
+
 class ConversationView(VerticalScroll):
     """The scrolling conversation. Anchored: it follows a streaming reply until the user scrolls up,
     and every new message brings it back to the bottom."""
@@ -237,10 +247,7 @@ class ConversationView(VerticalScroll):
     async def show(self, messages: list[StoredMessage], welcome: str) -> None:
         """Show a whole conversation (or the welcome text when it is empty), from scratch."""
         await self.remove_children()
-        widgets = [
-            UserMessage(m.content, i) if m.role == "user" else AssistantMessage(m)
-            for i, m in enumerate(messages)
-        ]
+        widgets = [_message_widget(m, i) for i, m in enumerate(messages)]
         await self.mount_all(widgets or [Static(welcome, id="welcome", markup=False)])
         self.scroll_end(animate=False, immediate=True)
         self.anchor()

@@ -48,6 +48,12 @@ class ChatSession:
         self.conversation = conversation or Conversation()
         self.context_start = 0
         self.prompt_tokens: int | None = None
+        # the MCP tools the model may call (OpenAI-style `tools`; None: no --mcp), and the
+        # tool_choice of the first reply to each message (the replies that follow tool results
+        # are "auto": a forced call there would never end the turn). Only tests force a call, to
+        # make the tiny default model's reply a well-formed one.
+        self.tools: list[dict] | None = None
+        self.tool_choice: str | dict = "auto"
 
     @property
     def json_mode(self) -> JsonMode | None:
@@ -90,6 +96,13 @@ class ChatSession:
         self.save_message(len(conversation.messages) - 1)
         return conversation.messages[-1]
 
+    def add_tool_result(self, text: str, meta: dict) -> StoredMessage:
+        """A `tool` message: what a call came to, as the model reads it (`meta`: its
+        tool_call_id, the tool's name and arguments, the server, the status)."""
+        self.conversation.messages.append(StoredMessage("tool", text, meta=meta))
+        self.save_message(len(self.conversation.messages) - 1)
+        return self.conversation.messages[-1]
+
     def add_reply(self, message: StoredMessage) -> int:
         self.conversation.messages.append(message)
         return len(self.conversation.messages) - 1
@@ -103,11 +116,12 @@ class ChatSession:
         self.context_start = min(self.context_start, position)
 
     def drop_last_reply(self) -> bool:
-        """Remove the last reply (to regenerate it); True when the history now ends with a user
-        message."""
+        """Remove the last reply, with the tool calls and results that led to it (to regenerate
+        it); True when the history now ends with a user message."""
         messages = self.conversation.messages
-        if messages and messages[-1].role == "assistant":
-            self.remove_from(len(messages) - 1)
+        users = self.conversation.user_indices()
+        if users and users[-1] < len(messages) - 1:
+            self.remove_from(users[-1] + 1)
         return bool(messages) and messages[-1].role == "user"
 
     def clear(self) -> None:
@@ -141,26 +155,31 @@ class ChatSession:
         self.save_settings()
 
     # --- the next turn ----------------------------------------------------------------------------
-    def request(self, start: int | None = None, end: int | None = None) -> ChatRequest:
+    def request(
+        self, start: int | None = None, end: int | None = None, *, follow_up: bool = False
+    ) -> ChatRequest:
         """The history messages[start:end] (start: where the part that still fits begins) as a
-        request."""
+        request; `follow_up`: the reply after tool results."""
         conversation = self.conversation
         start = self.context_start if start is None else start
+        choice = None if follow_up or self.tool_choice == "auto" else self.tool_choice
         return ChatRequest(
             conversation.template_messages(start, end),
             dict(conversation.settings),
             conversation.chat_template_kwargs(),
             self.json_mode,
+            self.tools or None,
+            choice if self.tools else None,
         )
 
-    async def plan_turn(self) -> TurnPlan:
+    async def plan_turn(self, *, follow_up: bool = False) -> TurnPlan:
         """The request for a reply to the history, leaving out the oldest turns that no longer
-        fit."""
+        fit (`follow_up`: the reply to tool results)."""
         limit = self.backend.max_model_len
         max_tokens = self.conversation.settings.get("max_tokens")
         start = self.context_start
         while True:
-            request = self.request(start)
+            request = self.request(start, follow_up=follow_up)
             prompt_tokens = await self.backend.count_prompt_tokens(request)
             if prompt_tokens is None or limit is None:
                 break

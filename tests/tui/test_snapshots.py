@@ -62,3 +62,27 @@ def test_conversation_with_code_block(snap_compare):
         await steady_cursor(pilot)
 
     assert snap_compare(make_app([CODE_REPLY]), terminal_size=SIZE, run_before=chat)
+
+
+def test_tool_call_waiting_for_approval(snap_compare):
+    """A reply that calls an MCP tool (the test server's `add`): the call in the conversation,
+    and the question over it."""
+    from .mcp_helpers import ToolCallingBackend, ask, mcp_tools, question, tools_ready
+
+    backend = ToolCallingBackend({"add": {"a": 2, "b": 3}})
+    app = ChatApp(backend, ConversationStore(None), tools=mcp_tools())
+
+    async def call(pilot):
+        await loaded(pilot)
+        await tools_ready(pilot)
+        await ask(pilot, "What is 2 + 3?", "add")
+        await question(pilot)
+        pilot.app.clear_notifications()  # "4 MCP tools ready": a toast would come and go
+        await wait_until(
+            pilot,
+            lambda: not any(s.query("Toast") for s in pilot.app.screen_stack),
+            what="the toasts to go",
+        )
+        await steady_cursor(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=call)
