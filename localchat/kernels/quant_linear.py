@@ -228,12 +228,16 @@ FUSE_MAX_BYTES = 32 << 20
 
 
 def fuse(parts: Sequence[PackedWeight]) -> QuantWeight:
-    """One PackedWeight with the parts' rows stacked, when their layouts allow it and they are
-    small; otherwise a tuple."""
+    """One PackedWeight with the parts' rows stacked, when their layouts allow it, they are small
+    and none is read in the file's blocks; otherwise a tuple."""
     first = parts[0]
     if len(parts) == 1:
         return first
     if sum(p.nbytes for p in parts) > FUSE_MAX_BYTES:
+        return tuple(parts)
+    if any(p.layout in FILE_BLOCKS for p in parts):
+        # the file's own blocks, read in its memory map: stacking would copy them into memory (a
+        # MoE model's thousands of small experts: most of the file)
         return tuple(parts)
     # interleaved parts stack as they are when each is whole blocks of rows; otherwise row-major
     interleaved = all(p.interleaved and p.shape[0] % ROWS_PER_BLOCK == 0 for p in parts)

@@ -76,3 +76,33 @@ def test_experts_belong_to_the_moe_architecture():
         ModelShape("x", "qwen3moe", 256, 2, 4, 2, 512)
     with pytest.raises(InvalidParameterError, match="num_experts_per_tok"):
         ModelShape("x", "qwen3moe", 256, 2, 4, 2, 512, num_experts=8, num_experts_per_tok=9)
+
+
+def test_a_loaded_moe_files_experts_stay_in_its_memory_map(tmp_path, monkeypatch):
+    """Every expert's weights are read in the GGUF's own blocks, from its memory map: none is
+    copied into memory (a Qwen3-30B-A3B's experts are most of its 18 GB; fusing each expert's gate
+    and up once copied them all, and the load took 11 GB more and 30 times as long)."""
+    from localchat import LLM
+    from localchat.engine.models.moe import SparseMoE
+    from localchat.kernels.packed_weight import FILE_BLOCKS
+    from tests.cpu.test_file_blocks import _mapped_file
+
+    monkeypatch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    shape = ModelShape(
+        "tiny-moe", "qwen3moe", 256, 2, 4, 2, 512, head_dim=64, explicit_head_dim=True,
+        num_experts=8, num_experts_per_tok=2, expert_intermediate_size=256,
+    )  # fmt: skip
+    path = write_random_gguf(tmp_path / "moe.gguf", shape, "q4_k_m", seed=3)
+    model = LLM(str(path), max_model_len=128).engine.runner.model
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    assert len(blocks) == 2
+    parts = [
+        part
+        for block in blocks
+        for expert in block.experts
+        for weight in (expert.gate_up_weight, expert.down_weight)
+        for part in (weight if isinstance(weight, tuple) else (weight,))
+    ]
+    assert len(parts) == 2 * 8 * 3  # gate and up stay apart: stacked, they would be a copy
+    assert all(part.layout in FILE_BLOCKS for part in parts)
+    assert all(_mapped_file(part.qweight.data_ptr()) == str(path) for part in parts)
