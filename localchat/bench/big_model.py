@@ -114,13 +114,34 @@ def _warm_page_cache(path: Path) -> None:
             pass
 
 
-def _prime_memory(nbytes: int) -> None:
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none: not Linux)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _prime_memory(nbytes: int, keep: int) -> None:
     """Touch `nbytes` of fresh memory and free it, right before each system starts, so both start
-    alike. Before this the second system always started right after the first had freed its
+    alike; at most what the machine has available beyond `keep` bytes (the model file's pages in
+    the page cache, which priming must not evict, nor run out of memory: on the C5 file, 18 GB of
+    24, the first system's child and the priming together were killed for memory).
+
+    Without it the second system always started right after the first had freed its
     memory, and on a VM whose memory balloon hands free memory back to the host that matters: on
     the 8B file (2026-12-05) llama.cpp loaded in 2.9-3.7 s right after localchat, 4.8 s after 30 s
     idle and 5.8-8.8 s after a minute or more. Priming does not make either fast (the host's state
     moves loads by 2-4x within minutes); it gives both the same start."""
+    available = _available_memory()
+    if available is not None:
+        nbytes = min(nbytes, available - keep - (1 << 30))
+    if nbytes <= 0:
+        return
     try:
         block = np.empty(nbytes, dtype=np.uint8)
     except MemoryError:  # the system's own allocation then says what is wrong
@@ -198,7 +219,8 @@ def run_big_model(
             with progress.status(
                 show_progress, f"{system}: loading {path.name} in its own process ..."
             ):
-                _prime_memory(path.stat().st_size + engine_config.kv_cache_memory + PRIME_EXTRA)
+                size = path.stat().st_size
+                _prime_memory(size + engine_config.kv_cache_memory + PRIME_EXTRA, keep=size)
                 children[system].start()
         for index, requests in enumerate(rounds_requests):
             order = systems if index % 2 == 0 else systems[::-1]
