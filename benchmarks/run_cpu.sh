@@ -7,6 +7,7 @@
 # Every run writes a --json file (figures, machine, versions, exact command) into OUT_DIR; the tables
 # print to the terminal and to OUT_DIR/*.txt. Set PEERS=hf to skip llama.cpp (needs llama-cpp-python:
 # pip install 'localchat[llama-cpp]'); set THREADS to pin torch/llama.cpp threads (default 2, as DESIGN.md).
+# S1_ENDPOINTS picks S1's endpoints (default "completions messages responses").
 # EXTRA adds flags to every bench (a quick smoke run: EXTRA="--input-len 16:32 --output-len 20").
 set -euo pipefail
 
@@ -36,10 +37,15 @@ run c2 --workload c2 --threads "$THREADS" --compare "$PEERS"
 run c3 --workload c3 --threads "$THREADS" --compare "$PEERS"
 
 # S1: the same C2 mix through the server, at concurrency 1, 8 and 32, against the offline C2 figure
-# (a fresh server for each level).
-for c in 1 8 32; do
-  start_server "$OUT/s1-c$c-serve.log" --threads "$THREADS"
-  run "s1-c$c" --workload c2 --url "http://127.0.0.1:$PORT" --concurrency "$c" --baseline "$OUT/c2.json"
-  stop_server
+# (a fresh server for each level), through each endpoint of S1_ENDPOINTS (default: all three;
+# messages and responses send the prompts as text, see docs/benchmarks.md).
+for endpoint in ${S1_ENDPOINTS:-completions messages responses}; do
+  name=s1; [[ $endpoint == completions ]] || name=s1-$endpoint
+  for c in 1 8 32; do
+    start_server "$OUT/$name-c$c-serve.log" --threads "$THREADS"
+    run "$name-c$c" --workload c2 --url "http://127.0.0.1:$PORT" --endpoint "$endpoint" \
+      --concurrency "$c" --baseline "$OUT/c2.json"
+    stop_server
+  done
 done
 echo "results in $OUT"

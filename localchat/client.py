@@ -509,6 +509,21 @@ class AsyncClient(_Base):
     async def _complete(self, path: str, body: dict) -> Completion:
         return _completion(await self._call("POST", path, json=body))
 
+    async def events(self, path: str, body: dict) -> AsyncIterator[dict]:
+        """The JSON data of each server-sent event of a streamed POST to `path` (e.g. Anthropic's
+        /v1/messages or OpenAI's /v1/responses, whose streams end without a [DONE] marker)."""
+        with self._reaching():
+            async with self._http.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error(response)
+                async for line in response.aiter_lines():
+                    chunk = sse_chunk(line)
+                    if isinstance(chunk, dict):
+                        yield chunk
+                    elif chunk is not None:  # [DONE]
+                        return
+
     async def _stream(self, path: str, body: dict) -> AsyncIterator[Delta]:
         with self._reaching():
             async with self._http.stream("POST", path, json=body) as response:

@@ -140,6 +140,16 @@ def bench(
             "instead of the in-process engine",
         ),
     ] = None,
+    endpoint: Annotated[
+        str,
+        option(
+            _O,
+            "--endpoint",
+            help="What the requests stream through: completions (token ids, ignore_eos), "
+            "messages (Anthropic's /v1/messages) or responses (OpenAI's /v1/responses); "
+            "these two send the prompt as text and count the tokens the server reports",
+        ),
+    ] = "completions",
     concurrency: Annotated[
         int | None, option(_O, "--concurrency", help="Most requests in flight (default: all)")
     ] = None,
@@ -239,6 +249,10 @@ def bench(
             f"--hf-batch-size must be >= 1, got {hf_batch_size}", param="hf_batch_size"
         )
     workload_info = {**dataclasses.asdict(chosen), "seed": engine_config.seed}
+    if url is None and endpoint != "completions":
+        raise InvalidParameterError(
+            "--endpoint picks a server's endpoint: add --url", param="endpoint"
+        )
     config = _apply_workload_model(engine_config, chosen, online=url is not None)
     if url is not None:
         if peers:
@@ -254,12 +268,14 @@ def bench(
             model=served_model_name,
             api_key=api_key,
             timeout=timeout,
+            endpoint=endpoint,
         )
         outcome = run_online_bench(
             config, chosen, options, baseline=baseline, show_progress=show_progress
         )
         workload_info.update(
             url=url,
+            endpoint=endpoint,
             concurrency=concurrency,
             request_rate=None if math.isinf(request_rate) else request_rate,
         )

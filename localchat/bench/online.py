@@ -1,11 +1,13 @@
-"""Online mode: the workload against any OpenAI-compatible server over streaming /v1/completions.
+"""Online mode: the workload against any OpenAI-compatible server over streaming /v1/completions
+(or, with `endpoint`, Anthropic's /v1/messages or OpenAI's /v1/responses: `online_text`).
 
 Like `vllm bench serve`: requests are released at a Poisson rate (or all at once), at most
 `concurrency` in flight; TTFT is the time to the first streamed chunk, ITL the gaps between chunks,
 TPOT (latency - TTFT) / (output tokens - 1) with the token count from the final usage chunk
 (`stream_options.include_usage`), or the chunk count when a server sends no usage. Prompts go as
 token ids with `ignore_eos`, greedy, so each request produces exactly its requested number of
-tokens.
+tokens. The text endpoints take the prompt as text and have no `ignore_eos`: their token counts
+are the server's (see `online_text`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ from dataclasses import dataclass
 
 import httpx
 
+from localchat.bench import online_messages, online_responses
 from localchat.bench.offline import Advance, _noop
+from localchat.bench.online_text import TextProtocol, send_text
 from localchat.bench.records import RequestRecord, RunResult
 from localchat.bench.workloads import BenchRequest
 from localchat.client import APIError, AsyncClient
 from localchat.errors import LocalchatError
+
+# the text endpoints, by their --endpoint name; "completions" is /v1/completions with token ids
+TEXT_ENDPOINTS: dict[str, TextProtocol] = {
+    "messages": online_messages.PROTOCOL,
+    "responses": online_responses.PROTOCOL,
+}
+ENDPOINTS = ("completions", *TEXT_ENDPOINTS)
 
 
 @dataclass(frozen=True)
@@ -36,12 +47,23 @@ class OnlineOptions:
     model: str | None = None  # the model to name (None: the server's first in /v1/models)
     api_key: str | None = None
     timeout: float = 600.0  # seconds to wait for any one read
+    endpoint: str = "completions"  # one of ENDPOINTS
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
             raise LocalchatError(f"--concurrency must be >= 1, got {self.concurrency}")
         if not self.request_rate > 0:
             raise LocalchatError(f"--request-rate must be > 0 (or inf), got {self.request_rate}")
+        if self.endpoint not in ENDPOINTS:
+            raise LocalchatError(
+                f"--endpoint must be one of {', '.join(ENDPOINTS)}, got {self.endpoint!r}"
+            )
+
+    @property
+    def path(self) -> str:
+        """Where the requests go, under the server's root."""
+        text = TEXT_ENDPOINTS.get(self.endpoint)
+        return text.path if text else "/v1/completions"
 
     def describe(self) -> str:
         mode = f"concurrency {self.concurrency}" if self.concurrency else "unbounded concurrency"
@@ -63,10 +85,19 @@ async def served_model(client: AsyncClient) -> str:
 
 
 async def _send(
-    client: AsyncClient, request: BenchRequest, record: RequestRecord, advance: Advance
+    client: AsyncClient,
+    endpoint: str,
+    request: BenchRequest,
+    record: RequestRecord,
+    advance: Advance,
 ) -> None:
     """One streamed request; every chunk's arrival is timed into `record`, a failure kept in
     `record.error`."""
+    if (text := TEXT_ENDPOINTS.get(endpoint)) is not None:
+        if request.prompt_text is None:
+            raise LocalchatError(f"--endpoint {endpoint} needs the prompts as text")
+        await send_text(client, text, request.prompt_text, request.output_len, record, advance)
+        return
     record.start = time.perf_counter()
     try:
         async for delta in client.complete(
@@ -105,24 +136,29 @@ async def _run(
         timeout=httpx.Timeout(options.timeout, connect=10.0),
         limits=limits,
     ) as client:
-        base = client.base_url
         client.model = options.model or await served_model(client)
         # one short request first (as vllm bench serve does): fails fast on a wrong URL, warms the
         # server
         probe = RequestRecord(1, 2)
-        await _send(client, BenchRequest(requests[0].prompt_token_ids[:8], 2), probe, _noop)
+        first = requests[0]
+        short = BenchRequest(
+            first.prompt_token_ids[:8], 2, first.prompt_text and first.prompt_text[:32]
+        )
+        await _send(client, options.endpoint, short, probe, _noop)
         if probe.error:
-            raise LocalchatError(f"the test request to {base}/completions failed: {probe.error}")
+            raise LocalchatError(
+                f"the test request to {client.root_url}{options.path} failed: {probe.error}"
+            )
         records = [RequestRecord(len(r.prompt_token_ids), r.output_len) for r in requests]
         gate = asyncio.Semaphore(concurrency) if concurrency else None
         rng = random.Random(seed)
 
         async def one(request: BenchRequest, record: RequestRecord) -> None:
             if gate is None:
-                await _send(client, request, record, advance)
+                await _send(client, options.endpoint, request, record, advance)
                 return
             async with gate:
-                await _send(client, request, record, advance)
+                await _send(client, options.endpoint, request, record, advance)
 
         start = time.perf_counter()
         tasks = []
@@ -132,7 +168,7 @@ async def _run(
             tasks.append(asyncio.create_task(one(request, record)))
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    label = f"{client.model} @ {base} ({options.describe()})"
+    label = f"{client.model} @ {client.root_url}{options.path} ({options.describe()})"
     return RunResult("server", label, records, duration)
 
 

@@ -7,9 +7,10 @@ held.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localchat.bench import progress
 from localchat.bench.records import RunResult, figures, ratio
@@ -41,7 +42,9 @@ class BenchOutcome:
     ratios: dict[str, float | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def add(self, column: str, result: RunResult, kind: str) -> dict:
+    def add(self, column: str, result: RunResult, kind: str, why_short: str | None = None) -> dict:
+        """`why_short`: why the output may fall short of the requested tokens (a text endpoint
+        without ignore_eos), for the note."""
         fig = {"label": result.label, **figures(result, kind)}
         self.results[column] = fig
         self.notes.extend(result.notes)
@@ -49,7 +52,7 @@ class BenchOutcome:
             self.notes.append(
                 f"{column}: {fig['output_tokens']} output tokens for "
                 f"{fig['requested_output_tokens']} requested "
-                "(does it honour ignore_eos / max_tokens?)"
+                f"({why_short or 'does it honour ignore_eos / max_tokens?'})"
             )
         return fig
 
@@ -183,17 +186,17 @@ def _run_peer(
         )
 
 
-def _online_vocabulary(config) -> tuple[str, list[int]]:
-    """MODEL's name and the token ids random prompts may use, from its tokenizer (or, without one,
-    its config's vocab_size, as the offline run does), without loading any weights."""
+def _online_vocabulary(config) -> tuple[str, list[int], Any]:
+    """MODEL's name, the token ids random prompts may use and its tokenizer (or, without one, None
+    and its config's vocab_size, as the offline run does), without loading any weights."""
     from localchat.engine.loader import load_hf_config, load_tokenizer, model_files
     from localchat.engine.model_source import resolve_model
 
     files = model_files(resolve_model(config.model))
     if config.tokenizer is None and not files.has_tokenizer:
-        return files.source.name, allowed_token_ids(load_hf_config(files).vocab_size)
+        return files.source.name, allowed_token_ids(load_hf_config(files).vocab_size), None
     tokenizer = load_tokenizer(config.tokenizer or files.directory)
-    return files.source.name, allowed_token_ids(len(tokenizer), tokenizer)
+    return files.source.name, allowed_token_ids(len(tokenizer), tokenizer), tokenizer
 
 
 def run_online_bench(
@@ -204,20 +207,32 @@ def run_online_bench(
     baseline: str | None,
     show_progress: bool,
 ) -> BenchOutcome:
-    from localchat.bench.online import run_online
+    from localchat.bench.online import TEXT_ENDPOINTS, run_online
     from localchat.bench.report import load_baseline
     from localchat.errors import InvalidParameterError
 
     if workload.kind == "chat":
         raise InvalidParameterError("the chat workload (c3) runs offline only", param="workload")
     baseline_fig = load_baseline(baseline) if baseline else None
-    name, token_ids = _online_vocabulary(config)
+    name, token_ids, tokenizer = _online_vocabulary(config)
     requests = random_requests(workload, token_ids, config.seed)
+    text = TEXT_ENDPOINTS.get(options.endpoint)
+    if text is not None:  # the same random ids, decoded: the server re-tokenises them
+        if tokenizer is None:
+            raise InvalidParameterError(
+                f"--endpoint {options.endpoint} sends the prompts as text: MODEL needs a tokenizer",
+                param="endpoint",
+            )
+        requests = [
+            dataclasses.replace(r, prompt_text=tokenizer.decode(r.prompt_token_ids))
+            for r in requests
+        ]
     total = sum(r.output_len for r in requests)
     outcome = BenchOutcome(options.model or name)
     with progress.token_progress(show_progress, "server", total) as advance:
         result = run_online(options, requests, seed=config.seed, advance=advance)
-    server = outcome.add("server", result, workload.kind)
+    why_short = f"{text.path} has no ignore_eos: replies end at end-of-sequence" if text else None
+    server = outcome.add("server", result, workload.kind, why_short)
     if baseline_fig is not None:
         column, fig = baseline_fig
         outcome.results[column] = fig

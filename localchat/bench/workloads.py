@@ -180,6 +180,7 @@ def select_workload(
 class BenchRequest:
     prompt_token_ids: list[int]
     output_len: int
+    prompt_text: str | None = None  # the ids decoded, for online mode's text endpoints
 
 
 def allowed_token_ids(vocab_size: int, tokenizer=None) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from tests.bench.conftest import API_KEY, TINY_MIX, check_figures, run_bench
@@ -154,3 +155,48 @@ def test_online_wrong_key_is_a_clear_error(bench_server):
     )
     assert result.exit_code == 2
     assert "error:" in result.output
+
+
+def _token_counters(base_url: str) -> tuple[float, float]:
+    """The server's prompt and generated tokens so far, from /metrics."""
+    samples = {}
+    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples["localchat_prompt_tokens_total"], samples["localchat_generation_tokens_total"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "path"), [("messages", "/v1/messages"), ("responses", "/v1/responses")]
+)
+def test_online_text_endpoints_count_the_servers_tokens(bench_server, endpoint, path, tmp_path):
+    """--endpoint messages / responses: the prompts go as text, the token counts are the usage the
+    server reports, which its own counters confirm (less the one short test request first)."""
+    json_path = tmp_path / f"{endpoint}.json"
+    prompt_before, generated_before = _token_counters(bench_server)
+    run_bench(
+        "--url",
+        bench_server,
+        "--api-key",
+        API_KEY,
+        "--endpoint",
+        endpoint,
+        *TINY_MIX,
+        "--concurrency",
+        "2",
+        "--json",
+        str(json_path),
+    )
+    prompt_after, generated_after = _token_counters(bench_server)
+    payload = json.loads(json_path.read_text())
+    assert payload["workload"]["endpoint"] == endpoint
+    fig = payload["results"]["server"]
+    assert path in fig["label"]
+    assert (fig["requests"], fig["completed"], fig["failures"]) == (4, 4, 0)
+    # no ignore_eos on these endpoints: at most the requested tokens, at least one each
+    assert 4 <= fig["output_tokens"] <= fig["requested_output_tokens"]
+    # the test request generated 1 or 2 tokens and read a short prompt in its chat template
+    assert 1 <= generated_after - generated_before - fig["output_tokens"] <= 2
+    assert 0 < prompt_after - prompt_before - fig["prompt_tokens"] < 100
+    assert fig["ttft_ms"]["p50"] > 0 and fig["output_throughput"] > 0

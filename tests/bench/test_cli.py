@@ -103,9 +103,59 @@ def test_online_masks_the_api_key(monkeypatch, tmp_path):
         (["--hf-batch-size", "0"], "--hf-batch-size must be >= 1"),
         (["--url", "http://x:1", "--concurrency", "0"], "--concurrency must be >= 1"),
         (["--url", "http://x:1", "--request-rate", "0"], "--request-rate must be > 0"),
+        (["--url", "http://x:1", "--endpoint", "chat"], "--endpoint must be one of"),
+        (["--endpoint", "messages"], "add --url"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, message):
     result = CliRunner().invoke(app, ["bench", "--no-progress", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+@pytest.mark.parametrize(
+    "endpoint, events",
+    [
+        (
+            "messages",
+            [
+                {"type": "message_start"},
+                {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}},
+                {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "!"}},
+                {
+                    "type": "message_delta",
+                    "usage": {"input_tokens": 7, "cache_read_input_tokens": 3, "output_tokens": 2},
+                },
+            ],
+        ),
+        (
+            "responses",
+            [
+                {"type": "response.created"},
+                {"type": "response.output_text.delta", "delta": "Hi"},
+                {"type": "response.output_text.delta", "delta": "!"},
+                {
+                    "type": "response.completed",
+                    "response": {"usage": {"input_tokens": 10, "output_tokens": 2}},
+                },
+            ],
+        ),
+    ],
+)
+def test_text_endpoint_events_read_into_a_record(endpoint, events):
+    """A text delta is a token's arrival; the usage sets both token counts (Anthropic's
+    input_tokens leave out the cached ones); an error event raises."""
+    from localchat.bench.online import TEXT_ENDPOINTS
+    from localchat.bench.online_text import TEXT
+    from localchat.client import APIError
+
+    protocol = TEXT_ENDPOINTS[endpoint]
+    record = RequestRecord(99, 4)
+    kinds = [protocol.read(event, record) for event in events]
+    assert kinds == [None, TEXT, TEXT, None]
+    assert (record.prompt_len, record.num_output_tokens) == (10, 2)
+    body = protocol.body("m", "the prompt", 4)
+    assert body["stream"] is True and body["temperature"] == 0.0 and 4 in body.values()
+    error = {"type": "error", "error": {"message": "boom"}, "message": "boom"}
+    with pytest.raises(APIError, match="boom"):
+        protocol.read(error, record)
