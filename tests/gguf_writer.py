@@ -184,14 +184,16 @@ def _hf_tensors(model, arch: str) -> list[tuple[str, str, torch.Tensor]]:
 
 
 def gguf_type(gguf_name: str, tensor: torch.Tensor, quant: str) -> GGMLQuantizationType:
-    """The type llama.cpp would give a tensor in a file of `quant` ("f32", "q8_0" or "q4_k_m", its
-    K-quant mix with Q6_K downs and output): 1-D tensors, biases and routers stay F32; rows too
-    short for a block fall back."""
+    """The type llama.cpp would give a tensor in a file of `quant` ("f32", "q8_0", "q4_k_m", its
+    K-quant mix with Q6_K downs and output, or "mxfp4", gpt-oss's MXFP4_MOE: MXFP4 experts, the
+    rest Q8_0): 1-D tensors, biases and routers stay F32; rows too short for a block fall back."""
     if quant == "f32" or tensor.dim() < 2 or not gguf_name.endswith(".weight"):
         return T.F32  # biases too (llama.cpp quantizes only weights)
     if ".ffn_gate_inp." in gguf_name:
         return T.F32
     qtype = T.Q8_0
+    if quant == "mxfp4" and "_exps." in gguf_name:
+        qtype = T.MXFP4
     if quant == "q4_k_m":
         qtype = T.Q6_K if ("ffn_down" in gguf_name or gguf_name == "output.weight") else T.Q4_K
     row = tensor.shape[-1]

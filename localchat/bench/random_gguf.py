@@ -1,13 +1,14 @@
 """Write a random-weight GGUF of any Llama/Qwen2/Qwen3/Qwen3-MoE shape in a chosen quantization
 mix, with the default model's tokenizer, so tests and benchmarks have 1B-, 8B- and 30B-A3B-shaped
-files without a model hub.
+files without a model hub (`mxfp4`: a MoE's experts in MXFP4, as gpt-oss's files have them, and its
+other matrices in Q8_0).
 
 Each tensor is written as soon as it is made, so memory stays at about one tensor. Its blocks are
 drawn at random from a pool of 65,536 random blocks of its type: the legacy types (Q4_0 ... Q8_0,
-BF16) are quantized from normal weights with `gguf.quants.quantize`; K-quants, which gguf-py cannot
-quantize, get random codes and scale bytes with fp16 super-block scales chosen so the dequantized
-weights have the asked standard deviation. Drawing from a pool keeps an 8B file to about a minute of
-CPU; the values are as random as a speed benchmark needs, and mean nothing.
+MXFP4, BF16) are quantized from normal weights with `gguf.quants.quantize`; K-quants, which gguf-py
+cannot quantize, get random codes and scale bytes with fp16 super-block scales chosen so the
+dequantized weights have the asked standard deviation. Drawing from a pool keeps an 8B file to
+about a minute of CPU; the values are as random as a speed benchmark needs, and mean nothing.
 
 Not reproduced: llama.cpp's rope_freqs tensor for llama3 rope scaling (it costs nothing at run
 time, and the presets have no rope scaling).
@@ -54,6 +55,8 @@ QUANTS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
     "q4_1": (T.Q4_1, LlamaFileType.MOSTLY_Q4_1),
     "q5_0": (T.Q5_0, LlamaFileType.MOSTLY_Q5_0),
     "q5_1": (T.Q5_1, LlamaFileType.MOSTLY_Q5_1),
+    # llama.cpp's MXFP4_MOE (gpt-oss's files): the experts MXFP4, every other matrix Q8_0
+    "mxfp4": (T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
     "f16": (T.F16, LlamaFileType.MOSTLY_F16),
     "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16),
     "f32": (T.F32, LlamaFileType.ALL_F32),
@@ -83,6 +86,8 @@ def tensor_type(spec: TensorSpec, quant: str, shape: ModelShape) -> GGMLQuantiza
     if spec.role != "matrix":
         return T.F32
     qtype = QUANTS[quant][0]
+    if qtype == T.MXFP4 and not spec.kind.endswith("_exps"):
+        qtype = T.Q8_0
     if quant in _MIXED:
         output = spec.kind == "output" or (spec.kind == "token_embd" and shape.tie_word_embeddings)
         more_bits = (

@@ -127,14 +127,8 @@ def _check_type(entry: dict, path: Path) -> None:
     qtype = GGMLQuantizationType(entry["type"])
     if qtype in DENSE_TYPES or qtype in QUANTIZED_TYPES:
         return
-    hint = (
-        " (gpt-oss's MXFP4 experts have no kernel here yet: use a GGUF whose experts are Q8_0, "
-        "F16 or BF16)"
-        if qtype.name == "MXFP4"
-        else ""
-    )
     raise UnsupportedModelError(
-        f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}{hint}; supported: "
+        f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}; supported: "
         f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}"
     )
 
@@ -144,10 +138,11 @@ def gguf_weights(
 ) -> Iterator[tuple[str, Weight]]:
     """(HF name, weight) for every tensor we use, read through a memory map of the file: quantized
     types as PackedWeights (their codes kept; with `interleave`, in the CPU kernel's layout, which
-    leaves Q4_K, Q5_K, Q6_K and long-row Q8_0 in the map as their blocks, and an untied token
-    embedding as GgufRows, read from the map as it is looked up), F32/F16/BF16 as tensors; with
-    `dequantize`, all as float32 tensors (the reference path). A stack of experts comes as one
-    weight per expert. `index` is GGUFCheckpoint.tensor_index()."""
+    leaves Q4_K, Q5_K, Q6_K and the long-row one-group types (Q8_0, Q4_0 ... MXFP4) in the map as
+    their blocks, and an untied token embedding as GgufRows, read from the map as it is looked
+    up), F32/F16/BF16 as tensors; with `dequantize`, all as float32 tensors (the reference path).
+    A stack of experts comes as one weight per expert. `index` is
+    GGUFCheckpoint.tensor_index()."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     if data.size < max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0):
         raise InvalidModelFileError(

@@ -14,15 +14,18 @@ its codes. We split them into one code array and float16 scale/min arrays
 | Q4_K | 256, 144 | u4 (q4k: kept) | (d * sc) * q - dmin * mn, per 32 |
 | Q5_K | 256, 176 | u8 (q5k: kept) | (d * sc) * q - dmin * mn, per 32 |
 | Q6_K | 256, 210 | u6, group 16 (q6k: kept) | (d * sc) * (q - 32), per 16 |
+| MXFP4 | 32, 17 | u8 (mxfp4: kept) | 2^(e - 128) * (v - 12), v = 2 * e2m1(q) + 12 |
 
 Q4_0, Q4_1, Q5_x and Q8_0 repack exactly, and so do Q4_K and Q5_K, whose 6-bit sub-scales and
 (d, dmin) pairs are kept as the file has them (the sub-scales in the file's 12 bits a group, packed
 otherwise: packed_weight.py). For Q6_K, the product of the super-block scale and its 8-bit
-sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's scale). Where
-the C++ kernels run (any ISA's, or the generic ones), no type is repacked: each stays in
-the file's memory map as its own blocks (layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1; the
-one-group types only in rows of GROUP_BLOCKS_MIN_INPUTS inputs or more), and the kernels form their
-scales as they form the repacked weights' (Q6_K's rounded the same way).
+sub-block scale is rounded to float16 (a relative error below 2^-11 on each group's scale). MXFP4's
+E8M0 scale 2^(e - 128) is exact in float16 for e in 104-143 (real weights' range; outside it the
+repack's scale rounds to 0 or inf, where the C++ kernels, which read the blocks, keep it exact).
+Where the C++ kernels run (any ISA's, or the generic ones), no type is repacked: each stays in the
+file's memory map as its own blocks (layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0, q5_1 and mxfp4;
+the one-group types only in rows of GROUP_BLOCKS_MIN_INPUTS inputs or more), and the kernels form
+their scales as they form the repacked weights' (Q6_K's rounded the same way).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from localchat.kernels.packed_weight import (
     BLOCK_GROUPS,
     PackedWeight,
     k_blocks_repacked,
+    mxfp4_blocks_to_u8,
     q4_blocks_to_u4,
     q5_blocks_to_u8,
     q6k_blocks_to_u6,
@@ -110,10 +114,10 @@ def repack(
 
 
 def file_blocks_weight(blocks: torch.Tensor, qtype: T) -> PackedWeight:
-    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 blocks [rows, row bytes] as a PackedWeight
-    that keeps them (FILE_BLOCK_TYPES' layout): what the C++ kernels read
-    (kernels/csrc/quant_q6k.h, quant_k_blocks.h, quant_q8_0.h, quant_q4_q5_blocks.h). With the
-    file's memory map as `blocks`, loading neither copies nor repacks the tensor."""
+    """Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4 blocks [rows, row bytes] as a
+    PackedWeight that keeps them (FILE_BLOCK_TYPES' layout): what the C++ kernels read
+    (kernels/csrc/quant/: each type's block functions in generic/blocks.h). With the file's memory
+    map as `blocks`, loading neither copies nor repacks the tensor."""
     scales = torch.empty((blocks.shape[0], 0), dtype=torch.float16)
     layout = FILE_BLOCK_TYPES[qtype]
     group, zero_point = BLOCK_GROUPS[layout]
@@ -143,6 +147,9 @@ def repack_reference(raw: torch.Tensor, qtype: T, rows: int) -> PackedWeight:
     if qtype == T.Q6_K:
         qweight, scales = q6k_blocks_to_u6(raw)
         return PackedWeight("u6", qweight, scales, None, 16, zero_point=32, source_type="Q6_K")
+    if qtype == T.MXFP4:
+        codes, scales = mxfp4_blocks_to_u8(raw)  # doubled E2M1 values + 12
+        return PackedWeight("u8", codes, scales, None, 32, zero_point=12, source_type="MXFP4")
     raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
 
 

@@ -1,8 +1,8 @@
 """PackedWeight: a quantized [out, in] projection weight in the layouts our kernels consume.
 
 Every GGUF block type is repacked into one of these layouts, keeping the file's integer codes
-(``q6k``, ``q4k``, ``q5k``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0`` and ``q5_1`` keep the file's
-blocks as they are):
+(``q6k``, ``q4k``, ``q5k``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1`` and ``mxfp4`` keep the
+file's blocks as they are):
 
 - ``u4``: 4-bit unsigned codes, two per byte. Within each group of 32 weights along the input
   dimension, byte j (0..15) holds weight j in its low nibble and weight j + 16 in its high nibble
@@ -11,8 +11,8 @@ blocks as they are):
   low nibbles first (in // 2 bytes; within each group of 16, byte i holds weight i in its low nibble
   and weight i + 8 in its high one), then its top two bits (in // 4 bytes; see ``pack_u6``). Group
   size 16, ``in`` a multiple of 128: Q6_K lands here, in 6 bits per weight as the file has it.
-- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1 and Q5_K
-  land here (5-bit codes are stored in a byte: exact, but larger than the file).
+- ``u8``: 8-bit unsigned codes, one per byte, ``qweight`` uint8 [out, in]. Q8_0, Q5_0, Q5_1, Q5_K
+  and MXFP4 land here (5-bit codes are stored in a byte: exact, but larger than the file).
 - ``q6k``: Q6_K's own blocks as the GGUF file stores them, ``qweight`` uint8
   [out, in // 256 * 210] (usually the file's memory map itself: nothing is copied), ``scales``
   empty [out, 0] (they are in the blocks). The vector kernels (AVX-512 VNNI, AVX2) read it as
@@ -36,6 +36,11 @@ blocks as they are):
   for weight j, then 16 bytes of low nibbles as Q4's), zero point 16 (Q5_0) or 0: the vector kernels
   read the nibbles as u4's and add the fifth bits in registers (kernels/csrc/quant_q4_q5_blocks.h);
   ``repacked`` gives the u8 weight (codes 0-31, the same scales and mins).
+- ``mxfp4``: MXFP4's own blocks likewise (gpt-oss's experts), ``qweight`` uint8 [out, in // 32 * 17]
+  (an E8M0 exponent byte e, then 16 bytes of 4-bit E2M1 codes in Q4_0's nibble order), zero point
+  12: each code is read as its E2M1 value doubled plus 12 (0-24) with the scale 2^(e - 128) as a
+  float (kernels/csrc/quant/generic/blocks.h); ``repacked`` gives the u8 weight (those codes, the
+  scales in float16: exact for e in 104-143, where real weights lie).
 
 A weight's value is ``scales[n, g] * code + mins[n, g]`` for the group g = k // group_size, or, when
 ``mins`` is None (symmetric types), ``scales[n, g] * (code - zero_point)``. Scales and mins are
@@ -236,8 +241,8 @@ class PackedWeight:
         """A weight in the file's blocks repacked, row-major: q6k as u6 (the same codes and float16
         scales), q4k as u4 and q5k as u8 (the same codes, sub-scales, sub-mins and (d, dmin)),
         q8_0 as u8 (code + 128, the same scales), q4_0 and q4_1 as u4 (the same codes, scales
-        and mins), q5_0 and q5_1 as u8 (codes 0-31, the same scales and mins); any other as it
-        is."""
+        and mins), q5_0 and q5_1 as u8 (codes 0-31, the same scales and mins), mxfp4 as u8
+        (codes 0-24 around 12, float16 scales 2^(e - 128)); any other as it is."""
         if self.layout == "q6k":
             qweight, scales = q6k_blocks_to_u6(self.qweight)
             return replace(self, layout="u6", qweight=qweight, scales=scales)
@@ -250,6 +255,9 @@ class PackedWeight:
         if self.layout in ("q5_0", "q5_1"):
             qweight, scales, mins = q5_blocks_to_u8(self.qweight, self.layout == "q5_1")
             return replace(self, layout="u8", qweight=qweight, scales=scales, mins=mins)
+        if self.layout == "mxfp4":
+            qweight, scales = mxfp4_blocks_to_u8(self.qweight)
+            return replace(self, layout="u8", qweight=qweight, scales=scales)
         if self.layout in ("q4k", "q5k"):
             qweight, scales, mins, supers = k_blocks_repacked(self.qweight, self.layout == "q5k")
             return replace(
@@ -604,6 +612,34 @@ def q5_blocks_to_u8(
     codes = (low | (fifth << 4)).reshape(rows, -1)
     scales, mins = _group_block_params(b, with_mins)
     return codes, scales, mins
+
+
+# MXFP4's 4-bit E2M1 codes as their values doubled (sign bit 3), and the zero point of the codes the
+# kernels form from them (value + 12: 0-24)
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+MXFP4_ZERO = 12
+
+
+def mxfp4_scales(exponents: torch.Tensor) -> torch.Tensor:
+    """The float32 scales 2^(e - 127) / 2 = 2^(e - 128) of E8M0 exponent bytes (uint8, any shape),
+    as gguf-py computes them (e 0 and 1: float32 subnormals; 255 reads as 2^127)."""
+    e = exponents.to(torch.int32)
+    bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def mxfp4_blocks_to_u8(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 blocks, uint8 [rows, in // 32 * 17] (an E8M0 exponent byte e, then 16 bytes whose byte
+    j holds weight j's E2M1 code in its low nibble and weight j + 16's in its high one), as a u8
+    weight's qweight (each code's doubled value + 12: 0-24, zero point 12) and scales (2^(e - 128)
+    rounded to float16 [rows, in // 32]: exact for e in 104-143)."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, BY_LAYOUT["mxfp4"].block_bytes)
+    qs = b[..., 1:].to(torch.int64)
+    nibbles = torch.cat((qs & 0x0F, qs >> 4), dim=-1)  # weights 0-15, then 16-31
+    table = torch.tensor(MXFP4_VALUES, dtype=torch.int64) + MXFP4_ZERO
+    codes = table[nibbles].to(torch.uint8).reshape(rows, -1)
+    return codes, mxfp4_scales(b[..., 0]).to(torch.float16).reshape(rows, -1)
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group_size: int = 32) -> PackedWeight:

@@ -1,9 +1,10 @@
-"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1
-projections (PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0 and q5_1; each ISA's
-kernels in kernels/csrc/quant/arch/, the generic ones in quant/generic/), where every
+"""Weights read in the GGUF file's own blocks: Q6_K, Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+MXFP4 projections (PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0, q5_1 and mxfp4; each
+ISA's kernels in kernels/csrc/quant/arch/, the generic ones in quant/generic/), where every
 kernel path gives the bits of the same weight repacked (as u6, u4 or u8; the 5-bit types' integer
-products differ from the u8 repack's in float rounding only) and the reference reads the blocks as
-gguf-py does, and an untied embedding (GgufRows). A loaded model reads them all from the file's
+products, and MXFP4's where no ISA kernel reads its blocks, differ from the u8 repack's in float
+rounding only) and the reference reads the blocks as gguf-py does, and an untied embedding
+(GgufRows). A loaded model reads them all from the file's
 memory map, with the replies and logprobs of a load that repacks them."""
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ GENERIC_KERNELS = True  # the generic build too (conftest.py)
 # rows: whole passes of four, a short last pass, fewer than a pass; 1 to 16 blocks a row, odd
 # counts among them (4096 inputs: the bf16 GEMM path's size)
 SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
-TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
-# read as u4 with a fifth bit added in registers, where their repack is u8: the same integer
-# products, summed in other lanes (float rounding apart, the same results)
-FIVE_BITS = (T.Q5_K, T.Q5_0, T.Q5_1)
+TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4]
+# read as u4 with a fifth bit added in registers, where their repack is u8 (and MXFP4, read by the
+# generic kernels where the vector ones read its u8 repack): the same integer products, summed in
+# other lanes (float rounding apart, the same results)
+FIVE_BITS = (T.Q5_K, T.Q5_0, T.Q5_1, T.MXFP4)
 # layout, bits, arrangement
 BLOCKS = {
     T.Q6_K: ("q6k", 6, 2),
@@ -62,8 +64,9 @@ BLOCKS = {
     T.Q4_1: ("q4_1", 4, 7),
     T.Q5_0: ("q5_0", 5, 8),
     T.Q5_1: ("q5_1", 5, 9),
+    T.MXFP4: ("mxfp4", 5, 10),
 }
-BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+BLOCK_LAYOUTS = ("q6k", "q4k", "q5k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4")
 # Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 rows are whole 32-weight blocks: an odd count of them (a short
 # last chunk of one, two or three groups) and a short last block of 16 groups
 GROUP_SHAPES = [(7, 800), (5, 352), (6, 576)]
@@ -229,10 +232,24 @@ def test_q5_blocks_are_exact_on_representable_values(ext, qtype):
     assert_exact(ext, file_blocks_weight(torch.from_numpy(raw), qtype), seed=6)
 
 
+def test_mxfp4_blocks_are_exact_on_representable_values(ext):
+    """With 2^-8 scales (E8M0 byte 120) and integer activations whose 32-blocks peak at 127
+    (quantized to themselves), every product and sum is exact in float32: the decode and the
+    panels must give the float64 result of gguf-py's values exactly, so a code read with a wrong
+    value or sign, or a scale with a wrong exponent, cannot hide."""
+    rows, cols = 12, 1024
+    raw = random_blocks(T.MXFP4, rows, cols, seed=8)
+    raw.reshape(rows * cols // 32, -1)[:, 0] = 120
+    q = file_blocks_weight(torch.from_numpy(raw), T.MXFP4)
+    values = np.asarray(gguf_dequantize(raw, T.MXFP4), dtype=np.float32).reshape(rows, cols)
+    assert torch.equal(q.dequantize(), torch.from_numpy(values))
+    assert_exact(ext, q, seed=8)
+
+
 @pytest.mark.parametrize("qtype", GROUP_BLOCK_TYPES, ids=lambda t: t.name)
 def test_group_blocks_from_2048_inputs_stay_in_their_blocks(ext, qtype):
-    """Short Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 rows (a small model's) keep the repack; long ones are
-    read in the blocks."""
+    """Short Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 rows (a small model's) keep the repack; long
+    ones are read in the blocks."""
     repacked_layout = "u4" if qtype in (T.Q4_0, T.Q4_1) else "u8"
     for cols, layout in ((512, repacked_layout), (2048, BLOCKS[qtype][0])):
         raw = random_blocks(qtype, 4, cols, seed=1)
@@ -279,9 +296,11 @@ def test_moves_cuts_and_fusing_keep_the_values(qtype):
     assert isinstance(cut, PackedWeight)
     assert torch.equal(cut.dequantize(), dense[:, 256:])
     _, q2, repacked2 = pair(qtype, 6, 512, seed=3)
-    fused = fuse([q, q2])
-    assert isinstance(fused, PackedWeight) and fused.layout == q.layout
-    assert torch.equal(fused.dequantize(), torch.cat((dense, repacked2.dequantize())))
+    fused = fuse([q, q2])  # the file's blocks stay apart, read in place (never stacked: a copy)
+    assert isinstance(fused, tuple) and fused[0] is q and fused[1] is q2
+    stacked = fuse([repacked, repacked2])
+    assert isinstance(stacked, PackedWeight) and stacked.layout == repacked.layout
+    assert torch.equal(stacked.dequantize(), torch.cat((dense, repacked2.dequantize())))
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)

@@ -33,6 +33,9 @@ _F16_FIELDS = {
     T.Q5_K: (0, 2),
     T.Q6_K: (208,),
 }
+# byte offsets of each type's E8M0 exponent bytes (set to 2^-18 to 2^2 scales, where real weights'
+# lie and float16 holds them exactly)
+_E8M0_FIELDS = {T.MXFP4: (0,)}
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -41,9 +44,12 @@ def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-    for offset in _F16_FIELDS[qtype]:
+    for offset in _F16_FIELDS.get(qtype, ()):
         values = rng.uniform(-2e-3, 2e-3, size=blocks.shape[0]).astype(np.float16)
         blocks[:, offset : offset + 2] = values.view(np.uint8).reshape(-1, 2)
+    for offset in _E8M0_FIELDS.get(qtype, ()):
+        blocks[:, offset] = rng.integers(110, 131, size=blocks.shape[0], dtype=np.uint8)
+    assert qtype in _F16_FIELDS or qtype in _E8M0_FIELDS, f"add {qtype.name}'s scale fields"
     return blocks.reshape(rows, -1)
 
 
@@ -66,8 +72,12 @@ def test_repack_matches_gguf_dequantize(qtype):
     assert codes.max().item() == (
         15
         if packed.layout == "u4"
-        else {T.Q5_0: 31, T.Q5_1: 31, T.Q5_K: 31, T.Q6_K: 63, T.Q8_0: 255}[qtype]
+        else {T.Q5_0: 31, T.Q5_1: 31, T.Q5_K: 31, T.Q6_K: 63, T.Q8_0: 255, T.MXFP4: 24}[qtype]
     )
+    if qtype == T.MXFP4:  # the doubled E2M1 values around 12: every one, and nothing between
+        assert set(codes.unique().tolist()) == {12 + v for v in (0, 1, 2, 3, 4, 6, 8, 12)} | {
+            12 - v for v in (1, 2, 3, 4, 6, 8, 12)
+        }
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)

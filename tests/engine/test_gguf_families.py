@@ -130,8 +130,11 @@ def test_gemma_and_gpt_oss_end_turns_and_keep_the_files_chat_template(tmp_path):
 
 
 def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = None):
-    """A gpt-oss file whose first expert stack is of `expert_type` (bytes of the right size), with
-    an `extra` tensor llama.cpp's layout has no place for."""
+    """A gpt-oss file whose first expert stack is of `expert_type` (zero bytes of the right size
+    where gguf-py cannot quantize it), with an `extra` tensor llama.cpp's layout has no place
+    for."""
+    from gguf import GGML_QUANT_SIZES
+
     from tests import gguf_writer
 
     model = build("gpt-oss")
@@ -143,8 +146,9 @@ def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = 
         return original(name, tensor, quant)
 
     def blocks(rows, qtype):
-        if qtype == expert_type and qtype.name == "MXFP4":  # 17 bytes per 32 values
-            return np.zeros((*rows.shape[:-1], rows.shape[-1] // 32 * 17), dtype=np.uint8)
+        if qtype == expert_type and qtype == GGMLQuantizationType.IQ4_NL:
+            values, size = GGML_QUANT_SIZES[qtype]
+            return np.zeros((*rows.shape[:-1], rows.shape[-1] // values * size), dtype=np.uint8)
         return original_blocks(rows, qtype)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -159,9 +163,10 @@ def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = 
         return write_gguf(model, "gpt-oss", path, "q8_0")
 
 
-def test_mxfp4_experts_and_unknown_tensors_are_refused_by_name(tmp_path, cache_dir):
-    path = _write_gpt_oss(tmp_path / "gpt-oss-mxfp4.gguf", GGMLQuantizationType.MXFP4)
-    with pytest.raises(UnsupportedModelError, match=r"ffn_gate_exps.weight has GGUF type MXFP4"):
+def test_unknown_types_and_tensors_are_refused_by_name(tmp_path, cache_dir):
+    """(gpt-oss's MXFP4 experts load: tests/cpu/test_mxfp4_experts.py.)"""
+    path = _write_gpt_oss(tmp_path / "gpt-oss-iq4_nl.gguf", GGMLQuantizationType.IQ4_NL)
+    with pytest.raises(UnsupportedModelError, match=r"ffn_gate_exps.weight has GGUF type IQ4_NL"):
         LLM(str(path), **OPTIONS)
     path = _write_gpt_oss(tmp_path / "gpt-oss-extra.gguf", GGMLQuantizationType.Q8_0, "blk.0.x.y")
     with pytest.raises(UnsupportedModelError, match=r"'blk.0.x.y' is not supported"):

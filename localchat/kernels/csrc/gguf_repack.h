@@ -141,6 +141,10 @@ void repack_block(Arrangement type, const uint8_t* in, int64_t b, const RowOut& 
       generic::q5_block_codes(in, asym, codes + b * 32);  // (quant/generic/blocks.h)
       break;
     }
+    case kBlocksMXFP4:  // codes 0-24 (zero point 12) and the scale 2^(e - 128), rounded to float16 as torch does
+      scales[b] = at::Half(generic::mxfp4_scale(in[0]));
+      generic::mxfp4_block_codes(in, codes + b * 32);
+      break;
     case kBlocksQ4_K:
     case kBlocksQ5_K: {
       o.supers[2 * b] = load_half(in);

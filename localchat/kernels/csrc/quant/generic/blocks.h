@@ -51,6 +51,20 @@
 // (and mins) from the blocks and run u4's operations in u4's order: symmetric around 8 (Q4_0) or 16 (Q5_0), with the
 // mins against the activation's group sums for Q4_1 and Q5_1. A Q4 product equals the u4 repack's bit for bit; a Q5
 // one the u8 repack's up to float rounding (the same integer products, summed in other lanes).
+//
+// MXFP4 weights (gpt-oss's experts) read in the GGUF file's own blocks (arrangement kBlocksMXFP4, PackedWeight layout
+// "mxfp4"): the weight stays in the file's memory map, in 4.25 bits a weight, and is never dequantized at load.
+//
+// A block is one group of 32 weights: an E8M0 exponent byte e, then 16 bytes whose byte j holds weight j's 4-bit E2M1
+// code in its low nibble and weight j + 16's in its high one (Q4_0's order). A code is worth kMxfp4Values[code] (the
+// E2M1 value doubled: 0, 1, 2, 3, 4, 6, 8, 12, and their negatives from code 8 on) times 2^(e - 127) / 2. The kernels
+// form code' = that value + 12 (0-24, a byte each: u8's operations, zero point 12) and the scale 2^(e - 128) as a
+// float, exact for every e (mxfp4_scale). The u8 repack keeps the same codes with the scale in float16, which holds
+// 2^(e - 128) exactly for e in 104-143 (weights of 2^-24 to 2^15 a step; a real model's lie well inside): there a
+// product equals the u8 weight's up to float rounding (the same integer products, summed in other lanes), and the
+// generic kernels give the u8 weight's bits. AVX-512 VNNI reads the blocks in registers (arch/avx512/mxfp4.h: a byte
+// shuffle per vector turns the nibbles into these codes, then u4's operations); the other ISAs have no kernel for them
+// yet, and the generic ones run (quant/dispatch.h).
 #pragma once
 #include "../common.h"
 
@@ -199,6 +213,40 @@ inline bool q4_row(const Layout& L, const uint8_t* row, int64_t K, uint8_t* code
 }
 
 
+// The doubled E2M1 value of each 4-bit MXFP4 code (the OCP Microscaling format's FP4 E2M1 element: sign bit 3, two
+// exponent bits and one mantissa bit), and the zero point the kernels' codes (value + 12) sit at.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+constexpr int kMxfp4Zero = 12;
+
+// The scale 2^(e - 127) / 2 = 2^(e - 128) of an E8M0 exponent byte, as a float: exact for every e (the smallest two
+// are float32 subnormals; e = 255, E8M0's NaN, reads as 2^127, as gguf-py and ggml read it).
+inline float mxfp4_scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return scale;
+}
+
+// An MXFP4 block's 32 codes as the kernels read them (kMxfp4Values + 12: 0-24), a byte each, into out.
+inline void mxfp4_block_codes(const uint8_t* block, uint8_t* out) {
+  const uint8_t* qs = block + 1;
+  for (int j = 0; j < 16; ++j) {
+    out[j] = static_cast<uint8_t>(kMxfp4Values[qs[j] & 0x0F] + kMxfp4Zero);
+    out[j + 16] = static_cast<uint8_t>(kMxfp4Values[qs[j] >> 4] + kMxfp4Zero);
+  }
+}
+
+// A row of K weights in MXFP4 blocks as a row-major u8 row (K bytes, codes 0-24, zero point 12) with each group's
+// scale as a float: what dequantize_row reads.
+inline void mxfp4_row(const uint8_t* row, int64_t K, uint8_t* codes, float* scales) {
+  const int64_t bytes = quant_type(kBlocksMXFP4).block_bytes;
+  for (int64_t g = 0; g < K / kActBlock; ++g) {
+    const uint8_t* block = row + g * bytes;
+    scales[g] = mxfp4_scale(block[0]);
+    mxfp4_block_codes(block, codes + g * kActBlock);
+  }
+}
+
 // unpack_row_<TYPE>: a row of K weights in the type's blocks as a repacked layout's row: its codes (row-major u4, u8,
 // or for Q6_K the blocks as they are, which u6_chunk_values reads), each group's scale and (asymmetric types) min as
 // floats (K-quants: d * sub-scale and -(dmin * sub-min)); returns the layout of the codes. One per row of types.def.
@@ -236,6 +284,12 @@ inline const Layout& unpack_q4_q5_row(const Layout& L, const uint8_t* row, int64
 }
 constexpr RowUnpackFn unpack_row_Q4_0 = unpack_q4_q5_row, unpack_row_Q4_1 = unpack_q4_q5_row;
 constexpr RowUnpackFn unpack_row_Q5_0 = unpack_q4_q5_row, unpack_row_Q5_1 = unpack_q4_q5_row;
+
+inline const Layout& unpack_row_MXFP4(const Layout&, const uint8_t* row, int64_t K, uint8_t* codes, float* scales,
+                                      float*) {
+  mxfp4_row(row, K, codes, scales);
+  return kU8;
+}
 
 // Each type's unpack_row, in types.def's order (a type without one does not compile).
 constexpr RowUnpackFn kUnpackRow[] = {

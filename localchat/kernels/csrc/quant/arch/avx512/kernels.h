@@ -3,6 +3,7 @@
 #include "../../generic/blocks.h"
 #include "k_blocks.h"
 #include "linear.h"
+#include "mxfp4.h"
 #include "q4_q5_blocks.h"
 #include "q6k.h"
 #include "q8_0.h"
