@@ -2,10 +2,10 @@
 MXFP4 projections (PackedWeight layouts q6k, q4k, q5k, q8_0, q4_0, q4_1, q5_0, q5_1 and mxfp4; each
 ISA's kernels in kernels/csrc/quant/arch/, the generic ones in quant/generic/), where every
 kernel path gives the bits of the same weight repacked (as u6, u4 or u8; the 5-bit types' integer
-products, and MXFP4's where no ISA kernel reads its blocks, differ from the u8 repack's in float
-rounding only) and the reference reads the blocks as gguf-py does, and an untied embedding
-(GgufRows). A loaded model reads them all from the file's
-memory map, with the replies and logprobs of a load that repacks them."""
+products, and MXFP4's, read as u4's, differ from the u8 repack's in float rounding only) and the
+reference reads the blocks as gguf-py does, and an untied embedding (GgufRows). A loaded model
+reads them all from the file's memory map, with the replies and logprobs of a load that repacks
+them."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ GENERIC_KERNELS = True  # the generic build too (conftest.py)
 # counts among them (4096 inputs: the bf16 GEMM path's size)
 SHAPES = [(42, 512), (3, 256), (9, 1280), (12, 4096)]
 TYPES = [T.Q6_K, T.Q4_K, T.Q5_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4]
-# read as u4 with a fifth bit added in registers, where their repack is u8 (and MXFP4, read by the
-# generic kernels where the vector ones read its u8 repack): the same integer products, summed in
-# other lanes (float rounding apart, the same results)
+# read as u4 with a fifth bit added in registers (MXFP4: with its codes looked up), where their
+# repack is u8: the same integer products, summed in other lanes (float rounding apart, the same
+# results)
 FIVE_BITS = (T.Q5_K, T.Q5_0, T.Q5_1, T.MXFP4)
 # layout, bits, arrangement
 BLOCKS = {

@@ -58,8 +58,7 @@ def test_the_arm_neon_kernels_agree_with_the_generic_ones_under_qemu(tmp_path):
     flags = ["-march=armv8.2-a+dotprod", "-static"]
     out = build_and_run(compiler, flags, tmp_path / "kernel_test", [qemu, "-cpu", "max"])
     assert out.startswith("kernels: neon"), out.splitlines()[0]
-    # every layout but u6 (a repacked Q6_K: NEON builds read its blocks) and MXFP4's blocks (no
-    # NEON kernel yet) has a NEON kernel
+    # every layout but u6 (a repacked Q6_K: NEON builds read its blocks) has a NEON kernel
     generic_only = {line.split()[1] for line in out.splitlines() if "generic only" in line}
-    assert generic_only == {"u6", "MXFP4"}, generic_only
+    assert generic_only == {"u6"}, generic_only
     assert "within rounding" not in out  # NEON keeps the generic order: the same bits

@@ -33,9 +33,7 @@ KernelFn<FOR_GEMV> pick(bool precise, bool symmetric, bool kq, const Layout& L) 
     case kBlocksQ4_1: LC_PICK(gemv_q4, panel_q4, true, false);
     case kBlocksQ5_0: LC_PICK(gemv_q4, panel_q4, false, true);
     case kBlocksQ5_1: LC_PICK(gemv_q4, panel_q4, true, true);
-#if LC_VNNI  // (AVX2 has no MXFP4 kernel yet: the generic one runs)
     case kBlocksMXFP4: LC_PICK(gemv_mxfp4, panel_mxfp4);
-#endif
     default: return nullptr;
   }
 #undef LC_PICK

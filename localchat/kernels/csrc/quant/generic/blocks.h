@@ -62,9 +62,10 @@
 // float, exact for every e (mxfp4_scale). The u8 repack keeps the same codes with the scale in float16, which holds
 // 2^(e - 128) exactly for e in 104-143 (weights of 2^-24 to 2^15 a step; a real model's lie well inside): there a
 // product equals the u8 weight's up to float rounding (the same integer products, summed in other lanes), and the
-// generic kernels give the u8 weight's bits. AVX-512 VNNI reads the blocks in registers (arch/avx512/mxfp4.h: a byte
-// shuffle per vector turns the nibbles into these codes, then u4's operations); the other ISAs have no kernel for them
-// yet, and the generic ones run (quant/dispatch.h).
+// generic kernels give the u8 weight's bits. The ISAs read the blocks in registers: on x86 (arch/avx512/mxfp4.h,
+// arch/avx2/mxfp4.h) a byte shuffle per vector turns the nibbles into these codes, then u4's operations run (the u8
+// weight's integer products, summed in u4's lanes); NEON looks up the values themselves (code - 12) and keeps the
+// generic order, so its results are the generic ones bit for bit.
 #pragma once
 #include "../common.h"
 

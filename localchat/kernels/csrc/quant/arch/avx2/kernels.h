@@ -2,6 +2,7 @@
 #pragma once
 #include "k_blocks.h"
 #include "linear.h"
+#include "mxfp4.h"
 #include "q4_q5_blocks.h"
 #include "q6k.h"
 #include "q8_0.h"

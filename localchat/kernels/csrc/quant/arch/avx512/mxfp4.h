@@ -3,7 +3,8 @@
 // side by side, one per 128-bit lane, as Q4_0's; one byte shuffle per vector then turns each 4-bit E2M1 code into
 // the kernels' code (its doubled value + 12: 0-24, kMxfp4Values), and from there the kernels run u4's symmetric
 // operations with zero point 12 and each group's scale 2^(e - 128) formed from its E8M0 byte as mxfp4_scale forms it.
-// The integer products are the u8 repack's; the lanes they are summed in are u4's.
+// The integer products are the u8 repack's; the lanes they are summed in are u4's. (arch/avx2/mxfp4.h: the same on
+// 256-bit vectors.)
 #pragma once
 #include "../../generic/blocks.h"
 #include "common.h"

@@ -246,6 +246,24 @@ struct Q4Rows : BlockRow {
   }
 };
 
+// MXFP4: an E8M0 byte, then 16 bytes of 4-bit E2M1 codes (weight j low, j + 16 high); one table lookup per vector
+// turns each code into its doubled value (kMxfp4Values), which is the kernels' code (value + 12) less 12.
+struct Mxfp4Rows : BlockRow {
+  static constexpr int kGroup = 32, kOffset = generic::kMxfp4Zero;
+  static constexpr int64_t kBytes = 17;
+  Mxfp4Rows(const PassView& v, int r, const Layout&) : BlockRow(v, r) {}
+  GroupCodes codes(int64_t g) const {
+    const int8x16_t values = vld1q_s8(generic::kMxfp4Values);
+    const uint8x16_t b = vld1q_u8(row + g * kBytes + 1);
+    return {vqtbl1q_s8(values, vandq_u8(b, vdupq_n_u8(0x0F))), vqtbl1q_s8(values, vshrq_n_u8(b, 4))};
+  }
+  bool mins() const { return false; }
+  void params(int64_t groups, float* scales, float*) const {
+    for (int64_t g = 0; g < groups; ++g) scales[g] = generic::mxfp4_scale(row[g * kBytes]);
+  }
+};
+static_assert(Mxfp4Rows::kBytes == kQuantTypes[kBlocksMXFP4 - 2].block_bytes, "an E8M0 byte, 16 bytes of codes");
+
 template <class Rows, bool MINS, bool PRECISE, typename Codes>
 inline float rows_dot(const Codes& codes, const RowBuffers& b, int64_t groups, const ActivationRow& a) {
   return row_dot<Rows::kGroup, MINS, PRECISE>(codes, b.scales.data(), b.mins.data(), groups, Rows::kOffset, a);
@@ -315,6 +333,7 @@ std::conditional_t<FOR_GEMV, GemvFn, PanelFn> pick(const Layout& L) {
     case kBlocksQ4_1: return kernel<FOR_GEMV, Q4Rows<true, false>>();
     case kBlocksQ5_0: return kernel<FOR_GEMV, Q4Rows<false, true>>();
     case kBlocksQ5_1: return kernel<FOR_GEMV, Q4Rows<true, true>>();
+    case kBlocksMXFP4: return kernel<FOR_GEMV, Mxfp4Rows>();
     default: return nullptr;
   }
 }
