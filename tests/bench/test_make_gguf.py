@@ -55,6 +55,7 @@ EXPECTED_TYPE = {
     "f16": "F16",
     "bf16": "BF16",
     "f32": "F32",
+    "mxfp4": "Q8_0",  # MXFP4_MOE: experts in MXFP4, every other matrix (all of a dense model) Q8_0
 }
 
 pytestmark = pytest.mark.usefixtures("module_cache_dir")
