@@ -16,9 +16,10 @@ place that derives the API root, builds the Bearer header and reads OpenAI error
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -275,6 +276,11 @@ def _deltas(line: str) -> list[Delta] | None:
         return []
     if isinstance(chunk, str):  # DONE: sse_chunk's JSON chunks are objects
         return None
+    return _chunk_deltas(chunk)
+
+
+def _chunk_deltas(chunk: dict) -> list[Delta]:
+    """The deltas of one streamed chunk (an error chunk raises its APIError)."""
     if "error" in chunk:
         error = chunk["error"]
         raise APIError(
@@ -509,7 +515,7 @@ class AsyncClient(_Base):
     async def _complete(self, path: str, body: dict) -> Completion:
         return _completion(await self._call("POST", path, json=body))
 
-    async def events(self, path: str, body: dict) -> AsyncIterator[dict]:
+    async def events(self, path: str, body: dict) -> AsyncGenerator[dict, None]:
         """The JSON data of each server-sent event of a streamed POST to `path` (e.g. Anthropic's
         /v1/messages or OpenAI's /v1/responses, whose streams end without a [DONE] marker)."""
         with self._reaching():
@@ -525,14 +531,8 @@ class AsyncClient(_Base):
                         return
 
     async def _stream(self, path: str, body: dict) -> AsyncIterator[Delta]:
-        with self._reaching():
-            async with self._http.stream("POST", path, json=body) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise _error(response)
-                async for line in response.aiter_lines():
-                    deltas = _deltas(line)
-                    if deltas is None:
-                        return
-                    for delta in deltas:
-                        yield delta
+        # closed with this stream, so a reader that stops early hangs up at once (an abort)
+        async with contextlib.aclosing(self.events(path, body)) as chunks:
+            async for chunk in chunks:
+                for delta in _chunk_deltas(chunk):
+                    yield delta
