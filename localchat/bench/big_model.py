@@ -11,7 +11,7 @@ alike (`_prime_memory`).
 Both stay loaded, and the systems take turns for the workload's rounds, each round on fresh
 requests and in the other order than the last. The ratio is the median of the rounds' ratios: on a
 VM the host may move the two CPUs between cores that share an L3 and cores that do not from one
-minute to the next, and the speeds move with it (docs/benchmarks.md, twenty-sixth session), so two
+minute to the next, and the speeds move with it (docs/benchmarks-history.md, 2026-12-05), so two
 systems measured minutes apart, each in a single run, compare two draws of the host. Before and
 after each run, the round trip of a cache line between two CPUs says where the host put them
 (`host.py`).

@@ -2,7 +2,7 @@
 
 On a VM the host may run two CPUs on cores that share an L3 or on cores of different CCDs, and may
 change that from one process to the next, or within one. The decode follows it: measured on a
-2-core Zen 5 EPYC VM (docs/benchmarks.md, twenty-sixth session), an 8B Q4_0 decode took 91-92 ms a
+2-core Zen 5 EPYC VM (docs/benchmarks-history.md, 2026-12-05), an 8B Q4_0 decode took 91-92 ms a
 token where a cache line's round trip between the two CPUs was 130-180 ns before and after it (a
 shared L3), and 70-71 ms where it was 340-500 ns (11 of 14 processes; in two it changed during
 the decode).

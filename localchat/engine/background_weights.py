@@ -4,7 +4,7 @@ reads the config and tokenizer.
 Those take about 2 s of one core (transformers' imports, in Python); the repack runs in C++ without
 the GIL and is bound by page faults, so the two overlap. On the Zen 5 VM (2026-12-05, 8B Q4_K_M
 file, loads back to back) model construction took a median 3.7 s against 4.5 s reading the weights
-after the tokenizer (docs/benchmarks.md, twenty-third session).
+after the tokenizer (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ DENSE_MIN_ROWS = _rows_setting("LOCALCHAT_DENSE_MIN_ROWS", None)
 # than INT8_ACTIVATION_MIN_FEATURES inputs (a small model's: the default one's) takes two codes per
 # activation (~16 bits), so its logits follow the float32 path's: with one code, the default model's
 # top token differs from the float32 path's at 4.3% of positions, though its perplexity equals
-# llama.cpp's (docs/benchmarks.md, twelfth session). Larger projections (a 1B model's and up) take
-# one code, llama.cpp's own precision (its activations are int8 per 256 values): the second code
-# took about a fifth of an 8B model's decode time on AVX2 (240 against 184-196 ms a token).
+# llama.cpp's (2026-12-03, docs/benchmarks-history.md). Larger projections (a 1B model's and up)
+# take one code, llama.cpp's own precision (its activations are int8 per 256 values): the second
+# code took about a fifth of an 8B model's decode time on AVX2 (240 against 184-196 ms a token).
 # LOCALCHAT_INT8_ACTIVATIONS=1 takes one code everywhere, =0 two everywhere.
 INT8_ACTIVATION_MIN_FEATURES = 2048
 _INT8_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "")

@@ -1,7 +1,7 @@
 // How near two CPUs are, for the benchmarks' notes: the round trip of a cache line between two threads pinned to
 // them. Cores that share an L3 pass a line in about 150 ns on the Zen 5 EPYC VM; cores on different CCDs take
 // about 400. The host of a VM may place its CPUs either way from one process to the next, and the prefill and
-// decode speeds follow (docs/benchmarks.md, twenty-sixth session), so `localchat bench` reports it per run.
+// decode speeds follow (docs/benchmarks-history.md, 2026-12-05), so `localchat bench` reports it per run.
 #pragma once
 #include <torch/extension.h>
 

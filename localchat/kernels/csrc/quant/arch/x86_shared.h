@@ -93,10 +93,10 @@ inline float q6k_super_scale(const uint8_t* block) {
 }
 
 
-// The GEMV reads a pass's rows one after the other (one stream, as quant_q6k.h's), prefetching this many blocks
+// The GEMV reads a pass's rows one after the other (one stream, as q6k.h's), prefetching this many blocks
 // ahead. Measured on the Zen 5 EPYC (2026-12-05, one process, alternating, 8B-shaped Q4_K weights from DRAM):
 // 36-37 GB/s on one thread and 47 on two, where the interleaved u4 kernel read 29-33 and 42-45; Q5_K 36-38 and
-// 51-68 against u8's 21-23 and 32-41 (docs/benchmarks.md, twenty-fifth session).
+// 51-68 against u8's 21-23 and 32-41 (docs/benchmarks-history.md).
 constexpr int64_t kKBlocksPrefetch = 32;
 
 // A K-quant block's bytes, and where its codes start, for 4- or 5-bit codes.

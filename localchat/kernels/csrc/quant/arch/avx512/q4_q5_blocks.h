@@ -65,7 +65,7 @@ inline void q4_chunk(const uint8_t* row, int64_t c, int64_t n, __m512i& lo, __m5
 // codes and the 16 blocks' scales (and mins) out of them: no gather, no 16-byte loads. Measured on the Zen 5 EPYC
 // (2026-12-05, one thread, a 1024 x 4096 Q4_0 GEMV in cache): 51.5 us, against 81.8 with a gather for the scales and
 // 16-byte loads for the codes, and 57.4 for the interleaved u4 repack; from DRAM on one thread it reads 5-10 % more
-// slowly than that repack, and a whole decode on two runs as fast (docs/benchmarks.md, twenty-sixth session).
+// slowly than that repack, and a whole decode on two runs as fast (docs/benchmarks-history.md).
 struct Q4Permutes {
   alignas(64) uint8_t codes[4][64];   // chunk j's 64 code bytes from registers j and j + 1
   alignas(64) uint8_t params[3][64];  // the scales (Q4_1: scale and min, a 32-bit word a block) from registers 0-1,
