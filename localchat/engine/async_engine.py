@@ -19,19 +19,25 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from localchat.config import EngineConfig
-from localchat.engine.chat_template import ChatTemplate
 from localchat.engine.embedding_groups import EmbeddingGroups
+from localchat.engine.engine_client import TextFront
 from localchat.engine.guided_decoding import grammar_error
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.memory import freeze_gc
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
+from localchat.engine.request_stream import (
+    RequestStream,
+    StreamState,
+    put_all,
+    settle,
+    settle_from_thread,
+)
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.sequence import Request
-from localchat.engine.text_codec import TextCodec
 from localchat.errors import (
     EngineDeadError,
     InvalidParameterError,
@@ -78,51 +84,7 @@ class _Stop:
 _Command = _Add | _Abort | _Embed | _Stop
 
 
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finished: bool = False
-    interval: float = 0.0  # hand deltas over at most once per this many seconds (0: every step)
-    held: list[RequestOutput] = field(default_factory=list)  # engine thread: waiting for next_at
-    next_at: float = 0.0  # engine thread: when held deltas may go (monotonic clock)
-
-
-class RequestStream:
-    """An accepted request: iterate it for delta RequestOutputs; `aclose()` (or leaving early)
-    aborts it."""
-
-    def __init__(
-        self, engine: AsyncEngine, request_id: str, stream: _Stream, prompt_token_ids: list[int]
-    ):
-        self.engine = engine
-        self.request_id = request_id
-        self.prompt_token_ids = prompt_token_ids
-        self._stream = stream
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
-        try:
-            while True:
-                item = await self._stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    self._stream.finished = True
-                    return
-        finally:
-            await self.aclose()
-
-    async def aclose(self) -> None:
-        if not self._stream.finished:
-            self._stream.finished = True
-            self.engine.abort(self.request_id)
-
-
-class AsyncEngine:
+class AsyncEngine(TextFront):
     """Serve one model to many concurrent coroutines.
 
     `max_waiting` bounds the requests queued beyond the `max_num_seqs` that can run: past it,
@@ -149,9 +111,9 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self._on_load_progress = on_load_progress
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._codec: TextCodec | None = None  # the event loop's own tokenizer (see text_codec.py)
-        self._streams: dict[str, _Stream] = {}
-        self._holding: dict[str, _Stream] = {}  # engine thread: streams with held deltas
+        self._codec = None  # the event loop's own tokenizer (see text_codec.py)
+        self._streams: dict[str, StreamState] = {}
+        self._holding: dict[str, StreamState] = {}  # engine thread: streams with held deltas
         self._clock: Callable[[], float] = time.monotonic  # when held deltas are due
         # engine thread: added requests whose acceptance waits for their grammar (see _accept)
         self._accepting: dict[str, tuple[asyncio.Future, Request]] = {}
@@ -190,47 +152,12 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
-    # --- model facts and text (read-only, for the event loop) -------------------------------------
+    # --- model facts (the text side is TextFront's) ---------------------------------------------
     @property
     def model_info(self) -> ModelInfo:
-        return self._loaded().model_info
-
-    @property
-    def model_name(self) -> str:
-        return self.model_info.name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.model_info.max_model_len
-
-    @property
-    def tokenizer(self):
-        """The event loop's tokenizer (never the one the engine thread is using)."""
-        return self._loop_codec().tokenizer
-
-    @property
-    def chat_template(self) -> ChatTemplate | None:
-        return self._loop_codec().chat_template
-
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._loop_codec().tokenize(text, add_special_tokens)
-
-    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._loop_codec().detokenize(token_ids, skip_special_tokens)
-
-    def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
-        """Prompt token ids for a conversation (kwargs as TextCodec.render_chat)."""
-        return self._loop_codec().render_chat(messages, **kwargs)
-
-    def _loaded(self) -> LLMEngine:
         if self.engine is None:
             raise EngineDeadError("the engine is not started")
-        return self.engine
-
-    def _loop_codec(self) -> TextCodec:
-        if self._codec is None:
-            raise EngineDeadError("the engine is not started")
-        return self._codec
+        return self.engine.model_info
 
     # --- requests ---------------------------------------------------------------------------------
     async def add_request(
@@ -258,7 +185,7 @@ class AsyncEngine:
             raise InvalidParameterError(
                 f"request id {request_id!r} is already in use", param="request_id"
             )
-        stream = _Stream(asyncio.get_running_loop(), interval=stream_interval)
+        stream = StreamState(asyncio.get_running_loop(), interval=stream_interval)
         self._streams[request_id] = stream
         accepted: asyncio.Future = stream.loop.create_future()
         self._commands.put(_Add(request_id, prompt, params or SamplingParams(), accepted))
@@ -339,7 +266,7 @@ class AsyncEngine:
                 self._deliver(outputs)
                 if self._embeddings:
                     for done, vectors in self._embeddings.collect(engine.take_embedded()):
-                        _settle_from_thread(done, vectors)
+                        settle_from_thread(done, vectors)
         except BaseException as exc:
             logger.error("engine step failed:\n%s", traceback.format_exc())
             self.error = exc
@@ -384,7 +311,7 @@ class AsyncEngine:
         if isinstance(added, Request) and has_grammar(added):
             self._accepting[command.request_id] = (command.accepted, added)
             return
-        _settle_from_thread(
+        settle_from_thread(
             command.accepted, added.prompt_token_ids if isinstance(added, Request) else added
         )
 
@@ -398,14 +325,14 @@ class AsyncEngine:
             del self._accepting[request_id]
             if isinstance(outcome, LocalchatError):
                 self._streams.pop(request_id, None)
-            _settle_from_thread(accepted, outcome)
+            settle_from_thread(accepted, outcome)
 
     def _add_embeddings(self, engine: LLMEngine, command: _Embed) -> None:
         error = self._embeddings.add(
             engine, command.done, command.request_ids, command.prompts, command.pooling
         )
         if error is not None:
-            _settle_from_thread(command.done, error)
+            settle_from_thread(command.done, error)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Hand a step's deltas to their event loops (holding those of streams with an interval
@@ -430,13 +357,13 @@ class AsyncEngine:
         for loop, items in by_loop.items():
             # a RuntimeError: that event loop is closed, nobody is listening
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(put_all, items)
 
     def _hand_over(
         self,
         by_loop: dict[asyncio.AbstractEventLoop, list],
         request_id: str,
-        stream: _Stream,
+        stream: StreamState,
         output: RequestOutput | None,
         now: float,
     ) -> None:
@@ -464,14 +391,14 @@ class AsyncEngine:
                 isinstance(command, _Add)
                 and (stream := self._streams.get(command.request_id)) is not None
             ):
-                stream.loop.call_soon_threadsafe(_settle, command.accepted, error)
+                stream.loop.call_soon_threadsafe(settle, command.accepted, error)
             elif isinstance(command, _Embed):
-                _settle_from_thread(command.done, error)
+                settle_from_thread(command.done, error)
         for done in self._embeddings.drain():
-            _settle_from_thread(done, error)
+            settle_from_thread(done, error)
         accepting, self._accepting = self._accepting, {}
         for accepted, _ in accepting.values():
-            _settle_from_thread(accepted, error)
+            settle_from_thread(accepted, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         self._holding = {}
@@ -481,7 +408,7 @@ class AsyncEngine:
             items.append((stream.queue, error))
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # as in _deliver: that loop is closed
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(put_all, items)
 
 
 def add_or_error(
@@ -523,23 +450,3 @@ def compiled(engine: LLMEngine, request: Request) -> list[int] | LocalchatError 
     if isinstance(error, LocalchatError):
         return error
     return grammar_error(error)
-
-
-def _settle_from_thread(future: asyncio.Future, result) -> None:
-    """Settle `future` (a result, or an exception to raise) on its own event loop."""
-    with contextlib.suppress(RuntimeError):  # that event loop is closed
-        future.get_loop().call_soon_threadsafe(_settle, future, result)
-
-
-def _put_all(items) -> None:
-    for target, item in items:
-        target.put_nowait(item)
-
-
-def _settle(future: asyncio.Future, result) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)

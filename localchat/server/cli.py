@@ -276,11 +276,12 @@ async def _serve(
     data_parallel_size: int = 1,
 ) -> None:
     from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.engine_client import EngineClient
     from localchat.server.app import build_asgi_app
     from localchat.server.state import ServerState
     from localchat.server.uvicorn_run import serve_until_signal, socket_url, uvicorn_server
 
-    engine: AsyncEngine
+    engine: EngineClient
     if data_parallel_size > 1:  # replicas in processes of their own (server/data_parallel.py)
         from localchat.server.data_parallel import DataParallelEngine
 

@@ -38,10 +38,11 @@ from multiprocessing.process import BaseProcess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import AsyncEngine, RequestStream, _settle, _Stream
+from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.llm_engine import EngineStats
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
+from localchat.engine.request_stream import RequestStream, StreamState, settle
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullError
 from localchat.server.replica_process import ReplicaArgs, ReplicaReady, run_replica
@@ -167,7 +168,7 @@ class _Tracked:
     """A request in flight on a replica: its stream, and its tokens so far (for the router);
     `streamed` once an output went to the client, `aborted` once the client gave it up."""
 
-    stream: _Stream
+    stream: StreamState
     replica: Replica
     tokens: list[int]
     accepted: asyncio.Future | None
@@ -320,12 +321,12 @@ class DataParallelEngine(AsyncEngine):
                     if tracked.accepted is None:  # an accepted request's retry: the stream ends
                         tracked.stream.queue.put_nowait(error)
                 if tracked.accepted is not None:
-                    _settle(tracked.accepted, error)
+                    settle(tracked.accepted, error)
                     tracked.accepted = None
             case ("embedded", embed_id, vectors):
                 future, _ = self._embeds.pop(embed_id, (None, None))
                 if future is not None:
-                    _settle(future, vectors)
+                    settle(future, vectors)
             case ("ready", info):
                 replica.info, replica.stats = info, info.stats
                 if not replica.ready.done():
@@ -393,11 +394,11 @@ class DataParallelEngine(AsyncEngine):
             if report and not self._stopping and self._resend(request_id, tracked):
                 continue  # the client has seen nothing of it: another replica runs it
             if tracked.accepted is not None:
-                _settle(tracked.accepted, error)
+                settle(tracked.accepted, error)
             tracked.stream.queue.put_nowait(error)
         for embed_id in [e for e, (_, r) in self._embeds.items() if r is replica]:
             future, _ = self._embeds.pop(embed_id)
-            _settle(future, error)
+            settle(future, error)
 
     def _update_error(self) -> None:
         dead = [r for r in self.replicas if not r.alive]
@@ -451,7 +452,7 @@ class DataParallelEngine(AsyncEngine):
                 f"request id {request_id!r} is already in use", param="request_id"
             )
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop)
+        stream = StreamState(loop)
         accepted: asyncio.Future = loop.create_future()
         tracked = _Tracked(
             stream, self.replicas[0], list(tokens), accepted, params or SamplingParams()

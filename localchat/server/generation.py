@@ -19,7 +19,8 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
-    from localchat.engine.async_engine import AsyncEngine, RequestStream
+    from localchat.engine.engine_client import EngineClient
+    from localchat.engine.request_stream import RequestStream
 
 
 class ClientDisconnected(Exception):
@@ -69,7 +70,7 @@ class Generation:
     metrics."""
 
     def __init__(
-        self, engine: AsyncEngine, metrics: ServerMetrics, request_id: str, params: SamplingParams
+        self, engine: EngineClient, metrics: ServerMetrics, request_id: str, params: SamplingParams
     ):
         self.engine, self.metrics, self.request_id, self.params = (
             engine,

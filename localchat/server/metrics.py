@@ -39,7 +39,7 @@ E2E_BUCKETS = (
 FINISHED_REASONS = ("stop", "length", "abort")
 
 if TYPE_CHECKING:
-    from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.engine_client import EngineClient
 
 
 class Histogram:
@@ -69,7 +69,7 @@ class ServerMetrics:
     """Everything /metrics reports, over one engine; with `model_name` set (a several-model
     server), every sample carries a `model_name` label."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str | None = None):
+    def __init__(self, engine: EngineClient, model_name: str | None = None):
         self.engine, self.model_name = engine, model_name
         self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
         self.ttft = Histogram(

@@ -20,7 +20,7 @@ from localchat.server.tool_parsers import ToolParser, chat_parsers
 from localchat.server.tools import template_messages
 
 if TYPE_CHECKING:
-    from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.engine_client import EngineClient
     from localchat.server.protocol import ChatCompletionRequest, TokenizeRequest
 
 # chat_template_kwargs may not override what the server itself passes to the template
@@ -33,7 +33,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 class ServerState:
     """Handlers reach it as `request.app.state.server`."""
 
-    engine: AsyncEngine  # started
+    engine: EngineClient  # started
     model_name: str
     api_key: str | None = None
     tool_call_parser: str | None = None  # --tool-call-parser (None: from the chat template)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from localchat.config import EngineConfig
 from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.engine_client import EngineClient
 from localchat.engine.model_source import resolve_model
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError
@@ -39,11 +40,11 @@ class EngineBackend(ChatBackend):
     shut down by `close()`), or an engine shared with others (started if need be, never shut down
     here)."""
 
-    def __init__(self, config: EngineConfig | None = None, *, engine: AsyncEngine | None = None):
+    def __init__(self, config: EngineConfig | None = None, *, engine: EngineClient | None = None):
         self._on_progress: Callable[[str], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.owns_engine = engine is None
-        self.engine = engine or AsyncEngine(
+        self.engine: EngineClient = engine or AsyncEngine(
             config or EngineConfig(), on_load_progress=self._progress
         )
         model = self.engine.config.model

@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from localchat.engine.async_engine import AsyncEngine, _Stream
+from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.engine.request_stream import StreamState
 from localchat.errors import EngineDeadError
 
 
@@ -41,7 +42,7 @@ def engine_on(clock: FakeClock) -> AsyncEngine:
     return engine
 
 
-async def received(stream: _Stream) -> list:
+async def received(stream: StreamState) -> list:
     await asyncio.sleep(0)  # call_soon_threadsafe's callbacks run on the next loop iteration
     items = []
     while not stream.queue.empty():
@@ -52,7 +53,7 @@ async def received(stream: _Stream) -> list:
 
 async def test_the_first_token_goes_at_once_then_one_hand_over_per_interval(clock):
     engine = engine_on(clock)
-    stream = engine._streams["r"] = _Stream(asyncio.get_running_loop(), interval=0.05)
+    stream = engine._streams["r"] = StreamState(asyncio.get_running_loop(), interval=0.05)
     engine._deliver([delta(None)])  # a step without a token (a prefill chunk) is not held
     engine._deliver([delta(1)])
     assert await received(stream) == [[], [1]]
@@ -78,7 +79,7 @@ async def test_the_first_token_goes_at_once_then_one_hand_over_per_interval(cloc
 
 async def test_without_an_interval_every_delta_goes_at_once(clock):
     engine = engine_on(clock)
-    stream = engine._streams["r"] = _Stream(asyncio.get_running_loop())
+    stream = engine._streams["r"] = StreamState(asyncio.get_running_loop())
     for token in (1, 2, 3):
         engine._deliver([delta(token)])
     assert await received(stream) == [[1], [2], [3]]
@@ -86,7 +87,7 @@ async def test_without_an_interval_every_delta_goes_at_once(clock):
 
 async def test_a_failing_engine_hands_over_what_it_held_before_the_error(clock):
     engine = engine_on(clock)
-    stream = engine._streams["r"] = _Stream(asyncio.get_running_loop(), interval=1.0)
+    stream = engine._streams["r"] = StreamState(asyncio.get_running_loop(), interval=1.0)
     engine._deliver([delta(1)])
     engine._deliver([delta(2)])
     engine._fail_all(EngineDeadError("boom"))
