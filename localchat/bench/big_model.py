@@ -43,7 +43,7 @@ _NORMAL_TOKEN = 1
 
 
 def random_file_path(workload: Workload) -> Path:
-    from localchat.engine.model_cache import cache_root
+    from localchat.models.paths import cache_root
 
     if workload.random_gguf is None:
         raise ValueError(f"{workload.name} names no random-weight file")

@@ -129,7 +129,7 @@ def default_tokenizer() -> tuple[
 ]:
     """Every `tokenizer.*` field of the default model's GGUF (key, value, type, array item type),
     and the size of its vocabulary."""
-    from localchat.engine.model_source import pull_default_model
+    from localchat.models.default_model import pull_default_model
 
     reader = GGUFReader(str(pull_default_model()))
     fields = []

@@ -1,4 +1,6 @@
-"""`localchat generate PROMPT`: one reply, streamed to stdout (as a chat turn unless --raw)."""
+"""The engine's commands: `localchat generate PROMPT`, one reply streamed to stdout (as a chat turn
+unless --raw), and `localchat pull`, which downloads a model (models/pull.py) and prepares it for
+the engine."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from localchat.cli_options import engine_options
+from localchat.cli_options import engine_options, report_errors
+from localchat.utils import format_bytes
 
 # when neither the flags nor the model's generation_config.json choose
 CLI_FALLBACK = {"temperature": 0.7, "top_p": 0.95}
@@ -75,3 +78,41 @@ def generate(
             sys.stdout.write(output.outputs[0].text)
             sys.stdout.flush()
     sys.stdout.write("\n")
+
+
+@report_errors
+def pull(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="OWNER/REPO (safetensors), OWNER/REPO:QUANT or OWNER/REPO:FILE.gguf; "
+            "nothing for the default model"
+        ),
+    ] = None,
+) -> None:
+    """Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN) into its cache: resumed
+    when interrupted, checked against the hub's checksums."""
+    from localchat.engine.model_cache import ensure_converted
+
+    if model is None:
+        from localchat.models.default_model import DEFAULT_MODEL_NAME, pull_default_model
+
+        path = pull_default_model()
+        ensure_converted(path)
+        typer.echo(f"{DEFAULT_MODEL_NAME}: {path}")
+        return
+    from localchat.models.names import parse_hub_ref
+    from localchat.models.pull import pull as pull_model
+    from localchat.models.registry import entries
+
+    ref = parse_hub_ref(model)
+    try:
+        pulled = pull_model(ref)
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; `localchat pull {model}` resumes", err=True)
+        raise typer.Exit(130) from None
+    if pulled.plan.kind == "gguf":
+        ensure_converted(pulled.path)
+    name = next((e.name for e in entries() if e.path == pulled.path), model)
+    size = format_bytes(pulled.plan.total_bytes)
+    typer.echo(f"pulled {name} ({ref}, {size}): localchat chat {name}")

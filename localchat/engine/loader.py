@@ -12,11 +12,11 @@ import torch
 
 from localchat.engine.gguf_checkpoint import gguf_weights
 from localchat.engine.model_cache import TENSOR_INDEX, ensure_converted
-from localchat.engine.model_source import ModelSource
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import build_model, text_config
 from localchat.engine.models.weights import Weight, init_dummy, load_weights
 from localchat.errors import InvalidParameterError, ModelNotFoundError
+from localchat.models.source import ModelSource
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 

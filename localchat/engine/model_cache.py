@@ -11,40 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import platformdirs
+from localchat.models.notice import Progress, say
+from localchat.models.paths import CONVERTED_FORMAT, converted_dir
 
-from localchat.engine.model_source import _say
-
-# 4: a manifest of the files instead of a "done" marker; 5: every llama.cpp family (configs read as
-# llama.cpp reads them, end-of-turn tokens among the EOS ids)
-_FORMAT_VERSION = 5
 TENSOR_INDEX = "gguf_tensors.json"  # where the file's tensors are (GGUFCheckpoint.tensor_index)
 # Written last: every other file's name and size. A directory without it, or whose files differ
 # from it (cut short, deleted), is half-written and is rebuilt, never trusted.
 MANIFEST = "manifest.json"
 
 
-def cache_root() -> Path:
-    root = os.environ.get("LOCALCHAT_CACHE_DIR") or platformdirs.user_cache_dir("localchat")
-    return Path(root)
-
-
-def converted_dir(gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
-    return (
-        cache_root()
-        / "gguf"
-        / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{_FORMAT_VERSION}"
-    )
-
-
-def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None) -> Path:
+def ensure_converted(gguf_path: Path, progress: Progress | None = None) -> Path:
     """The converted directory for `gguf_path`, creating it on first use.
 
     It is built in a staging directory and renamed into place whole, under a file lock, so a
@@ -59,7 +40,7 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
         if is_complete(target):  # another process built it while this one waited
             return target
         _remove_leftovers(target, staging_too=exclusive)
-        _say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ...")
+        say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ...")
         staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
         try:
             _convert(gguf_path, staging)
@@ -81,7 +62,7 @@ def is_complete(directory: Path) -> bool:
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
         files = manifest["files"]
-        return manifest["format"] == _FORMAT_VERSION and all(
+        return manifest["format"] == CONVERTED_FORMAT and all(
             (directory / name).stat().st_size == size for name, size in files.items()
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -90,7 +71,7 @@ def is_complete(directory: Path) -> bool:
 
 def _write_manifest(directory: Path) -> None:
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
-    (directory / MANIFEST).write_text(json.dumps({"format": _FORMAT_VERSION, "files": files}))
+    (directory / MANIFEST).write_text(json.dumps({"format": CONVERTED_FORMAT, "files": files}))
 
 
 def _remove_leftovers(target: Path, staging_too: bool) -> None:

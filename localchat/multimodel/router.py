@@ -15,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat import __version__
 from localchat.errors import InvalidParameterError, LocalchatError
-from localchat.multimodel.keep_alive import parse_keep_alive
 from localchat.multimodel.pool import UNSET, EnginePool
+from localchat.server.keep_alive import parse_keep_alive
 from localchat.server.metrics import MultiModelMetrics
 
 Scope = dict[str, Any]

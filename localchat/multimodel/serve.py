@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from localchat.errors import InvalidParameterError, ModelNotFoundError
-from localchat.multimodel.keep_alive import format_duration, parse_keep_alive
+from localchat.server.keep_alive import format_duration, parse_keep_alive
 from localchat.utils import format_bytes, parse_memory_size
 
 logger = logging.getLogger("localchat.server")
@@ -19,7 +19,7 @@ def models_to_serve(models: str | None, models_dir: Path | None) -> dict[str, st
     """Served name -> what the engine loads: the names given (registry names or paths, served as
     typed), then every .gguf file (by its stem) and every directory with a config.json (by its
     name) in `models_dir`. Each one must resolve now, not at its first request."""
-    from localchat.engine.model_source import resolve_model
+    from localchat.models.source import resolve_model
 
     served = {n.strip(): n.strip() for n in (models or "").split(",") if n.strip()}
     if models_dir is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from localchat.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from localchat.errors import InvalidParameterError
-from localchat.multimodel.keep_alive import parse_keep_alive
+from localchat.server.keep_alive import parse_keep_alive
 from localchat.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,

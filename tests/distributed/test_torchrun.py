@@ -46,7 +46,7 @@ def tiny_model(default_gguf, tmp_path_factory) -> Path:
     """A model directory that splits over 2 ranks (8 query heads, 2 KV heads), random weights
     (--load-format dummy, seeded), and the default model's tokenizer, so its output is text."""
     from localchat.engine.loader import model_files
-    from localchat.engine.model_source import resolve_model
+    from localchat.models.source import resolve_model
 
     directory = tmp_path_factory.mktemp("tiny")
     source = model_files(resolve_model(None)).directory

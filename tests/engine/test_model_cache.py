@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat.engine.model_cache import MANIFEST, converted_dir, ensure_converted, is_complete
+from localchat.engine.model_cache import MANIFEST, ensure_converted, is_complete
 from localchat.errors import UnsupportedModelError
+from localchat.models.paths import converted_dir
 
 ANNOUNCEMENT = "reading the tokenizer of"  # ensure_converted's line when it converts
 

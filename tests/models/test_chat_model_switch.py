@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import OptionList
 
 from localchat.config import EngineConfig
-from localchat.engine.model_source import DEFAULT_MODEL_NAME
+from localchat.models.default_model import DEFAULT_MODEL_NAME
 from localchat.models.registry import add_alias
 from localchat.tui.app import ChatApp
 from localchat.tui.engine_backend import EngineBackend

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from localchat.engine.model_source import resolve_model
 from localchat.models.download import storage_dir
+from localchat.models.source import resolve_model
 from tests.models.conftest import GENERATION, GGUF_FILE, GGUF_NAME, GGUF_REPO, ST_NAME, ST_REPO
 
 

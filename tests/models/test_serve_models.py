@@ -253,7 +253,7 @@ def test_model_and_models_are_exclusive(cli, default_gguf):
 
 def test_keep_alive_values():
     from localchat.errors import InvalidParameterError
-    from localchat.multimodel.keep_alive import format_duration, parse_keep_alive
+    from localchat.server.keep_alive import format_duration, parse_keep_alive
 
     assert parse_keep_alive("5m") == 300 and parse_keep_alive("1h30m") == 5400
     assert parse_keep_alive(0) == 0 and parse_keep_alive("0") == 0

