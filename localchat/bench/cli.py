@@ -147,7 +147,8 @@ def bench(
             "--endpoint",
             help="What the requests stream through: completions (token ids, ignore_eos), "
             "messages (Anthropic's /v1/messages) or responses (OpenAI's /v1/responses); "
-            "these two send the prompt as text and count the tokens the server reports",
+            "these two send the prompt as text (and ignore_eos) and count the tokens the "
+            "server reports",
         ),
     ] = "completions",
     concurrency: Annotated[

@@ -6,8 +6,8 @@ Like `vllm bench serve`: requests are released at a Poisson rate (or all at once
 TPOT (latency - TTFT) / (output tokens - 1) with the token count from the final usage chunk
 (`stream_options.include_usage`), or the chunk count when a server sends no usage. Prompts go as
 token ids with `ignore_eos`, greedy, so each request produces exactly its requested number of
-tokens. The text endpoints take the prompt as text and have no `ignore_eos`: their token counts
-are the server's (see `online_text`).
+tokens. The text endpoints take the prompt as text (with `ignore_eos` too, localchat's extension
+there): their token counts are the server's (see `online_text`).
 """
 
 from __future__ import annotations

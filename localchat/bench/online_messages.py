@@ -1,6 +1,7 @@
 """Anthropic's Messages API, streamed (POST /v1/messages): the prompt as one user message; a
 `content_block_delta` with a `text_delta` is a token's arrival, `message_delta` carries the usage.
-The API has no way to ignore the end-of-sequence token: a reply may stop before max_tokens."""
+`ignore_eos` (localchat's extension, as vLLM's) asks for max_tokens tokens; a server without it
+may stop a reply at end-of-sequence."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def body(model: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
+        "ignore_eos": True,
     }
 
 

@@ -1,7 +1,8 @@
 """OpenAI's Responses API, streamed (POST /v1/responses, `store: false`): the prompt as the input
 text; `response.output_text.delta` is a token's arrival, the final `response.completed` (or
-`response.incomplete`, when max_output_tokens cut the reply) carries the usage. The API has no way
-to ignore the end-of-sequence token: a reply may stop before max_output_tokens."""
+`response.incomplete`, when max_output_tokens cut the reply) carries the usage. `ignore_eos`
+(localchat's extension, as vLLM's) asks for max_output_tokens tokens; a server without it may stop
+a reply at end-of-sequence."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def body(model: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
         "temperature": 0.0,
         "stream": True,
         "store": False,
+        "ignore_eos": True,
     }
 
 

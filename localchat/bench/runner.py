@@ -231,7 +231,7 @@ def run_online_bench(
     outcome = BenchOutcome(options.model or name)
     with progress.token_progress(show_progress, "server", total) as advance:
         result = run_online(options, requests, seed=config.seed, advance=advance)
-    why_short = f"{text.path} has no ignore_eos: replies end at end-of-sequence" if text else None
+    why_short = f"does {text.path} honour ignore_eos?" if text else None
     server = outcome.add("server", result, workload.kind, why_short)
     if baseline_fig is not None:
         column, fig = baseline_fig

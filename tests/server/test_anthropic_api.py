@@ -151,6 +151,18 @@ def test_stop_reasons(claude):
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 1
 
 
+def test_ignore_eos_generates_every_token(claude):
+    """localchat's extension: max_tokens tokens past the end of sequence (the reply to a "Say
+    OK" ends within a few tokens without it)."""
+    say_ok = [{"role": "user", "content": "Say OK."}]
+    short = claude.messages.create(**_ask(messages=say_ok, max_tokens=200))
+    assert short.stop_reason == "end_turn" and short.usage.output_tokens < 200
+    full = claude.messages.create(
+        **_ask(messages=say_ok, max_tokens=200, extra_body={**GREEDY, "ignore_eos": True})
+    )
+    assert (full.stop_reason, full.usage.output_tokens) == ("max_tokens", 200)
+
+
 def test_thinking_and_metadata_are_accepted(claude):
     message = claude.messages.create(
         **_ask(

@@ -85,6 +85,17 @@ def test_max_output_tokens_leaves_it_incomplete(client):
     assert cut.usage.output_tokens == 1 and cut.output[0].status == "incomplete"
 
 
+def test_ignore_eos_generates_every_token(client):
+    """localchat's extension: max_output_tokens tokens past the end of sequence (the reply to a
+    "Say OK" ends within a few tokens without it)."""
+    short = client.responses.create(**_ask(input="Say OK.", max_output_tokens=200))
+    assert short.status == "completed" and short.usage.output_tokens < 200
+    full = client.responses.create(
+        **_ask(input="Say OK.", max_output_tokens=200, extra_body={"ignore_eos": True})
+    )
+    assert (full.status, full.usage.output_tokens) == ("incomplete", 200)
+
+
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_weather"}])
 def test_function_calls_forced_by_the_grammar(client, tool_choice):
     fields = _ask(

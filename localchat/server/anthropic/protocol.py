@@ -107,3 +107,6 @@ class MessagesRequest(MessagesInput, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
     metadata: dict[str, Any] | None = None
     stream: bool = False
+    # localchat's extension (vLLM's sampling field): generate max_tokens tokens, past the end of
+    # sequence; benchmarks use it so every API does the same work
+    ignore_eos: bool = False

@@ -198,6 +198,7 @@ def chat_request(data: MessagesInput) -> ChatCompletionRequest:
             "top_p": data.top_p,
             "top_k": data.top_k,
             "stop": data.stop_sequences or None,
+            "ignore_eos": data.ignore_eos,
         }
     last = messages[-1]
     continued = last.role == "assistant" and not last.tool_calls  # a prefilled reply

@@ -59,3 +59,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     metadata: dict[str, str] | None = None
     background: bool = False
+    # localchat's extension (vLLM's sampling field): generate max_output_tokens tokens, past the
+    # end of sequence; benchmarks use it so every API does the same work
+    ignore_eos: bool = False

@@ -290,6 +290,7 @@ def chat_request(
         messages=chat_messages(data.instructions, [*history, *items]),
         model=data.model,
         max_tokens=data.max_output_tokens,
+        ignore_eos=data.ignore_eos,
         temperature=data.temperature,
         top_p=data.top_p,
         tools=_tools(data),
