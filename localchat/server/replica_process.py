@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import add_or_error, compiled, has_grammar
+from localchat.engine.engine_core import add_or_error, compiled, has_grammar
 from localchat.engine.embedding_groups import EmbeddingGroups
 from localchat.engine.llm_engine import EngineStats, LLMEngine
 from localchat.engine.model_info import ModelInfo
