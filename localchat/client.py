@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Self
 
 import httpx
 
+from localchat import envs
 from localchat.sse import sse_chunk
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -48,7 +48,7 @@ def api_base(url: str) -> str:
 
 def auth_headers(api_key: str | None) -> dict:
     """The Bearer header for `api_key`; None falls back to $LOCALCHAT_API_KEY, "" sends none."""
-    api_key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
+    api_key = api_key if api_key is not None else envs.API_KEY.get()
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from localchat import envs
 from localchat.cli_options import engine_options, option
 
 _W, _P, _O, _R = "Workload", "Peers (offline mode)", "Online mode", "Output"
@@ -175,7 +176,7 @@ def bench(
         option(
             _O,
             "--api-key",
-            envvar="LOCALCHAT_API_KEY",
+            envvar=envs.API_KEY.name,
             show_default=False,
             help="Bearer token for the server",
         ),

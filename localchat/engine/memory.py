@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from localchat import envs
+
 logger = logging.getLogger("localchat.engine")
 
 
@@ -89,9 +91,9 @@ def cache_cpu_blocks(activation_bytes: int) -> bool:
         max(CPU_BLOCK_CACHE_ACTIVATIONS * activation_bytes, CPU_BLOCK_CACHE_MIN),
         CPU_BLOCK_CACHE_MAX,
     )
-    chosen = os.environ.get("LOCALCHAT_CPU_BLOCK_CACHE_MB")
+    chosen = envs.CPU_BLOCK_CACHE_MB.get()
     if chosen is not None:
-        limit = int(chosen) << 20
+        limit = chosen << 20
     ext = cpu_kernels()
     if ext is None or limit <= 0:
         return False
@@ -119,9 +121,9 @@ def huge_pages_wanted() -> bool:
     on a Firecracker VM, 2 GiB zeroed in 4-11 s as huge pages against 0.4-1.9 s in 4 KiB pages, and
     an 8B model loaded in 26-28 s against 15-16 s. Elsewhere huge pages load faster (11-12 s -> 6-9
     s on another VM) and decode reads its weights through fewer TLB entries."""
-    choice = os.environ.get("LOCALCHAT_HUGE_PAGES")
+    choice = envs.HUGE_PAGES.get()
     if choice is not None:
-        return choice != "0"
+        return choice
     return not _balloon_reports_free_pages()
 
 

@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from localchat import envs
+
 logger = logging.getLogger("localchat.kernels")
 
 _SOURCE_SUFFIXES = (".cpp", ".h", ".def")  # module.cpp includes the rest
@@ -26,8 +28,8 @@ _TESTS = "tests"  # csrc/tests: standalone kernel tests, not part of the extensi
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed: str | None = None
-REQUIRE_ENV = "LOCALCHAT_REQUIRE_CPU_KERNELS"  # "1": a failed build raises instead of falling back
-ISA_ENV = "LOCALCHAT_CPU_ISA"  # generic, avx2, avx512 or neon: build that ISA's kernels only
+REQUIRE_ENV = envs.REQUIRE_CPU_KERNELS.name  # "1": a failed build raises instead of falling back
+ISA_ENV = envs.CPU_ISA.name  # generic, avx2, avx512 or neon: build that ISA's kernels only
 # each ISA's extra compiler flags, and what its build's simd_isa() says
 ISAS = {
     "generic": (("-DLC_ISA_GENERIC",), ""),
@@ -68,7 +70,7 @@ def _cpu_signature() -> str:
 def cpu_kernels(progress=None) -> ModuleType | None:
     """The compiled extension, building it on first use; None when it cannot be built here."""
     global _module, _failed
-    if _module is not None or os.environ.get("LOCALCHAT_NO_CPU_KERNELS"):
+    if _module is not None or envs.NO_CPU_KERNELS.get():
         return _module
     if _failed is None:
         with _lock:
@@ -82,7 +84,7 @@ def cpu_kernels(progress=None) -> ModuleType | None:
                             "no C++ compiler here (CXX or c++): install g++ or clang++ for the "
                             "C++ CPU kernels"
                         )
-                    isa = os.environ.get(ISA_ENV)
+                    isa = envs.CPU_ISA.get()
                     _module = build_isa(isa, progress) if isa else build_kernels(progress=progress)
                 except Exception as exc:
                     _failed = f"{type(exc).__name__}: {exc}"
@@ -90,7 +92,7 @@ def cpu_kernels(progress=None) -> ModuleType | None:
                         "CPU kernels unavailable, using slower torch ops (%s)",
                         _failed.splitlines()[0],
                     )
-    if _module is None and os.environ.get(REQUIRE_ENV) == "1":
+    if _module is None and envs.REQUIRE_CPU_KERNELS.get():
         raise CpuKernelsUnavailable(
             f"the C++ CPU kernels did not build and {REQUIRE_ENV}=1 requires them: {_failed}"
         )

@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from localchat import envs
+
 
 @functools.cache
 def triton_available() -> bool:
@@ -24,10 +26,7 @@ def triton_available() -> bool:
 
 @functools.cache
 def _triton_on_cpu() -> bool:
-    return (
-        os.environ.get("LOCALCHAT_TRITON_ON_CPU") == "1"
-        and os.environ.get("TRITON_INTERPRET") == "1"
-    )
+    return envs.TRITON_ON_CPU.get() and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def use_triton(tensor: torch.Tensor) -> bool:

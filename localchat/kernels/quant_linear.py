@@ -9,13 +9,14 @@ each runs on its own and the outputs are concatenated.
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from localchat import envs
 from localchat.kernels.activation import silu_and_mul_ref
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
@@ -24,27 +25,25 @@ from localchat.kernels.packed_weight import FILE_BLOCKS, ROWS_PER_BLOCK, PackedW
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
 
 
-def _rows_setting(name: str, default: int | None) -> int | None:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    return int(value) or None  # "0": off
+@dataclass(frozen=True)
+class GemmChoices:
+    """Which paths a projection on the CPU kernels takes, from the LOCALCHAT_* settings below."""
+
+    bf16_min_rows: int | None  # from this many rows the bfloat16 GEMM (None: never)
+    dense_min_rows: int | None  # from this many rows the dequantized float32 GEMM (None: never)
+    int8_activations: bool | None  # one int8 code (True) or two everywhere; None: by width
 
 
 # The CPU kernel computes every row of a decode or a small batch with the same integer arithmetic
 # (bit for bit, whatever the batch). Where the CPU has bfloat16 instructions, a projection with at
 # least BF16_GEMM_MIN_FEATURES inputs (a 1B model's and up) takes another path from
-# BF16_GEMM_MIN_ROWS rows on (a prefill chunk, a large batch): each band of weight rows is restored
+# bf16_min_rows rows on (a prefill chunk, a large batch): each band of weight rows is restored
 # into bfloat16 for one oneDNN GEMM, about 3x the integer panel's throughput at 128 rows, at
 # bfloat16's rounding (about 0.3% of the largest output; a row's result then depends on its
 # batch). Small models keep the exact integer path: their prefill is already quick.
 # LOCALCHAT_BF16_GEMM_MIN_ROWS=0 keeps the integer kernel for every batch;
 # LOCALCHAT_DENSE_MIN_ROWS=N dequantizes the whole weight for one float32 GEMM from N rows on.
-BF16_GEMM_MIN_ROWS = _rows_setting(
-    "LOCALCHAT_BF16_GEMM_MIN_ROWS", 64 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
-)
 BF16_GEMM_MIN_FEATURES = 2048
-DENSE_MIN_ROWS = _rows_setting("LOCALCHAT_DENSE_MIN_ROWS", None)
 # Activations enter the CPU kernel as int8 codes per group of 32 values. A projection with fewer
 # than INT8_ACTIVATION_MIN_FEATURES inputs (a small model's: the default one's) takes two codes per
 # activation (~16 bits), so its logits follow the float32 path's: with one code, the default model's
@@ -54,13 +53,23 @@ DENSE_MIN_ROWS = _rows_setting("LOCALCHAT_DENSE_MIN_ROWS", None)
 # code took about a fifth of an 8B model's decode time on AVX2 (240 against 184-196 ms a token).
 # LOCALCHAT_INT8_ACTIVATIONS=1 takes one code everywhere, =0 two everywhere.
 INT8_ACTIVATION_MIN_FEATURES = 2048
-_INT8_ACTIVATIONS = os.environ.get("LOCALCHAT_INT8_ACTIVATIONS", "")
+
+
+@functools.cache
+def gemm_choices() -> GemmChoices:
+    """The settings, read at first use and kept: the decode hot path projects ~120 times a token
+    (a test that changes them calls gemm_choices.cache_clear())."""
+    bf16 = envs.BF16_GEMM_MIN_ROWS.get()
+    if bf16 is None:
+        bf16 = 64 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+    return GemmChoices(bf16 or None, envs.DENSE_MIN_ROWS.get() or None, envs.INT8_ACTIVATIONS.get())
 
 
 def precise_activations(in_features: int) -> bool:
     """Whether a projection with `in_features` inputs takes two int8 codes per activation."""
-    if _INT8_ACTIVATIONS:
-        return _INT8_ACTIVATIONS == "0"
+    int8 = gemm_choices().int8_activations
+    if int8 is not None:
+        return not int8
     return in_features < INT8_ACTIVATION_MIN_FEATURES
 
 
@@ -83,7 +92,9 @@ def _one(
     (and returns `into`), the others return a new tensor."""
     ext = cpu_kernels() if x.device.type == "cpu" and not use_triton(x) else None
     bits = weight.bits
-    if ext is not None and DENSE_MIN_ROWS is not None and x.shape[0] >= DENSE_MIN_ROWS:
+    choices = gemm_choices()
+    dense_rows, bf16_rows = choices.dense_min_rows, choices.bf16_min_rows
+    if ext is not None and dense_rows is not None and x.shape[0] >= dense_rows:
         dense = ext.dequantize(
             weight.qweight,
             weight.scales,
@@ -100,8 +111,8 @@ def _one(
         )
     if (
         ext is not None
-        and BF16_GEMM_MIN_ROWS is not None
-        and x.shape[0] >= BF16_GEMM_MIN_ROWS
+        and bf16_rows is not None
+        and x.shape[0] >= bf16_rows
         and weight.shape[1] >= BF16_GEMM_MIN_FEATURES
     ):
         x = silu_and_mul_ref(x) if silu_and_mul else x

@@ -4,10 +4,11 @@ cache directory) and, in it, the directory a GGUF file's config and tokenizer ar
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import platformdirs
+
+from localchat import envs
 
 # The converted directory's format (engine/model_cache.py), part of its name, so a new format is
 # written beside the old one. 4: a manifest of the files instead of a "done" marker; 5: every
@@ -17,7 +18,7 @@ CONVERTED_FORMAT = 5
 
 def cache_root() -> Path:
     """The directory everything localchat caches lives under."""
-    return Path(os.environ.get("LOCALCHAT_CACHE_DIR") or platformdirs.user_cache_dir("localchat"))
+    return Path(envs.CACHE_DIR.get() or platformdirs.user_cache_dir("localchat"))
 
 
 def converted_dir(gguf_path: Path) -> Path:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from localchat import envs
 from localchat.cli_options import report_errors
 from localchat.errors import LocalchatError
 from localchat.server.keep_alive import format_duration
@@ -17,7 +18,7 @@ from localchat.utils import format_bytes
 def ps(
     url: Annotated[str, typer.Option("--url", help="The server")] = "http://127.0.0.1:8000",
     api_key: Annotated[
-        str | None, typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", show_default=False)
+        str | None, typer.Option("--api-key", envvar=envs.API_KEY.name, show_default=False)
     ] = None,
 ) -> None:
     """Show a `localchat serve` server's models: memory, idle time, when each unloads."""

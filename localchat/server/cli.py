@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localchat import envs
 from localchat.cli_options import engine_options, option
 from localchat.errors import InvalidParameterError
 from localchat.server.tool_parsers import chat_parsers
@@ -49,7 +50,7 @@ def serve(
         option(
             _PANEL,
             "--api-key",
-            envvar="LOCALCHAT_API_KEY",
+            envvar=envs.API_KEY.name,
             show_default=False,
             help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize",
         ),

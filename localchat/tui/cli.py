@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localchat import envs
 from localchat.cli_options import engine_options, stdin_is_tty
 from localchat.errors import EmptyPromptError, InvalidParameterError
 from localchat.tui.mcp_tools import DEFAULT_TIMEOUT_S, McpTools
@@ -34,7 +35,7 @@ def chat(
         ),
     ] = None,
     api_key: Annotated[
-        str | None, typer.Option("--api-key", envvar="LOCALCHAT_API_KEY", help="API key for --url")
+        str | None, typer.Option("--api-key", envvar=envs.API_KEY.name, help="API key for --url")
     ] = None,
     served_model: Annotated[
         str | None,

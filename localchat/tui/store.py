@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
 import time
 from pathlib import Path
 
+from localchat import envs
 from localchat.errors import InvalidParameterError
 from localchat.tui.conversation import Conversation, StoredMessage
 from localchat.tui.json_mode import JsonMode
 
 logger = logging.getLogger("localchat.tui")
-
-DATA_DIR_ENV = "LOCALCHAT_DATA_DIR"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -48,7 +46,7 @@ _ADDED_COLUMNS = {"json_mode": "TEXT"}
 def data_dir() -> Path:
     """Where localchat keeps its data: $LOCALCHAT_DATA_DIR, else the platform's user data
     directory."""
-    override = os.environ.get(DATA_DIR_ENV)
+    override = envs.DATA_DIR.get()
     if override:
         return Path(override)
     import platformdirs

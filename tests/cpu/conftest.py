@@ -14,7 +14,7 @@ import functools
 
 import pytest
 
-from localchat.kernels import cpu_extension
+from localchat.kernels import cpu_extension, quant_linear
 from localchat.kernels.cpu_extension import build_isa
 from tests.cpu_kernels import kernels_or_skip
 
@@ -49,3 +49,17 @@ def ext():
     """The C++ extension the test runs on (a build failure fails the test; only a machine without
     a C++ compiler skips it)."""
     return kernels_or_skip()
+
+
+@pytest.fixture
+def gemm_env(monkeypatch):
+    """Set LOCALCHAT_BF16_GEMM_MIN_ROWS, ..._DENSE_MIN_ROWS or ..._INT8_ACTIVATIONS for one test,
+    `gemm_env(INT8_ACTIVATIONS="0")`: quant_linear reads them afresh, and again after the test."""
+
+    def set_settings(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(f"LOCALCHAT_{name}", value)
+        quant_linear.gemm_choices.cache_clear()
+
+    yield set_settings
+    quant_linear.gemm_choices.cache_clear()

@@ -214,12 +214,13 @@ def test_every_row_is_computed_the_same_whatever_the_batch(ext):
         assert torch.equal(run(ext, x[40:41], w, precise=True), every[40:41]), name
 
 
-def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch):
-    """From BF16_GEMM_MIN_ROWS rows on, bands of restored bfloat16 weight rows feed oneDNN GEMMs:
-    every layout, either row order, the fused SiLU input and a bias, within bfloat16's rounding."""
+def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch, gemm_env):
+    """From LOCALCHAT_BF16_GEMM_MIN_ROWS rows on, bands of restored bfloat16 weight rows feed
+    oneDNN GEMMs: every layout, either row order, the fused SiLU input and a bias, within
+    bfloat16's rounding."""
     from localchat.kernels import quant_linear as module
 
-    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", 32)
+    gemm_env(BF16_GEMM_MIN_ROWS="32")
     monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
     for name, w in weights(40, 256).items():
         for weight in (w, interleave_for_kernel(w)):
@@ -241,14 +242,16 @@ def test_the_bfloat16_gemm_from_its_row_count_on(ext, monkeypatch):
             )
 
 
-def test_the_bfloat16_gemm_restores_exactly_the_reference_weights_rounded(ext, monkeypatch):
+def test_the_bfloat16_gemm_restores_exactly_the_reference_weights_rounded(
+    ext, monkeypatch, gemm_env
+):
     """The weights the bfloat16 GEMM multiplies are PackedWeight.dequantize's values rounded to
     bfloat16, bit for bit: one-hot activation rows read them back, for every layout, both row
     orders and a short last block of rows."""
     from localchat.kernels import quant_linear as module
     from tests.cpu.test_interleaved_weights import copy
 
-    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", 32)
+    gemm_env(BF16_GEMM_MIN_ROWS="32")
     monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
     eye = torch.eye(512)
     for name, w in weights(42, 512).items():
@@ -257,13 +260,13 @@ def test_the_bfloat16_gemm_restores_exactly_the_reference_weights_rounded(ext, m
             assert torch.equal(quant_linear(eye, weight), expected), (name, weight.interleaved)
 
 
-def test_a_multi_part_projection_writes_each_part_into_its_columns(ext, monkeypatch):
+def test_a_multi_part_projection_writes_each_part_into_its_columns(ext, monkeypatch, gemm_env):
     """A tuple of PackedWeights (q, k and v of different types, as in Q4_K_M files) gives each
     part's own product in its columns: through the bfloat16 GEMM (written in place), with a bias,
     and through the integer kernel below the row threshold."""
     from localchat.kernels import quant_linear as module
 
-    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", 32)
+    gemm_env(BF16_GEMM_MIN_ROWS="32")
     monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
     kinds = weights(40, 256)
     parts = tuple(interleave_for_kernel(kinds[name]) for name in list(kinds)[:3])
@@ -278,13 +281,13 @@ def test_a_multi_part_projection_writes_each_part_into_its_columns(ext, monkeypa
             assert got.shape == (rows, bias.numel()) and torch.equal(got, alone), (rows, b is None)
 
 
-def test_large_projections_take_one_activation_code_small_ones_two(ext, monkeypatch):
+def test_large_projections_take_one_activation_code_small_ones_two(ext, gemm_env):
     """From INT8_ACTIVATION_MIN_FEATURES inputs on, a projection's activations take one int8 code
     each (llama.cpp's precision), below it two; LOCALCHAT_INT8_ACTIVATIONS=0/1 sets either
     everywhere."""
     from localchat.kernels import quant_linear as module
 
-    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", None)
+    gemm_env(BF16_GEMM_MIN_ROWS="0")
     large = module.INT8_ACTIVATION_MIN_FEATURES
     for cols in (large // 2, large):
         for name, w in weights(16, cols).items():
@@ -294,17 +297,15 @@ def test_large_projections_take_one_activation_code_small_ones_two(ext, monkeypa
             assert torch.equal(got, run(ext, x, w, precise=precise)), name
             assert not torch.equal(got, run(ext, x, w, precise=not precise)), name
     for setting, expected in (("0", True), ("1", False)):
-        monkeypatch.setattr(module, "_INT8_ACTIVATIONS", setting)
+        gemm_env(INT8_ACTIVATIONS=setting)
         assert module.precise_activations(16) is expected
         assert module.precise_activations(large) is expected
 
 
-def test_the_dequantized_gemm_when_asked_for(ext, monkeypatch):
+def test_the_dequantized_gemm_when_asked_for(ext, gemm_env):
     """LOCALCHAT_DENSE_MIN_ROWS: from that many rows, the weight is dequantized for a float GEMM."""
-    from localchat.kernels import quant_linear as module
 
-    monkeypatch.setattr(module, "BF16_GEMM_MIN_ROWS", None)
-    monkeypatch.setattr(module, "DENSE_MIN_ROWS", 32)
+    gemm_env(BF16_GEMM_MIN_ROWS="0", DENSE_MIN_ROWS="32")
     for name, w in weights(40, 160).items():
         args = (w.qweight, w.scales, w.mins, w.super_scales, w.bits, w.group_size, w.zero_point)
         dense = ext.dequantize(*args, w.arrangement)

@@ -14,7 +14,6 @@ import pytest
 from localchat import LLM
 from localchat.bench.gguf_shapes import ModelShape
 from localchat.bench.random_gguf import QUANTS, write_random_gguf
-from localchat.kernels import quant_linear
 from localchat.kernels.packed_weight import PackedWeight
 from tests.logits_reference import assert_follows, random_prompts
 
@@ -39,8 +38,8 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("quant", TYPES)
-def test_a_model_in_each_type_follows_the_float_path(quant, default_gguf, tmp_path, monkeypatch):
-    monkeypatch.setattr(quant_linear, "_INT8_ACTIVATIONS", "0")
+def test_a_model_in_each_type_follows_the_float_path(quant, default_gguf, tmp_path, gemm_env):
+    gemm_env(INT8_ACTIVATIONS="0")
     path = write_random_gguf(tmp_path / f"tiny-{quant}.gguf", SHAPE, quant, seed=1)
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="16MiB")
     model = llm.engine.runner.model

@@ -37,9 +37,9 @@ def _expert_parts(llm: LLM) -> list[PackedWeight]:
 
 
 @pytest.mark.parametrize("in_blocks", [True, False], ids=["blocks", "repacked"])
-def test_mxfp4_experts_follow_the_float_path(gpt_oss, in_blocks, monkeypatch):
+def test_mxfp4_experts_follow_the_float_path(gpt_oss, in_blocks, monkeypatch, gemm_env):
     model, path = gpt_oss
-    monkeypatch.setattr(quant_linear, "_INT8_ACTIVATIONS", "0")  # two codes: the float path's
+    gemm_env(INT8_ACTIVATIONS="0")  # two codes: the float path's
     # each expert's gate and up stay two weights (a small model's are copied into one)
     monkeypatch.setattr(quant_linear, "FUSE_MAX_BYTES", 0)
     if in_blocks:  # the tiny model's rows (64 and 32 inputs) in their blocks, as a real model's
