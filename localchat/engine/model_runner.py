@@ -132,6 +132,16 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
+    # --- other processes --------------------------------------------------------------------------
+    # Every runner has these; a tensor-parallel one (distributed/tp_runner.py) fills them in, so the
+    # engine calls them without asking whether they exist.
+    def check_health(self) -> None:
+        """Raise EngineDeadError when a part of the runner in another process has died (the engine
+        calls this every second while idle); one process has none."""
+
+    def close(self) -> None:
+        """Release what the runner holds in other processes (a tensor-parallel group's ranks)."""
+
     # --- one step ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[tuple[int, TokenLogprob | None] | None]:

@@ -65,7 +65,7 @@ def _greedy_run(llm: LLM) -> tuple[list[list[int]], int]:
 
 
 def _close(llm: LLM) -> None:
-    llm.engine.runner.close()  # type: ignore[attr-defined]
+    llm.engine.runner.close()
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_greedy_tokens_equal_one_rank_and_transformers(family, size, tmp_path, m
         tokens = [out.token_ids for out in llm.generate(prompts, params)]
         logits = llm.engine.prompt_logits(prompts[-1])
     finally:
-        llm.engine.runner.close()  # type: ignore[attr-defined]
+        llm.engine.runner.close()
     assert tokens == expected
     torch.testing.assert_close(logits, one_logits, rtol=0, atol=1e-4)
     torch.testing.assert_close(logits, hf_logits, rtol=1e-4, atol=1e-4)
