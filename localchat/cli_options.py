@@ -205,7 +205,8 @@ def engine_options(func):
         kwargs["engine_config"] = EngineConfig(model=kwargs.get("model"), **engine_kwargs)
         return func(*args, **kwargs)
 
-    wrapper.__signature__ = signature.replace(parameters=own + extra)
+    # what typer (through inspect.signature) reads; functools.wraps' type does not declare it
+    wrapper.__signature__ = signature.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in own + extra}
     return report_errors(wrapper)
 
