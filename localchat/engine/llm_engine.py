@@ -360,9 +360,10 @@ class LLMEngine:
             metrics.finished_time = time.monotonic()
         first = request.seqs[0]
         prompt_logprobs = None
-        if (
-            first.prompt_logprobs is not None
-            and first.num_computed_tokens >= first.num_prompt_tokens
+        # the whole prompt is computed once a token is sampled (a finished sequence's count of
+        # computed tokens is back at 0: with max_tokens=1, the step that ends the prompt ends it)
+        if first.prompt_logprobs is not None and (
+            first.num_output_tokens > 0 or first.num_computed_tokens >= first.num_prompt_tokens
         ):
             prompt_logprobs, first.prompt_logprobs = first.prompt_logprobs, None  # handed over once
         return RequestOutput(

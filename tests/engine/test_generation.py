@@ -192,3 +192,13 @@ def test_prompt_logprobs_cover_every_prompt_token_across_chunks_and_cached_prefi
         assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
     assert gen(llm, ids, temperature=0, max_tokens=2).prompt_logprobs is None
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+def test_prompt_logprobs_come_with_a_single_new_token(llm, max_tokens):
+    """lm-evaluation-harness scores a prompt with max_tokens=1: the step that computes the prompt
+    also samples and finishes the sequence, and the prompt's logprobs still come with it."""
+    ids = llm.engine.tokenize("The quick brown fox")
+    out = gen(llm, ids, temperature=0, max_tokens=max_tokens, prompt_logprobs=1)
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(ids)
+    assert out.prompt_logprobs[0] is None and all(e is not None for e in out.prompt_logprobs[1:])

@@ -210,15 +210,16 @@ def test_echo_and_token_prompts(openai_client, http):
     assert batch.usage.prompt_tokens == sum(single)
 
 
-@pytest.mark.parametrize("top", [0, 2])
-def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
+@pytest.mark.parametrize(("top", "max_tokens"), [(0, 3), (2, 3), (2, 1)])
+def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top, max_tokens):
     """OpenAI's legacy `echo` + `logprobs`: the prompt's tokens come first, the first without a
-    logprob, each scored as log_softmax of the model's own logits at the position before it."""
+    logprob, each scored as log_softmax of the model's own logits at the position before it. With
+    max_tokens=1 too: lm-evaluation-harness scores prompts so."""
     prompt = "The capital of France is Paris, and the capital of Italy is"
     ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
     reference = llm.engine.prompt_logits(ids).log_softmax(dim=-1)
     response = openai_client.completions.create(
-        model=MODEL, prompt=prompt, echo=True, logprobs=top, max_tokens=3, temperature=0
+        model=MODEL, prompt=prompt, echo=True, logprobs=top, max_tokens=max_tokens, temperature=0
     )
     choice = response.choices[0]
     logprobs = choice.logprobs
@@ -239,7 +240,7 @@ def test_echo_with_logprobs_scores_the_prompt(openai_client, http, llm, top):
             prompt=prompt,
             echo=True,
             logprobs=top,
-            max_tokens=3,
+            max_tokens=max_tokens,
             temperature=0,
             stream=True,
         )
