@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from localchat.bench.cli import bench
+from localchat.cli_help import NarrowHelpCommand
 from localchat.engine.cli import generate, pull
 from localchat.models import cli as models_cli
 from localchat.multimodel.cli import ps
@@ -20,19 +21,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command()(generate)
-app.command()(chat)
-app.command()(serve)
-app.command()(bench)
-app.command()(pull)
-app.command("list")(models_cli.list_models)
-app.command()(models_cli.show)
-app.command()(models_cli.rm)
-app.command()(models_cli.alias)
-app.command()(ps)
+for command, name in (
+    (generate, None),
+    (chat, None),
+    (serve, None),
+    (bench, None),
+    (pull, None),
+    (models_cli.list_models, "list"),
+    (models_cli.show, None),
+    (models_cli.rm, None),
+    (models_cli.alias, None),
+    (ps, None),
+):
+    app.command(name, cls=NarrowHelpCommand)(command)
 
 
-@app.command()
+@app.command(cls=NarrowHelpCommand)
 def version() -> None:
     """Print the version."""
     from localchat import __version__

@@ -153,6 +153,8 @@ def serve(
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
     SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP API: chat and completions, SSE streaming,
     tokenize, /metrics, docs at /docs."""
+    if not 0 <= port <= 65535:
+        raise InvalidParameterError(f"--port must be 0 to 65535, got {port}", param="port")
     if max_waiting < 1:
         raise InvalidParameterError(
             f"--max-waiting must be >= 1, got {max_waiting}", param="max_waiting"
