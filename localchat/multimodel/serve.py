@@ -64,6 +64,7 @@ async def serve_models(
     keep_alive: float | None,
     api_key: str | None,
     cors_origins: list[str] | None,
+    hosts: frozenset[str] | None,
     max_waiting: int,
     grace_period: float,
     log_level: str,
@@ -75,6 +76,7 @@ async def serve_models(
     from localchat.multimodel.router import ModelRouter
     from localchat.server.access_log import access_log
     from localchat.server.app import build_app
+    from localchat.server.request_guard import guard_hosts
     from localchat.server.responses.routes import stored_responses_app
     from localchat.server.responses.store import open_store
     from localchat.server.state import ServerState
@@ -114,7 +116,9 @@ async def serve_models(
                 format_bytes(max_memory),
             )
     server = uvicorn_server(
-        access_log(ModelRouter(pool, api_key, stored_responses_app(responses_store))),
+        access_log(
+            guard_hosts(ModelRouter(pool, api_key, stored_responses_app(responses_store)), hosts)
+        ),
         log_level=log_level,
         grace_period=grace_period,
     )

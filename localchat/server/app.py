@@ -11,6 +11,7 @@ from localchat import __version__
 from localchat.server.access_log import access_log
 from localchat.server.anthropic.routes import anthropic_router
 from localchat.server.errors import handle_exception
+from localchat.server.request_guard import guard_hosts, require_json
 from localchat.server.responses.routes import ROUTES as RESPONSES_ROUTES
 from localchat.server.responses.store import MemoryResponseStore, ResponseStore
 from localchat.server.routes_chat import create_chat_completion
@@ -27,7 +28,8 @@ def build_app(
 ) -> Litestar:
     """The Litestar app; OpenAPI docs at /docs. Every error is answered in OpenAI's error shape
     (Anthropic's on /v1/messages). `responses` keeps the Responses API's responses (in memory when
-    not given)."""
+    not given). A body must be application/json (request_guard.py); CORS is off unless
+    `cors_origins` names origins."""
     return Litestar(
         route_handlers=[
             create_chat_completion,
@@ -44,6 +46,7 @@ def build_app(
             }
         ),
         exception_handlers={Exception: handle_exception},
+        middleware=[require_json],
         cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])
         if cors_origins
         else None,
@@ -61,6 +64,8 @@ def build_asgi_app(
     server: ServerState,
     cors_origins: list[str] | None = None,
     responses: ResponseStore | None = None,
+    hosts: frozenset[str] | None = None,
 ):
-    """The app wrapped in the access log, as uvicorn runs it."""
-    return access_log(build_app(server, cors_origins, responses))
+    """The app behind the Host check (`hosts`: request_guard.allowed_hosts) and in the access log,
+    as uvicorn runs it."""
+    return access_log(guard_hosts(build_app(server, cors_origins, responses), hosts))

@@ -19,6 +19,7 @@ import typer
 from localchat import envs
 from localchat.cli_options import engine_options, option
 from localchat.errors import InvalidParameterError
+from localchat.server import request_guard
 from localchat.server.tool_parsers import chat_parsers
 
 logger = logging.getLogger("localchat.server")
@@ -58,6 +59,15 @@ def serve(
     cors_origin: Annotated[
         list[str] | None,
         option(_PANEL, "--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)"),
+    ] = None,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        option(
+            _PANEL,
+            "--allowed-hosts",
+            help="Host names to answer besides localhost, 127.0.0.1 and [::1] (repeatable or "
+            "comma-separated; '*': any); others get 403",
+        ),
     ] = None,
     max_waiting: Annotated[
         int,
@@ -202,9 +212,11 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     sock = _bind(host, port)
+    names = [name.strip() for item in allowed_hosts or () for name in item.split(",")]
     options: dict[str, Any] = {
         "api_key": api_key or None,
         "cors_origins": cors_origin or None,
+        "hosts": request_guard.allowed_hosts(host, [name for name in names if name]),
         "max_waiting": max_waiting,
         "grace_period": grace_period,
         "log_level": log_level.lower(),
@@ -273,6 +285,7 @@ async def _serve(
     max_waiting,
     grace_period,
     log_level,
+    hosts: frozenset[str] | None = None,
     parsers: tuple[str | None, str | None] = (None, None),
     pooling: str = "last",
     responses_store=None,
@@ -307,7 +320,7 @@ async def _serve(
             reasoning_parser=parsers[1],
             pooling=pooling,
         )
-        app = build_asgi_app(server_state, cors_origins, responses_store)
+        app = build_asgi_app(server_state, cors_origins, responses_store, hosts)
         server = uvicorn_server(app, log_level=log_level, grace_period=grace_period)
         logger.info(
             "serving %s (max_model_len %d) on %s%s",
