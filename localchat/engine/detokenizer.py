@@ -3,12 +3,14 @@
 Text grows token by token through the tokenizer's DecodeStream (no replacement characters from a
 multi-byte character split across tokens). A stop string may span tokens; the tail of the text that
 could still become one is held back, so nothing after a stop string is ever streamed, and the deltas
-handed out always concatenate to the final text.
+handed out always concatenate to the final text. The stop strings are watched by an automaton
+(engine/stop_strings.py): each token costs time in its own text, not in the stop strings' sizes.
 """
 
 from __future__ import annotations
 
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.stop_strings import StopMatcher
 
 _PROMPT_CONTEXT_TOKENS = (
     6  # enough prompt tokens for the decoder to place the first output token's spacing
@@ -25,8 +27,8 @@ class IncrementalDetokenizer:
         context = prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]
         self._stream = DecodeStream(context, skip_special_tokens=params.skip_special_tokens)
         self._stops = params.stop or []
+        self._matcher = StopMatcher(self._stops) if self._stops else None
         self._include_stop = params.include_stop_str_in_output
-        self._max_stop_len = max((len(s) for s in self._stops), default=0)
         self.text = ""
         self._emitted = 0
 
@@ -36,35 +38,20 @@ class IncrementalDetokenizer:
         chunk = self._stream.step(self._backend, token_id)
         if not chunk:
             return None
-        start = len(self.text)
         self.text += chunk
-        return self._find_stop(start) if self._stops else None
-
-    def _find_stop(self, new_start: int) -> str | None:
-        best = None
-        for stop in self._stops:
-            index = self.text.find(stop, max(0, new_start - len(stop) + 1))
-            if index >= 0 and (best is None or index < best[0]):
-                best = (index, stop)
-        if best is None:
+        if self._matcher is None:
             return None
-        index, stop = best
-        self.text = self.text[: index + len(stop) if self._include_stop else index]
+        match = self._matcher.feed(chunk)
+        if match is None:
+            return None
+        stop = self._stops[match.index]
+        self.text = self.text[: match.start + len(stop) if self._include_stop else match.start]
         return stop
-
-    def _held_back(self) -> int:
-        """Length of the longest tail of the text that is the start of some stop string."""
-        longest = 0
-        for stop in self._stops:
-            for size in range(min(len(stop) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
 
     def take_delta(self, finished: bool) -> str:
         """The text not handed out yet that can no longer turn into a stop string."""
-        end = len(self.text) if finished or not self._stops else len(self.text) - self._held_back()
+        held = 0 if finished or self._matcher is None else self._matcher.held
+        end = len(self.text) - held
         if end <= self._emitted:
             return ""
         delta = self.text[self._emitted : end]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localchat.engine.request_limits import LIMITS
 from localchat.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
@@ -109,6 +110,7 @@ class SamplingParams:
             "prompt_logprobs",
             f"an integer in [0, {MAX_LOGPROBS}]",
         )
+        self._check_sizes(stop, stop_token_ids)
         check(all(isinstance(s, str) and s for s in stop), "stop", "a list of non-empty strings")
         check(
             all(isinstance(t, int) and t >= 0 for t in stop_token_ids),
@@ -137,6 +139,28 @@ class SamplingParams:
             "bad_words",
             "a list of non-empty strings",
         )
+
+    def _check_sizes(self, stop: list[str], stop_token_ids: list[int]) -> None:
+        """Each list within its RequestLimits bound (engine/request_limits.py)."""
+
+        def most(name: str, items, count: int, chars: int | None = None) -> None:
+            if len(items) > count:
+                raise InvalidParameterError(
+                    f"{name} holds at most {count} entries, got {len(items)}", param=name
+                )
+            if chars is not None:
+                longest = max((len(i) for i in items if isinstance(i, str)), default=0)
+                if longest > chars:
+                    raise InvalidParameterError(
+                        f"{name}: each entry holds at most {chars} characters, got {longest}",
+                        param=name,
+                    )
+
+        most("stop", stop, LIMITS.stop_strings, LIMITS.stop_string_chars)
+        most("stop_token_ids", stop_token_ids, LIMITS.stop_token_ids)
+        most("bad_words", self.bad_words or [], LIMITS.bad_words, LIMITS.bad_word_chars)
+        most("logit_bias", self.logit_bias or {}, LIMITS.logit_bias)
+        most("allowed_token_ids", self.allowed_token_ids or [], LIMITS.allowed_token_ids)
 
     @property
     def greedy(self) -> bool:

@@ -49,15 +49,18 @@ def _logit_bias(request: SamplingFields) -> dict[int, float] | None:
         return None
     bias = {}
     for key, value in request.logit_bias.items():
-        _require(
-            key.strip().isdigit(), f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
+        token = key.strip()
+        _require(  # ASCII digits only: "²" is a digit to str.isdigit, and not to int()
+            token.isascii() and token.isdecimal(),
+            f"logit_bias keys must be token ids, got {key!r}",
+            "logit_bias",
         )
         _require(
             -100.0 <= value <= 100.0,
             f"logit_bias values must be in [-100, 100], got {value}",
             "logit_bias",
         )
-        bias[int(key)] = value
+        bias[int(token)] = value
     return bias
 
 

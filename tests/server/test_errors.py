@@ -73,6 +73,13 @@ CASES = [
     _chat("logit-bias-key", "logit_bias", logit_bias={"hi": 1}),
     _chat("logit-bias-value", "logit_bias", logit_bias={"5": 101}),
     _chat("logit-bias-vocab", "logit_bias", logit_bias={"99999999": 1}),
+    _chat("logit-bias-superscript-key", "logit_bias", logit_bias={"\u00b2": 1}),
+    _chat("logit-bias-too-many", "logit_bias", logit_bias={str(i): 1 for i in range(1025)}),
+    # bounded work per request (engine/request_limits.py)
+    _chat("stop-too-many", "stop", stop=[f"s{i}" for i in range(65)]),
+    _chat("stop-too-long", "stop", stop=["x" * 1025]),
+    _completion("stop-token-ids-too-many", "stop_token_ids", stop_token_ids=list(range(1025))),
+    _chat("bad-words-too-many", "bad_words", bad_words=[f"w{i}" for i in range(1025)]),
     _chat("allowed-ids-empty", "allowed_token_ids", allowed_token_ids=[]),
     _completion("allowed-ids-vocab", "allowed_token_ids", allowed_token_ids=[10**8]),
     _chat("bad-words-empty", "bad_words", bad_words=[""]),
