@@ -152,7 +152,8 @@ def test_every_kernel_path_gives_the_repacked_bits(ext, qtype, shape):
     )
 
 
-@pytest.mark.parametrize("each_isa", ["native"], indirect=True)  # it makes its own build
+@pytest.mark.slow  # it makes its own build (about a minute)
+@pytest.mark.parametrize("each_isa", ["native"], indirect=True)
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
 def test_q4_blocks_without_vbmi_give_the_repacked_bits(ext, qtype, monkeypatch):
     """The AVX-512 VNNI kernels for Q4_0 and Q4_1 blocks take their bytes apart with VBMI's byte

@@ -33,7 +33,8 @@ def build_and_run(compiler: str, flags: list[str], out: Path, runner: list[str])
     return run.stdout
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2"])
+# the native build in the fast subset; the AVX2 and ARM builds (15-20 s each) in the full run
+@pytest.mark.parametrize("isa", ["native", pytest.param("avx2", marks=pytest.mark.slow)])
 def test_this_cpus_kernels_agree_with_the_generic_ones(isa, tmp_path):
     compiler = cpu_extension.compiler()
     if compiler is None:
@@ -48,6 +49,7 @@ def test_this_cpus_kernels_agree_with_the_generic_ones(isa, tmp_path):
     assert expected is None or out.startswith(expected), out.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_the_arm_neon_kernels_agree_with_the_generic_ones_under_qemu(tmp_path):
     compiler, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
     if compiler is None or qemu is None:

@@ -17,7 +17,18 @@ MAX_MODEL_LEN = 128
 BLOCK_SIZE = 16
 
 
-@pytest.fixture(scope="module", params=WINDOWED)
+# gemma2 (local and global layers interleaved, two KV groups) in the fast subset; the other
+# windowed families (about 20-60 s each here) in the full run
+FAST_FAMILY = "gemma2"
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=() if name == FAST_FAMILY else pytest.mark.slow)
+        for name in WINDOWED
+    ],
+)
 def family(request, tmp_path_factory):
     name = request.param
     directory = tmp_path_factory.mktemp(name)

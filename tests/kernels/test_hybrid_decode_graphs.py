@@ -40,6 +40,7 @@ class ReplayedGraphs(DecodeGraphs):
             self.graphs[size] = _Replay(self, size, max_seq_len)  # type: ignore[assignment]
 
 
+@pytest.mark.slow  # about 25 s: the full run's
 def test_decode_graphs_serve_every_kv_group(tmp_path, monkeypatch):
     hf = save("gemma3", tmp_path)
     hf.generation_config.eos_token_id = None
