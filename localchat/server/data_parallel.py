@@ -1,10 +1,11 @@
 """`localchat serve --data-parallel-size N`: N engine replicas, each in a spawned process of its
 own (replica_process.py), behind the one HTTP front end.
 
-DataParallelEngine stands where the server's AsyncEngine stands (it is one, to the handlers): the
-event loop tokenizes and renders chats with replica 0's tokenizer, routes each request with a
-PrefixRouter (replica_router.py), and follows its deltas from the replica's pipe. Per replica, a
-sender thread writes commands (so a full pipe never blocks the event loop) and a reader thread
+DataParallelEngine is an EngineClient (engine_client.py), as the server's AsyncEngine is: the event
+loop tokenizes and renders chats with replica 0's tokenizer, routes each request with a
+PrefixRouter (replica_router.py), and follows its deltas from the replica's pipe (the commands
+and events of engine_messages.py, as an EngineCore speaks them). Per replica, a sender thread
+writes commands (so a full pipe never blocks the event loop) and a reader thread
 hands each message to the event loop.
 
 Failure: a replica that exits (its pipe closes) or sends nothing for DP_TIMEOUT seconds (it sends a
@@ -38,14 +39,29 @@ from multiprocessing.process import BaseProcess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.engine_client import TextFront
+from localchat.engine.engine_messages import (
+    AbortRequest,
+    Accepted,
+    AddRequest,
+    CoreFailed,
+    CoreReady,
+    Embedded,
+    EmbedPrompts,
+    EngineCommand,
+    EngineEvent,
+    LoadFailed,
+    Shutdown,
+    Started,
+    StepDone,
+)
 from localchat.engine.llm_engine import EngineStats
 from localchat.engine.model_info import ModelInfo
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.request_stream import RequestStream, StreamState, settle
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullError
-from localchat.server.replica_process import ReplicaArgs, ReplicaReady, run_replica
+from localchat.server.replica_process import ReplicaArgs, run_replica
 from localchat.server.replica_router import PrefixRouter
 
 logger = logging.getLogger("localchat.server")
@@ -99,10 +115,16 @@ def replica_devices(config: EngineConfig, size: int) -> list[str | None]:
 class Replica:
     """One replica process, its pipes and threads, and what the front end knows of it."""
 
-    def __init__(self, index: int, args: ReplicaArgs, loop: asyncio.AbstractEventLoop, owner):
+    def __init__(
+        self,
+        index: int,
+        args: ReplicaArgs,
+        loop: asyncio.AbstractEventLoop,
+        owner: DataParallelEngine,
+    ):
         self.index = index
         self.loop = loop
-        self.owner: DataParallelEngine = owner
+        self.owner = owner
         context = mp.get_context("spawn")
         their_commands, self.commands = context.Pipe(duplex=False)
         self.events, their_events = context.Pipe(duplex=False)
@@ -116,15 +138,15 @@ class Replica:
         self.process.start()
         their_commands.close()
         their_events.close()
-        self.ready: asyncio.Future[ReplicaReady] = loop.create_future()
-        self.info: ReplicaReady | None = None
+        self.ready: asyncio.Future[CoreReady] = loop.create_future()
+        self.info: CoreReady | None = None
         self.stats: EngineStats | None = None
         self.alive = True
         self.failure: str | None = None
         self.last_seen = time.monotonic()
         self.in_flight = 0
         self.routed = {"prefix": 0, "load": 0}
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[EngineCommand | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._send_loop, name=f"{self.process.name}-send", daemon=True),
             threading.Thread(target=self._read_loop, name=f"{self.process.name}-read", daemon=True),
@@ -132,9 +154,9 @@ class Replica:
         for thread in self._threads:
             thread.start()
 
-    def send(self, message: tuple) -> None:
+    def send(self, command: EngineCommand) -> None:
         if self.alive:
-            self._outbox.put(message)
+            self._outbox.put(command)
 
     def _send_loop(self) -> None:
         while (message := self._outbox.get()) is not None:
@@ -146,14 +168,14 @@ class Replica:
     def _read_loop(self) -> None:
         while True:
             try:
-                message = self.events.recv()
+                events: list[EngineEvent] | None = self.events.recv()
             except (EOFError, OSError):
-                message = ("lost",)
+                events = None  # the pipe closed: the replica is gone
             try:
-                self.loop.call_soon_threadsafe(self.owner._on_event, self, message)
+                self.loop.call_soon_threadsafe(self.owner._on_events, self, events)
             except RuntimeError:  # the event loop is closed
                 return
-            if message[0] == "lost":
+            if events is None:
                 return
 
     def close_pipes(self) -> None:
@@ -177,7 +199,7 @@ class _Tracked:
     aborted: bool = False
 
 
-class DataParallelEngine(AsyncEngine):
+class DataParallelEngine(TextFront):
     """`size` replicas of `config`, each its own process; used by the server like an AsyncEngine.
 
     `max_waiting` bounds each replica's requests beyond its `max_num_seqs`; a request goes to
@@ -197,7 +219,9 @@ class DataParallelEngine(AsyncEngine):
             raise InvalidParameterError(
                 f"--data-parallel-size must be >= 1, got {size}", param="data_parallel_size"
             )
-        super().__init__(config, max_waiting=max_waiting)
+        self.config = config
+        self.max_waiting = max_waiting
+        self.error: BaseException | None = None
         self.size = size
         self.log_level = log_level
         self.router = router or PrefixRouter(config.block_size)
@@ -208,6 +232,8 @@ class DataParallelEngine(AsyncEngine):
         self._model_info: ModelInfo | None = None
         self._watchdog: asyncio.Task | None = None
         self._reaping: set[asyncio.Future] = set()
+        self._ids = itertools.count()
+        self._stopping = False
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> DataParallelEngine:
@@ -267,7 +293,7 @@ class DataParallelEngine(AsyncEngine):
         """Stop every replica (killed if it takes over STOP_TIMEOUT s) and fail what still runs."""
         self._stopping = True
         for replica in self.replicas:
-            replica.send(("stop",))
+            replica.send(Shutdown())
         deadline = time.monotonic() + STOP_TIMEOUT
         while time.monotonic() < deadline and any(
             r.process.exitcode is None for r in self.replicas
@@ -305,14 +331,24 @@ class DataParallelEngine(AsyncEngine):
                     self._fail(replica, f"it sent nothing for {DP_TIMEOUT:.0f} s (hung); killed")
 
     # --- events from the replicas (on the event loop) ---------------------------------------------
-    def _on_event(self, replica: Replica, message: tuple) -> None:
+    def _on_events(self, replica: Replica, events: list[EngineEvent] | None) -> None:
+        """A list of the replica's events, or None once its pipe closed."""
         replica.last_seen = time.monotonic()
-        match message:
-            case ("step", outputs, stats, evicted):
+        if events is None:
+            if replica.alive and not self._stopping:
+                self._reaping.add(task := asyncio.ensure_future(self._reap(replica)))
+                task.add_done_callback(self._reaping.discard)
+            return
+        for event in events:
+            self._on_event(replica, event)
+
+    def _on_event(self, replica: Replica, event: EngineEvent) -> None:
+        match event:
+            case StepDone(outputs, stats, evicted):
                 replica.stats = stats
                 self.router.evict(evicted, replica.index)
                 self._deliver_from(replica, outputs)
-            case ("accepted", request_id, error):
+            case Accepted(request_id, _, error):
                 tracked = self._requests.get(request_id)
                 if tracked is None or tracked.replica is not replica:
                     return  # retried elsewhere: this replica never had it
@@ -323,23 +359,21 @@ class DataParallelEngine(AsyncEngine):
                 if tracked.accepted is not None:
                     settle(tracked.accepted, error)
                     tracked.accepted = None
-            case ("embedded", embed_id, vectors):
+            case Embedded(embed_id, result):
                 future, _ = self._embeds.pop(embed_id, (None, None))
                 if future is not None:
-                    settle(future, vectors)
-            case ("ready", info):
-                replica.info, replica.stats = info, info.stats
+                    settle(future, result)
+            case CoreReady():
+                replica.info, replica.stats = event, event.stats
                 if not replica.ready.done():
-                    replica.ready.set_result(info)
-            case ("error", exc):  # loading failed
+                    replica.ready.set_result(event)
+            case LoadFailed(error):
                 if not replica.ready.done():
-                    replica.ready.set_exception(exc)
-            case ("failed", why):
+                    replica.ready.set_exception(error)
+            case CoreFailed(why):
                 self._fail(replica, f"its engine failed: {why}")
-            case ("lost",):
-                if replica.alive and not self._stopping:
-                    self._reaping.add(task := asyncio.ensure_future(self._reap(replica)))
-                    task.add_done_callback(self._reaping.discard)
+            case Started():
+                pass
 
     async def _reap(self, replica: Replica) -> None:
         """The replica's pipe closed: give it a moment to exit, then report its exit code."""
@@ -485,7 +519,7 @@ class DataParallelEngine(AsyncEngine):
         self.router.record(hashes, index)
         self._requests[request_id] = tracked
         replica.in_flight += 1
-        replica.send(("add", request_id, list(tracked.tokens), tracked.params))
+        replica.send(AddRequest(request_id, list(tracked.tokens), tracked.params))
         return True
 
     def _resend(self, request_id: str, tracked: _Tracked) -> bool:
@@ -510,7 +544,7 @@ class DataParallelEngine(AsyncEngine):
         tracked = self._requests.get(request_id)
         if tracked is not None:
             tracked.aborted = True
-            tracked.replica.send(("abort", request_id))
+            tracked.replica.send(AbortRequest(request_id))
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]:
         """As AsyncEngine.embed, on the least loaded replica."""
@@ -519,7 +553,7 @@ class DataParallelEngine(AsyncEngine):
         embed_id = next(self._embed_ids)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._embeds[embed_id] = (future, replica)
-        replica.send(("embed", embed_id, prompts, pooling))
+        replica.send(EmbedPrompts(embed_id, prompts, pooling))
         try:
             return await future
         finally:
