@@ -56,6 +56,10 @@ def error_from_exception(exc: BaseException) -> tuple[dict, int]:
         return _validation_error(exc), 400
     if isinstance(exc, ClientDisconnected):
         return error_body("the client disconnected", 499, "client_closed_request"), 499
+    if isinstance(exc, RecursionError) or _caused_by(exc, RecursionError):
+        # msgspec decodes a body's free-form fields (a tool's parameters, a JSON schema) by
+        # recursion: a body nested thousands deep ends it
+        return error_body("the request body nests too deep", 400), 400
     if isinstance(exc, HTTPException):
         status = exc.status_code
         message = exc.detail
@@ -93,13 +97,17 @@ def _validation_error(exc: ValidationException) -> dict:
     return error_body(f"invalid value for {field!r}: {message}", 400, param=field)
 
 
-def _caused_by_bad_json(exc: BaseException) -> bool:
+def _caused_by(exc: BaseException, kinds: type | tuple[type, ...]) -> bool:
     seen = exc.__cause__ or exc.__context__
     while seen is not None:
-        if isinstance(seen, (msgspec.DecodeError, SerializationException)):
+        if isinstance(seen, kinds):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _caused_by_bad_json(exc: BaseException) -> bool:
+    return _caused_by(exc, (msgspec.DecodeError, SerializationException))
 
 
 def error_response(exc: BaseException) -> Response:

@@ -75,6 +75,14 @@ CASES = [
     _chat("logit-bias-vocab", "logit_bias", logit_bias={"99999999": 1}),
     _chat("logit-bias-superscript-key", "logit_bias", logit_bias={"\u00b2": 1}),
     _chat("logit-bias-too-many", "logit_bias", logit_bias={str(i): 1 for i in range(1025)}),
+    (
+        "nested-50000-deep",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '
+        b'"function": {"name": "f", "parameters": {"a": ' + b"[" * 50000 + b"]" * 50000 + b"}}}]}",
+        400,
+        None,
+    ),
     # bounded work per request (engine/request_limits.py)
     _chat("stop-too-many", "stop", stop=[f"s{i}" for i in range(65)]),
     _chat("stop-too-long", "stop", stop=["x" * 1025]),
