@@ -95,6 +95,26 @@ def _check_all_required(node: dict[str, Any], param: str, path: str) -> None:
         )
 
 
+# how deep a JSON schema may nest (objects and arrays counted together): real schemas stay within
+# a dozen; llguidance's own limits (ParserLimits: grammar size, lexer fuel) bound the rest
+MAX_SCHEMA_DEPTH = 64
+
+
+def _depth(node: Any) -> int:
+    """How deep `node` nests, counted without recursion (a hostile one nests thousands deep)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_SCHEMA_DEPTH:  # deep enough to refuse: no need to walk further
+                stack.extend(
+                    (child, depth + 1)
+                    for child in (item.values() if isinstance(item, dict) else item)
+                )
+    return deepest
+
+
 def _loaded(schema: str, param: str) -> Any:
     try:
         return json.loads(schema)
@@ -110,6 +130,10 @@ def json_grammar(schema: Any, param: str) -> str:
         schema = _loaded(schema, param)
     if not isinstance(schema, dict):
         raise InvalidParameterError(f"{param} must be a JSON schema object", param=param)
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise InvalidParameterError(
+            f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param
+        )
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     except ValueError as exc:
@@ -278,7 +302,7 @@ async def checked_grammar(
     loop, and the field that gave it; None when the output is free. With `thinking` (a reasoning
     parser is on) the grammar applies only once the thinking has ended (a harmony tool grammar
     is a whole reply already; `token_id` names the special tokens of harmony's)."""
-    found = request_grammar(request)
+    found = await asyncio.to_thread(request_grammar, request)  # a large schema takes a while
     if tool_grammar is not None:
         if found is not None:
             raise InvalidParameterError(

@@ -14,6 +14,9 @@ USER = [{"role": "user", "content": "Hi"}]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 F_TOOL = [{"type": "function", "function": {"name": "f"}}]
+DEEP: dict = {"type": "object"}  # a schema of objects nested 65 deep (the limit is 64)
+for _ in range(64):
+    DEEP = {"type": "object", "properties": {"a": DEEP}}
 
 
 def _chat(case_id: str, param: str, **fields) -> tuple:
@@ -82,6 +85,11 @@ CASES = [
         b'"function": {"name": "f", "parameters": {"a": ' + b"[" * 50000 + b"]" * 50000 + b"}}}]}",
         400,
         None,
+    ),
+    _completion(
+        "json-schema-65-deep",
+        "response_format",
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}},
     ),
     # bounded work per request (engine/request_limits.py)
     _chat("stop-too-many", "stop", stop=[f"s{i}" for i in range(65)]),
