@@ -34,7 +34,12 @@ class GGUFCheckpoint:
     def __init__(self, path: Path):
         from gguf import GGUFReader
 
+        from localchat.models.gguf_header import read_header
+
         self.path = Path(path)
+        # our bounded check first: gguf-py's reader trusts the header's counts and offsets (an
+        # array claiming 2^63 elements hangs it)
+        self.header = read_header(self.path)
         try:
             self.reader = GGUFReader(str(self.path))
         except (
@@ -54,12 +59,52 @@ class GGUFCheckpoint:
                 f"supported: {', '.join(ARCHES)}"
             )
         self.meta = GgufMeta(self.reader, self.arch, self.path.name)
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """The sizes every family's config is built from are positive integers, and there are no
+        more blocks than tensors (the config builders loop over the blocks)."""
+        for key in ("embedding_length", "block_count", "attention.head_count"):
+            value = self.meta.get(key)
+            if type(value) is not int or value < 1:
+                found = "missing" if value is None else f"{value!r}"
+                raise InvalidModelFileError(
+                    f"{self.path.name}: {self.arch}.{key} must be a positive integer, is {found}"
+                )
+        blocks, tensors = self.meta.get("block_count"), len(self.meta.tensors)
+        if blocks > tensors:
+            raise InvalidModelFileError(
+                f"{self.path.name}: {self.arch}.block_count is {blocks}, more than its {tensors} "
+                "tensors"
+            )
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
         return default if field is None else field.contents()
 
     def hf_config(self):
+        """The transformers config the file's metadata describes; InvalidModelFileError where its
+        values make none (a size of 0, a key missing or of another type)."""
+        # transformers' configs check their fields as huggingface_hub's strict dataclasses
+        from huggingface_hub.errors import StrictDataclassError
+
+        try:
+            return self._hf_config()
+        except (
+            TypeError,
+            ValueError,
+            ZeroDivisionError,
+            KeyError,
+            IndexError,
+            OverflowError,
+            StrictDataclassError,
+        ) as exc:
+            what = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise InvalidModelFileError(
+                f"{self.path.name}: its metadata does not make a {self.arch} model ({what})"
+            ) from None
+
+    def _hf_config(self):
         import transformers
 
         meta = self.meta

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from localchat.errors import InvalidModelFileError
 from localchat.models.notice import Progress, say
 from localchat.models.paths import CONVERTED_FORMAT, converted_dir
 
@@ -122,7 +123,16 @@ def _convert(gguf_path: Path, out: Path) -> None:
     generation = {"eos_token_id": eos if len(eos) > 1 else config.eos_token_id}
     generation["bos_token_id"] = config.bos_token_id
     (out / "generation_config.json").write_text(json.dumps(generation))
-    _tokenizer(gguf_path, config.model_type).save_pretrained(out)
+    try:
+        tokenizer = _tokenizer(gguf_path, config.model_type)
+    except MemoryError:
+        raise
+    except Exception as exc:  # transformers' and tokenizers' (a bare Exception) reading the file
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise InvalidModelFileError(
+            f"{gguf_path.name}: its tokenizer cannot be read ({what[:300]})"
+        ) from None
+    tokenizer.save_pretrained(out)
 
 
 def _eos_ids(checkpoint) -> list[int]:
