@@ -6,6 +6,8 @@ one-line error in the CLI, within seconds: no hang, no traceback."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import struct
 import tempfile
 import time
@@ -197,7 +199,9 @@ def small_gguf(path: Path) -> Path:
     return path
 
 
-SMALL = small_gguf(Path(tempfile.mkdtemp(prefix="localchat-small-gguf-")) / "small.gguf")
+_SMALL_DIR = tempfile.mkdtemp(prefix="localchat-small-gguf-")
+atexit.register(shutil.rmtree, _SMALL_DIR, ignore_errors=True)
+SMALL = small_gguf(Path(_SMALL_DIR) / "small.gguf")
 SMALL_BYTES = SMALL.read_bytes()
 HEADER_END = min(t.offset for t in read_header(SMALL).tensors)  # mutations hit the header
 
