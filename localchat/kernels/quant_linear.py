@@ -73,6 +73,18 @@ def precise_activations(in_features: int) -> bool:
     return in_features < INT8_ACTIVATION_MIN_FEATURES
 
 
+def integer_rows_below(weight: QuantWeight) -> int | None:
+    """From how many rows on quant_linear leaves the integer kernels for this weight on the CPU
+    (for the dense or the bfloat16 GEMM); None: never."""
+    choices = gemm_choices()
+    parts = weight if isinstance(weight, tuple) else (weight,)
+    limits = [choices.dense_min_rows]
+    if any(part.shape[1] >= BF16_GEMM_MIN_FEATURES for part in parts):
+        limits.append(choices.bf16_min_rows)
+    found = [limit for limit in limits if limit is not None]
+    return min(found) if found else None
+
+
 def quant_linear_reference(
     x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -15,29 +15,13 @@ import dataclasses
 
 import torch
 
+from localchat.engine.models.cpu_parts import is_packed, parts, tensors
 from localchat.engine.models.moe import SparseMoE
 from localchat.engine.models.spec import DecoderSpec, LayerSpec
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
-from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import precise_activations
-
-
-def _parts(weight: PackedWeight | tuple[PackedWeight, ...]) -> list[PackedWeight]:
-    """A projection's PackedWeights: one, or several whose rows stack (q, k, v stored in different
-    types)."""
-    return list(weight) if isinstance(weight, tuple) else [weight]
-
-
-def _or_empty(t: torch.Tensor | None) -> torch.Tensor:
-    """The C++ layer takes four tensors per part; an absent one is empty."""
-    return torch.empty(0) if t is None else t
-
-
-def _is_packed(weight: object) -> bool:
-    parts = weight if isinstance(weight, tuple) else (weight,)
-    return all(type(p) is PackedWeight for p in parts)
 
 
 class CpuDecodeStack:
@@ -78,34 +62,6 @@ def supports(spec: DecoderSpec) -> bool:
     )
 
 
-def _tensors(parts: list[PackedWeight]) -> tuple[list[list[torch.Tensor]], list[int]]:
-    """The C++ layer's description of PackedWeights: four tensors and four format fields each."""
-    tensors = [[p.qweight, p.scales, _or_empty(p.mins), _or_empty(p.super_scales)] for p in parts]
-    formats = [f for p in parts for f in (p.bits, p.group_size, p.zero_point, p.arrangement)]
-    return tensors, formats
-
-
-def _moe_mlp(ext, moe, spec: DecoderSpec):
-    """The C++ MoeMlp of a SparseMoE whose experts are all quantized; None otherwise."""
-    weights = [(e.gate_up_weight, e.down_weight) for e in moe.experts]
-    if not all(_is_packed(w) for pair in weights for w in pair):
-        return None
-    projections = [_parts(w) for pair in weights for w in pair]
-    tensors, formats = _tensors([p for projection in projections for p in projection])
-    routing = spec.moe
-    assert routing is not None  # a SparseMoE's spec has its MoESpec
-    width = routing.intermediate_size
-    return ext.MoeMlp(
-        moe.router_weight.float(),
-        tensors,
-        [len(projection) for projection in projections],
-        formats,
-        routing.top_k,
-        routing.normalize_topk,
-        [precise_activations(spec.hidden_size), precise_activations(width)],
-    )
-
-
 def build_decode_stack(model) -> CpuDecodeStack | None:
     """The C++ decode stack of the model, or None when the fast path does not apply to this
     model."""
@@ -126,15 +82,15 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
         moe = mlp if isinstance(mlp, SparseMoE) else None
         if moe is None:
             weights += [mlp.gate_up_weight, mlp.down_weight]
-        if not all(_is_packed(w) for w in weights):
+        if not all(is_packed(w) for w in weights):
             return None
-        projections = [_parts(w) for w in weights]
-        tensors, formats = _tensors([p for projection in projections for p in projection])
+        projections = [parts(w) for w in weights]
+        described, formats = tensors([p for projection in projections for p in projection])
         decode_layer = ext.DecodeLayer(
             layer.input_layernorm.weight,
             layer.post_attention_layernorm.weight,
             layer.input_layernorm.eps,
-            tensors,
+            described,
             [len(projection) for projection in projections],
             formats,
             attn.qkv_bias,
@@ -146,7 +102,7 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
             [precise_activations(projection[0].shape[1]) for projection in projections],
         )
         if moe is not None:
-            experts = _moe_mlp(ext, moe, model.spec)
+            experts = moe.cpu_experts()
             if experts is None:
                 return None
             decode_layer.set_moe(experts)

@@ -4,14 +4,20 @@ routing weights.
 
 Each expert is its own MLP module, so its weights load, quantize, pack and run like any dense MLP's:
 a GGUF file's expert blocks stay in the file's memory map, one PackedWeight per expert. On the CPU
-the experts run one after the other, each on its rows. Where the Triton kernels run (CUDA), dense
-and W4A16/W8A16 experts run as one fused MoE (kernels/triton_moe.py) over their weights stacked
-[E, 2W, H] and [E, H, W]: stacked once, at load (DecoderForCausalLM.pack_weights; else at the
-first such forward), after which each expert's weights are views into the stacks (no second
-copy). Experts that do not stack (quantized in several forms) run one after the other there too.
+with the C++ kernels, quantized experts run in one call (kernels/csrc/moe_prefill.h: every chosen
+expert's rows on the integer panel kernels, the threads sharing all the experts' work), except an
+expert with enough rows for quant_linear's bfloat16 GEMM, which runs on its own as before; without
+the kernels the experts run one after the other, each on its rows. Where the Triton kernels run
+(CUDA), dense and W4A16/W8A16 experts run as one fused MoE (kernels/triton_moe.py) over their
+weights stacked [E, 2W, H] and [E, H, W]: stacked once, at load (DecoderForCausalLM.pack_weights;
+else at the first such forward), after which each expert's weights are views into the stacks (no
+second copy). Experts that do not stack (quantized in several forms) run one after the other there
+too.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
@@ -22,6 +28,7 @@ from localchat.kernels.dispatch import use_triton
 from localchat.kernels.linear import linear
 from localchat.kernels.moe import Experts, PackedExperts, fused_moe
 from localchat.kernels.packed_weight import PackedWeight
+from localchat.kernels.quant_linear import QuantWeight, integer_rows_below
 
 
 def route(logits: torch.Tensor, moe: MoESpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +73,7 @@ class SparseMoE(nn.Module):
             None
         )
         self._unstackable = False  # the experts' weights do not stack: known once
+        self._cpu_experts: object = None  # the C++ MoeMlp (cpu_experts), False where there is none
 
     @torch.no_grad()
     def stack_experts(self) -> bool:
@@ -120,23 +128,70 @@ class SparseMoE(nn.Module):
             out = out + shared
         return out
 
+    def cpu_experts(self):
+        """The experts as one C++ MoeMlp (models/cpu_parts.py), built once; None unless every
+        expert is a quantized gated SiLU MLP without biases, in float32 on a CPU with the C++
+        kernels."""
+        if self._cpu_experts is None:
+            self._cpu_experts = self._build_cpu_experts() or False
+        return self._cpu_experts or None
+
+    def _build_cpu_experts(self):
+        from localchat.engine.models.cpu_parts import moe_mlp
+        from localchat.kernels.cpu_extension import cpu_kernels
+
+        router = self.router_weight
+        if (
+            self.activation != "silu"
+            or self.moe.expert_bias
+            or router.device.type != "cpu"
+            or router.dtype != torch.float32
+            or use_triton(router)
+        ):
+            return None
+        ext = cpu_kernels()
+        if ext is None or not hasattr(ext, "MoeMlp"):
+            return None
+        return moe_mlp(ext, router.detach(), self.experts, self.moe.top_k, self.moe.normalize_topk)
+
+    def _grouped_rows_below(self) -> int | None:
+        """From how many rows on an expert leaves the integer kernels (for quant_linear's dense or
+        bfloat16 GEMM) and so runs on its own; None: never."""
+        expert = self.experts[0]  # packed, as cpu_experts found them all
+        limits = [
+            integer_rows_below(cast(QuantWeight, expert.gate_up_weight)),
+            integer_rows_below(cast(QuantWeight, expert.down_weight)),
+        ]
+        return min((limit for limit in limits if limit is not None), default=None)
+
     def _experts_in_turn(
         self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        """Each expert's MLP on the rows routed to it, one expert after the other."""
-        out = torch.zeros_like(hidden)
-        # group the (token, slot) pairs by expert: one sort, then each expert's rows in one gather
+        """Each expert's MLP on the rows routed to it: those on the integer kernels in one C++
+        call where it exists (cpu_experts), the others one after the other."""
         flat = ids.flatten()
+        counts = torch.bincount(flat, minlength=self.moe.num_experts)
+        grouped = self.cpu_experts() if hidden.dtype == torch.float32 else None
+        if grouped is None:
+            out, alone = torch.zeros_like(hidden), counts > 0
+        else:
+            limit = self._grouped_rows_below()
+            alone = (
+                counts >= limit if limit is not None else torch.zeros_like(counts, dtype=torch.bool)
+            )
+            out = grouped.forward_batch(hidden, ids, weights, (counts > 0) & ~alone)
+        if not bool(alone.any()):
+            return out
+        # group the (token, slot) pairs by expert: one sort, then each expert's rows in one gather
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.moe.num_experts).tolist()
         tokens = order // self.moe.top_k
         start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
+        for expert, (count, own) in enumerate(zip(counts.tolist(), alone.tolist(), strict=True)):
             rows = order[start : start + count]
             token_rows = tokens[start : start + count]
             start += count
+            if not own:
+                continue
             expert_out = self.experts[expert](hidden[token_rows])
             slot_weights = weights.flatten()[rows, None]
             out.index_add_(0, token_rows, (expert_out * slot_weights).to(hidden.dtype))

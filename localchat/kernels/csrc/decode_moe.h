@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "decode_projection.h"
+#include "moe_prefill.h"
 #include "vector_math.h"
 
 namespace {
@@ -61,6 +62,12 @@ class MoeMlp {
   }
 
   int64_t hidden() const { return router_.size(1); }
+
+  // A batch's routed experts at once (a prefill): see moe_prefill.h. `run` [experts] picks the experts run here.
+  torch::Tensor forward_batch(const torch::Tensor& hidden, const torch::Tensor& ids, const torch::Tensor& weights,
+                              const torch::Tensor& run) const {
+    return moe_prefill(gate_up_, down_, hidden, ids, weights, run);
+  }
 
   void reserve(int threads, MoeScratch& s) {
     for (auto& p : gate_up_) p->reserve_claims(threads);

@@ -35,7 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_moe", &DecodeLayer::set_moe);
   pybind11::class_<MoeMlp, std::shared_ptr<MoeMlp>>(m, "MoeMlp", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, std::vector<std::vector<torch::Tensor>>, std::vector<int64_t>,
-                          std::vector<int64_t>, int64_t, bool, std::vector<bool>>());
+                          std::vector<int64_t>, int64_t, bool, std::vector<bool>>())
+      .def("forward_batch", &MoeMlp::forward_batch, NoGil(),
+           "(hidden [T, H], ids [T, k], weights [T, k], run [experts] bool): the experts in `run`, summed per token");
   pybind11::class_<DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
       .def("bind_caches", &DecodeStack::bind_caches)
