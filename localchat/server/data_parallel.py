@@ -28,17 +28,16 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from multiprocessing.process import BaseProcess
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat.config import EngineConfig
+from localchat.engine.distributed.supervised import ProcessLost, SupervisedProcess
 from localchat.engine.engine_client import TextFront
 from localchat.engine.engine_messages import (
     AbortRequest,
@@ -125,19 +124,13 @@ class Replica:
         self.index = index
         self.loop = loop
         self.owner = owner
-        context = mp.get_context("spawn")
-        their_commands, self.commands = context.Pipe(duplex=False)
-        self.events, their_events = context.Pipe(duplex=False)
         # a replica with tensor-parallel ranks must start processes, which a daemon may not
-        self.process: BaseProcess = context.Process(
-            target=run_replica,
-            args=(args, their_commands, their_events),
+        self.process = SupervisedProcess(
+            run_replica,
+            (args,),
             name=f"localchat-dp-replica{index}",
             daemon=args.config.tensor_parallel_size == 1,
         )
-        self.process.start()
-        their_commands.close()
-        their_events.close()
         self.ready: asyncio.Future[CoreReady] = loop.create_future()
         self.info: CoreReady | None = None
         self.stats: EngineStats | None = None
@@ -161,28 +154,43 @@ class Replica:
     def _send_loop(self) -> None:
         while (message := self._outbox.get()) is not None:
             try:
-                self.commands.send(message)
+                self.process.send(message)
             except OSError:  # the replica is gone; the reader reports it
                 return
 
     def _read_loop(self) -> None:
+        """Hand each list of events to the event loop; until the replica has loaded, watch that
+        it lives and loads within LOAD_TIMEOUT."""
+        deadline = time.monotonic() + LOAD_TIMEOUT
+        loading = True
         while True:
+            events: list[EngineEvent] | None
             try:
-                events: list[EngineEvent] | None = self.events.recv()
+                events = self.process.wait_for(deadline) if loading else self.process.recv()
+            except ProcessLost as lost:
+                events = None  # it exited: as a closed pipe
+                if not lost.exited:  # it is still loading: start() gives up on it
+                    loading = False
+                    self._call(self.owner._on_load_timeout, self)
+                    continue
             except (EOFError, OSError):
                 events = None  # the pipe closed: the replica is gone
-            try:
-                self.loop.call_soon_threadsafe(self.owner._on_events, self, events)
-            except RuntimeError:  # the event loop is closed
+            if events and any(isinstance(e, CoreReady | LoadFailed) for e in events):
+                loading = False
+            if not self._call(self.owner._on_events, self, events) or events is None:
                 return
-            if events is None:
-                return
+
+    def _call(self, callback: Callable[..., None], *args: object) -> bool:
+        """Run `callback(*args)` on the event loop; False once that loop is closed."""
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            return False
+        return True
 
     def close_pipes(self) -> None:
         self._outbox.put(None)
-        for conn in (self.commands, self.events):
-            with contextlib.suppress(OSError):
-                conn.close()
+        self.process.close_pipes()
 
 
 @dataclasses.dataclass
@@ -249,16 +257,10 @@ class DataParallelEngine(TextFront):
             self.replicas.append(Replica(index, args, loop, self))
         atexit.register(self._kill_all)
         self._watchdog = asyncio.create_task(self._watch())
-        try:
-            infos = await asyncio.wait_for(
-                asyncio.gather(*(r.ready for r in self.replicas)), LOAD_TIMEOUT
-            )
-        except BaseException as exc:
+        try:  # each replica's reader settles `ready`: loaded, failed, or not in LOAD_TIMEOUT
+            infos = await asyncio.gather(*(r.ready for r in self.replicas))
+        except BaseException:
             await self.shutdown()
-            if isinstance(exc, TimeoutError):
-                raise EngineDeadError(
-                    f"the data-parallel replicas did not load within {LOAD_TIMEOUT:.0f} s"
-                ) from None
             raise
         first = infos[0]
         self._model_info, self._codec = first.model_info, first.codec
@@ -312,9 +314,15 @@ class DataParallelEngine(TextFront):
 
     def _kill_all(self) -> None:
         for replica in self.replicas:
-            if replica.process.exitcode is None:
-                replica.process.kill()
-                replica.process.join(timeout=5.0)
+            replica.process.kill()
+
+    def _on_load_timeout(self, replica: Replica) -> None:
+        if not replica.ready.done():
+            replica.ready.set_exception(
+                EngineDeadError(
+                    f"the data-parallel replicas did not load within {LOAD_TIMEOUT:.0f} s"
+                )
+            )
 
     async def _watch(self) -> None:
         """Declare dead the replicas that exited or went quiet for DP_TIMEOUT seconds."""
@@ -327,7 +335,7 @@ class DataParallelEngine(TextFront):
                 if replica.process.exitcode is not None:
                     self._fail(replica, f"it exited with code {replica.process.exitcode}")
                 elif replica.info is not None and now - replica.last_seen > DP_TIMEOUT:
-                    replica.process.kill()
+                    replica.process.kill(timeout=0)
                     self._fail(replica, f"it sent nothing for {DP_TIMEOUT:.0f} s (hung); killed")
 
     # --- events from the replicas (on the event loop) ---------------------------------------------
@@ -416,8 +424,8 @@ class DataParallelEngine(TextFront):
                 logger.error("data-parallel replica %d failed: %s", replica.index, why)
                 self.router.forget(replica.index)
                 self._update_error()
-            if replica.process.exitcode is None and not self._stopping:
-                replica.process.kill()
+            if not self._stopping:
+                replica.process.kill(timeout=0)
         text = why if not report else f"data-parallel replica {replica.index} failed: {why}"
         error = EngineDeadError(text)
         if not replica.ready.done():

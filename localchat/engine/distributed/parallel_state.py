@@ -24,8 +24,8 @@ PING_TIMEOUT = timedelta(seconds=float(os.environ.get("LOCALCHAT_TP_PING_TIMEOUT
 # LOCALCHAT_TP_LOAD_TIMEOUT=S: seconds a rank may take to load its shard; under torchrun also the
 # longest an idle rank waits for rank 0's next command (rank 0 pings every second while idle).
 LOAD_TIMEOUT = float(os.environ.get("LOCALCHAT_TP_LOAD_TIMEOUT", "600"))
-# commands rank 0 broadcasts under torchrun, each with up to COMMAND_WIDTH - 1 integers
-COMMANDS = ("forward", "logits", "kv", "ping", "exit")
+# a command rank 0 broadcasts under torchrun: its code and up to COMMAND_WIDTH - 1 integers
+# (rank_messages.to_ints)
 COMMAND_WIDTH = 8
 _state: dict[str, object] = {}  # "control": the gloo control group; "from_env": joined by torchrun
 
@@ -107,20 +107,20 @@ def answer_ping() -> None:
     dist.send(torch.ones(1), dst=0, group=control_group())
 
 
-def send_command(command: str, values: tuple[int, ...] = ()) -> None:
-    """Rank 0, under torchrun: broadcast a command and its integers over the control group."""
+def send_command(code: int, values: tuple[int, ...] = ()) -> None:
+    """Rank 0, under torchrun: broadcast a command's code and integers over the control group."""
     message = torch.zeros(COMMAND_WIDTH, dtype=torch.int64)
-    message[0] = COMMANDS.index(command)
+    message[0] = code
     message[1 : 1 + len(values)] = torch.tensor(values, dtype=torch.int64)
     dist.broadcast(message, src=0, group=control_group())
 
 
-def receive_command() -> tuple[str, list[int]]:
+def receive_command() -> tuple[int, list[int]]:
     """The other ranks' side of send_command."""
     message = torch.zeros(COMMAND_WIDTH, dtype=torch.int64)
     dist.broadcast(message, src=0, group=control_group())
     values = message.tolist()
-    return COMMANDS[values[0]], values[1:]
+    return values[0], values[1:]
 
 
 def all_reduce(tensor: torch.Tensor) -> torch.Tensor:

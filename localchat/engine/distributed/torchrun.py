@@ -18,9 +18,13 @@ import logging
 import os
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from localchat.config import EngineConfig
 from localchat.errors import EngineDeadError, InvalidParameterError
+
+if TYPE_CHECKING:
+    from localchat.engine.distributed.rank_messages import RankCommand
 
 logger = logging.getLogger("localchat.engine")
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -129,16 +133,11 @@ def run_worker(config: EngineConfig, rank: int, world: int, device) -> int:
     return 0
 
 
-def _receive() -> tuple[str, object]:
+def _receive() -> RankCommand:
     from localchat.engine.distributed import parallel_state
-    from localchat.engine.distributed.step_transfer import BatchHeader
+    from localchat.engine.distributed.rank_messages import from_ints
 
-    command, values = parallel_state.receive_command()
-    if command == "forward":
-        return command, BatchHeader(*values[:6])
-    if command == "logits":
-        return command, tuple(values[:2])
-    return command, values[0]
+    return from_ints(*parallel_state.receive_command())
 
 
 class TorchrunGroup:
@@ -167,22 +166,17 @@ class TorchrunGroup:
                 self.close()
                 raise EngineDeadError(f"tensor-parallel rank {rank} failed to load:\n{status}")
 
-    def send(self, command: str, value: object = None) -> None:
+    def send(self, command: RankCommand) -> None:
         from localchat.engine.distributed import parallel_state
-        from localchat.engine.distributed.step_transfer import BatchHeader
+        from localchat.engine.distributed.rank_messages import to_ints
 
-        if isinstance(value, BatchHeader):
-            values = dataclasses.astuple(value)
-        elif isinstance(value, tuple):
-            values = value
-        else:
-            values = () if value is None else (int(value),)  # type: ignore[call-overload]
-        parallel_state.send_command(command, values)
+        parallel_state.send_command(*to_ints(command))
 
     def ping(self) -> None:
         from localchat.engine.distributed import parallel_state
+        from localchat.engine.distributed.rank_messages import Ping
 
-        self.send("ping")
+        self.send(Ping())
         parallel_state.ping()
 
     def exited(self) -> str:
@@ -203,6 +197,8 @@ class TorchrunGroup:
             return
         self.closed = True
         if not self.failed:
+            from localchat.engine.distributed.rank_messages import Exit
+
             with contextlib.suppress(RuntimeError):
-                self.send("exit")
+                self.send(Exit())
         parallel_state.destroy_group()

@@ -13,6 +13,7 @@ import torch
 
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.parallel_layers import TensorParallelDecoder
+from localchat.engine.distributed.rank_messages import AllocateKV, ComputeLogits, Forward
 from localchat.engine.distributed.step_transfer import batch_payload
 from localchat.engine.distributed.torchrun import TorchrunGroup
 from localchat.engine.distributed.worker import WorkerArgs
@@ -84,7 +85,7 @@ class TensorParallelRunner(ModelRunner):
 
     @_collective
     def allocate_kv_cache(self, num_blocks: int, memory: PrefaultedMemory | None = None) -> None:
-        self.pool.send("kv", num_blocks)
+        self.pool.send(AllocateKV(num_blocks))
         super().allocate_kv_cache(num_blocks)
 
     def capture_cuda_graphs(self):
@@ -98,12 +99,13 @@ class TensorParallelRunner(ModelRunner):
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         header, payload = batch_payload(input_ids, positions, md)
-        self.pool.send("forward", header)
+        self.pool.send(Forward(header))
         parallel_state.broadcast(payload)
         return super()._forward(input_ids, positions, md)
 
     def _announce_logits(self, hidden: torch.Tensor) -> None:
-        self.pool.send("logits", tuple(hidden.shape))
+        rows, columns = hidden.shape
+        self.pool.send(ComputeLogits((rows, columns)))
         parallel_state.broadcast(hidden.contiguous())
 
     def check_health(self) -> None:

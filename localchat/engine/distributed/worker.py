@@ -1,10 +1,10 @@
 """Ranks 1..N-1: load this rank's shard, then run each forward pass and logits projection rank 0
 announces. A worker never sees a tokenizer, a scheduler or a sampler.
 
-Spawned ranks get their commands over a pipe from rank 0 (so an idle worker waits without a
-collective that could time out, and rank 0's exit closes the pipe, which ends the worker); ranks
-torchrun started get them by broadcast over the control group (torchrun.py). The tensors they need
-arrive by broadcast either way.
+Spawned ranks get their commands (rank_messages.py) over a pipe from rank 0 (so an idle worker
+waits without a collective that could time out, and rank 0's exit closes the pipe, which ends the
+worker); ranks torchrun started get them by broadcast over the control group (torchrun.py). The
+tensors they need arrive by broadcast either way.
 """
 
 from __future__ import annotations
@@ -15,13 +15,23 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 import torch
 
 from localchat.config import EngineConfig
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.parallel_layers import shard_model
+from localchat.engine.distributed.rank_messages import (
+    AllocateKV,
+    ComputeLogits,
+    Exit,
+    Forward,
+    Ping,
+    RankCommand,
+    RankLoadFailed,
+    RankReady,
+    RankStarted,
+)
 from localchat.engine.distributed.step_transfer import receive_batch
 from localchat.engine.loader import ModelFiles, load_hf_config, load_model
 from localchat.engine.model_runner import ModelRunner
@@ -76,47 +86,48 @@ def build_shard(args: WorkerArgs, device: torch.device | None = None) -> ModelRu
     )
 
 
-def _from_pipe(conn: Connection) -> Callable[[], tuple[str, Any]]:
-    def receive() -> tuple[str, Any]:
+def _from_pipe(conn: Connection) -> Callable[[], RankCommand]:
+    def receive() -> RankCommand:
         try:
-            return conn.recv()
+            command: RankCommand = conn.recv()
         except EOFError:  # rank 0 is gone
-            return "exit", None
+            return Exit()
+        return command
 
     return receive
 
 
 @torch.inference_mode()
-def serve_commands(runner: ModelRunner, receive: Callable[[], tuple[str, Any]]) -> None:
+def serve_commands(runner: ModelRunner, receive: Callable[[], RankCommand]) -> None:
     """Run rank 0's commands until it says exit."""
     while True:
-        command, value = receive()
-        if command == "forward":
-            input_ids, positions, md = receive_batch(value, runner.device)
-            runner._forward(input_ids, positions, md)
-        elif command == "logits":
-            hidden = torch.empty(value, dtype=runner.dtype, device=runner.device)
-            runner.model.compute_logits(parallel_state.broadcast(hidden))
-        elif command == "kv":
-            runner.allocate_kv_cache(value)
-        elif command == "ping":
-            parallel_state.answer_ping()
-        elif command == "exit":
-            return
+        match receive():
+            case Forward(header):
+                input_ids, positions, md = receive_batch(header, runner.device)
+                runner._forward(input_ids, positions, md)
+            case ComputeLogits(shape):
+                hidden = torch.empty(shape, dtype=runner.dtype, device=runner.device)
+                runner.model.compute_logits(parallel_state.broadcast(hidden))
+            case AllocateKV(num_blocks):
+                runner.allocate_kv_cache(num_blocks)
+            case Ping():
+                parallel_state.answer_ping()
+            case Exit():
+                return
 
 
-def run_worker(args: WorkerArgs, conn: Connection) -> None:
-    """The entry point of a spawned rank: report that it started, then that it is ready (or the
-    load's error), then serve."""
-    conn.send(("started", None))
+def run_worker(args: WorkerArgs, commands: Connection, events: Connection) -> None:
+    """The entry point of a spawned rank (a SupervisedProcess): report that it started, then that
+    it is ready (or the load's error), then serve."""
+    events.send(RankStarted())
     try:
         runner = build_shard(args)
     except BaseException:
-        conn.send(("error", traceback.format_exc()))
+        events.send(RankLoadFailed(traceback.format_exc()))
         sys.exit(1)
-    conn.send(("ready", None))
+    events.send(RankReady())
     try:
-        serve_commands(runner, _from_pipe(conn))
+        serve_commands(runner, _from_pipe(commands))
     except Exception as exc:  # a collective failed: rank 0 reports it; exit non-zero
         print(f"localchat tensor-parallel rank {args.rank}: {exc}", file=sys.stderr)
         sys.exit(1)

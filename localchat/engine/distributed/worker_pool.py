@@ -1,5 +1,6 @@
-"""Rank 0's side of the group: spawn one process per other rank, join the process group, wait for
-their shards to load, send them commands, and turn a dead or failing rank into an error.
+"""Rank 0's side of the group: spawn one process per other rank (each a SupervisedProcess), join
+the process group, wait for their shards to load, send them commands, and turn a dead or failing
+rank into an error.
 """
 
 from __future__ import annotations
@@ -8,12 +9,20 @@ import atexit
 import contextlib
 import logging
 import time
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
+import torch
 import torch.multiprocessing as mp
 
 from localchat.engine.distributed import parallel_state
+from localchat.engine.distributed.rank_messages import (
+    Exit,
+    Ping,
+    RankCommand,
+    RankLoadFailed,
+    RankReady,
+    RankStarted,
+)
+from localchat.engine.distributed.supervised import ProcessLost, SupervisedProcess
 from localchat.engine.distributed.worker import WorkerArgs, run_worker
 from localchat.errors import EngineDeadError
 
@@ -28,68 +37,61 @@ STARTED_HINT = (
 class WorkerPool:
     """Ranks 1..N-1 as spawned processes, each with a command pipe from rank 0."""
 
-    def __init__(self, args: list[WorkerArgs], device) -> None:
+    def __init__(self, args: list[WorkerArgs], device: torch.device) -> None:
         context = mp.get_context("spawn")
-        self.processes: list[BaseProcess] = []
-        self.pipes: list[Connection] = []
-        for worker in args:
-            ours, theirs = context.Pipe()
-            process = context.Process(
-                target=run_worker,
-                args=(worker, theirs),
-                name=f"localchat-tp-rank{worker.rank}",
-                daemon=True,
+        self.workers = [
+            SupervisedProcess(
+                run_worker, (worker,), name=f"localchat-tp-rank{worker.rank}", context=context
             )
-            process.start()
-            theirs.close()
-            self.processes.append(process)
-            self.pipes.append(ours)
+            for worker in args
+        ]
         self.closed = False
         atexit.register(self.close)
         try:
-            self._wait_for("started", STARTED_HINT)
+            self._wait_for(RankStarted, STARTED_HINT)
             parallel_state.init_group(0, len(args) + 1, args[0].address, device)
-            self._wait_for("ready", "did not finish loading its shard")
+            self._wait_for(RankReady, "did not finish loading its shard")
         except BaseException:
             self.close()
             raise
 
-    def _wait_for(self, expected: str, what_failed: str) -> None:
-        """Each worker's next message, watching that it is alive meanwhile."""
+    def _wait_for(self, expected: type[RankStarted | RankReady], what_failed: str) -> None:
+        """Each worker's next report, watching that it is alive meanwhile."""
         deadline = time.monotonic() + LOAD_TIMEOUT
-        for rank, (process, pipe) in enumerate(zip(self.processes, self.pipes, strict=True), 1):
-            while not pipe.poll(0.1):
-                if not process.is_alive() or time.monotonic() > deadline:
-                    raise self.failure(RuntimeError(what_failed))
-            status, detail = pipe.recv()
-            if status != expected:
+        for rank, worker in enumerate(self.workers, 1):
+            try:
+                report = worker.wait_for(deadline)
+            except ProcessLost:
+                raise self.failure(RuntimeError(what_failed)) from None
+            if not isinstance(report, expected):
+                detail = report.traceback if isinstance(report, RankLoadFailed) else report
                 raise EngineDeadError(f"tensor-parallel rank {rank} failed to load:\n{detail}")
 
-    def send(self, command: str, value: object = None) -> None:
-        for pipe in self.pipes:
-            pipe.send((command, value))
+    def send(self, command: RankCommand) -> None:
+        for worker in self.workers:
+            worker.send(command)
 
     def ping(self) -> None:
         """Raise RuntimeError naming a rank that does not answer within the ping timeout."""
-        self.send("ping")
+        self.send(Ping())
         parallel_state.ping()
 
     def exited(self) -> str:
         """Which ranks have exited ('' when all run); a cheap check (waitpid, no blocking)."""
         return ", ".join(
             f"rank {rank} exited"
-            for rank, process in enumerate(self.processes, 1)
-            if process.exitcode is not None
+            for rank, worker in enumerate(self.workers, 1)
+            if worker.exitcode is not None
         )
 
     def failure(self, exc: BaseException) -> EngineDeadError:
         """The error to raise after a collective or a pipe failed: which ranks died, and why."""
-        for process in self.processes:
-            process.join(timeout=1.0)  # a killed rank is reaped within moments
+        for worker in self.workers:
+            worker.join(timeout=1.0)  # a killed rank is reaped within moments
         dead = [
-            f"rank {rank} exited with code {process.exitcode}"
-            for rank, process in enumerate(self.processes, 1)
-            if not process.is_alive()
+            f"rank {rank} exited with code {worker.exitcode}"
+            for rank, worker in enumerate(self.workers, 1)
+            if worker.exitcode is not None
         ]
         what = "; ".join(dead) or "a collective failed"
         logger.error("tensor parallelism: %s (%s)", what, exc)
@@ -101,12 +103,9 @@ class WorkerPool:
         if self.closed:
             return
         self.closed = True
-        for pipe in self.pipes:
+        for worker in self.workers:
             with contextlib.suppress(OSError):  # a dead rank's pipe is closed
-                pipe.send(("exit", None))
-        for process in self.processes:
-            process.join(timeout=5.0)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=5.0)
+                worker.send(Exit())
+        for worker in self.workers:
+            worker.stop(timeout=5.0)
         parallel_state.destroy_group()
