@@ -4,12 +4,14 @@ to the single-model app of the engine its `model` names (its `keep_alive`, if an
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -18,6 +20,7 @@ from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.multimodel.pool import UNSET, EnginePool
 from localchat.server.keep_alive import parse_keep_alive
 from localchat.server.metrics import MultiModelMetrics
+from localchat.server.request_guard import MAX_BODY_BYTES
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -34,6 +37,20 @@ ROUTED = (
 )
 ANTHROPIC = "/v1/messages"  # Anthropic's error shape on these paths
 STORED = "/v1/responses/"  # stored responses, shared by every model's app
+# a body this big or bigger is decoded in a thread, so the event loop keeps serving the others
+THREAD_DECODE_BYTES = 64 << 10
+
+
+class BodyTooLarge(Exception):
+    """A request body over MAX_BODY_BYTES (announced or received)."""
+
+
+class _Target(msgspec.Struct):
+    """The two fields the router reads of a body; the rest is skipped (the model's app decodes
+    it)."""
+
+    model: Any = None
+    keep_alive: Any = None
 
 
 class ModelRouter:
@@ -87,9 +104,13 @@ class ModelRouter:
             return await self.stored(scope, receive, send)
         if method != "POST" or path not in ROUTED:
             return await _json(send, 404, _error(f"no route {method} {path}", 404))
-        body = await _read_body(receive)
         try:
-            name, keep_alive = self._target(body)
+            body = await _read_body(scope, receive)
+        except BodyTooLarge:
+            message = f"the request body is larger than {MAX_BODY_BYTES} bytes"
+            return await _json(send, 413, _error(message, 413, path=path))
+        try:
+            name, keep_alive = await _target_of(body, self.pool.names[0])
             entry = await self.pool.acquire(name, keep_alive)
         except LocalchatError as exc:
             status = exc.http_status
@@ -98,17 +119,6 @@ class ModelRouter:
             await entry.app(scope, _replay(body, receive), send)
         finally:
             await self.pool.release(entry)
-
-    def _target(self, body: bytes) -> tuple[str, Any]:
-        """The model a request names (the first served one when none) and its keep_alive."""
-        try:
-            request = json.loads(body or b"{}")
-            requested = request.get("model")
-        except (ValueError, AttributeError):
-            raise InvalidParameterError("the body is not a JSON object") from None
-        raw = request.get("keep_alive")
-        keep_alive = UNSET if raw is None else parse_keep_alive(raw)
-        return requested or self.pool.names[0], keep_alive
 
     def _authorized(self, scope: Scope) -> bool:
         if self.api_key is None:
@@ -152,11 +162,40 @@ def _error(message: str, status: int, param: str | None = None, path: str = "") 
     return body
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
+async def _target_of(body: bytes, default: str) -> tuple[Any, Any]:
+    """The model a request names (`default` when none) and its keep_alive (UNSET when none); a
+    large body is decoded in a thread."""
+    try:
+        if len(body) >= THREAD_DECODE_BYTES:
+            target = await asyncio.to_thread(msgspec.json.decode, body or b"{}", type=_Target)
+        else:
+            target = msgspec.json.decode(body or b"{}", type=_Target)
+    except (msgspec.DecodeError, RecursionError):
+        raise InvalidParameterError("the body is not a JSON object") from None
+    raw = target.keep_alive
+    keep_alive = UNSET if raw is None else parse_keep_alive(raw)
+    return target.model or default, keep_alive
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    """The whole body, or BodyTooLarge as soon as its Content-Length or the bytes received pass
+    MAX_BODY_BYTES (the single-model server's limit)."""
+    for key, value in scope.get("headers") or ():
+        if key.lower() == b"content-length":
+            try:
+                announced = int(value)
+            except ValueError:
+                announced = 0
+            if announced > MAX_BODY_BYTES:
+                raise BodyTooLarge
+    chunks, size = [], 0
     while True:
         message = await receive()
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge
+        chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
 

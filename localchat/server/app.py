@@ -11,7 +11,7 @@ from localchat import __version__
 from localchat.server.access_log import access_log
 from localchat.server.anthropic.routes import anthropic_router
 from localchat.server.errors import handle_exception
-from localchat.server.request_guard import guard_hosts, require_json
+from localchat.server.request_guard import MAX_BODY_BYTES, guard_hosts, require_json
 from localchat.server.responses.routes import ROUTES as RESPONSES_ROUTES
 from localchat.server.responses.store import MemoryResponseStore, ResponseStore
 from localchat.server.routes_chat import create_chat_completion
@@ -57,6 +57,7 @@ def build_app(
             description="OpenAI-compatible API of a localchat server.",
         ),
         logging_config=None,
+        request_max_body_size=MAX_BODY_BYTES,
     )
 
 
