@@ -298,8 +298,8 @@ async def _serve(
     from localchat.server.uvicorn_run import serve_until_signal, socket_url, uvicorn_server
 
     engine: EngineClient
-    if data_parallel_size > 1:  # replicas in processes of their own (server/data_parallel.py)
-        from localchat.server.data_parallel import DataParallelEngine
+    if data_parallel_size > 1:  # replicas in processes of their own (data_parallel.py)
+        from localchat.engine.distributed.data_parallel import DataParallelEngine
 
         engine = DataParallelEngine(
             engine_config,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localchat.server.replica_router import PrefixRouter
+from localchat.engine.distributed.replica_router import PrefixRouter
 
 SYSTEM = list(range(1000, 1032))  # two blocks every conversation shares
 

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat.config import EngineConfig
+from localchat.engine.distributed.replica_process import ReplicaArgs, run_replica
+from localchat.engine.distributed.replica_router import PrefixRouter
 from localchat.engine.distributed.supervised import ProcessLost, SupervisedProcess
 from localchat.engine.engine_client import TextFront
 from localchat.engine.engine_messages import (
@@ -60,8 +62,6 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.request_stream import RequestStream, StreamState, settle
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullError
-from localchat.server.replica_process import ReplicaArgs, run_replica
-from localchat.server.replica_router import PrefixRouter
 
 logger = logging.getLogger("localchat.server")
 # LOCALCHAT_DP_TIMEOUT=S: seconds a replica may go without a word before it is declared hung.
