@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from localchat.errors import ModelDownloadError
 
 PARTIAL_SUFFIX = ".localchat-partial"
 _HASH_CHUNK = 1 << 20
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_ETAG = re.compile(r"[A-Za-z0-9._-]{1,255}")  # one file name: hex on the hub, a mirror's own too
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,33 @@ class RemoteFile:
     size: int | None = None
     sha256: str | None = None
     git_sha1: str | None = None
+
+
+def check_filename(name: str) -> str:
+    """A file name the hub lists, as it becomes a path under snapshots/<commit>/: relative, in `/`
+    separated parts that are none of '', '.', '..', with no backslash and no control character."""
+    parts = name.split("/")
+    if (
+        not name
+        or any(part in ("", ".", "..") or len(part.encode()) > 255 for part in parts)
+        or any(ord(c) < 32 or ord(c) == 127 or c == "\\" for c in name)
+    ):
+        raise ModelDownloadError(f"the hub lists an unsafe file name {name!r}; not downloaded")
+    return name
+
+
+def check_commit(commit: str) -> str:
+    """A commit id the hub sends, as it becomes snapshots/<commit>: 40 lowercase hex digits."""
+    if not _COMMIT.fullmatch(commit):
+        raise ModelDownloadError(f"the hub sent {commit!r} as a commit id; expected 40 hex digits")
+    return commit
+
+
+def check_etag(etag: str, url: str) -> str:
+    """An ETag, as it becomes blobs/<etag>: one file name of letters, digits, '.', '_', '-'."""
+    if not _ETAG.fullmatch(etag) or etag in (".", ".."):
+        raise ModelDownloadError(f"{url}: the server sent an unusable ETag {etag!r}; not trusted")
+    return etag
 
 
 def storage_dir(cache: Path, repo_id: str) -> Path:
@@ -55,6 +85,8 @@ def fetch_file(
     tqdm_class: Callable[..., Any] | None = None,
 ) -> Path:
     """The file's snapshot path, downloading (or resuming) and verifying it first if needed."""
+    check_filename(remote.filename)
+    check_commit(remote.commit)
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
     pointer = snapshot_path(cache, remote)
@@ -64,6 +96,7 @@ def fetch_file(
     meta = get_hf_file_metadata(url, token=token, endpoint=endpoint, timeout=5)
     if not meta.etag:
         raise ModelDownloadError(f"{url}: the server sent no ETag; is HF_ENDPOINT a hub?")
+    check_etag(meta.etag, url)
     size = meta.size if meta.size is not None else remote.size
     if remote.size is not None and size != remote.size:
         raise ModelDownloadError(
@@ -159,6 +192,7 @@ def _link(blob: Path, pointer: Path) -> None:
 
 def write_ref(cache: Path, repo_id: str, revision: str, commit: str) -> None:
     """refs/<revision> holds the commit its snapshot belongs to (how the cache finds 'main')."""
+    check_commit(commit)
     ref = storage_dir(cache, repo_id) / "refs" / revision
     ref.parent.mkdir(parents=True, exist_ok=True)
     ref.write_text(commit)

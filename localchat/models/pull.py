@@ -15,7 +15,14 @@ from rich.console import Console
 
 from localchat.errors import ModelDownloadError, ModelNotFoundError
 from localchat.models import hub
-from localchat.models.download import RemoteFile, fetch_file, snapshot_path, write_ref
+from localchat.models.download import (
+    RemoteFile,
+    check_commit,
+    check_filename,
+    fetch_file,
+    snapshot_path,
+    write_ref,
+)
 from localchat.models.names import HubRef, is_split_gguf, quant_of_filename
 from localchat.models.progress import bar_factory, download_progress
 
@@ -66,10 +73,12 @@ def plan_pull(ref: HubRef, *, endpoint: str, token: str | None) -> PullPlan:
     commit = info.sha
     if not commit:
         raise ModelDownloadError(f"{endpoint}: no commit id for {ref.repo_id}; is it a hub?")
+    check_commit(commit)  # each name and id becomes a path in the cache: checked before
     siblings = {s.rfilename: s for s in info.siblings or []}
     kind, names = _choose(ref, sorted(siblings))
     files = []
     for name in names:
+        check_filename(name)
         sibling = siblings[name]
         files.append(
             RemoteFile(

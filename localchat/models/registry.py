@@ -142,21 +142,39 @@ def remove(entry: Entry) -> None:
     if entry.kind == "gguf":
         _remove_gguf(entry.repo_path, entry.path)
     else:
-        shutil.rmtree(entry.repo_path)
+        _remove_tree(entry.repo_path)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether `path`, its links resolved, is `root` or under it (root resolved too)."""
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a folder of the cache; a link in its place is removed, not what it points to
+    (rmtree itself never follows the links inside)."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
 
 
 def _remove_gguf(repo_path: Path, pointer: Path) -> None:
     """Remove one GGUF file of a repo: its snapshot links and its blob; the whole repo folder
-    when no model is left in it."""
-    relative = Path(*pointer.relative_to(repo_path / "snapshots").parts[1:])
+    when no model is left in it. Nothing outside the repo folder is touched: a snapshot link to
+    a file elsewhere loses the link only, and a snapshot folder that is a link is not entered."""
+    if repo_path.is_symlink():
+        return _remove_tree(repo_path)
+    snapshots = repo_path / "snapshots"
+    relative = Path(*pointer.relative_to(snapshots).parts[1:])
     blob = pointer.resolve()
-    for snapshot in (repo_path / "snapshots").iterdir():
-        (snapshot / relative).unlink(missing_ok=True)
-    blob.unlink(missing_ok=True)
-    if not any(
-        p.suffix == ".gguf" or p.suffix == ".safetensors"
-        for p in (repo_path / "snapshots").rglob("*")
-    ):
+    for snapshot in snapshots.iterdir():
+        link = snapshot / relative
+        if _inside(link.parent, snapshots):
+            link.unlink(missing_ok=True)
+    if blob.parent == (repo_path / "blobs").resolve():
+        blob.unlink(missing_ok=True)
+    if not any(p.suffix == ".gguf" or p.suffix == ".safetensors" for p in snapshots.rglob("*")):
         shutil.rmtree(repo_path)
 
 

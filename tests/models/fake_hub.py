@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 LFS_THRESHOLD = 10_000  # files at least this big are served as LFS files (sha256 etag)
 
@@ -36,6 +37,11 @@ class Behaviour:
     drop_times: int = 0
     stall_file: str | None = None
     stall_after: int = 0
+    # a hostile hub: the ETag sent for a file, in place of its checksum
+    etags: dict[str, str] = field(default_factory=dict)
+    # ... and the repo whose files it serves at any other path too, by their last name part (a
+    # client normalizes `resolve/<commit>/../../x` to `/x`)
+    anywhere: str | None = None
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -113,6 +119,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             match = resolve.match(self.path)
             if match:
                 return self._file(*match.groups(), body=True)
+            if hub.behaviour.anywhere:
+                return self._file(hub.behaviour.anywhere, "main", self.path[1:], body=True)
             self._not_found("RepoNotFound")
 
         def do_HEAD(self) -> None:
@@ -120,6 +128,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             match = resolve.match(self.path)
             if match:
                 return self._file(*match.groups(), body=False)
+            if hub.behaviour.anywhere:
+                return self._file(hub.behaviour.anywhere, "main", self.path[1:], body=False)
             self._not_found("RepoNotFound")
 
         def _info(self, repo_id: str) -> None:
@@ -142,12 +152,17 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _file(self, repo_id: str, revision: str, name: str, body: bool) -> None:
             repo = hub.repos.get(repo_id)
+            revision, name = unquote(revision), unquote(name)
             if repo is None or revision not in ("main", repo.commit):
                 return self._not_found("RepoNotFound" if repo is None else "RevisionNotFound")
-            data = repo.files.get(name)
+            # a name the client normalized (`a/../b` sent as `b`) still finds its file
+            data = repo.files.get(name) or next(
+                (d for n, d in repo.files.items() if n.rsplit("/", 1)[-1] == name), None
+            )
             if data is None:
                 return self._not_found("EntryNotFound")
             etag, lfs = _etag(data)
+            etag = hub.behaviour.etags.get(name, etag)
             if name in hub.behaviour.corrupt:
                 data = data[:-1] + bytes([data[-1] ^ 0xFF])
             start = 0
