@@ -6,6 +6,15 @@ import logging
 import time
 
 logger = logging.getLogger("localchat.server")
+# C0 controls, DEL and C1 controls (ESC starts terminal sequences, CR/LF start forged lines)
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), ord('"'), *range(127, 160))}
+_CONTROL[ord("\\")] = "\\\\"
+
+
+def escape(text: str) -> str:
+    """`text` with every control character and `"` written as \\xNN (a backslash as \\\\), so a
+    request's path cannot forge a log line, end its quoted field or drive the terminal."""
+    return text.translate(_CONTROL)
 
 
 def access_log(app):
@@ -28,7 +37,8 @@ def access_log(app):
         finally:
             client = scope.get("client")
             line = (
-                f'{client[0] if client else "-"} "{scope["method"]} {scope["path"]}" '
+                f"{escape(client[0]) if client else '-'} "
+                f'"{escape(scope["method"])} {escape(scope["path"])}" '
                 f"{status or 'disconnected'} {time.monotonic() - start:.3f}s"
             )
             # set by streaming.start_generation as `request.state.localchat_generation`; Litestar's
