@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from localchat.errors import InvalidParameterError
 
@@ -52,3 +54,29 @@ def format_bytes(size: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory, created (with its parents) readable by its owner alone (0700) when
+    missing; one that exists keeps its mode."""
+    if not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def private_file(path: Path, *, make_dir: bool = True) -> Path:
+    """`path` as a file readable and writable by its owner alone (0600): created empty when missing
+    (its folder with private_dir unless not `make_dir`), narrowed to 0600 when it exists. SQLite
+    gives its journal and WAL files the database's mode."""
+    if make_dir:
+        private_dir(path.parent)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o600))
+    os.chmod(path, 0o600)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path`, a file of mode 0600 (private_file)."""
+    private_file(path)
+    path.write_text(text)

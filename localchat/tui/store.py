@@ -12,6 +12,7 @@ from localchat import envs
 from localchat.errors import InvalidParameterError
 from localchat.tui.conversation import Conversation, StoredMessage
 from localchat.tui.json_mode import JsonMode
+from localchat.utils import private_file
 
 logger = logging.getLogger("localchat.tui")
 
@@ -63,8 +64,8 @@ class ConversationStore:
     nothing)."""
 
     def __init__(self, path: str | Path | None = None):
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if path is not None:  # the user's conversations: 0600, in a 0700 folder we create
+            private_file(Path(path))
         self.path = path
         self.db = sqlite3.connect(":memory:" if path is None else str(path))
         self.db.execute("PRAGMA foreign_keys = ON")

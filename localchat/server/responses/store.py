@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from localchat.utils import private_file
+
 MAX_RESPONSES = 10_000
 MAX_BYTES = 256 * 2**20
 
@@ -77,6 +79,10 @@ class SqliteResponseStore:
         self, path: str | Path, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES
     ):
         self.max_responses, self.max_bytes = max_responses, max_bytes
+        try:  # clients' conversations: the owner's alone (0600)
+            private_file(Path(path), make_dir=False)
+        except OSError as exc:  # as sqlite3 would fail (a missing folder is not made)
+            raise sqlite3.OperationalError(f"unable to open database file: {exc}") from None
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(
