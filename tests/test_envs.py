@@ -14,9 +14,9 @@ from localchat import envs
 
 ROOT = Path(envs.__file__).parent
 NAME = re.compile(r"\bLOCALCHAT_[A-Z0-9_]+")
-# Still read at import by the modules another change is rewriting (issue 40, item 3): they move to
-# envs.TP_* and envs.DP_* with it. Nothing else may join this list.
-PENDING = {"parallel_state.py", "data_parallel.py"}
+# Modules that may still read a LOCALCHAT_* variable themselves: none (the tensor- and data-parallel
+# ones read envs.TP_* and envs.DP_*). Nothing may join this list.
+PENDING: set[str] = set()
 
 
 def _sources() -> list[Path]:

@@ -8,13 +8,13 @@ and events of engine_messages.py, as an EngineCore speaks them). Per replica, a 
 writes commands (so a full pipe never blocks the event loop) and a reader thread
 hands each message to the event loop.
 
-Failure: a replica that exits (its pipe closes) or sends nothing for DP_TIMEOUT seconds (it sends a
-message at least every second, idle or busy) is declared dead and killed. Its requests that have
-sent the client nothing yet (not accepted, or waiting for a first token) are routed again to a live
-replica, where they start over from their prompts; those that have streamed output end with an
-EngineDeadError naming it. /health answers 503, and the remaining replicas go on serving new
-requests. Every wait on a replica ends when the replica answers, dies, or times out. The replicas
-report the prefix blocks their engines evicted, which the router drops.
+Failure: a replica that exits (its pipe closes) or sends nothing for LOCALCHAT_DP_TIMEOUT seconds
+(it sends a message at least every second, idle or busy) is declared dead and killed. Its requests
+that have sent the client nothing yet (not accepted, or waiting for a first token) are routed
+again to a live replica, where they start over from their prompts; those that have streamed output
+end with an EngineDeadError naming it. /health answers 503, and the remaining replicas go on serving
+new requests. Every wait on a replica ends when the replica answers, dies, or times out. The
+replicas report the prefix blocks their engines evicted, which the router drops.
 
 /metrics keeps every single-engine series, each summed over the replicas (the KV usage weighted by
 their blocks), and adds `localchat_replica_*` series labelled `replica`.
@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from localchat import envs
 from localchat.config import EngineConfig
 from localchat.engine.distributed.replica_process import ReplicaArgs, run_replica
 from localchat.engine.distributed.replica_router import PrefixRouter
@@ -64,10 +65,6 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullError
 
 logger = logging.getLogger("localchat.server")
-# LOCALCHAT_DP_TIMEOUT=S: seconds a replica may go without a word before it is declared hung.
-DP_TIMEOUT = float(os.environ.get("LOCALCHAT_DP_TIMEOUT", "120"))
-# LOCALCHAT_DP_LOAD_TIMEOUT=S: seconds the replicas may take to load.
-LOAD_TIMEOUT = float(os.environ.get("LOCALCHAT_DP_LOAD_TIMEOUT", "600"))
 STOP_TIMEOUT = 10.0
 WATCH_INTERVAL = 0.5
 
@@ -160,8 +157,8 @@ class Replica:
 
     def _read_loop(self) -> None:
         """Hand each list of events to the event loop; until the replica has loaded, watch that
-        it lives and loads within LOAD_TIMEOUT."""
-        deadline = time.monotonic() + LOAD_TIMEOUT
+        it lives and loads within LOCALCHAT_DP_LOAD_TIMEOUT."""
+        deadline = time.monotonic() + envs.DP_LOAD_TIMEOUT.get()
         loading = True
         while True:
             events: list[EngineEvent] | None
@@ -257,7 +254,7 @@ class DataParallelEngine(TextFront):
             self.replicas.append(Replica(index, args, loop, self))
         atexit.register(self._kill_all)
         self._watchdog = asyncio.create_task(self._watch())
-        try:  # each replica's reader settles `ready`: loaded, failed, or not in LOAD_TIMEOUT
+        try:  # each replica's reader settles `ready`: loaded, failed, or not in time
             infos = await asyncio.gather(*(r.ready for r in self.replicas))
         except BaseException:
             await self.shutdown()
@@ -320,23 +317,25 @@ class DataParallelEngine(TextFront):
         if not replica.ready.done():
             replica.ready.set_exception(
                 EngineDeadError(
-                    f"the data-parallel replicas did not load within {LOAD_TIMEOUT:.0f} s"
+                    "the data-parallel replicas did not load within "
+                    f"{envs.DP_LOAD_TIMEOUT.get():.0f} s"
                 )
             )
 
     async def _watch(self) -> None:
-        """Declare dead the replicas that exited or went quiet for DP_TIMEOUT seconds."""
+        """Declare dead the replicas that exited or went quiet for LOCALCHAT_DP_TIMEOUT seconds."""
         while not self._stopping:
             await asyncio.sleep(WATCH_INTERVAL)
             now = time.monotonic()
+            quiet = envs.DP_TIMEOUT.get()
             for replica in self.replicas:
                 if not replica.alive or self._stopping:
                     continue
                 if replica.process.exitcode is not None:
                     self._fail(replica, f"it exited with code {replica.process.exitcode}")
-                elif replica.info is not None and now - replica.last_seen > DP_TIMEOUT:
+                elif replica.info is not None and now - replica.last_seen > quiet:
                     replica.process.kill(timeout=0)
-                    self._fail(replica, f"it sent nothing for {DP_TIMEOUT:.0f} s (hung); killed")
+                    self._fail(replica, f"it sent nothing for {quiet:.0f} s (hung); killed")
 
     # --- events from the replicas (on the event loop) ---------------------------------------------
     def _on_events(self, replica: Replica, events: list[EngineEvent] | None) -> None:

@@ -10,20 +10,14 @@ so a hung rank is found while idle too), and so, under torchrun, do rank 0's com
 
 from __future__ import annotations
 
-import os
 import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-# LOCALCHAT_TP_TIMEOUT=S: seconds any one collective (or the rendezvous) may take.
-COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("LOCALCHAT_TP_TIMEOUT", "120")))
-# LOCALCHAT_TP_PING_TIMEOUT=S: seconds an idle rank may take to answer a health ping.
-PING_TIMEOUT = timedelta(seconds=float(os.environ.get("LOCALCHAT_TP_PING_TIMEOUT", "10")))
-# LOCALCHAT_TP_LOAD_TIMEOUT=S: seconds a rank may take to load its shard; under torchrun also the
-# longest an idle rank waits for rank 0's next command (rank 0 pings every second while idle).
-LOAD_TIMEOUT = float(os.environ.get("LOCALCHAT_TP_LOAD_TIMEOUT", "600"))
+from localchat import envs
+
 # a command rank 0 broadcasts under torchrun: its code and up to COMMAND_WIDTH - 1 integers
 # (rank_messages.to_ints)
 COMMAND_WIDTH = 8
@@ -46,7 +40,7 @@ def init_group(rank: int, world_size: int, address: str, device: torch.device) -
         init_method=f"tcp://{address}",
         rank=rank,
         world_size=world_size,
-        timeout=COLLECTIVE_TIMEOUT,
+        timeout=_collective_timeout(),
     )
     _join_control()
 
@@ -58,17 +52,22 @@ def init_from_env(device: torch.device) -> None:
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         init_method="env://",
-        timeout=COLLECTIVE_TIMEOUT,
+        timeout=_collective_timeout(),
     )
     _state["from_env"] = True
     _join_control()
 
 
+def _collective_timeout() -> timedelta:
+    """LOCALCHAT_TP_TIMEOUT: the most any one collective (or the rendezvous) may take."""
+    return timedelta(seconds=envs.TP_TIMEOUT.get())
+
+
 def _join_control() -> None:
-    _state["control"] = dist.new_group(
-        backend="gloo",
-        timeout=timedelta(seconds=max(LOAD_TIMEOUT, COLLECTIVE_TIMEOUT.total_seconds())),
-    )
+    # under torchrun an idle rank waits on it for rank 0's next command: LOCALCHAT_TP_LOAD_TIMEOUT
+    # at least (rank 0 pings every second while idle)
+    seconds = max(envs.TP_LOAD_TIMEOUT.get(), envs.TP_TIMEOUT.get())
+    _state["control"] = dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds))
 
 
 def joined_from_env() -> bool:
@@ -86,9 +85,11 @@ def destroy_group() -> None:
         dist.destroy_process_group()
 
 
-def ping(timeout: timedelta = PING_TIMEOUT) -> None:
+def ping(timeout: timedelta | None = None) -> None:
     """Rank 0: wait for every other rank's answer to a ping (sent to them just before); raise
-    RuntimeError naming the first rank that did not answer within `timeout`."""
+    RuntimeError naming the first rank that did not answer within `timeout` (default:
+    LOCALCHAT_TP_PING_TIMEOUT)."""
+    timeout = timeout or timedelta(seconds=envs.TP_PING_TIMEOUT.get())
     group = control_group()
     answers = [torch.zeros(1) for _ in range(1, dist.get_world_size())]
     works = [dist.irecv(a, src=r, group=group) for r, a in enumerate(answers, 1)]

@@ -13,6 +13,7 @@ import time
 import torch
 import torch.multiprocessing as mp
 
+from localchat import envs
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.rank_messages import (
     Exit,
@@ -27,7 +28,6 @@ from localchat.engine.distributed.worker import WorkerArgs, run_worker
 from localchat.errors import EngineDeadError
 
 logger = logging.getLogger("localchat.engine")
-LOAD_TIMEOUT = parallel_state.LOAD_TIMEOUT
 STARTED_HINT = (
     "it exited before starting; a script that uses tensor parallelism needs an "
     "`if __name__ == '__main__':` guard, since each rank is spawned and imports the main module"
@@ -57,7 +57,7 @@ class WorkerPool:
 
     def _wait_for(self, expected: type[RankStarted | RankReady], what_failed: str) -> None:
         """Each worker's next report, watching that it is alive meanwhile."""
-        deadline = time.monotonic() + LOAD_TIMEOUT
+        deadline = time.monotonic() + envs.TP_LOAD_TIMEOUT.get()
         for rank, worker in enumerate(self.workers, 1):
             try:
                 report = worker.wait_for(deadline)
