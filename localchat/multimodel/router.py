@@ -20,7 +20,13 @@ from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.multimodel.pool import UNSET, EnginePool
 from localchat.server.keep_alive import parse_keep_alive
 from localchat.server.metrics import MultiModelMetrics
-from localchat.server.request_guard import MAX_BODY_BYTES
+from localchat.server.request_guard import (
+    BodyTooLarge,
+    ClientGone,
+    read_body,
+    replay,
+    send_too_large,
+)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -39,10 +45,6 @@ ANTHROPIC = "/v1/messages"  # Anthropic's error shape on these paths
 STORED = "/v1/responses/"  # stored responses, shared by every model's app
 # a body this big or bigger is decoded in a thread, so the event loop keeps serving the others
 THREAD_DECODE_BYTES = 64 << 10
-
-
-class BodyTooLarge(Exception):
-    """A request body over MAX_BODY_BYTES (announced or received)."""
 
 
 class _Target(msgspec.Struct):
@@ -105,10 +107,11 @@ class ModelRouter:
         if method != "POST" or path not in ROUTED:
             return await _json(send, 404, _error(f"no route {method} {path}", 404))
         try:
-            body = await _read_body(scope, receive)
+            body = await read_body(scope, receive)
         except BodyTooLarge:
-            message = f"the request body is larger than {MAX_BODY_BYTES} bytes"
-            return await _json(send, 413, _error(message, 413, path=path))
+            return await send_too_large(scope, send)
+        except ClientGone:
+            return
         try:
             name, keep_alive = await _target_of(body, self.pool.names[0])
             entry = await self.pool.acquire(name, keep_alive)
@@ -116,7 +119,7 @@ class ModelRouter:
             status = exc.http_status
             return await _json(send, status, _error(exc.message, status, exc.param, path))
         try:
-            await entry.app(scope, _replay(body, receive), send)
+            await entry.app(scope, replay(body, receive), send)
         finally:
             await self.pool.release(entry)
 
@@ -175,44 +178,6 @@ async def _target_of(body: bytes, default: str) -> tuple[Any, Any]:
     raw = target.keep_alive
     keep_alive = UNSET if raw is None else parse_keep_alive(raw)
     return target.model or default, keep_alive
-
-
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    """The whole body, or BodyTooLarge as soon as its Content-Length or the bytes received pass
-    MAX_BODY_BYTES (the single-model server's limit)."""
-    for key, value in scope.get("headers") or ():
-        if key.lower() == b"content-length":
-            try:
-                announced = int(value)
-            except ValueError:
-                announced = 0
-            if announced > MAX_BODY_BYTES:
-                raise BodyTooLarge
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive() that hands the app the body read already, then the client's own messages (a
-    disconnect)."""
-    sent = False
-
-    async def replay() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 async def _json(send: Send, status: int, payload: dict) -> None:

@@ -71,6 +71,7 @@ async def serve_models(
     parsers: tuple[str | None, str | None],
     pooling: str,
     responses_store=None,
+    limits=None,
 ) -> None:
     from localchat.multimodel.pool import EnginePool
     from localchat.multimodel.router import ModelRouter
@@ -121,6 +122,7 @@ async def serve_models(
         ),
         log_level=log_level,
         grace_period=grace_period,
+        limits=limits,
     )
     logger.info(
         "serving %s (at most %d loaded%s, keep_alive %s) on %s%s",

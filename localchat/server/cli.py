@@ -21,6 +21,7 @@ from localchat.cli_options import engine_options, option
 from localchat.errors import InvalidParameterError
 from localchat.server import request_guard
 from localchat.server.tool_parsers import chat_parsers
+from localchat.server.uvicorn_run import ConnectionLimits
 
 logger = logging.getLogger("localchat.server")
 _PANEL = "Server options"
@@ -85,6 +86,26 @@ def serve(
             help="Seconds running requests get to finish on SIGINT/SIGTERM",
         ),
     ] = 30.0,
+    max_connections: Annotated[
+        int,
+        option(
+            _PANEL,
+            "--max-connections",
+            help="Most open connections; beyond it, 503 (docs/security.md)",
+        ),
+    ] = ConnectionLimits.max_connections,
+    header_timeout: Annotated[
+        float,
+        option(
+            _PANEL,
+            "--header-timeout",
+            help="Seconds a client has to send a request's line and headers; then it is cut off",
+        ),
+    ] = ConnectionLimits.header_timeout,
+    body_timeout: Annotated[
+        float,
+        option(_PANEL, "--body-timeout", help="Seconds a client has to send a body; then 408"),
+    ] = ConnectionLimits.body_timeout,
     log_level: Annotated[
         str, option(_PANEL, "--log-level", help="debug, info, warning or error")
     ] = "info",
@@ -173,6 +194,15 @@ def serve(
         raise InvalidParameterError(
             f"--grace-period must be >= 0, got {grace_period}", param="grace_period"
         )
+    if max_connections < 1:
+        raise InvalidParameterError(
+            f"--max-connections must be >= 1, got {max_connections}", param="max_connections"
+        )
+    for flag, seconds in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
+        if not seconds > 0:
+            raise InvalidParameterError(
+                f"--{flag.replace('_', '-')} must be > 0, got {seconds}", param=flag
+            )
     if data_parallel_size < 1:
         raise InvalidParameterError(
             f"--data-parallel-size must be >= 1, got {data_parallel_size}",
@@ -223,6 +253,7 @@ def serve(
         "parsers": (tool_call_parser, reasoning_parser),
         "pooling": pooling,
         "responses_store": _responses_store(responses_store),
+        "limits": ConnectionLimits(max_connections, header_timeout, body_timeout),
     }
     if models is not None or models_dir is not None:
         asyncio.run(
@@ -290,6 +321,7 @@ async def _serve(
     pooling: str = "last",
     responses_store=None,
     data_parallel_size: int = 1,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     from localchat.engine.async_engine import AsyncEngine
     from localchat.engine.engine_client import EngineClient
@@ -321,7 +353,7 @@ async def _serve(
             pooling=pooling,
         )
         app = build_asgi_app(server_state, cors_origins, responses_store, hosts)
-        server = uvicorn_server(app, log_level=log_level, grace_period=grace_period)
+        server = uvicorn_server(app, log_level=log_level, grace_period=grace_period, limits=limits)
         logger.info(
             "serving %s (max_model_len %d) on %s%s",
             server_state.model_name,

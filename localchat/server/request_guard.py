@@ -139,3 +139,52 @@ def require_json(app: ASGIApp) -> ASGIApp:
         await app(scope, receive, send)
 
     return middleware
+
+
+class BodyTooLarge(Exception):
+    """A request body over MAX_BODY_BYTES (announced or received)."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was in."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The whole body, or BodyTooLarge as soon as its Content-Length or the bytes received pass
+    `limit` (nothing more is read), or ClientGone."""
+    announced = _header(scope, b"content-length")
+    if announced is not None and announced.strip().isdigit() and int(announced) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive() that hands the app the body read already, then the client's own messages (a
+    disconnect)."""
+    sent = False
+
+    async def replayed() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def send_too_large(scope: Scope, send: Send) -> None:
+    """413 in the API's shape."""
+    message = f"the request body is larger than {MAX_BODY_BYTES} bytes"
+    await _send_error(scope, send, message, 413, "invalid_request_error")
