@@ -4,9 +4,8 @@ own (replica_process.py), behind the one HTTP front end.
 DataParallelEngine is an EngineClient (engine_client.py), as the server's AsyncEngine is: the event
 loop tokenizes and renders chats with replica 0's tokenizer, routes each request with a
 PrefixRouter (replica_router.py), and follows its deltas from the replica's pipe (the commands
-and events of engine_messages.py, as an EngineCore speaks them). Per replica, a sender thread
-writes commands (so a full pipe never blocks the event loop) and a reader thread
-hands each message to the event loop.
+and events of engine_messages.py, as an EngineCore speaks them). Each replica (replica.py) has a
+sender thread that writes its commands and a reader thread that hands its events to the event loop.
 
 Failure: a replica that exits (its pipe closes) or sends nothing for LOCALCHAT_DP_TIMEOUT seconds
 (it sends a message at least every second, idle or busy) is declared dead and killed. Its requests
@@ -28,19 +27,17 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat import envs
 from localchat.config import EngineConfig
-from localchat.engine.distributed.replica_process import ReplicaArgs, run_replica
+from localchat.engine.distributed.replica import Replica, replica_devices, replica_threads
+from localchat.engine.distributed.replica_metrics import replica_metrics
+from localchat.engine.distributed.replica_process import ReplicaArgs
 from localchat.engine.distributed.replica_router import PrefixRouter
-from localchat.engine.distributed.supervised import ProcessLost, SupervisedProcess
 from localchat.engine.engine_client import TextFront
 from localchat.engine.engine_messages import (
     AbortRequest,
@@ -50,7 +47,6 @@ from localchat.engine.engine_messages import (
     CoreReady,
     Embedded,
     EmbedPrompts,
-    EngineCommand,
     EngineEvent,
     LoadFailed,
     Shutdown,
@@ -67,127 +63,6 @@ from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullEr
 logger = logging.getLogger("localchat.server")
 STOP_TIMEOUT = 10.0
 WATCH_INTERVAL = 0.5
-
-
-def replica_threads(config: EngineConfig, size: int) -> int | None:
-    """`--threads` is per replica; without it, on the CPU, the replicas (and their tensor-parallel
-    ranks) share the cores."""
-    if config.num_threads is not None or config.device == "cuda":
-        return config.num_threads
-    import torch
-
-    cores = min(os.cpu_count() or 1, torch.get_num_threads())
-    return max(cores // (size * config.tensor_parallel_size), 1)
-
-
-def replica_devices(config: EngineConfig, size: int) -> list[str | None]:
-    """CUDA_VISIBLE_DEVICES per replica: its own `tensor_parallel_size` GPUs when there are enough,
-    else None (every replica sees every GPU, so split the memory with --gpu-memory-utilization)."""
-    if config.device == "cpu":
-        return [None] * size
-    import torch
-
-    if not torch.cuda.is_available():
-        return [None] * size
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = (
-        [d.strip() for d in visible.split(",") if d.strip()]
-        if visible
-        else [str(i) for i in range(torch.cuda.device_count())]
-    )
-    tp = config.tensor_parallel_size
-    if len(devices) < size * tp:
-        logger.warning(
-            "%d replicas of %d GPU(s) each need %d GPUs, %d visible: the replicas share them",
-            size,
-            tp,
-            size * tp,
-            len(devices),
-        )
-        return [None] * size
-    return [",".join(devices[i * tp : (i + 1) * tp]) for i in range(size)]
-
-
-class Replica:
-    """One replica process, its pipes and threads, and what the front end knows of it."""
-
-    def __init__(
-        self,
-        index: int,
-        args: ReplicaArgs,
-        loop: asyncio.AbstractEventLoop,
-        owner: DataParallelEngine,
-    ):
-        self.index = index
-        self.loop = loop
-        self.owner = owner
-        # a replica with tensor-parallel ranks must start processes, which a daemon may not
-        self.process = SupervisedProcess(
-            run_replica,
-            (args,),
-            name=f"localchat-dp-replica{index}",
-            daemon=args.config.tensor_parallel_size == 1,
-        )
-        self.ready: asyncio.Future[CoreReady] = loop.create_future()
-        self.info: CoreReady | None = None
-        self.stats: EngineStats | None = None
-        self.alive = True
-        self.failure: str | None = None
-        self.last_seen = time.monotonic()
-        self.in_flight = 0
-        self.routed = {"prefix": 0, "load": 0}
-        self._outbox: queue.SimpleQueue[EngineCommand | None] = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._send_loop, name=f"{self.process.name}-send", daemon=True),
-            threading.Thread(target=self._read_loop, name=f"{self.process.name}-read", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def send(self, command: EngineCommand) -> None:
-        if self.alive:
-            self._outbox.put(command)
-
-    def _send_loop(self) -> None:
-        while (message := self._outbox.get()) is not None:
-            try:
-                self.process.send(message)
-            except OSError:  # the replica is gone; the reader reports it
-                return
-
-    def _read_loop(self) -> None:
-        """Hand each list of events to the event loop; until the replica has loaded, watch that
-        it lives and loads within LOCALCHAT_DP_LOAD_TIMEOUT."""
-        deadline = time.monotonic() + envs.DP_LOAD_TIMEOUT.get()
-        loading = True
-        while True:
-            events: list[EngineEvent] | None
-            try:
-                events = self.process.wait_for(deadline) if loading else self.process.recv()
-            except ProcessLost as lost:
-                events = None  # it exited: as a closed pipe
-                if not lost.exited:  # it is still loading: start() gives up on it
-                    loading = False
-                    self._call(self.owner._on_load_timeout, self)
-                    continue
-            except (EOFError, OSError):
-                events = None  # the pipe closed: the replica is gone
-            if events and any(isinstance(e, CoreReady | LoadFailed) for e in events):
-                loading = False
-            if not self._call(self.owner._on_events, self, events) or events is None:
-                return
-
-    def _call(self, callback: Callable[..., None], *args: object) -> bool:
-        """Run `callback(*args)` on the event loop; False once that loop is closed."""
-        try:
-            self.loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:
-            return False
-        return True
-
-    def close_pipes(self) -> None:
-        self._outbox.put(None)
-        self.process.close_pipes()
 
 
 @dataclasses.dataclass
@@ -251,7 +126,7 @@ class DataParallelEngine(TextFront):
         devices = replica_devices(self.config, self.size)
         for index in range(self.size):
             args = ReplicaArgs(index, config, devices[index], self.log_level, index == 0)
-            self.replicas.append(Replica(index, args, loop, self))
+            self.replicas.append(Replica(index, args, loop, self._on_events, self._on_load_timeout))
         atexit.register(self._kill_all)
         self._watchdog = asyncio.create_task(self._watch())
         try:  # each replica's reader settles `ready`: loaded, failed, or not in time
@@ -593,91 +468,4 @@ class DataParallelEngine(TextFront):
 
     def replica_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """The `localchat_replica_*` families of /metrics, one sample per replica."""
-        stats = self.replica_stats()
-        up = GaugeMetricFamily(
-            "localchat_replica_up",
-            "1 while the replica serves, 0 once it failed.",
-            labels=["replica"],
-        )
-        in_flight = GaugeMetricFamily(
-            "localchat_replica_requests_in_flight",
-            "Requests the server has routed to the replica and not seen finish.",
-            labels=["replica"],
-        )
-        routed = CounterMetricFamily(
-            "localchat_replica_routed_requests",
-            "Requests routed to the replica, by why: a cached prefix, or the lightest load.",
-            labels=["replica", "route"],
-        )
-        held = GaugeMetricFamily(
-            "localchat_replica_prefix_blocks",
-            "Prompt blocks the router counts the replica as holding (less those it reported "
-            "evicted).",
-            labels=["replica"],
-        )
-        for replica in self.replicas:
-            label = str(replica.index)
-            up.add_metric([label], 1 if replica.alive else 0)
-            in_flight.add_metric([label], replica.in_flight)
-            for route, count in replica.routed.items():
-                routed.add_metric([label, route], count)
-            held.add_metric([label], self.router.blocks_held(replica.index))
-        yield from (up, in_flight, routed, held)
-        for name, documentation, kind, read in _REPLICA_SERIES:
-            family = kind(name, documentation, labels=["replica"])
-            for replica, replica_stat in zip(self.replicas, stats, strict=True):
-                if replica_stat is not None:
-                    family.add_metric([str(replica.index)], read(replica_stat))
-            yield family
-
-
-_REPLICA_SERIES = [
-    (
-        "localchat_replica_num_requests_running",
-        "Requests in the replica's running batch.",
-        GaugeMetricFamily,
-        lambda s: s.num_running,
-    ),
-    (
-        "localchat_replica_num_requests_waiting",
-        "Requests waiting in the replica.",
-        GaugeMetricFamily,
-        lambda s: s.num_waiting,
-    ),
-    (
-        "localchat_replica_kv_cache_usage_perc",
-        "Fraction of the replica's KV cache blocks in use (0 to 1).",
-        GaugeMetricFamily,
-        lambda s: s.kv_cache_usage,
-    ),
-    (
-        "localchat_replica_prefix_cache_queries",
-        "Prompt tokens the replica looked up in its prefix cache.",
-        CounterMetricFamily,
-        lambda s: s.prefix_cache_queries,
-    ),
-    (
-        "localchat_replica_prefix_cache_hits",
-        "Prompt tokens the replica found in its prefix cache.",
-        CounterMetricFamily,
-        lambda s: s.prefix_cache_hits,
-    ),
-    (
-        "localchat_replica_prompt_tokens",
-        "Prompt tokens of requests the replica accepted.",
-        CounterMetricFamily,
-        lambda s: s.prompt_tokens_total,
-    ),
-    (
-        "localchat_replica_generation_tokens",
-        "Tokens the replica generated.",
-        CounterMetricFamily,
-        lambda s: s.generation_tokens_total,
-    ),
-    (
-        "localchat_replica_num_preemptions",
-        "Sequences the replica preempted for lack of KV blocks.",
-        CounterMetricFamily,
-        lambda s: s.num_preemptions,
-    ),
-]
+        return replica_metrics(self.replicas, self.router, self.replica_stats())
