@@ -56,10 +56,17 @@ class _Target(msgspec.Struct):
 
 
 class ModelRouter:
-    def __init__(self, pool: EnginePool, api_key: str | None = None, stored: Any = None):
+    def __init__(
+        self,
+        pool: EnginePool,
+        api_key: str | None = None,
+        stored: Any = None,
+        metrics_without_key: bool = False,
+    ):
         """`stored` serves GET and DELETE /v1/responses/... (an ASGI app on the store that
-        every model's app keeps its responses in)."""
+        every model's app keeps its responses in); `metrics_without_key` opens /metrics."""
         self.pool, self.api_key, self.stored = pool, api_key, stored
+        self.metrics_without_key = metrics_without_key
         self.created = int(time.time())
         self.metrics = MultiModelMetrics(
             lambda: [e.server.metrics for e in pool.loaded.values() if e.server is not None],
@@ -88,7 +95,8 @@ class ModelRouter:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
-        if not self._authorized(scope):
+        open_metrics = self.metrics_without_key and method == "GET" and path == "/metrics"
+        if not open_metrics and not self._authorized(scope):
             return await _json(send, 401, _error("invalid or missing API key", 401, path=path))
         if method == "GET" and path == "/v1/models":
             return await _json(send, 200, {"object": "list", "data": self._cards()})

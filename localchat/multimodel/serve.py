@@ -72,6 +72,7 @@ async def serve_models(
     pooling: str,
     responses_store=None,
     limits=None,
+    metrics_without_key: bool = False,
 ) -> None:
     from localchat.multimodel.pool import EnginePool
     from localchat.multimodel.router import ModelRouter
@@ -94,6 +95,7 @@ async def serve_models(
             tool_call_parser=parsers[0],
             reasoning_parser=parsers[1],
             pooling=pooling,
+            metrics_without_key=metrics_without_key,
         )
         state.metrics.model_name = name
         return build_app(state, cors_origins, responses_store), state
@@ -118,7 +120,12 @@ async def serve_models(
             )
     server = uvicorn_server(
         access_log(
-            guard_hosts(ModelRouter(pool, api_key, stored_responses_app(responses_store)), hosts)
+            guard_hosts(
+                ModelRouter(
+                    pool, api_key, stored_responses_app(responses_store), metrics_without_key
+                ),
+                hosts,
+            )
         ),
         log_level=log_level,
         grace_period=grace_period,

@@ -11,14 +11,14 @@ from localchat import __version__
 from localchat.server.access_log import access_log
 from localchat.server.anthropic.routes import anthropic_router
 from localchat.server.errors import handle_exception
-from localchat.server.request_guard import MAX_BODY_BYTES, guard_hosts, require_json
+from localchat.server.request_guard import MAX_BODY_BYTES, guard_hosts, require_json, send_error
 from localchat.server.responses.routes import ROUTES as RESPONSES_ROUTES
 from localchat.server.responses.store import MemoryResponseStore, ResponseStore
 from localchat.server.routes_chat import create_chat_completion
 from localchat.server.routes_completions import create_completion
 from localchat.server.routes_embeddings import create_embeddings
 from localchat.server.routes_misc import ROUTES
-from localchat.server.state import ServerState
+from localchat.server.state import ServerState, bearer_matches
 
 
 def build_app(
@@ -46,7 +46,7 @@ def build_app(
             }
         ),
         exception_handlers={Exception: handle_exception},
-        middleware=[require_json],
+        middleware=[require_json, _docs_need_key(server)],
         cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])
         if cors_origins
         else None,
@@ -59,6 +59,30 @@ def build_app(
         logging_config=None,
         request_max_body_size=MAX_BODY_BYTES,
     )
+
+
+def _docs_need_key(server: ServerState):
+    """Middleware factory: /docs (the OpenAPI pages and schema) takes the API key when one is
+    set, as /v1/* does."""
+
+    def factory(app):
+        async def middleware(scope, receive, send) -> None:
+            path = scope.get("path", "")
+            if (
+                scope["type"] == "http"
+                and server.api_key is not None
+                and (path == "/docs" or path.startswith("/docs/"))
+            ):
+                headers = dict(scope.get("headers") or ())
+                given = headers.get(b"authorization", b"").decode("latin-1")
+                if not bearer_matches(given, server.api_key):
+                    message = "invalid or missing API key: send 'Authorization: Bearer <key>'"
+                    return await send_error(scope, send, message, 401, "authentication_error")
+            await app(scope, receive, send)
+
+        return middleware
+
+    return factory
 
 
 def build_asgi_app(

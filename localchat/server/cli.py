@@ -54,9 +54,26 @@ def serve(
             "--api-key",
             envvar=envs.API_KEY.name,
             show_default=False,
-            help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize",
+            help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, "
+            "/metrics and /docs",
         ),
     ] = None,
+    api_key_file: Annotated[
+        Path | None,
+        option(
+            _PANEL,
+            "--api-key-file",
+            help="Read the API key from this file (its first line), so it is not in `ps`",
+        ),
+    ] = None,
+    metrics_without_key: Annotated[
+        bool,
+        option(
+            _PANEL,
+            "--metrics-without-key",
+            help="Answer /metrics without the API key (for a scraper that has none)",
+        ),
+    ] = False,
     cors_origin: Annotated[
         list[str] | None,
         option(_PANEL, "--cors-origin", help="Allowed CORS origin (repeatable; '*' for any)"),
@@ -194,6 +211,7 @@ def serve(
         raise InvalidParameterError(
             f"--grace-period must be >= 0, got {grace_period}", param="grace_period"
         )
+    api_key = _api_key(api_key, api_key_file)
     if max_connections < 1:
         raise InvalidParameterError(
             f"--max-connections must be >= 1, got {max_connections}", param="max_connections"
@@ -244,7 +262,8 @@ def serve(
     sock = _bind(host, port)
     names = [name.strip() for item in allowed_hosts or () for name in item.split(",")]
     options: dict[str, Any] = {
-        "api_key": api_key or None,
+        "api_key": api_key,
+        "metrics_without_key": metrics_without_key,
         "cors_origins": cors_origin or None,
         "hosts": request_guard.allowed_hosts(host, [name for name in names if name]),
         "max_waiting": max_waiting,
@@ -277,6 +296,31 @@ def serve(
             data_parallel_size=data_parallel_size,
         )
     )
+
+
+def _api_key(given: str | None, path: Path | None) -> str | None:
+    """The key of --api-key (or LOCALCHAT_API_KEY) or of --api-key-file (its first line, without
+    surrounding blanks), not both; None when neither gives one."""
+    if path is None:
+        return given or None
+    if given:
+        raise InvalidParameterError(
+            "give --api-key (or LOCALCHAT_API_KEY) or --api-key-file, not both",
+            param="api_key_file",
+        )
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(
+            f"cannot read --api-key-file {path}: {getattr(exc, 'strerror', None) or exc}",
+            param="api_key_file",
+        ) from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise InvalidParameterError(
+            f"--api-key-file {path} holds no key on its first line", param="api_key_file"
+        )
+    return key
 
 
 def _responses_store(path: Path | None):
@@ -322,6 +366,7 @@ async def _serve(
     responses_store=None,
     data_parallel_size: int = 1,
     limits: ConnectionLimits | None = None,
+    metrics_without_key: bool = False,
 ) -> None:
     from localchat.engine.async_engine import AsyncEngine
     from localchat.engine.engine_client import EngineClient
@@ -351,6 +396,7 @@ async def _serve(
             tool_call_parser=parsers[0],
             reasoning_parser=parsers[1],
             pooling=pooling,
+            metrics_without_key=metrics_without_key,
         )
         app = build_asgi_app(server_state, cors_origins, responses_store, hosts)
         server = uvicorn_server(app, log_level=log_level, grace_period=grace_period, limits=limits)

@@ -78,7 +78,7 @@ def error_body(path: str, message: str, status: int, error_type: str) -> dict:
     return body
 
 
-async def _send_error(scope: Scope, send: Send, message: str, status: int, error_type: str) -> None:
+async def send_error(scope: Scope, send: Send, message: str, status: int, error_type: str) -> None:
     body = json.dumps(error_body(scope.get("path", ""), message, status, error_type)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -103,7 +103,7 @@ class HostGuard:
         if scope["type"] == "http":
             host = _header(scope, b"host")
             if host is not None and host_name(host) not in self.hosts:
-                await _send_error(
+                await send_error(
                     scope,
                     send,
                     f"Host {host!r} is not allowed: name this server by localhost, 127.0.0.1 or "
@@ -128,7 +128,7 @@ def require_json(app: ASGIApp) -> ASGIApp:
         if scope["type"] == "http" and scope.get("method") in _BODY_METHODS:
             content_type = _header(scope, b"content-type") or ""
             if content_type.partition(";")[0].strip().lower() != "application/json":
-                await _send_error(
+                await send_error(
                     scope,
                     send,
                     f"Content-Type must be application/json, got {content_type or 'none'!r}",
@@ -187,4 +187,4 @@ def replay(body: bytes, receive: Receive) -> Receive:
 async def send_too_large(scope: Scope, send: Send) -> None:
     """413 in the API's shape."""
     message = f"the request body is larger than {MAX_BODY_BYTES} bytes"
-    await _send_error(scope, send, message, 413, "invalid_request_error")
+    await send_error(scope, send, message, 413, "invalid_request_error")

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from localchat import __version__
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import JSON_BODY, DetokenizeRequest, TokenizeRequest
-from localchat.server.state import require_api_key, server_for, server_of
+from localchat.server.state import require_api_key, require_metrics_key, server_for, server_of
 
 
 @get("/v1/models", guards=[require_api_key], summary="List the served model")
@@ -88,7 +88,12 @@ async def detokenize(request: Request, data: Annotated[DetokenizeRequest, JSON_B
     return {"prompt": server.engine.detokenize(data.tokens, skip_special_tokens=False)}
 
 
-@get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+@get(
+    "/metrics",
+    summary="Prometheus metrics",
+    include_in_schema=False,
+    guards=[require_metrics_key],
+)
 async def metrics(request: Request) -> Response:
     return Response(server_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -39,6 +39,7 @@ class ServerState:
     tool_call_parser: str | None = None  # --tool-call-parser (None: from the chat template)
     reasoning_parser: str | None = None  # --reasoning-parser (None: from the chat template)
     pooling: str = "last"  # --pooling: how /v1/embeddings pools a prompt's hidden states
+    metrics_without_key: bool = False  # --metrics-without-key: /metrics open to any client
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ServerMetrics = field(init=False)
     token_str: TokenStrings = field(init=False)
@@ -115,12 +116,19 @@ def require_api_key(connection: ASGIConnection, _handler: BaseRouteHandler) -> N
     expected = connection.app.state.server.api_key
     if expected is None:
         return
-    header = connection.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if not (
-        scheme.lower() == "bearer"
-        and hmac.compare_digest(given.strip().encode(), expected.encode())
-    ):
+    if not bearer_matches(connection.headers.get("authorization", ""), expected):
         raise NotAuthorizedException(
             "invalid or missing API key: send 'Authorization: Bearer <key>'"
         )
+
+
+def require_metrics_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """Litestar guard of /metrics: the API key, unless the server runs --metrics-without-key."""
+    if not connection.app.state.server.metrics_without_key:
+        require_api_key(connection, handler)
+
+
+def bearer_matches(header: str, key: str) -> bool:
+    """Whether an Authorization header is `Bearer KEY`, compared in constant time."""
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
