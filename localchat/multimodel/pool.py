@@ -67,6 +67,7 @@ class EnginePool:
         max_memory: int | None = None,
         keep_alive: float | None = None,
         max_waiting: int | None = None,
+        allow_client_unload: bool = False,
     ):
         self.models = dict(models) if isinstance(models, Mapping) else {n: n for n in models}
         self.names = list(self.models)
@@ -74,6 +75,7 @@ class EnginePool:
         self.max_loaded, self._max_waiting = max(1, max_loaded), max_waiting
         self.max_memory = max_memory
         self.keep_alive: dict[str, float | None] = dict.fromkeys(self.names, keep_alive)
+        self.default_keep_alive, self.allow_client_unload = keep_alive, allow_client_unload
         self.loaded: OrderedDict[str, Loaded] = OrderedDict()  # least recently used first
         self._loading: dict[str, asyncio.Task] = {}
         self._wanted: Counter[str] = Counter()  # requests waiting for each model
@@ -133,6 +135,7 @@ class EnginePool:
                 param="model",
             )
         if keep_alive is not UNSET:
+            self._check_keep_alive(keep_alive)
             self.keep_alive[name] = keep_alive
         # a model someone waits for is not evicted between its load and their turn
         self._wanted[name] += 1
@@ -151,6 +154,21 @@ class EnginePool:
                 await asyncio.shield(task)
         finally:
             self._wanted[name] -= 1
+
+    def _check_keep_alive(self, keep_alive: float | None) -> None:
+        """A request may keep its model loaded longer than the server's --keep-alive, not
+        shorter: that would unload a model other clients use. --allow-client-unload lets it."""
+        default = self.default_keep_alive
+        shorter = keep_alive is not None and (default is None or keep_alive < default)
+        if shorter and not self.allow_client_unload:
+            from localchat.server.keep_alive import format_duration
+
+            raise InvalidParameterError(
+                f"keep_alive={keep_alive:g}s is shorter than this server's keep-alive of "
+                f"{format_duration(default)}; a request may only lengthen it (the server's "
+                "--allow-client-unload lets requests shorten it or unload their model)",
+                param="keep_alive",
+            )
 
     async def release(self, entry: Loaded) -> None:
         entry.active -= 1

@@ -73,6 +73,7 @@ async def serve_models(
     responses_store=None,
     limits=None,
     metrics_without_key: bool = False,
+    allow_client_unload: bool = False,
 ) -> None:
     from localchat.multimodel.pool import EnginePool
     from localchat.multimodel.router import ModelRouter
@@ -108,6 +109,7 @@ async def serve_models(
         max_memory=max_memory,
         keep_alive=keep_alive,
         max_waiting=max_waiting,
+        allow_client_unload=allow_client_unload,
     )
     for name in pool.names:
         need = pool.need(name)

@@ -196,6 +196,15 @@ def serve(
             help="How long an idle model stays loaded (default 5m; 0: unload at once, -1: forever)",
         ),
     ] = None,
+    allow_client_unload: Annotated[
+        bool,
+        option(
+            _MODELS,
+            "--allow-client-unload",
+            help="Let a request's keep_alive shorten its model's (0 unloads it when idle); "
+            "by default it may only lengthen it",
+        ),
+    ] = False,
     engine_config=None,
 ) -> None:
     """Serve MODEL (a model directory, .gguf file or hub id; default: the embedded
@@ -245,9 +254,15 @@ def serve(
 
         served = multi.models_to_serve(models, models_dir)
         budget, keep = multi.check_limits(max_loaded_models, max_memory, keep_alive or "5m")
-    elif max_memory is not None or keep_alive is not None or max_loaded_models != 1:
+    elif (
+        max_memory is not None
+        or keep_alive is not None
+        or max_loaded_models != 1
+        or allow_client_unload
+    ):
         raise InvalidParameterError(
-            "--max-loaded-models, --max-memory and --keep-alive go with --models or --models-dir"
+            "--max-loaded-models, --max-memory, --keep-alive and --allow-client-unload go with "
+            "--models or --models-dir"
         )
     from localchat.engine.distributed.torchrun import join_torchrun
 
@@ -283,6 +298,7 @@ def serve(
                 max_loaded=max_loaded_models,
                 max_memory=budget,
                 keep_alive=keep,
+                allow_client_unload=allow_client_unload,
                 **options,
             )
         )

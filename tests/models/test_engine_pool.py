@@ -107,3 +107,27 @@ async def test_a_budget_evicts_as_many_as_it_needs_in_lru_order_passing_busy_one
     assert list(pool.loaded) == ["c", "big"] and pool.used_memory() == 350
     await pool.release(busy)
     await pool.close()
+
+
+async def test_a_request_may_not_shorten_the_keep_alive_unless_allowed(events):
+    """A client's keep_alive 0 would unload a model other clients use: refused (400 naming
+    keep_alive) unless the server runs --allow-client-unload; lengthening it is fine."""
+    from localchat.errors import InvalidParameterError
+
+    pool = make_pool({"a": 10}, keep_alive=300.0)
+    for shorter in (0.0, 299.0):
+        with pytest.raises(InvalidParameterError, match="--allow-client-unload") as refused:
+            await pool.acquire("a", shorter)
+        assert refused.value.param == "keep_alive"
+    assert pool.keep_alive["a"] == 300.0 and not pool.loaded
+    await pool.release(await pool.acquire("a", 600.0))
+    await pool.release(await pool.acquire("a", None))  # forever: longer still
+    assert pool.keep_alive["a"] is None
+    forever = make_pool({"a": 10}, keep_alive=None)
+    with pytest.raises(InvalidParameterError):
+        await forever.acquire("a", 3600.0)
+    allowed = make_pool({"a": 10}, keep_alive=300.0, allow_client_unload=True)
+    await allowed.release(await allowed.acquire("a", 0.0))
+    assert not allowed.loaded  # unloaded once idle, as asked
+    await pool.close()
+    await allowed.close()

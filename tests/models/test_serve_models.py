@@ -162,6 +162,7 @@ def test_models_dir_memory_budget_and_keep_alive(models_dir, tmp_path):
     assert tiny < smol
     budget = tiny * 3 // 2  # one tiny llama fits, two do not, the GGUF alone does not
     args = ["--models-dir", str(models_dir), "--max-loaded-models", "3", "--keep-alive", "-1"]
+    args.append("--allow-client-unload")  # the requests below shorten their models' keep_alive
     with _serve(tmp_path / "serve.log", *args, "--max-memory", str(budget)) as (url, _):
         assert list(_cards(url)) == ["smol", "tiny-a", "tiny-b"]
         asyncio.run(_budget_scenario(url))
