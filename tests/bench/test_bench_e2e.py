@@ -160,7 +160,8 @@ def test_online_wrong_key_is_a_clear_error(bench_server):
 def _token_counters(base_url: str) -> tuple[float, float]:
     """The server's prompt and generated tokens so far, from /metrics."""
     samples = {}
-    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+    key = {"Authorization": f"Bearer {API_KEY}"}  # /metrics takes the server's key
+    for line in httpx.get(f"{base_url}/metrics", headers=key).text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)

@@ -97,7 +97,8 @@ def openai_client(base_url):
 def _read_metrics(base_url: str) -> dict[str, float]:
     """Prometheus samples by name (with labels, as in the text format)."""
     samples = {}
-    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+    key = {"Authorization": f"Bearer {API_KEY}"}  # /metrics takes the key the server has
+    for line in httpx.get(f"{base_url}/metrics", headers=key).text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)

@@ -197,9 +197,15 @@ def test_api_key_required(base_url, path, method):
         _check_error(response, 401)
 
 
-@pytest.mark.parametrize("path", ["/health", "/version", "/metrics"])
+@pytest.mark.parametrize("path", ["/health", "/version"])
 def test_open_endpoints(base_url, path):
     assert httpx.get(f"{base_url}{path}").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/docs/openapi.json"])
+def test_metrics_and_docs_take_the_key(base_url, http, path):
+    _check_error(httpx.get(f"{base_url}{path}"), 401)
+    assert http.get(path).status_code == 200
 
 
 def test_server_still_serves_after_bad_input(http):
