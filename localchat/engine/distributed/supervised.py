@@ -74,7 +74,12 @@ class SupervisedProcess:
                 raise ProcessLost(f"{self.name} exited with code {code}", exited=True)
             if time.monotonic() > deadline:
                 raise ProcessLost(f"{self.name} sent nothing in time", exited=False)
-        return self.events.recv()
+        try:
+            return self.events.recv()
+        except EOFError:  # its end closed: it exited
+            self.process.join(timeout=1.0)
+            code = self.process.exitcode
+            raise ProcessLost(f"{self.name} exited with code {code}", exited=True) from None
 
     def join(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the child to exit."""
