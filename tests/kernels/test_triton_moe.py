@@ -277,6 +277,7 @@ def test_sparse_moe_stacks_quantized_experts(bits, monkeypatch):
     # each expert through kernels/quant_linear.py's torch reference (not the CPU's kernels, which
     # round the activations to int8 codes)
     monkeypatch.setattr("localchat.kernels.quant_linear.cpu_kernels", lambda *a: None)
+    module._cpu_experts = False  # nor the CPU's grouped experts (kernels/csrc/moe_prefill.h)
     monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: False)
     expected = module(hidden)
     monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: True)
