@@ -292,7 +292,7 @@ def engine_run(
     from localchat.bench.records import figures
     from localchat.bench.workloads import allowed_token_ids, random_requests
     from localchat.config import EngineConfig
-    from localchat.engine.llm_engine import LLMEngine
+    from localchat.engine.core.llm_engine import LLMEngine
 
     config = EngineConfig(
         model=str(directory),

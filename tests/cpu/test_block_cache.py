@@ -59,7 +59,7 @@ def test_a_request_takes_a_cached_block_only_when_little_of_it_is_wasted(ext):
 
 
 def test_the_engine_keeps_large_cpu_blocks_unless_told_not_to(ext, monkeypatch):
-    from localchat.engine.memory import cache_cpu_blocks
+    from localchat.engine.core.memory import cache_cpu_blocks
 
     monkeypatch.setenv("LOCALCHAT_CPU_BLOCK_CACHE_MB", "0")
     assert not cache_cpu_blocks(64 * MIB)

@@ -1,4 +1,4 @@
-"""The whole-layer C++ decode path (engine/models/cpu_decode.py) on the shapes that used to fall
+"""The whole-layer C++ decode path (engine/modeling/cpu_decode.py) on the shapes that used to fall
 back to per-op layers: a Q4_K_M file whose q/k (Q4_K) and v (Q6_K) cannot be fused into one
 PackedWeight, and Qwen3's per-head q/k norms. Each must give the per-op path's reply and
 logprobs."""

@@ -21,16 +21,16 @@ from gguf.quants import dequantize as gguf_dequantize
 from localchat import LLM, SamplingParams
 from localchat.bench.gguf_shapes import ModelShape
 from localchat.bench.random_gguf import write_random_gguf
-from localchat.engine import gguf_checkpoint, gguf_repack
 from localchat.engine.distributed.sharded_weights import take_columns, take_rows
-from localchat.engine.gguf_repack import (
+from localchat.engine.loading import gguf_checkpoint, gguf_repack
+from localchat.engine.loading.gguf_repack import (
     GROUP_BLOCK_TYPES,
     file_blocks_weight,
     repack,
     repack_reference,
 )
-from localchat.engine.gguf_rows import GgufRows
-from localchat.engine.models.decoder import PROJECTIONS
+from localchat.engine.loading.gguf_rows import GgufRows
+from localchat.engine.modeling.decoder import PROJECTIONS
 from localchat.errors import InvalidParameterError
 from localchat.kernels import cpu_extension
 from localchat.kernels.packed_weight import PackedWeight

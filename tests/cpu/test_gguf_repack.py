@@ -10,8 +10,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from localchat.engine import gguf_repack
-from localchat.engine.gguf_repack import (
+from localchat.engine.loading import gguf_repack
+from localchat.engine.loading.gguf_repack import (
     FILE_BLOCK_TYPES,
     GROUP_BLOCK_TYPES,
     QUANTIZED_TYPES,

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
 from localchat.engine.distributed.sharded_weights import take_columns, take_rows
-from localchat.engine.gguf_repack import file_blocks_weight
+from localchat.engine.loading.gguf_repack import file_blocks_weight
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import quant_linear
 from tests.cpu.test_cpu_quant_linear import as_u6, symmetric_u8

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
-from localchat.engine.models.cpu_decode import supports
-from localchat.engine.models.registry import spec_from_config
+from localchat.engine.modeling.cpu_decode import supports
+from localchat.engine.modeling.registry import spec_from_config
 from tests.family_models import VOCAB, build, save
 
 pytestmark = pytest.mark.usefixtures("each_isa")

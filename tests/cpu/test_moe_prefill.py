@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
-from localchat.engine.models.moe import SparseMoE, route
+from localchat.engine.modeling.moe import SparseMoE, route
 from tests.family_models import VOCAB, save
 
 pytestmark = pytest.mark.usefixtures("each_isa")

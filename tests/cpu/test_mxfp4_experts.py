@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from localchat import LLM
-from localchat.engine import gguf_repack
+from localchat.engine.loading import gguf_repack
 from localchat.kernels import quant_linear
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import PackedWeight

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.engine.sampler import SamplingBatch, race_noise, sample_reference
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.sequence import Request
+from localchat.engine.core.sequence import Request
+from localchat.engine.sampling.sampler import SamplingBatch, race_noise, sample_reference
+from localchat.engine.sampling.sampling_params import SamplingParams
 from tests.cpu_kernels import kernels_or_skip
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)

@@ -87,9 +87,9 @@ def test_a_block_manager_logs_its_evictions_in_the_router_s_hashes():
     """A real BlockManager: what it drops is logged as the router's hashes of the same tokens,
     however soon after it was cached (a prefix cached and evicted between two of a replica's
     reports once stayed in the router's table)."""
-    from localchat.engine.block_manager import BlockManager
-    from localchat.engine.sampling_params import SamplingParams
-    from localchat.engine.sequence import Request, Sequence
+    from localchat.engine.core.block_manager import BlockManager
+    from localchat.engine.core.sequence import Request, Sequence
+    from localchat.engine.sampling.sampling_params import SamplingParams
 
     manager = BlockManager(num_blocks=6, block_size=4)
     router = PrefixRouter(block_size=4)
@@ -115,9 +115,9 @@ def test_a_block_manager_logs_its_evictions_in_the_router_s_hashes():
 
 def test_salted_blocks_are_never_logged_as_evicted():
     """Without prefix caching a block is salted with its request: never shared, never routed by."""
-    from localchat.engine.block_manager import BlockManager
-    from localchat.engine.sampling_params import SamplingParams
-    from localchat.engine.sequence import Request, Sequence
+    from localchat.engine.core.block_manager import BlockManager
+    from localchat.engine.core.sequence import Request, Sequence
+    from localchat.engine.sampling.sampling_params import SamplingParams
 
     manager = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
     manager.evicted_hashes = []

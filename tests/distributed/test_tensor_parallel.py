@@ -17,7 +17,7 @@ import torch
 
 from localchat import LLM, SamplingParams
 from localchat.engine.distributed.shard_plan import plan_shards
-from localchat.engine.models.decoder import DecoderSpec
+from localchat.engine.modeling.decoder import DecoderSpec
 from localchat.errors import InvalidParameterError
 from tests.serve_process import serve_process
 

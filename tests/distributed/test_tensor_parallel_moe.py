@@ -11,7 +11,7 @@ import torch
 
 from localchat import LLM, SamplingParams
 from localchat.engine.distributed.shard_plan import check_tensor_parallel, plan_shards
-from localchat.engine.models.spec import DecoderSpec, LayerSpec, MoESpec
+from localchat.engine.modeling.spec import DecoderSpec, LayerSpec, MoESpec
 from localchat.errors import InvalidParameterError
 from tests.family_models import FAMILIES, VOCAB, WINDOW, save
 

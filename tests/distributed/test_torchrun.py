@@ -45,7 +45,7 @@ def master_port():
 def tiny_model(default_gguf, tmp_path_factory) -> Path:
     """A model directory that splits over 2 ranks (8 query heads, 2 KV heads), random weights
     (--load-format dummy, seeded), and the default model's tokenizer, so its output is text."""
-    from localchat.engine.loader import model_files
+    from localchat.engine.loading.loader import model_files
     from localchat.models.source import resolve_model
 
     directory = tmp_path_factory.mktemp("tiny")

@@ -57,7 +57,7 @@ def family(request, tmp_path_factory):
 
 
 def test_f32_file_gives_transformers_logits_and_greedy_tokens(family):
-    from localchat.engine.models.registry import family_name
+    from localchat.engine.modeling.registry import family_name
     from localchat.models.facts import facts_of
 
     _, model, f32, _ = family
@@ -178,7 +178,7 @@ def test_unknown_types_and_tensors_are_refused_by_name(tmp_path, cache_dir):
 def test_the_tables_cover_the_same_families():
     """The loader and `list`/`show` know the same architectures; every family model is tested here
     or has no llama.cpp layout."""
-    from localchat.engine.gguf_arches import ARCHES
+    from localchat.engine.loading.gguf_arches import ARCHES
     from localchat.models.family_names import GGUF_MODEL_TYPES
     from tests.family_models import FAMILIES
 
