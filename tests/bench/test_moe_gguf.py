@@ -85,7 +85,7 @@ def test_a_loaded_moe_files_experts_stay_in_its_memory_map(tmp_path, monkeypatch
     from localchat import LLM
     from localchat.engine.modeling.moe import SparseMoE
     from localchat.kernels.packed_weight import FILE_BLOCKS
-    from tests.cpu.test_file_blocks import _mapped_file
+    from tests.kernels.cpu.test_file_blocks import _mapped_file
 
     monkeypatch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path / "cache"))
     shape = ModelShape(

@@ -94,7 +94,7 @@ def test_k_quant_experts_stay_in_the_file_map(tmp_path, monkeypatch):
     transformers on the file's dequantized weights."""
     from localchat.kernels import quant_linear
     from localchat.kernels.cpu_extension import cpu_kernels
-    from tests.cpu.test_file_blocks import _mapped_file
+    from tests.kernels.cpu.test_file_blocks import _mapped_file
 
     # a small model's gate and up are copied into one weight; a large one's are not: as large
     monkeypatch.setattr(quant_linear, "FUSE_MAX_BYTES", 0)
@@ -164,7 +164,7 @@ def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = 
 
 
 def test_unknown_types_and_tensors_are_refused_by_name(tmp_path, cache_dir):
-    """(gpt-oss's MXFP4 experts load: tests/cpu/test_mxfp4_experts.py.)"""
+    """(gpt-oss's MXFP4 experts load: tests/kernels/cpu/test_mxfp4_experts.py.)"""
     path = _write_gpt_oss(tmp_path / "gpt-oss-iq4_nl.gguf", GGMLQuantizationType.IQ4_NL)
     with pytest.raises(UnsupportedModelError, match=r"ffn_gate_exps.weight has GGUF type IQ4_NL"):
         LLM(str(path), **OPTIONS)

@@ -16,8 +16,8 @@ from localchat.engine.distributed.sharded_weights import take_columns, take_rows
 from localchat.engine.loading.gguf_repack import file_blocks_weight
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import quant_linear
-from tests.cpu.test_cpu_quant_linear import as_u6, symmetric_u8
-from tests.cpu.test_gguf_repack import random_blocks
+from tests.kernels.cpu.test_cpu_quant_linear import as_u6, symmetric_u8
+from tests.kernels.cpu.test_gguf_repack import random_blocks
 
 K_TYPES = [T.Q4_K, T.Q5_K]
 

@@ -40,8 +40,8 @@ from localchat.kernels.quant_linear import (
     interleave_for_kernel,
     quant_linear,
 )
-from tests.cpu.test_cpu_quant_linear import run
-from tests.cpu.test_gguf_repack import random_blocks
+from tests.kernels.cpu.test_cpu_quant_linear import run
+from tests.kernels.cpu.test_gguf_repack import random_blocks
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
 GENERIC_KERNELS = True  # the generic build too (conftest.py)

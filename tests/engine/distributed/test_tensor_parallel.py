@@ -21,7 +21,7 @@ from localchat.engine.modeling.decoder import DecoderSpec
 from localchat.errors import InvalidParameterError
 from tests.serve_process import serve_process
 
-MODELS = Path(__file__).parent.parent / "data" / "models"
+MODELS = Path(__file__).parents[2] / "data" / "models"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 # small enough that four prompts of up to 24 new tokens preempt one another

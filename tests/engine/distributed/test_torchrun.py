@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.distributed.test_tensor_parallel import TINY_LLAMA
+from tests.engine.distributed.test_tensor_parallel import TINY_LLAMA
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

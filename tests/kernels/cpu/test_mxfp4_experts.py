@@ -15,8 +15,8 @@ from localchat.engine.loading import gguf_repack
 from localchat.kernels import quant_linear
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.packed_weight import PackedWeight
-from tests.cpu.test_file_blocks import _mapped_file
 from tests.gguf_writer import VOCAB, build, quantized_reference, write_gguf
+from tests.kernels.cpu.test_file_blocks import _mapped_file
 from tests.logits_reference import assert_follows, random_prompts
 
 OPTIONS = dict(max_model_len=256, kv_cache_memory="16MiB")

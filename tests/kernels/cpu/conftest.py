@@ -44,6 +44,13 @@ def each_isa(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _default_device():
+    """Overrides ../conftest.py's fixture of this name: the Triton tests' device (TRITON_INTERPRET,
+    torch's default device) is not for these, which run the C++ kernels on the CPU as they are."""
+    return
+
+
 @pytest.fixture
 def ext():
     """The C++ extension the test runs on (a build failure fails the test; only a machine without

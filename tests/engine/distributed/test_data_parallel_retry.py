@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.distributed.test_data_parallel import _metrics, _per_replica, _replica_pids
-from tests.distributed.test_data_parallel_failover import _prompt
+from tests.engine.distributed.test_data_parallel import _metrics, _per_replica, _replica_pids
+from tests.engine.distributed.test_data_parallel_failover import _prompt
 from tests.serve_process import ServeProcess, serve_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -15,7 +15,7 @@ from localchat.kernels.packed_weight import (
     interleave_rows,
 )
 from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel, quant_linear
-from tests.cpu.test_cpu_quant_linear import run, weights
+from tests.kernels.cpu.test_cpu_quant_linear import run, weights
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
 GENERIC_KERNELS = True  # the generic build too (conftest.py)

@@ -249,7 +249,7 @@ def test_the_bfloat16_gemm_restores_exactly_the_reference_weights_rounded(
     bfloat16, bit for bit: one-hot activation rows read them back, for every layout, both row
     orders and a short last block of rows."""
     from localchat.kernels import quant_linear as module
-    from tests.cpu.test_interleaved_weights import copy
+    from tests.kernels.cpu.test_interleaved_weights import copy
 
     gemm_env(BF16_GEMM_MIN_ROWS="32")
     monkeypatch.setattr(module, "BF16_GEMM_MIN_FEATURES", 256)
