@@ -43,7 +43,7 @@ class Run:
 
 
 async def engine_alone(engine, settings: dict) -> Run:
-    from localchat.engine.sampling_params import SamplingParams
+    from localchat.engine.sampling.sampling_params import SamplingParams
 
     token_ids = engine.render_chat(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
@@ -113,7 +113,7 @@ async def main(args: argparse.Namespace) -> None:
     import torch
 
     from localchat.config import EngineConfig
-    from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.core.async_engine import AsyncEngine
     from localchat.tui.conversation import DEFAULT_SETTINGS
 
     engine = AsyncEngine(

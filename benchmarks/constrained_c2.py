@@ -20,8 +20,8 @@ import llguidance
 
 from localchat.bench.workloads import allowed_token_ids, random_requests, select_workload
 from localchat.config import EngineConfig
-from localchat.engine.llm_engine import LLMEngine
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.core.llm_engine import LLMEngine
+from localchat.engine.sampling.sampling_params import SamplingParams
 
 SCHEMA = {
     "type": "object",

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localchat import LLM, SamplingParams
-from localchat.engine.models import cpu_decode
-from localchat.engine.models.decoder import DecoderForCausalLM
+from localchat.engine.modeling import cpu_decode
+from localchat.engine.modeling.decoder import DecoderForCausalLM
 from localchat.kernels.packed_weight import PackedWeight
 
 PHASES = ("qkv", "attention", "o", "gate_up", "down", "barrier")

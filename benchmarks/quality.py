@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from localchat import LLM
-    from localchat.engine.model_source import pull_default_model
+    from localchat.models.default_model import pull_default_model
 
     path = args.model or str(pull_default_model())
     quantized = LLM(path, num_threads=args.threads, kv_cache_dtype=args.kv_cache_dtype)

@@ -27,9 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localchat.engine.sampler import Sampler, SamplingBatch
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.sequence import Request, Sequence, TokenLogprob
+from localchat.engine.core.sequence import Request, Sequence, TokenLogprob
+from localchat.engine.sampling.sampler import Sampler, SamplingBatch
+from localchat.engine.sampling.sampling_params import SamplingParams
 
 VOCAB = 49152  # SmolLM2
 PROMPT_TOKENS = 1000

@@ -23,15 +23,15 @@ def __getattr__(name: str):
 
         return LLM
     if name == "AsyncEngine":
-        from localchat.engine.async_engine import AsyncEngine
+        from localchat.engine.core.async_engine import AsyncEngine
 
         return AsyncEngine
     if name == "LLMEngine":
-        from localchat.engine.llm_engine import LLMEngine
+        from localchat.engine.core.llm_engine import LLMEngine
 
         return LLMEngine
     if name == "SamplingParams":
-        from localchat.engine.sampling_params import SamplingParams
+        from localchat.engine.sampling.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'localchat' has no attribute {name!r}")

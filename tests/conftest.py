@@ -66,12 +66,12 @@ def pytest_runtest_setup(item):
     (Reading the default file's tokenizer, as random GGUF files do, is allowed.)"""
     if item.get_closest_marker("slow") is not None:
         return
-    from localchat.engine import runtime
+    from localchat.engine.core import runtime
     from localchat.models import default_model
-    from localchat.models import source as model_source
+    from localchat.models import source as source_module
     from tests import serve_process
 
-    resolve = model_source.resolve_model
+    resolve = source_module.resolve_model
 
     def without_the_default(model, *args, **kwargs):
         source = None if model is None else resolve(model, *args, **kwargs)
@@ -82,7 +82,7 @@ def pytest_runtest_setup(item):
             )
         return source
 
-    _FAST_GUARD.setattr(model_source, "resolve_model", without_the_default)
+    _FAST_GUARD.setattr(source_module, "resolve_model", without_the_default)
     _FAST_GUARD.setattr(runtime, "resolve_model", without_the_default)
     _FAST_GUARD.setattr(serve_process, "IN_FAST_TEST", True)
 

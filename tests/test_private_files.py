@@ -43,7 +43,7 @@ def test_the_responses_store_is_private(tmp_path):
 
 
 def test_the_converted_manifest_and_the_aliases_are_private(tmp_path, monkeypatch):
-    from localchat.engine import model_cache
+    from localchat.engine.loading import model_cache
     from localchat.models import registry
 
     (tmp_path / "tokenizer.json").write_text("{}")

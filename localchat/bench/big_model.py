@@ -200,7 +200,7 @@ def run_big_model(
         max_model_len=config.max_model_len or n_ctx,
     )
     if engine_config.kv_cache_memory is None:
-        from localchat.engine.runtime import pool_dtype
+        from localchat.engine.core.runtime import pool_dtype
 
         element_size = pool_dtype(engine_config, "gguf").itemsize
         engine_config.kv_cache_memory = kv_pool_bytes(path, n_ctx, config.block_size, element_size)

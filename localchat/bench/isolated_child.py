@@ -89,7 +89,7 @@ class _System(Protocol):
 class _Localchat:
     def __init__(self, spec: IsolatedSpec):
         from localchat.bench.offline import engine_label
-        from localchat.engine.llm_engine import LLMEngine
+        from localchat.engine.core.llm_engine import LLMEngine
 
         assert spec.config is not None  # the parent gives the localchat child its EngineConfig
         config = replace(spec.config, model=spec.gguf_path, num_threads=spec.num_threads)

@@ -61,7 +61,7 @@ def model_target(engine) -> ModelTarget:
 def engine_label(engine) -> str:
     runtime = engine.runtime
     prefix = "on" if runtime.config.enable_prefix_caching else "off"
-    from localchat.engine.models.weights import describe_weights
+    from localchat.engine.modeling.weights import describe_weights
 
     return (
         f"localchat engine (weights {describe_weights(runtime.model)}, activations "
@@ -74,7 +74,7 @@ def engine_label(engine) -> str:
 
 
 def _greedy(max_tokens: int):
-    from localchat.engine.sampling_params import SamplingParams
+    from localchat.engine.sampling.sampling_params import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 

@@ -101,7 +101,7 @@ def run_offline(
         gguf_for,
         llama_cpp_available,
     )
-    from localchat.engine.llm_engine import LLMEngine
+    from localchat.engine.core.llm_engine import LLMEngine
 
     notes = []
     if "llama.cpp" in peers and not llama_cpp_available():
@@ -189,8 +189,8 @@ def _run_peer(
 def _online_vocabulary(config) -> tuple[str, list[int], Any]:
     """MODEL's name, the token ids random prompts may use and its tokenizer (or, without one, None
     and its config's vocab_size, as the offline run does), without loading any weights."""
-    from localchat.engine.loader import load_hf_config, load_tokenizer, model_files
-    from localchat.engine.model_source import resolve_model
+    from localchat.engine.loading.loader import load_hf_config, load_tokenizer, model_files
+    from localchat.models.source import resolve_model
 
     files = model_files(resolve_model(config.model))
     if config.tokenizer is None and not files.has_tokenizer:

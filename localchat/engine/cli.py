@@ -54,7 +54,7 @@ def generate(
     """Generate one reply to PROMPT with the in-process engine, streamed as it is produced."""
     from localchat.engine.distributed.torchrun import join_torchrun
     from localchat.engine.llm import LLM
-    from localchat.engine.sampling_params import SamplingParams
+    from localchat.engine.sampling.sampling_params import SamplingParams
 
     engine_config = join_torchrun(engine_config)  # under torchrun, ranks > 0 serve rank 0 and exit
     if prompt == "-":
@@ -92,7 +92,7 @@ def pull(
 ) -> None:
     """Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN) into its cache: resumed
     when interrupted, checked against the hub's checksums."""
-    from localchat.engine.model_cache import ensure_converted
+    from localchat.engine.loading.model_cache import ensure_converted
 
     if model is None:
         from localchat.models.default_model import DEFAULT_MODEL_NAME, pull_default_model

@@ -8,9 +8,9 @@ from concurrent.futures import Future
 from typing import cast
 
 from localchat.config import EngineConfig
-from localchat.engine.llm_engine import LLMEngine
-from localchat.engine.outputs import RequestOutput
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.core.llm_engine import LLMEngine
+from localchat.engine.core.outputs import RequestOutput
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError
 
 Prompt = str | list[int]

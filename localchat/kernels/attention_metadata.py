@@ -40,8 +40,8 @@ class AttentionMetadata:
     (-1 pads the rows). slot_mapping[t] is the pool slot (block * block_size + offset) where token
     t's key/value is stored; -1 marks a padding token whose key/value is not stored.
 
-    A model with sliding-window layers has several KV groups (engine/kv_groups.py), each with its
-    own blocks: this is the first group's view of the batch, and `group_views` the others' (the
+    A model with sliding-window layers has several KV groups (engine/core/kv_groups.py), each with
+    its own blocks: this is the first group's view of the batch, and `group_views` the others' (the
     same sequences and queries, their own slot mapping and block tables, in which a sliding group's
     blocks before its window are -1: no kernel reads a key before a query's window).
     """

@@ -1,7 +1,7 @@
 """The GGUF quantization types the CPU kernels read, one record per type, parsed from the table
 the C++ kernels include (kernels/csrc/quant/types.def), so that Python and C++ read the same
-numbers from one place. packed_weight.py and engine/gguf_repack.py derive their tables from it;
-docs/kernels.md says how to add a type."""
+numbers from one place. packed_weight.py and engine/loading/gguf_repack.py derive their tables from
+it; docs/kernels.md says how to add a type."""
 
 from __future__ import annotations
 

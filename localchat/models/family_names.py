@@ -1,6 +1,6 @@
 """The model families localchat runs, by name: what `list`, `show`, the chat and the engine call a
 model, from its config's model_type or its GGUF file's architecture. The engine's forward passes
-(engine/models/families.py) run exactly these."""
+(engine/modeling/families.py) run exactly these."""
 
 from __future__ import annotations
 

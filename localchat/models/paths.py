@@ -1,6 +1,6 @@
 """Where localchat keeps its files: the cache root ($LOCALCHAT_CACHE_DIR, else the platform's user
 cache directory) and, in it, the directory a GGUF file's config and tokenizer are converted into
-(engine/model_cache.py writes it)."""
+(engine/loading/model_cache.py writes it)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import platformdirs
 
 from localchat import envs
 
-# The converted directory's format (engine/model_cache.py), part of its name, so a new format is
-# written beside the old one. 4: a manifest of the files instead of a "done" marker; 5: every
-# llama.cpp family (configs read as llama.cpp reads them, end-of-turn tokens among the EOS ids)
+# The converted directory's format (engine/loading/model_cache.py), part of its name, so a new
+# format is written beside the old one. 4: a manifest of the files instead of a "done" marker; 5:
+# every llama.cpp family (configs read as llama.cpp reads them, end-of-turn tokens among the EOS
+# ids)
 CONVERTED_FORMAT = 5
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localchat.config import EngineConfig
-from localchat.engine.memory import freeze_gc
+from localchat.engine.core.memory import freeze_gc
 from localchat.errors import InvalidParameterError, ModelNotFoundError
 from localchat.utils import format_bytes
 
@@ -95,7 +95,7 @@ class EnginePool:
         """The weights' bytes (the files as loaded; float32 or the dtype's size per parameter for
         random weights) plus the KV pool (--kv-cache-memory, else the CPU default)."""
         if name not in self._needs:
-            from localchat.engine.runtime import CPU_DEFAULT_KV_MEMORY
+            from localchat.engine.core.runtime import CPU_DEFAULT_KV_MEMORY
             from localchat.models.facts import facts_of
             from localchat.models.source import resolve_model
 
@@ -187,7 +187,7 @@ class EnginePool:
 
     # --- loading and evicting ---------------------------------------------------------------------
     async def _load(self, name: str) -> None:
-        from localchat.engine.async_engine import AsyncEngine
+        from localchat.engine.core.async_engine import AsyncEngine
 
         try:
             async with self._load_lock:

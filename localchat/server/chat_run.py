@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from litestar import Request
 
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.harmony import harmony_stop_ids
 from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser

@@ -236,7 +236,7 @@ def serve(
             param="data_parallel_size",
         )
     chat_parsers(tool_call_parser, reasoning_parser, None)  # bad names fail before loading
-    from localchat.engine.llm_engine import POOLING
+    from localchat.engine.core.llm_engine import POOLING
 
     if pooling not in POOLING:
         raise InvalidParameterError(
@@ -384,8 +384,8 @@ async def _serve(
     limits: ConnectionLimits | None = None,
     metrics_without_key: bool = False,
 ) -> None:
-    from localchat.engine.async_engine import AsyncEngine
-    from localchat.engine.engine_client import EngineClient
+    from localchat.engine.core.async_engine import AsyncEngine
+    from localchat.engine.core.engine_client import EngineClient
     from localchat.server.app import build_asgi_app
     from localchat.server.state import ServerState
     from localchat.server.uvicorn_run import serve_until_signal, socket_url, uvicorn_server

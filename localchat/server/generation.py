@@ -14,13 +14,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
-from localchat.engine.outputs import RequestOutput
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.core.outputs import RequestOutput
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
-    from localchat.engine.engine_client import EngineClient
-    from localchat.engine.request_stream import RequestStream
+    from localchat.engine.core.engine_client import EngineClient
+    from localchat.engine.core.request_stream import RequestStream
 
 
 class ClientDisconnected(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from localchat.engine.sequence import TokenLogprob
+from localchat.engine.core.sequence import TokenLogprob
 
 _FLOOR = -9999.0  # JSON has no -inf; vLLM reports the same floor
 

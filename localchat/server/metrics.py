@@ -39,7 +39,7 @@ E2E_BUCKETS = (
 FINISHED_REASONS = ("stop", "length", "abort")
 
 if TYPE_CHECKING:
-    from localchat.engine.engine_client import EngineClient
+    from localchat.engine.core.engine_client import EngineClient
 
 
 class Histogram:

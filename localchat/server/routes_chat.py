@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from litestar import Request, Response, post
 
-from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
 from localchat.server.chat_reply import ReplyParser, ReplyPiece
 from localchat.server.chat_run import start_chat
 from localchat.server.logprobs import TokenStrings, chat_logprobs

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from litestar import Request, Response, post
 
-from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
 from localchat.errors import InvalidParameterError
 from localchat.server.logprobs import CompletionLogprobs, TokenStrings
 from localchat.server.protocol import JSON_BODY, CompletionRequest

@@ -8,7 +8,7 @@ lacks, so nothing is silently ignored.
 
 from __future__ import annotations
 
-from localchat.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from localchat.engine.sampling.sampling_params import MAX_LOGPROBS, SamplingParams
 from localchat.errors import InvalidParameterError
 from localchat.server.keep_alive import parse_keep_alive
 from localchat.server.protocol import (

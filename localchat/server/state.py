@@ -20,7 +20,7 @@ from localchat.server.tool_parsers import ToolParser, chat_parsers
 from localchat.server.tools import template_messages
 
 if TYPE_CHECKING:
-    from localchat.engine.engine_client import EngineClient
+    from localchat.engine.core.engine_client import EngineClient
     from localchat.server.protocol import ChatCompletionRequest, TokenizeRequest
 
 # chat_template_kwargs may not override what the server itself passes to the template

@@ -18,15 +18,15 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from localchat.engine.guided_decoding import GRAMMAR_ERROR_PREFIX
-from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
+from localchat.engine.sampling.guided_decoding import GRAMMAR_ERROR_PREFIX
 from localchat.errors import InvalidParameterError
 from localchat.server.errors import error_from_exception
 from localchat.server.generation import Generation, until_disconnect
 from localchat.sse import DONE_EVENT
 
 if TYPE_CHECKING:
-    from localchat.engine.sampling_params import SamplingParams
+    from localchat.engine.sampling.sampling_params import SamplingParams
     from localchat.server.protocol import SamplingFields
     from localchat.server.state import ServerState
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from localchat.engine.guided_decoding import validate_grammar
+from localchat.engine.sampling.guided_decoding import validate_grammar
 from localchat.errors import InvalidParameterError
 from localchat.harmony import final_lark
 from localchat.reasoning import HARMONY

@@ -80,7 +80,7 @@ def chat(
 ) -> None:
     """Chat with a model in a full-screen terminal app; with stdin or stdout not a terminal, answer
     stdin."""
-    from localchat.engine.sampling_params import SamplingParams
+    from localchat.engine.sampling.sampling_params import SamplingParams
     from localchat.tui.conversation import DEFAULT_SETTINGS, Conversation
     from localchat.tui.store import ConversationStore, default_db_path
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.tui.conversation import SETTING_NAMES
 

@@ -9,12 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import AsyncEngine
-from localchat.engine.engine_client import EngineClient
-from localchat.engine.model_source import resolve_model
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.core.async_engine import AsyncEngine
+from localchat.engine.core.engine_client import EngineClient
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError
 from localchat.harmony import HarmonySplitter, harmony_stop_ids
+from localchat.models import source
 from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser
 from localchat.server.tool_parsers import ToolParser, chat_parsers
@@ -51,7 +51,7 @@ class EngineBackend(ChatBackend):
         if model:
             self.model_name = Path(model.rstrip("/")).name
         else:
-            from localchat.engine.model_source import DEFAULT_MODEL_NAME
+            from localchat.models.default_model import DEFAULT_MODEL_NAME
 
             self.model_name = DEFAULT_MODEL_NAME
         self.description = "in-process engine"
@@ -170,7 +170,8 @@ class EngineBackend(ChatBackend):
 
     def for_model(self, name: str) -> EngineBackend:
         """An engine of its own for `name` (a registry name or a path), with this one's flags."""
-        resolve_model(name, pull=False)  # an unknown name fails now, before anything unloads
+        # Looked up on the module when called, so a patched resolve_model (the tests' guard) holds.
+        source.resolve_model(name, pull=False)  # an unknown name fails now, before anything unloads
         return EngineBackend(replace(self.engine.config, model=name))
 
     async def model_choices(self) -> list[tuple[str, str]]:

@@ -62,7 +62,7 @@ def _read_schema(path: Path) -> dict[str, Any]:
 def _grammar(response_format: dict[str, Any], source: str) -> str:
     """The grammar of `response_format`; one that will not do raises an InvalidParameterError
     naming `source` (the schema file)."""
-    from localchat.engine.guided_decoding import validate_grammar
+    from localchat.engine.sampling.guided_decoding import validate_grammar
     from localchat.server.structured import response_format_grammar
 
     try:

@@ -182,7 +182,7 @@ def test_the_random_file_is_made_once(tmp_path, default_gguf):
 def test_the_kv_pool_holds_the_peers_context(tiny_file):
     """C4 gives localchat's KV pool the tokens llama.cpp's n_ctx holds, in whole blocks."""
     from localchat.bench.big_model import kv_pool_bytes
-    from localchat.engine.llm_engine import LLMEngine
+    from localchat.engine.core.llm_engine import LLMEngine
 
     budget = kv_pool_bytes(tiny_file, 40, 16, 2)  # a GGUF's pool is float16 on the CPU
     engine = LLMEngine(EngineConfig(model=str(tiny_file), max_model_len=40, kv_cache_memory=budget))

@@ -83,9 +83,9 @@ def test_a_loaded_moe_files_experts_stay_in_its_memory_map(tmp_path, monkeypatch
     copied into memory (a Qwen3-30B-A3B's experts are most of its 18 GB; fusing each expert's gate
     and up once copied them all, and the load took 11 GB more and 30 times as long)."""
     from localchat import LLM
-    from localchat.engine.models.moe import SparseMoE
+    from localchat.engine.modeling.moe import SparseMoE
     from localchat.kernels.packed_weight import FILE_BLOCKS
-    from tests.cpu.test_file_blocks import _mapped_file
+    from tests.kernels.cpu.test_file_blocks import _mapped_file
 
     monkeypatch.setenv("LOCALCHAT_CACHE_DIR", str(tmp_path / "cache"))
     shape = ModelShape(

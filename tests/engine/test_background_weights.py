@@ -8,8 +8,8 @@ import time
 import pytest
 
 from localchat import LLM, SamplingParams
-from localchat.engine import runtime
-from localchat.engine.background_weights import BackgroundWeights
+from localchat.engine.core import runtime
+from localchat.engine.loading.background_weights import BackgroundWeights
 
 
 def test_items_come_in_order_and_the_thread_ends():

@@ -1,8 +1,8 @@
 """BlockManager: allocation, ref counts, prefix-cache hits and LRU reuse of freed blocks."""
 
-from localchat.engine.block_manager import BlockManager, chain_hash
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.sequence import Request
+from localchat.engine.core.block_manager import BlockManager, chain_hash
+from localchat.engine.core.sequence import Request
+from localchat.engine.sampling.sampling_params import SamplingParams
 
 BS = 4
 
@@ -110,7 +110,7 @@ def test_without_prefix_caching_only_samples_of_one_request_share():
 
 
 def test_prefix_query_counters_count_prompt_tokens_and_hits_once_per_sequence():
-    from localchat.engine.scheduler import Scheduler
+    from localchat.engine.core.scheduler import Scheduler
 
     bm = BlockManager(16, BS)
     scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localchat import LLM, SamplingParams
-from localchat.engine.chat_template import ChatTemplate
+from localchat.engine.core.chat_template import ChatTemplate
 from localchat.errors import InvalidParameterError
 
 CONVERSATIONS = [

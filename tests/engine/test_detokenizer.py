@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from localchat.engine.detokenizer import IncrementalDetokenizer
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
+from localchat.engine.sampling.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import AsyncEngine
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.core.async_engine import AsyncEngine
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import EmptyPromptError, InvalidParameterError
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from localchat.engine.engine_core import HEALTH_CHECK_SECONDS, EngineCore
-from localchat.engine.engine_messages import (
+from localchat.engine.core.engine_core import HEALTH_CHECK_SECONDS, EngineCore
+from localchat.engine.core.engine_messages import (
     AbortRequest,
     Accepted,
     AddRequest,
@@ -19,10 +19,10 @@ from localchat.engine.engine_messages import (
     Shutdown,
     StepDone,
 )
-from localchat.engine.llm_engine import EngineStats
-from localchat.engine.outputs import CompletionOutput, RequestOutput
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.sequence import Request
+from localchat.engine.core.llm_engine import EngineStats
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.sequence import Request
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError, InvalidParameterError
 
 

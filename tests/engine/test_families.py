@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
-from localchat.engine.models.registry import family_name
+from localchat.engine.modeling.registry import family_name
 from tests.family_models import FAMILIES, VOCAB, WINDOW, WINDOWED, save
 
 # dynamic NTK stretches its rotary base by the sequence's length, as transformers computes it: keys
@@ -91,7 +91,7 @@ def test_chunked_prefill_and_the_prefix_cache_keep_the_tokens(family, chunked):
 
 def test_windowed_families_have_windows():
     """The families above that have sliding windows do window (a guard on the table)."""
-    from localchat.engine.models.registry import spec_from_config
+    from localchat.engine.modeling.registry import spec_from_config
     from tests.family_models import build
 
     for name in WINDOWED:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from localchat import LLM, SamplingParams
-from localchat.engine.chat_template import ChatTemplate
+from localchat.engine.core.chat_template import ChatTemplate
 from localchat.errors import InvalidParameterError
 from tests.chat_families import FORMATS, STEER, pairs, save_bigram, token, tokenizer
 

@@ -57,7 +57,7 @@ def family(request, tmp_path_factory):
 
 
 def test_f32_file_gives_transformers_logits_and_greedy_tokens(family):
-    from localchat.engine.models.registry import family_name
+    from localchat.engine.modeling.registry import family_name
     from localchat.models.facts import facts_of
 
     _, model, f32, _ = family
@@ -94,7 +94,7 @@ def test_k_quant_experts_stay_in_the_file_map(tmp_path, monkeypatch):
     transformers on the file's dequantized weights."""
     from localchat.kernels import quant_linear
     from localchat.kernels.cpu_extension import cpu_kernels
-    from tests.cpu.test_file_blocks import _mapped_file
+    from tests.kernels.cpu.test_file_blocks import _mapped_file
 
     # a small model's gate and up are copied into one weight; a large one's are not: as large
     monkeypatch.setattr(quant_linear, "FUSE_MAX_BYTES", 0)
@@ -164,7 +164,7 @@ def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = 
 
 
 def test_unknown_types_and_tensors_are_refused_by_name(tmp_path, cache_dir):
-    """(gpt-oss's MXFP4 experts load: tests/cpu/test_mxfp4_experts.py.)"""
+    """(gpt-oss's MXFP4 experts load: tests/kernels/cpu/test_mxfp4_experts.py.)"""
     path = _write_gpt_oss(tmp_path / "gpt-oss-iq4_nl.gguf", GGMLQuantizationType.IQ4_NL)
     with pytest.raises(UnsupportedModelError, match=r"ffn_gate_exps.weight has GGUF type IQ4_NL"):
         LLM(str(path), **OPTIONS)
@@ -178,7 +178,7 @@ def test_unknown_types_and_tensors_are_refused_by_name(tmp_path, cache_dir):
 def test_the_tables_cover_the_same_families():
     """The loader and `list`/`show` know the same architectures; every family model is tested here
     or has no llama.cpp layout."""
-    from localchat.engine.gguf_arches import ARCHES
+    from localchat.engine.loading.gguf_arches import ARCHES
     from localchat.models.family_names import GGUF_MODEL_TYPES
     from tests.family_models import FAMILIES
 

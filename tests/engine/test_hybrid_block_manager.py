@@ -1,4 +1,4 @@
-"""BlockManager with KV groups (engine/kv_groups.py): a full-attention group and sliding-window
+"""BlockManager with KV groups (engine/core/kv_groups.py): a full-attention group and sliding-window
 groups drawing from one pool. Blocks a window has left are given back as the sequence advances and
 stay findable by their hash until reused; a prefix hit is the longest one every group serves; and
 every block is free again when nothing runs."""
@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from localchat.engine.block_manager import BlockManager, chain_hash
-from localchat.engine.kv_groups import kv_layout
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.scheduler import Scheduler
-from localchat.engine.sequence import Request
+from localchat.engine.core.block_manager import BlockManager, chain_hash
+from localchat.engine.core.kv_groups import kv_layout
+from localchat.engine.core.scheduler import Scheduler
+from localchat.engine.core.sequence import Request
+from localchat.engine.sampling.sampling_params import SamplingParams
 
 BS = 4
 W = 6  # a query at p reads keys p-5..p: after c tokens, blocks before (c - 5) // 4 are unread

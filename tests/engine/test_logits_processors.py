@@ -10,7 +10,7 @@ import llguidance
 import pytest
 
 from localchat import SamplingParams
-from localchat.engine.guided_decoding import bitmask_to_bool
+from localchat.engine.sampling.guided_decoding import bitmask_to_bool
 from localchat.errors import InvalidParameterError
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""engine/memory.py: when the KV pool and packed weights are asked for as huge pages."""
+"""engine/core/memory.py: when the KV pool and packed weights are asked for as huge pages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from localchat.engine import memory
+from localchat.engine.core import memory
 
 
 def _virtio_device(root: Path, name: str, device_id: int, features: str) -> None:

@@ -1,7 +1,7 @@
-"""The converted-GGUF cache (engine/model_cache.py) and the loader's errors: an unsupported GGUF
-architecture is named, a half-written directory is rebuilt rather than trusted, a conversion killed
-mid-way leaves nothing that looks finished, and two processes preparing the same file at once both
-get the same whole directory (real processes throughout)."""
+"""The converted-GGUF cache (engine/loading/model_cache.py) and the loader's errors: an unsupported
+GGUF architecture is named, a half-written directory is rebuilt rather than trusted, a conversion
+killed mid-way leaves nothing that looks finished, and two processes preparing the same file at once
+both get the same whole directory (real processes throughout)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat.engine.model_cache import MANIFEST, ensure_converted, is_complete
+from localchat.engine.loading.model_cache import MANIFEST, ensure_converted, is_complete
 from localchat.errors import UnsupportedModelError
 from localchat.models.paths import converted_dir
 
@@ -125,14 +125,14 @@ def test_a_conversion_killed_mid_way_is_not_trusted(default_gguf, cache_dir, ref
 _CONVERT = """
 import sys
 from pathlib import Path
-from localchat.engine.model_cache import ensure_converted
+from localchat.engine.loading.model_cache import ensure_converted
 print(ensure_converted(Path(sys.argv[1])))
 """
 # Both children import first, then start together once the test sees them both ready.
 _CONVERT_TOGETHER = """
 import sys, time
 from pathlib import Path
-from localchat.engine.model_cache import ensure_converted
+from localchat.engine.loading.model_cache import ensure_converted
 Path(sys.argv[2]).touch()
 while not Path(sys.argv[3]).exists():
     time.sleep(0.002)

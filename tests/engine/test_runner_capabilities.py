@@ -4,7 +4,7 @@ single-process runner's cross-process calls do nothing, a tensor-parallel one fi
 from __future__ import annotations
 
 from localchat.engine.distributed.tp_runner import TensorParallelRunner
-from localchat.engine.model_runner import ModelRunner
+from localchat.engine.modeling.model_runner import ModelRunner
 
 
 def test_every_runner_has_the_cross_process_calls():

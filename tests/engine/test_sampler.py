@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from localchat.engine import sampler as sampler_module
-from localchat.engine.penalties import Penalties
-from localchat.engine.sampler import Sampler, SamplingBatch
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.sequence import Request
-from localchat.engine.topk import topk as fast_topk
+from localchat.engine.core.sequence import Request
+from localchat.engine.sampling import sampler as sampler_module
+from localchat.engine.sampling.penalties import Penalties
+from localchat.engine.sampling.sampler import Sampler, SamplingBatch
+from localchat.engine.sampling.sampling_params import SamplingParams
+from localchat.engine.sampling.topk import topk as fast_topk
 
 VOCAB = 6
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError
 
 

@@ -1,9 +1,9 @@
 """Scheduler: token budget, chunked prefill, preemption of the newest sequence, sibling sharing."""
 
-from localchat.engine.block_manager import BlockManager
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.scheduler import Scheduler
-from localchat.engine.sequence import Request, SequenceStatus
+from localchat.engine.core.block_manager import BlockManager
+from localchat.engine.core.scheduler import Scheduler
+from localchat.engine.core.sequence import Request, SequenceStatus
+from localchat.engine.sampling.sampling_params import SamplingParams
 
 BS = 4
 

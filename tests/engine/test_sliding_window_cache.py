@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
-from localchat.engine.kv_groups import kv_layout
-from localchat.engine.models.registry import spec_from_config
+from localchat.engine.core.kv_groups import kv_layout
+from localchat.engine.modeling.registry import spec_from_config
 from tests.family_models import VOCAB, WINDOW, WINDOWED, save
 
 MAX_MODEL_LEN = 128
@@ -174,7 +174,7 @@ def test_the_cpu_default_context_counts_the_windows():
     import transformers
 
     from localchat.config import EngineConfig
-    from localchat.engine.runtime import _max_model_len
+    from localchat.engine.core.runtime import _max_model_len
 
     config = transformers.Gemma3TextConfig(
         num_hidden_layers=48,

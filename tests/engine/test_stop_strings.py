@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localchat.engine.stop_strings import StopAutomaton, StopMatcher
+from localchat.engine.sampling.stop_strings import StopAutomaton, StopMatcher
 
 ALPHABET = "ab€"  # few letters, so stop strings overlap and share prefixes often
 stops_strategy = st.lists(st.text(ALPHABET, min_size=1, max_size=6), min_size=1, max_size=6)

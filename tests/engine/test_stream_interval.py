@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from localchat.engine.async_engine import AsyncEngine
-from localchat.engine.outputs import CompletionOutput, RequestOutput
-from localchat.engine.request_stream import StreamState
+from localchat.engine.core.async_engine import AsyncEngine
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.request_stream import StreamState
 from localchat.errors import EngineDeadError
 
 

@@ -3,7 +3,9 @@ LOCALCHAT_KERNEL_DEVICE=cuda (benchmarks/gpu_check.py), where they also cover bf
 
 triton.jit reads TRITON_INTERPRET when a kernel is defined, so the kernel modules are imported
 here with it set; it is then unset again, and set only while a test of this directory runs: the
-rest of the session, and the servers and CLIs other tests start, never see it."""
+rest of the session, and the servers and CLIs other tests start, never see it. The C++ kernels'
+tests (cpu/) run as they are: their conftest overrides `_default_device` with one that does
+nothing."""
 
 import importlib
 import os

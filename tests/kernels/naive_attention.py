@@ -1,5 +1,6 @@
-"""A naive paged attention in float64, written from the formulas (tests/kernels and tests/cpu check
-every attention path against it), and a pool poisoned outside the sliding windows."""
+"""A naive paged attention in float64, written from the formulas (the Triton tests here and the C++
+ones in cpu/ check every attention path against it), and a pool poisoned outside the sliding
+windows."""
 
 import math
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
-from localchat.engine.cuda_graphs import DecodeGraphs
+from localchat.engine.modeling.cuda_graphs import DecodeGraphs
 from localchat.kernels import dispatch
 from tests.family_models import VOCAB, save
 from tests.kernels.conftest import DEVICE

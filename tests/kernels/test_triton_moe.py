@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from localchat.engine.models.moe import SparseMoE
-from localchat.engine.models.spec import DecoderSpec, MoESpec
+from localchat.engine.modeling.moe import SparseMoE
+from localchat.engine.modeling.spec import DecoderSpec, MoESpec
 from localchat.kernels import dispatch, moe, triton_moe
 from localchat.kernels.activation import act_and_mul_ref
 from localchat.kernels.moe import PackedExperts, fused_moe_ref
@@ -241,13 +241,13 @@ def _random_moe(spec: DecoderSpec) -> SparseMoE:
 def test_sparse_moe_fused_path_equals_expert_by_expert(spec, monkeypatch):
     module = _random_moe(spec)
     hidden = torch.randn(11, 48, device=DEVICE)
-    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: False)
+    monkeypatch.setattr("localchat.engine.modeling.moe.use_triton", lambda t: False)
     expected = module(hidden)
     assert module.stacked is None
     calls = []
     kernel = triton_moe.fused_moe_triton
     monkeypatch.setattr(triton_moe, "fused_moe_triton", lambda *a: calls.append(1) or kernel(*a))
-    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: True)
+    monkeypatch.setattr("localchat.engine.modeling.moe.use_triton", lambda t: True)
     monkeypatch.setattr("localchat.kernels.moe.use_triton", lambda t: True)
     got = module(hidden)
     assert calls == [1]
@@ -278,9 +278,9 @@ def test_sparse_moe_stacks_quantized_experts(bits, monkeypatch):
     # round the activations to int8 codes)
     monkeypatch.setattr("localchat.kernels.quant_linear.cpu_kernels", lambda *a: None)
     module._cpu_experts = False  # nor the CPU's grouped experts (kernels/csrc/moe_prefill.h)
-    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: False)
+    monkeypatch.setattr("localchat.engine.modeling.moe.use_triton", lambda t: False)
     expected = module(hidden)
-    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: True)
+    monkeypatch.setattr("localchat.engine.modeling.moe.use_triton", lambda t: True)
     monkeypatch.setattr("localchat.kernels.moe.use_triton", lambda t: True)
     got = module(hidden)
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
@@ -297,9 +297,9 @@ def test_experts_quantized_in_several_forms_run_one_by_one(monkeypatch):
         expert.gate_up_weight = quantize_weight(weight, 4 if i else 8)
     hidden = torch.randn(5, 64, device=DEVICE)
     monkeypatch.setattr("localchat.kernels.quant_linear.cpu_kernels", lambda *a: None)
-    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: False)
+    monkeypatch.setattr("localchat.engine.modeling.moe.use_triton", lambda t: False)
     expected = module(hidden)
-    monkeypatch.setattr("localchat.engine.models.moe.use_triton", lambda t: True)
+    monkeypatch.setattr("localchat.engine.modeling.moe.use_triton", lambda t: True)
     torch.testing.assert_close(module(hidden), expected, atol=0, rtol=0)
     assert module.stacked is None and module._unstackable
     assert isinstance(module.experts[0].down_weight, torch.nn.Parameter)  # left as it was

@@ -42,7 +42,7 @@ def tiny_llama_files(default_gguf, tmp_path_factory) -> dict[str, bytes]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from localchat.engine.model_cache import ensure_converted
+    from localchat.engine.loading.model_cache import ensure_converted
 
     out = tmp_path_factory.mktemp("tiny-llama")
     config = LlamaConfig(

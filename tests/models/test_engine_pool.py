@@ -11,7 +11,7 @@ import weakref
 import pytest
 
 from localchat.config import EngineConfig
-from localchat.engine import async_engine
+from localchat.engine.core import async_engine
 from localchat.multimodel import pool as pool_module
 from localchat.multimodel.pool import EnginePool, MemoryNeed
 

@@ -55,7 +55,7 @@ def test_an_api_request_takes_the_models_defaults_for_unset_fields(tiny_llama):
 
 
 def test_generate_uses_the_models_defaults_unless_flags_say_otherwise(cli, tiny_llama, monkeypatch):
-    from localchat.engine.llm_engine import LLMEngine
+    from localchat.engine.core.llm_engine import LLMEngine
 
     seen = []
     real = LLMEngine.add_request

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from localchat.cli import app
-from localchat.engine.gguf_checkpoint import GGUFCheckpoint
-from localchat.engine.model_cache import ensure_converted
+from localchat.engine.loading.gguf_checkpoint import GGUFCheckpoint
+from localchat.engine.loading.model_cache import ensure_converted
 from localchat.errors import InvalidModelFileError, LocalchatError
 from localchat.models.facts import facts_of
 from localchat.models.gguf_header import read_header

@@ -162,7 +162,7 @@ def test_an_unpulled_hub_reference_says_how_to_pull_it(hub_cache):
 
 
 def test_family_names_cover_every_family_the_engine_runs_and_only_those(tmp_path):
-    from localchat.engine.models.families import BY_MODEL_TYPE, FAMILIES
+    from localchat.engine.modeling.families import BY_MODEL_TYPE, FAMILIES
     from localchat.models.facts import facts_of
     from localchat.models.family_names import FAMILY_NAMES, GGUF_MODEL_TYPES, family_of_gguf
 

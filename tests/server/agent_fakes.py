@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from litestar.testing import AsyncTestClient
 
-from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
 from localchat.server.app import build_app
 from localchat.server.state import ServerState
 

@@ -91,7 +91,7 @@ CASES = [
         "response_format",
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}},
     ),
-    # bounded work per request (engine/request_limits.py)
+    # bounded work per request (engine/sampling/request_limits.py)
     _chat("stop-too-many", "stop", stop=[f"s{i}" for i in range(65)]),
     _chat("stop-too-long", "stop", stop=["x" * 1025]),
     _completion("stop-token-ids-too-many", "stop_token_ids", stop_token_ids=list(range(1025))),

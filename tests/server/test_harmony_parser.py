@@ -7,7 +7,7 @@ from __future__ import annotations
 import llguidance
 import pytest
 
-from localchat.engine.chat_template import ChatTemplate
+from localchat.engine.core.chat_template import ChatTemplate
 from localchat.errors import InvalidParameterError
 from localchat.harmony import HarmonySplitter, harmony_stop_ids, is_harmony_template
 from localchat.reasoning import new_splitter, reasoning_parser_for

@@ -11,8 +11,8 @@ import torch
 from litestar.testing import AsyncTestClient
 
 from localchat.client import APIError, _deltas
-from localchat.engine.model_info import ModelInfo
-from localchat.engine.outputs import CompletionOutput, RequestOutput
+from localchat.engine.core.outputs import CompletionOutput, RequestOutput
+from localchat.engine.loading.model_info import ModelInfo
 from localchat.errors import EngineDeadError, InvalidParameterError
 from localchat.server.app import build_app
 from localchat.server.metrics import Histogram

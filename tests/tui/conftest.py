@@ -26,7 +26,7 @@ def data_dir(tmp_path, monkeypatch):
 async def chat_engine(default_gguf):
     """One started AsyncEngine for every end-to-end TUI test (the model loads once)."""
     from localchat.config import EngineConfig
-    from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.core.async_engine import AsyncEngine
 
     engine = AsyncEngine(EngineConfig(max_model_len=2048, kv_cache_memory="128MiB"))
     await engine.start()

@@ -26,7 +26,7 @@ ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def harmony_backend(tmp_path_factory):
     from localchat.config import EngineConfig
-    from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.core.async_engine import AsyncEngine
 
     directory = save_harmony_bigram(tmp_path_factory.mktemp("gpt-oss-bigram"))
     engine = AsyncEngine(

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from localchat.config import EngineConfig
-from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.core.async_engine import AsyncEngine
 from localchat.tui.app import ChatApp
 from localchat.tui.engine_backend import EngineBackend
 from localchat.tui.http_backend import OpenAIBackend

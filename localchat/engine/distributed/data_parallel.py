@@ -34,12 +34,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat import envs
 from localchat.config import EngineConfig
-from localchat.engine.distributed.replica import Replica, replica_devices, replica_threads
-from localchat.engine.distributed.replica_metrics import replica_metrics
-from localchat.engine.distributed.replica_process import ReplicaArgs
-from localchat.engine.distributed.replica_router import PrefixRouter
-from localchat.engine.engine_client import TextFront
-from localchat.engine.engine_messages import (
+from localchat.engine.core.engine_client import TextFront
+from localchat.engine.core.engine_messages import (
     AbortRequest,
     Accepted,
     AddRequest,
@@ -53,11 +49,15 @@ from localchat.engine.engine_messages import (
     Started,
     StepDone,
 )
-from localchat.engine.llm_engine import EngineStats
-from localchat.engine.model_info import ModelInfo
-from localchat.engine.outputs import RequestOutput
-from localchat.engine.request_stream import RequestStream, StreamState, settle
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.core.llm_engine import EngineStats
+from localchat.engine.core.outputs import RequestOutput
+from localchat.engine.core.request_stream import RequestStream, StreamState, settle
+from localchat.engine.distributed.replica import Replica, replica_devices, replica_threads
+from localchat.engine.distributed.replica_metrics import replica_metrics
+from localchat.engine.distributed.replica_process import ReplicaArgs
+from localchat.engine.distributed.replica_router import PrefixRouter
+from localchat.engine.loading.model_info import ModelInfo
+from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullError
 
 logger = logging.getLogger("localchat.server")

@@ -25,9 +25,9 @@ from torch import nn
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.shard_plan import ShardPlan, plan_shards
 from localchat.engine.distributed.sharded_weights import Weight, take_columns, take_rows
-from localchat.engine.models.decoder import MLP, Attention, DecoderForCausalLM, RMSNorm
-from localchat.engine.models.moe import SparseMoE
-from localchat.engine.models.spec import MoESpec
+from localchat.engine.modeling.decoder import MLP, Attention, DecoderForCausalLM, RMSNorm
+from localchat.engine.modeling.moe import SparseMoE
+from localchat.engine.modeling.spec import MoESpec
 
 
 class TensorParallelDecoder(DecoderForCausalLM):

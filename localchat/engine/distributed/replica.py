@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from localchat import envs
 from localchat.config import EngineConfig
+from localchat.engine.core.engine_messages import CoreReady, EngineCommand, EngineEvent, LoadFailed
+from localchat.engine.core.llm_engine import EngineStats
 from localchat.engine.distributed.replica_process import ReplicaArgs, run_replica
 from localchat.engine.distributed.supervised import ProcessLost, SupervisedProcess
-from localchat.engine.engine_messages import CoreReady, EngineCommand, EngineEvent, LoadFailed
-from localchat.engine.llm_engine import EngineStats
 
 logger = logging.getLogger("localchat.server")
 

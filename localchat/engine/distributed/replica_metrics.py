@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from localchat.engine.core.llm_engine import EngineStats
 from localchat.engine.distributed.replica_router import PrefixRouter
-from localchat.engine.llm_engine import EngineStats
 
 if TYPE_CHECKING:
     from localchat.engine.distributed.replica import Replica

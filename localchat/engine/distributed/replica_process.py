@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from localchat.config import EngineConfig
-from localchat.engine.engine_core import EngineCore
-from localchat.engine.engine_messages import CoreFailed, CoreReady, LoadFailed, Started
-from localchat.engine.engine_transport import PipeTransport
-from localchat.engine.llm_engine import LLMEngine
+from localchat.engine.core.engine_core import EngineCore
+from localchat.engine.core.engine_messages import CoreFailed, CoreReady, LoadFailed, Started
+from localchat.engine.core.engine_transport import PipeTransport
+from localchat.engine.core.llm_engine import LLMEngine
 from localchat.errors import EngineDeadError, LocalchatError
 
 logger = logging.getLogger("localchat.server")

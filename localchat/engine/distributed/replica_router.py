@@ -22,7 +22,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from localchat.engine.block_manager import chain_hash
+from localchat.engine.core.block_manager import chain_hash
 
 
 class PrefixRouter:

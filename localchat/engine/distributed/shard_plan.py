@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localchat.engine.models.decoder import DecoderSpec
+from localchat.engine.modeling.decoder import DecoderSpec
 from localchat.errors import InvalidParameterError
 
 

@@ -70,8 +70,8 @@ def join_torchrun(config: EngineConfig, *, alone: str | None = None) -> EngineCo
         )
     import torch
 
+    from localchat.engine.core.runtime import _pick_device
     from localchat.engine.distributed import parallel_state
-    from localchat.engine.runtime import _pick_device
 
     device = _pick_device(config.device)
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -94,8 +94,8 @@ def run_worker(config: EngineConfig, rank: int, world: int, device) -> int:
 
     from localchat.engine.distributed import parallel_state
     from localchat.engine.distributed.worker import WorkerArgs, build_shard, serve_commands
-    from localchat.engine.loader import model_files
-    from localchat.engine.model_source import resolve_model
+    from localchat.engine.loading.loader import model_files
+    from localchat.models.source import resolve_model
 
     where = f"localchat tensor-parallel rank {rank} of {world}"
     print(f"{where}: joined; waiting for rank 0 to load", file=sys.stderr, flush=True)

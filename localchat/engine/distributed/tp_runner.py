@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import torch
 
+from localchat.engine.core.memory import PrefaultedMemory
+from localchat.engine.core.runtime import EngineRuntime
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.parallel_layers import TensorParallelDecoder
 from localchat.engine.distributed.rank_messages import AllocateKV, ComputeLogits, Forward
@@ -18,9 +20,7 @@ from localchat.engine.distributed.step_transfer import batch_payload
 from localchat.engine.distributed.torchrun import TorchrunGroup
 from localchat.engine.distributed.worker import WorkerArgs
 from localchat.engine.distributed.worker_pool import WorkerPool
-from localchat.engine.memory import PrefaultedMemory
-from localchat.engine.model_runner import ModelRunner
-from localchat.engine.runtime import EngineRuntime
+from localchat.engine.modeling.model_runner import ModelRunner
 from localchat.errors import EngineDeadError
 from localchat.kernels.attention_metadata import AttentionMetadata
 

@@ -33,8 +33,8 @@ from localchat.engine.distributed.rank_messages import (
     RankStarted,
 )
 from localchat.engine.distributed.step_transfer import receive_batch
-from localchat.engine.loader import ModelFiles, load_hf_config, load_model
-from localchat.engine.model_runner import ModelRunner
+from localchat.engine.loading.loader import ModelFiles, load_hf_config, load_model
+from localchat.engine.modeling.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)

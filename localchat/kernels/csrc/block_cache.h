@@ -2,7 +2,7 @@
 // again at every layer and every step (a chunk's activations, a projection's output) reuse memory that is
 // already resident instead of faulting fresh pages in.
 //
-// Without it, every tensor of 1 MiB or more is its own mmap (engine/memory.py fixes glibc's threshold there,
+// Without it, every tensor of 1 MiB or more is its own mmap (engine/core/memory.py fixes glibc's threshold there,
 // which keeps a server's heap from growing), and each one pays its page faults again: on the 8B file a
 // 128-token prefill took 3.6 s warm and 6-7 s for the first prompt after loading (on a VM whose balloon takes
 // back free pages, fresh memory costs far more than the zeroing), against 2.7-3.0 s with memory kept.

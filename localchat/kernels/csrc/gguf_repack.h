@@ -1,4 +1,4 @@
-// GGUF (ggml) quantized blocks -> PackedWeight arrays (localchat/engine/gguf_repack.py documents the
+// GGUF (ggml) quantized blocks -> PackedWeight arrays (localchat/engine/loading/gguf_repack.py documents the
 // mapping; the torch version there is the reference this must equal bit for bit). One pass over the
 // memory-mapped file per tensor, rows shared between threads: an 8B Q4_K_M file repacks in about a second
 // where the torch ops took most of a minute.

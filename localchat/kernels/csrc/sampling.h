@@ -1,5 +1,5 @@
 // One token per row of logits (float32, CPU): greedy, or temperature, top-k, top-p and min-p followed by the
-// two-level exponential race of engine/sampler.py, whose torch code is the reference this must match.
+// two-level exponential race of engine/sampling/sampler.py, whose torch code is the reference this must match.
 //
 // The torch reference costs about 0.5 ms per row in the engine (a dozen vocabulary-sized temporaries and a
 // top-k); here a row is two vectorized passes over the vocabulary (the maximum, then the weights

@@ -1,5 +1,5 @@
 // Every kernel of this build's ISA against the generic one (quant/generic/), without torch, so that it builds for
-// another CPU: tests/cpu/test_kernel_isas.py builds it natively (AVX-512 VNNI, AVX2) and for ARM with
+// another CPU: tests/kernels/cpu/test_kernel_isas.py builds it natively (AVX-512 VNNI, AVX2) and for ARM with
 // aarch64-linux-gnu-g++, running the ARM build under qemu-user.
 //
 //   g++ -std=c++17 -O2 -march=native -I localchat/kernels/csrc kernel_test.cpp -o kernel_test && ./kernel_test

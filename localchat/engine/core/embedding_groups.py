@@ -1,0 +1,80 @@
+"""EmbeddingGroups: the embedding requests one call queued in an engine's scheduler, gathered back
+into that call's list of vectors as they finish (AsyncEngine and the data-parallel replicas)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from localchat.engine.core.llm_engine import LLMEngine
+from localchat.engine.core.sequence import Request
+from localchat.errors import InvalidParameterError, LocalchatError
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+def invalid_input(exc: Exception) -> InvalidParameterError:
+    """The 400 for input the engine could not take."""
+    return InvalidParameterError(f"invalid input: {exc}", param="input")
+
+
+@dataclass
+class _Group(Generic[Key]):
+    key: Key
+    vectors: list[list[float] | None]
+    left: int
+
+
+class EmbeddingGroups(Generic[Key]):
+    """Calls (each known by a key) whose prompts wait in the scheduler as embedding requests."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, tuple[_Group[Key], int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._slots)
+
+    def add(
+        self,
+        engine: LLMEngine,
+        key: Key,
+        request_ids: list[str],
+        prompts: list[list[int]],
+        pooling: str,
+    ) -> LocalchatError | None:
+        """Queue one call's prompts (LLMEngine.add_embeddings); the error for its caller, if any."""
+        try:
+            engine.add_embeddings(request_ids, prompts, pooling)
+        except LocalchatError as exc:
+            return exc
+        except Exception as exc:  # bad input must not take the engine down
+            return invalid_input(exc)
+        group = _Group(key, [None] * len(prompts), len(prompts))
+        for index, request_id in enumerate(request_ids):
+            self._slots[request_id] = (group, index)
+        return None
+
+    def discard(self, request_id: str) -> None:
+        """Forget an aborted request."""
+        self._slots.pop(request_id, None)
+
+    def collect(self, finished: list[Request]) -> list[tuple[Key, list[list[float]]]]:
+        """The calls whose every vector is now in, from the requests `take_embedded()` returned."""
+        done = []
+        for request in finished:
+            slot = self._slots.pop(request.request_id, None)
+            if slot is None or request.embedding is None:  # aborted meanwhile
+                continue
+            group, index = slot
+            group.vectors[index] = request.embedding.tolist()
+            group.left -= 1
+            if group.left == 0:
+                done.append((group.key, [v for v in group.vectors if v is not None]))
+        return done
+
+    def drain(self) -> list[Key]:
+        """The keys of every call still waiting, forgotten (the engine is going away)."""
+        keys = list({id(group): group.key for group, _ in self._slots.values()}.values())
+        self._slots.clear()
+        return keys

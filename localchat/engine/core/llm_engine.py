@@ -1,0 +1,488 @@
+"""LLMEngine: the synchronous core. add_request / abort / step, one thread, owns the device."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from localchat.config import EngineConfig
+from localchat.engine.core.block_manager import BlockManager
+from localchat.engine.core.memory import cache_cpu_blocks, fix_mmap_threshold
+from localchat.engine.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from localchat.engine.core.runtime import EngineRuntime, prefault_kv_memory
+from localchat.engine.core.scheduler import Scheduler
+from localchat.engine.core.sequence import Request, Sequence
+from localchat.engine.core.text_codec import TextCodec
+from localchat.engine.distributed.tp_runner import TensorParallelRunner
+from localchat.engine.loading.model_info import ModelInfo
+from localchat.engine.modeling.model_runner import ModelRunner
+from localchat.engine.modeling.registry import family_name
+from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
+from localchat.engine.sampling.guided_decoding import GrammarCompiler
+from localchat.engine.sampling.logits_processors import RequestConstraints, attach_grammar
+from localchat.engine.sampling.sampling_params import SamplingParams
+from localchat.errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    PromptTooLongError,
+)
+
+logger = logging.getLogger("localchat.engine")
+POOLING = ("last", "mean")  # how embed() turns a prompt's hidden states into one vector
+EMBED_PARAMS = SamplingParams(max_tokens=1)  # an embedding's prompt must fit as a prompt does
+_embed_ids = itertools.count()
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for the status bar, /metrics and benchmarks."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_blocks: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+
+
+class LLMEngine:
+    """Continuous batching over one model: requests join and leave between steps.
+
+    `step()` schedules a batch, runs it, samples, detokenizes, checks stops and returns a delta
+    RequestOutput for every request that advanced (or finished) in that step.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        progress: Callable[[str], None] | None = None,
+        **kwargs,
+    ):
+        self.config = config = config or EngineConfig.from_kwargs(**kwargs)
+        fix_mmap_threshold()  # before the weights and the first steps: see memory.py
+        kv_memory = prefault_kv_memory(config)  # resident while the model loads
+        self.runtime = runtime = EngineRuntime.load(config, progress)
+        self.tokenizer = runtime.tokenizer
+        # used by this engine's thread only
+        self.codec = TextCodec(runtime.tokenizer, runtime.chat_template)
+        self.max_model_len = runtime.max_model_len
+        self.eos_token_ids = runtime.eos_token_ids
+        runner_class: Callable[..., ModelRunner] = ModelRunner
+        if config.tensor_parallel_size > 1:  # rank 0 of a group it spawns (engine/distributed/)
+            runner_class = functools.partial(TensorParallelRunner, runtime=runtime)
+        self.runner = runner_class(
+            runtime.model,
+            runtime.hf_config,
+            device=runtime.device,
+            dtype=runtime.dtype,
+            kv_cache_dtype=runtime.kv_cache_dtype,
+            block_size=config.block_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+            max_num_seqs=runtime.max_num_seqs,
+        )
+        if progress is not None:
+            progress("allocating the KV cache")
+        num_blocks = runtime.num_kv_blocks(self.runner)
+        self.runner.allocate_kv_cache(num_blocks, kv_memory)
+        if runtime.device.type == "cpu":  # after loading: the load's temporaries are not kept
+            width = self.runner.spec.intermediate_size  # the MLP's activations, float32
+            cache_cpu_blocks(runtime.max_num_batched_tokens * width * 4)
+        graphs = None if config.enforce_eager else self.runner.capture_cuda_graphs()
+        if graphs is not None:
+            logger.info("captured CUDA graphs for decode batches up to %d", graphs.max_batch_size)
+        self.model_info = _model_info(runtime, self.runner.spec.vocab_size)
+        rotary = self.runner.rotary
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            length_salt=rotary.kv_salt if rotary.depends_on_length else None,
+            recompute_on_salt_change=rotary.recomputes_on_switch,
+            windows=self.runner.kv_layout.windows,
+        )
+        self.scheduler = Scheduler(
+            self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
+        )
+        self.grammar_compiler: GrammarCompiler | None = None
+        if self.tokenizer is not None:
+            self.grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.runner.spec.vocab_size, self.eos_token_ids
+            )
+        self.runner.grammar_compiler = self.grammar_compiler
+        self._compiling: list[Request] = []  # requests whose grammar is compiling
+        self.requests: dict[str, Request] = {}
+        self._embedded: list[Request] = []  # embedding requests done, until take_embedded()
+        self._held_outputs: list[RequestOutput] = []  # steps run by embed(), for the next step()
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+
+    # --- requests ---------------------------------------------------------------------------------
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return self.codec.tokenize(prompt, add_special_tokens)
+
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.codec.detokenize(token_ids, skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
+        """Token ids of a conversation rendered with the chat template (kwargs as
+        TextCodec.render_chat)."""
+        return self.codec.render_chat(messages, **kwargs)
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Request:
+        """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with
+        it."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidParameterError(
+                f"request id {request_id!r} is already in use", param="request_id"
+            )
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        self._validate_prompt(token_ids, params)
+        request = Request(request_id, token_ids, params, prompt=text)
+        if params.has_logits_processors:
+            request.constraints = self._constraints(params)
+            if request.constraints.grammar is not None:
+                self._compiling.append(request)
+        for seq in request.seqs:
+            if self.tokenizer is not None:
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+            self.scheduler.add(seq)
+        self.requests[request_id] = request
+        self._prompt_tokens_total += len(token_ids)
+        return request
+
+    def _constraints(self, params: SamplingParams) -> RequestConstraints:
+        vocab = self.model_info.vocab_size
+        for name, ids in (
+            ("logit_bias", list(params.logit_bias or {})),
+            ("allowed_token_ids", params.allowed_token_ids or []),
+        ):
+            if any(t >= vocab for t in ids):
+                raise InvalidParameterError(
+                    f"{name} token ids must be below the vocabulary size {vocab}", param=name
+                )
+        bad_words_ids: list[list[int]] = []
+        for word in params.bad_words or []:
+            for variant in (word, " " + word.lstrip()):  # as a word of its own, and mid-text
+                ids = self.tokenize(variant, add_special_tokens=False)
+                if ids and ids not in bad_words_ids:
+                    bad_words_ids.append(ids)
+        constraints = RequestConstraints(params, bad_words_ids)
+        if params.grammar is not None:
+            if self.grammar_compiler is None:
+                raise InvalidParameterError(
+                    "constrained decoding needs a tokenizer; this model was loaded without one",
+                    param="response_format",
+                )
+            constraints.grammar = self.grammar_compiler.compile(params.grammar)
+        return constraints
+
+    def _settle_grammars(self) -> list[RequestOutput]:
+        """Give the sequences of requests whose grammar compiled their matchers; a grammar that
+        failed aborts its request."""
+        outputs = []
+        still = []
+        for request in self._compiling:
+            future = request.constraints.grammar if request.constraints else None
+            if future is None or request.request_id not in self.requests:
+                continue
+            if not future.done():
+                still.append(request)
+            elif future.exception() is not None:
+                logger.warning("grammar of %s failed: %s", request.request_id, future.exception())
+                output = self.abort(request.request_id)
+                if output is not None:
+                    outputs.append(output)
+            else:
+                for seq in request.seqs:
+                    attach_grammar(seq)
+        self._compiling = still
+        return outputs
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise EmptyPromptError("the prompt is empty", param="prompt")
+        vocab = self.model_info.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in token_ids):
+            raise InvalidParameterError(
+                f"prompt token ids must be integers in [0, {vocab})", param="prompt"
+            )
+        limit = self.max_model_len
+        if params.max_tokens is None and len(token_ids) >= limit:
+            raise PromptTooLongError(
+                f"the prompt has {len(token_ids)} tokens, but the context holds {limit} "
+                "(max_model_len), leaving no room for output",
+                param="prompt",
+            )
+        if params.max_tokens is not None and len(token_ids) + params.max_tokens > limit:
+            raise PromptTooLongError(
+                f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is "
+                f"{len(token_ids) + params.max_tokens} tokens, beyond the context of {limit} "
+                "(max_model_len)",
+                param="max_tokens",
+            )
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final (delta) output, or None if
+        unknown."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        outputs = []
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "abort"
+                outputs.append(
+                    CompletionOutput(seq.index, self._take_text(seq, True), [], None, "abort")
+                )
+        return self._request_output(request, outputs)
+
+    def has_unfinished(self) -> bool:
+        """Whether step() has work or outputs to give (those of steps embed() ran count)."""
+        return bool(self._held_outputs) or self.scheduler.has_unfinished()
+
+    # --- the step ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        if self._held_outputs:  # generation that advanced while embed() stepped
+            outputs, self._held_outputs = [*self._held_outputs, *outputs], []
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        failed = self._settle_grammars() if self._compiling else []
+        batch = self.scheduler.schedule()
+        if not batch:
+            if self._compiling:  # everything waits for a grammar: don't spin
+                futures = [r.constraints.grammar for r in self._compiling if r.constraints]
+                concurrent.futures.wait(
+                    [f for f in futures if f is not None],
+                    timeout=0.005,
+                    return_when=concurrent.futures.FIRST_COMPLETED,
+                )
+            return failed
+        now = time.monotonic()
+        for seq in batch.seqs:
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = now
+        results = self.runner.run(batch)
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results, strict=True):
+            seq.num_computed_tokens += num_new
+            if seq.request.pooling is not None:
+                if seq.num_computed_tokens >= seq.num_tokens:
+                    self._finish_embedding(seq)
+                continue
+            if result is None:
+                continue
+            token_id, logprob = result
+            deltas.setdefault(seq.request.request_id, []).append(
+                self._advance(seq, token_id, logprob)
+            )
+        outputs = failed
+        for request_id, pieces in deltas.items():
+            request = self.requests[request_id]
+            outputs.append(self._request_output(request, pieces))
+            if request.is_finished:
+                del self.requests[request_id]
+        return outputs
+
+    def _advance(self, seq: Sequence, token_id: int, logprob) -> CompletionOutput:
+        """Append a sampled token, check every stop condition, and return the sequence's delta."""
+        seq.append_token(token_id)
+        self._generation_tokens_total += 1
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        params = seq.params
+        grammar_done = seq.grammar is not None and seq.grammar.accept(token_id)
+        may_stop = seq.num_output_tokens >= params.min_tokens
+        finish_reason: str | None = None
+        stop_reason: int | str | None = None
+        stop_token_ids = params.stop_token_ids or ()
+        stop_token = may_stop and (
+            token_id in stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
+        )
+        if stop_token:
+            finish_reason = "stop"
+            stop_reason = token_id if token_id in stop_token_ids else None
+        if seq.detokenizer is not None and not (
+            stop_token and not params.include_stop_str_in_output
+        ):
+            stop_string = seq.detokenizer.add_token(token_id)
+            if stop_string is not None and may_stop and finish_reason is None:
+                finish_reason, stop_reason = "stop", stop_string
+        if finish_reason is None and grammar_done:
+            finish_reason = "stop"
+        if finish_reason is None and (
+            (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
+            or seq.num_tokens >= self.max_model_len
+        ):
+            finish_reason = "length"
+        if finish_reason is not None:
+            seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
+            self.scheduler.finish(seq)
+        return CompletionOutput(
+            seq.index,
+            self._take_text(seq, finish_reason is not None),
+            [token_id],
+            [logprob] if logprob is not None else None,
+            finish_reason,
+            stop_reason,
+        )
+
+    @staticmethod
+    def _take_text(seq: Sequence, finished: bool) -> str:
+        return seq.detokenizer.take_delta(finished) if seq.detokenizer is not None else ""
+
+    def _request_output(self, request: Request, pieces: list[CompletionOutput]) -> RequestOutput:
+        metrics = RequestMetrics(
+            request.arrival_time,
+            request.first_scheduled_time,
+            min((s.first_token_time for s in request.seqs if s.first_token_time), default=None),
+        )
+        finished = request.is_finished
+        if finished:
+            metrics.finished_time = time.monotonic()
+        first = request.seqs[0]
+        prompt_logprobs = None
+        # the whole prompt is computed once a token is sampled (a finished sequence's count of
+        # computed tokens is back at 0: with max_tokens=1, the step that ends the prompt ends it)
+        if first.prompt_logprobs is not None and (
+            first.num_output_tokens > 0 or first.num_computed_tokens >= first.num_prompt_tokens
+        ):
+            prompt_logprobs, first.prompt_logprobs = first.prompt_logprobs, None  # handed over once
+        return RequestOutput(
+            request.request_id,
+            request.prompt,
+            request.prompt_token_ids,
+            pieces,
+            finished,
+            request.num_cached_tokens,
+            metrics,
+            prompt_logprobs,
+        )
+
+    # --- embeddings -------------------------------------------------------------------------------
+    def add_embeddings(
+        self, request_ids: list[str], prompts: list[list[int]], pooling: str = "last"
+    ) -> list[Request]:
+        """Queue one embedding request per prompt (all checked before any is queued). Each is a
+        sequence of the scheduler like any other, prefilled within the step's token budget next to
+        the running decodes (in chunks if need be); it never samples, and its blocks are freed once
+        its prompt is computed. Its L2-normalized float32 vector, of the final hidden states pooled
+        over its tokens (`mean`) or taken at its last (`last`), is then in `request.embedding`, and
+        the request among those take_embedded() returns."""
+        if pooling not in POOLING:
+            raise InvalidParameterError(
+                f"pooling must be one of {', '.join(POOLING)}", param="pooling"
+            )
+        for token_ids in prompts:
+            self._validate_prompt(token_ids, EMBED_PARAMS)
+        taken = [i for i in request_ids if i in self.requests]
+        if taken or len(set(request_ids)) != len(request_ids):
+            raise InvalidParameterError(
+                f"request id {(taken or request_ids)[0]!r} is already in use", param="request_id"
+            )
+        requests = []
+        for request_id, token_ids in zip(request_ids, prompts, strict=True):
+            params = SamplingParams(max_tokens=1)
+            request = Request(request_id, list(token_ids), params, pooling=pooling)
+            self.scheduler.add(request.seqs[0])
+            self.requests[request_id] = request
+            requests.append(request)
+            self._prompt_tokens_total += len(token_ids)  # as vLLM counts pooling requests'
+        return requests
+
+    def _finish_embedding(self, seq: Sequence) -> None:
+        request = seq.request
+        self.scheduler.finish(seq)
+        pooled, seq.pooled = seq.pooled, None
+        assert pooled is not None  # the runner pooled every chunk
+        if request.pooling == "mean":
+            pooled = pooled / seq.num_tokens
+        request.embedding = torch.nn.functional.normalize(pooled, dim=0).cpu()
+        del self.requests[request.request_id]
+        self._embedded.append(request)
+
+    def take_embedded(self) -> list[Request]:
+        """The embedding requests finished since the last call (their vectors in `embedding`)."""
+        done, self._embedded = self._embedded, []
+        return done
+
+    def embed(self, prompts: list[list[int]], pooling: str = "last") -> list[torch.Tensor]:
+        """The embeddings of `prompts` (as add_embeddings computes them), stepping the engine until
+        they are done. Requests generating meanwhile advance in the same steps; their outputs come
+        from the next step()."""
+        ids = [f"embed-{next(_embed_ids)}" for _ in prompts]
+        requests = self.add_embeddings(ids, prompts, pooling)
+        mine = {id(request) for request in requests}
+        try:
+            while any(request.embedding is None for request in requests):
+                self._held_outputs.extend(self._step())
+        except BaseException:
+            for request_id in ids:
+                self.abort(request_id)
+            raise
+        finally:
+            self._embedded = [r for r in self._embedded if id(r) not in mine]
+        return [request.embedding for request in requests if request.embedding is not None]
+
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """[len(token_ids), vocab] float32 logits of one prompt, computed outside the batch (parity
+        checks)."""
+        request = Request("prompt-logits", list(token_ids), SamplingParams(max_tokens=1))
+        seq = request.seqs[0]
+        if not self.block_manager.allocate(seq, len(token_ids)):
+            raise InvalidParameterError("not enough free KV blocks for this prompt", param="prompt")
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.block_manager.free(seq)
+
+    # --- introspection ----------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len({s.request.request_id for s in self.scheduler.running}),
+            num_waiting=len({s.request.request_id for s in self.scheduler.waiting}),
+            kv_cache_usage=bm.usage,
+            num_blocks=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+        )
+
+
+def _model_info(runtime: EngineRuntime, vocab_size: int) -> ModelInfo:
+    """The one place that reads where the model came from (the runtime's files and config)."""
+    source = runtime.files.source
+    return ModelInfo(
+        name=runtime.model_name,
+        source_kind=source.kind,
+        source_path=source.path,
+        config_dir=runtime.files.directory,
+        load_format=runtime.config.load_format,
+        vocab_size=vocab_size,
+        max_model_len=runtime.max_model_len,
+        dtype=runtime.dtype,
+        device=runtime.device.type,
+        eos_token_ids=tuple(sorted(runtime.eos_token_ids)),
+        family=family_name(runtime.hf_config),
+    )

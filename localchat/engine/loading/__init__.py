@@ -1,0 +1,1 @@
+"""Loading a model: checkpoints (GGUF, safetensors), weight repacking, model info and cache."""

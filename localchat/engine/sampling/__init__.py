@@ -1,0 +1,1 @@
+"""Sampling: sampling params, the sampler, penalties, logits processors, stops, detokenizing."""
