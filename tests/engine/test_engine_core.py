@@ -36,6 +36,9 @@ class Runner:
         if not self.healthy:
             raise EngineDeadError("rank 1 exited")
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class BlockManager:

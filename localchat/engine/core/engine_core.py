@@ -95,15 +95,11 @@ class EngineCore:
     def check_health(self) -> None:
         """Raise EngineDeadError if a tensor-parallel rank has died or hangs (idle, no collective
         would notice)."""
-        check = getattr(self.engine.runner, "check_health", None)
-        if check is not None:
-            check()
+        self.engine.runner.check_health()
 
     def close(self) -> None:
         """Stop a tensor-parallel group's other ranks."""
-        close = getattr(self.engine.runner, "close", None)
-        if close is not None:
-            close()
+        self.engine.runner.close()
 
     # --- commands ---------------------------------------------------------------------------------
     def handle(self, command: EngineCommand, transport: CoreTransport) -> bool:
