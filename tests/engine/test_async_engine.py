@@ -169,6 +169,33 @@ async def test_waiting_queue_bound(default_gguf):
         await small.add_request("after shutdown", SamplingParams())
 
 
+async def test_the_queue_bound_counts_each_requests_sequences(default_gguf):
+    """n sequences take n places: a request of n=3 fills a bound of 2 running + 2 waiting
+    beside a request of one, and one of n=5 could never fit (a 400 naming n, not a 503)."""
+    small = await AsyncEngine(EngineConfig(max_num_seqs=2), max_waiting=2).start()
+    try:
+        long = SamplingParams(max_tokens=50, ignore_eos=True)
+        first = await small.add_request("one", long)
+        three = await small.add_request(
+            "three", SamplingParams(n=3, max_tokens=50, ignore_eos=True)
+        )
+        with pytest.raises(QueueFullError):
+            await small.add_request("five", SamplingParams(max_tokens=5))
+        with pytest.raises(InvalidParameterError) as refused:
+            await small.add_request("too many", SamplingParams(n=5, max_tokens=5))
+        assert refused.value.param == "n"
+        await three.aclose()
+        for _ in range(500):  # its places come back once the engine thread has aborted it
+            if len(small._streams) == 1:
+                break
+            await asyncio.sleep(0.01)
+        again = await small.add_request("after", SamplingParams(n=3, max_tokens=5))
+        await again.aclose()
+        await first.aclose()
+    finally:
+        await small.shutdown()
+
+
 async def test_model_info_and_the_event_loops_own_tokenizer(engine, llm):
     info = engine.model_info
     assert (

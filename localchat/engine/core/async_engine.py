@@ -140,21 +140,20 @@ class AsyncEngine(TextFront):
         thread and handed over together, at most once per interval; the first token and the last
         delta go at once, so time to first token and the reply's end are not delayed."""
         engine = self._check_alive()
-        capacity = engine.scheduler.max_num_seqs + (self.max_waiting or 0)
-        if self.max_waiting is not None and len(self._streams) >= capacity:
-            raise QueueFullError(
-                f"too many requests are waiting (more than {self.max_waiting} beyond the "
-                f"{engine.scheduler.max_num_seqs} running); retry later"
-            )
+        params = params or SamplingParams()
+        if self.max_waiting is not None:
+            self._check_room(engine.scheduler.max_num_seqs, params.n)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidParameterError(
                 f"request id {request_id!r} is already in use", param="request_id"
             )
-        stream = StreamState(asyncio.get_running_loop(), interval=stream_interval)
+        stream = StreamState(
+            asyncio.get_running_loop(), interval=stream_interval, sequences=params.n
+        )
         accepted = stream.accepted = stream.loop.create_future()
         self._streams[request_id] = stream
-        self._commands.put(AddRequest(request_id, prompt, params or SamplingParams()))
+        self._commands.put(AddRequest(request_id, prompt, params))
         try:
             prompt_token_ids = await accepted
         except BaseException as exc:
@@ -165,6 +164,22 @@ class AsyncEngine(TextFront):
         if prompt_token_ids is None:  # token ids: the engine's are a copy of ours
             prompt_token_ids = list(prompt)
         return RequestStream(self, request_id, stream, prompt_token_ids)
+
+    def _check_room(self, running: int, sequences: int) -> None:
+        """Raise unless `sequences` more (a request's n) fit within the `running` sequences and
+        max_waiting beyond them: a request that never could is a 400, one that cannot now a 503."""
+        capacity = running + (self.max_waiting or 0)
+        if sequences > capacity:
+            raise InvalidParameterError(
+                f"n ({sequences}) is more sequences than this server runs and queues at once "
+                f"({capacity})",
+                param="n",
+            )
+        if sum(stream.sequences for stream in self._streams.values()) + sequences > capacity:
+            raise QueueFullError(
+                f"too many requests are waiting (more than {self.max_waiting} sequences beyond "
+                f"the {running} running); retry later"
+            )
 
     async def generate(
         self,

@@ -23,6 +23,7 @@ class StreamState:
     queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
     finished: bool = False
     interval: float = 0.0  # hand deltas over at most once per this many seconds (0: every step)
+    sequences: int = 1  # the request's n: what it takes of the queue's bound
     held: list[RequestOutput] = field(default_factory=list)  # engine thread: waiting for next_at
     next_at: float = 0.0  # engine thread: when held deltas may go (monotonic clock)
     # settled with the prompt's ids (None: the caller's own) or its error, once the engine has it
