@@ -9,6 +9,7 @@ from typing import Annotated
 import numpy as np
 from litestar import Request, post
 
+from localchat.engine.sampling.request_limits import LIMITS
 from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.server.protocol import JSON_BODY, EmbeddingRequest
 from localchat.server.routes_completions import parse_prompts
@@ -22,6 +23,11 @@ def _inputs(data: EmbeddingRequest, tokenize) -> list[list[int]]:
         prompts = parse_prompts(data.input)
     except InvalidParameterError as exc:
         raise InvalidParameterError(exc.message.replace("prompt", "input"), param="input") from None
+    if len(prompts) > LIMITS.embedding_inputs:  # before tokenizing any
+        raise InvalidParameterError(
+            f"input holds at most {LIMITS.embedding_inputs} entries, got {len(prompts)}",
+            param="input",
+        )
     return [tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
 
 

@@ -70,6 +70,7 @@ def test_openai_client_embeddings(openai_client):
         ({"input": [[10**9]]}, "input"),
         ({"input": ""}, "input"),
         ({}, "input"),
+        ({"input": ["x"] * 2049}, "input"),  # engine/sampling/request_limits.py
     ],
 )
 def test_embedding_errors(http, body, param):

@@ -20,6 +20,7 @@ class RequestLimits:
     stop_token_ids: int = 1024
     logit_bias: int = 1024  # entries
     allowed_token_ids: int = 1 << 20
+    embedding_inputs: int = 2048  # OpenAI's bound on one embeddings request's inputs
 
 
 LIMITS = RequestLimits()
