@@ -172,7 +172,7 @@ class SparseMoE(nn.Module):
         flat = ids.flatten()
         counts = torch.bincount(flat, minlength=self.moe.num_experts)
         grouped = self.cpu_experts() if hidden.dtype == torch.float32 else None
-        if grouped is None:
+        if grouped is None or not grouped.batchable():
             out, alone = torch.zeros_like(hidden), counts > 0
         else:
             limit = self._grouped_rows_below()

@@ -56,6 +56,7 @@ class MoeMlp {
                   "MoeMlp: inconsistent expert shapes");
     }
     width_ = down_[0]->K;
+    batchable_ = one_activation_layout(gate_up_) && one_activation_layout(down_);
     logits_.resize(experts);
     gate_up_out_.resize(top_k * 2 * width_);
     down_out_.resize(top_k * hidden());
@@ -63,9 +64,14 @@ class MoeMlp {
 
   int64_t hidden() const { return router_.size(1); }
 
+  // Whether forward_batch runs these experts: their projections read activations of one layout each (gate_up's,
+  // down's), known at construction.
+  bool batchable() const { return batchable_; }
+
   // A batch's routed experts at once (a prefill): see moe_prefill.h. `run` [experts] picks the experts run here.
   torch::Tensor forward_batch(const torch::Tensor& hidden, const torch::Tensor& ids, const torch::Tensor& weights,
                               const torch::Tensor& run) const {
+    TORCH_CHECK(batchable_, "moe_prefill: the experts' projections read activations of several layouts");
     return moe_prefill(gate_up_, down_, hidden, ids, weights, run);
   }
 
@@ -158,6 +164,7 @@ class MoeMlp {
   int64_t top_k_;
   bool normalize_;
   int64_t width_ = 0;
+  bool batchable_ = false;
   std::vector<std::unique_ptr<Projection>> gate_up_, down_;
   std::vector<float> logits_, gate_up_out_, down_out_;
 };

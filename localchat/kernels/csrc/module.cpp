@@ -36,6 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<MoeMlp, std::shared_ptr<MoeMlp>>(m, "MoeMlp", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, std::vector<std::vector<torch::Tensor>>, std::vector<int64_t>,
                           std::vector<int64_t>, int64_t, bool, std::vector<bool>>())
+      .def("batchable", &MoeMlp::batchable, "whether forward_batch runs these experts (one activation layout each)")
       .def("forward_batch", &MoeMlp::forward_batch, NoGil(),
            "(hidden [T, H], ids [T, k], weights [T, k], run [experts] bool): the experts in `run`, summed per token");
   pybind11::class_<DecodeStack>(m, "DecodeStack", pybind11::module_local())

@@ -106,14 +106,13 @@ void run_items(const std::vector<std::unique_ptr<Projection>>& projections, cons
 // run [E] bool, the experts this call runs (the others' pairs are left out). Returns [T, H] float32: for each token,
 // the sum over its slots whose expert runs here of weight * down(silu(gate) * up), added in ascending expert
 // order. Each pair's products are the panel kernels', which give a row the same result whatever its batch, so
-// an expert's output equals its projections' quant_linear on its rows.
+// an expert's output equals its projections' quant_linear on its rows. Every gate_up (and every down) must read
+// activations of one layout (one_activation_layout; MoeMlp checks it once).
 inline torch::Tensor moe_prefill(const std::vector<std::unique_ptr<Projection>>& gate_up,
                                  const std::vector<std::unique_ptr<Projection>>& down, const torch::Tensor& hidden_in,
                                  const torch::Tensor& ids_in, const torch::Tensor& weights_in,
                                  const torch::Tensor& run_in) {
   const int64_t experts = static_cast<int64_t>(gate_up.size()), H = down[0]->N, W = down[0]->K;
-  TORCH_CHECK(one_activation_layout(gate_up) && one_activation_layout(down),
-              "moe_prefill: the experts' projections read activations of several layouts");
   const torch::Tensor hidden = hidden_in.to(torch::kFloat).contiguous();
   const torch::Tensor ids = ids_in.to(torch::kLong).contiguous();
   const torch::Tensor weights = weights_in.to(torch::kFloat).contiguous();

@@ -10,6 +10,7 @@ import torch
 
 from localchat import LLM, SamplingParams
 from localchat.engine.modeling.moe import SparseMoE, route
+from localchat.kernels.packed_weight import quantize_weight
 from tests.family_models import VOCAB, save
 
 pytestmark = pytest.mark.usefixtures("each_isa")
@@ -99,6 +100,24 @@ def test_a_prefill_on_the_grouped_experts_keeps_the_greedy_tokens(family, tmp_pa
             moe._cpu_experts = False
     llm.engine.runner.model.cpu_decode = None
     assert [out.outputs[0].token_ids for out in llm.generate(prompts, params)] == tokens
+
+
+def test_experts_quantized_in_two_forms_run_one_by_one(tmp_path, monkeypatch):
+    """Expert 0's gate_up in groups of 16 beside the others' groups of 32: their activations
+    differ in layout, so the grouped call (one layout per projection) is not taken, and the
+    outputs are the one-by-one path's."""
+    save("qwen3-moe", tmp_path)
+    llm = LLM(str(tmp_path), max_model_len=256, kv_cache_memory="16MiB", quantization="int8")
+    moe = _moe_layer(llm)
+    first = moe.experts[0]
+    first.gate_up_weight = quantize_weight(first.gate_up_weight.dequantize(), 8, group_size=16)
+    moe._cpu_experts = None  # built at load: build it again
+    assert moe.cpu_experts() is not None and not moe.cpu_experts().batchable()
+    hidden, weights, ids = _routed(moe, 37)
+    called = _calls(moe, monkeypatch)
+    out = moe._experts_in_turn(hidden, weights, ids)
+    assert sorted(called) == sorted(set(ids.flatten().tolist()))
+    torch.testing.assert_close(out, _one_by_one(moe, hidden, weights, ids), rtol=0, atol=0)
 
 
 def test_experts_the_kernel_cannot_run_stay_one_by_one(tmp_path):
