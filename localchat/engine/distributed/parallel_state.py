@@ -10,6 +10,7 @@ so a hung rank is found while idle too), and so, under torchrun, do rank 0's com
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import timedelta
 
@@ -32,17 +33,42 @@ def free_address() -> str:
 
 
 def init_group(rank: int, world_size: int, address: str, device: torch.device) -> None:
-    """Join the group: NCCL for CUDA tensors, gloo for CPU ones."""
+    """Join the group: NCCL for CUDA tensors, gloo for CPU ones. Rank 0 hosts the rendezvous
+    store at `address` (host:port), the others connect to it."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"tcp://{address}",
+        store=rendezvous_store(rank, world_size, address),
         rank=rank,
         world_size=world_size,
         timeout=_collective_timeout(),
     )
     _join_control()
+
+
+def rendezvous_store(rank: int, world_size: int, address: str) -> dist.TCPStore:
+    """The store at `address`: rank 0 listens on that host alone (a TCPStore made from a host
+    name, as `tcp://` makes it, listens on every interface, so any machine that reaches this one
+    could write into the rendezvous); the other ranks connect to it."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    timeout = _collective_timeout()
+    if rank != 0:
+        return dist.TCPStore(host, int(port), world_size, False, timeout)
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, int(port)))
+        listener.listen(socket.SOMAXCONN)
+        fd = listener.detach()  # the store's from here on
+    finally:
+        listener.close()
+    try:
+        return dist.TCPStore(host, int(port), world_size, True, timeout, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def init_from_env(device: torch.device) -> None:

@@ -6,7 +6,8 @@ torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MA
 group is joined from them (`env://`). WORLD_SIZE must equal `-tp`. With no pipes between nodes,
 rank 0's commands go by broadcast over the gloo control group (parallel_state.send_command); once
 at the start, rank 0 broadcasts what it decided (dtype, context length, the engine config) and
-gathers each rank's load result.
+gathers each rank's load result, both as JSON (rank_json.py): nothing read from the network is
+unpickled.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("localchat.engine")
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+STATUS_CHARS = 64 << 10  # the end of a rank's load traceback that it reports to rank 0
 
 
 def torchrun_rank() -> int | None:
@@ -90,36 +92,33 @@ def join_torchrun(config: EngineConfig, *, alone: str | None = None) -> EngineCo
 def run_worker(config: EngineConfig, rank: int, world: int, device) -> int:
     """Rank `rank`: take rank 0's settings, load this rank's shard from this node's copy of the
     model, report, then run rank 0's commands. Returns the exit status."""
-    import torch.distributed as dist
-
     from localchat.engine.distributed import parallel_state
+    from localchat.engine.distributed.rank_json import all_gather_json, broadcast_json
     from localchat.engine.distributed.worker import WorkerArgs, build_shard, serve_commands
     from localchat.engine.loading.loader import model_files
     from localchat.models.source import resolve_model
 
     where = f"localchat tensor-parallel rank {rank} of {world}"
     print(f"{where}: joined; waiting for rank 0 to load", file=sys.stderr, flush=True)
+    files = model_files(resolve_model(config.model))  # this node's copy
+    control = parallel_state.control_group()
     try:
-        settings: list = [None]
-        dist.broadcast_object_list(settings, src=0, group=parallel_state.control_group())
+        ours = WorkerArgs.from_json(broadcast_json(None, control), rank=rank, files=files)
     except RuntimeError as exc:
         print(f"{where}: rank 0 stopped before it sent its settings ({exc})", file=sys.stderr)
         return 1
-    ours: WorkerArgs = settings[0]
-    args = dataclasses.replace(
-        ours,
-        rank=rank,
-        files=model_files(resolve_model(config.model)),  # this node's copy
-        num_threads=config.num_threads or ours.num_threads,
-    )
+    except ValueError as exc:
+        print(f"{where}: refused rank 0's settings: {exc}", file=sys.stderr)
+        return 1
+    args = dataclasses.replace(ours, num_threads=config.num_threads or ours.num_threads)
     status: str | None = None
     runner = None
     try:
         runner = build_shard(args, device)
     except BaseException:
-        status = traceback.format_exc()
+        status = traceback.format_exc()[-STATUS_CHARS:]
     try:
-        dist.all_gather_object([None] * world, status, group=parallel_state.control_group())
+        all_gather_json(status, control)
         if runner is None:
             print(f"{where}: loading failed:\n{status}", file=sys.stderr)
             return 1
@@ -146,25 +145,23 @@ class TorchrunGroup:
 
     def __init__(self, settings) -> None:
         """`settings`: the WorkerArgs every rank builds its shard from (rank and files its own)."""
-        import torch.distributed as dist
-
         from localchat.engine.distributed import parallel_state
+        from localchat.engine.distributed.rank_json import all_gather_json, broadcast_json
 
         self.closed = False
         self.failed = False
         group = parallel_state.control_group()
-        world = dist.get_world_size()
         atexit.register(self.close)
-        statuses: list = [None] * world
         try:
-            dist.broadcast_object_list([settings], src=0, group=group)
-            dist.all_gather_object(statuses, None, group=group)
-        except RuntimeError as exc:
+            broadcast_json(settings.to_json(), group)
+            statuses = all_gather_json(None, group)
+        except (RuntimeError, ValueError) as exc:
             raise self.failure(exc) from exc
         for rank, status in enumerate(statuses):
             if status is not None:
                 self.close()
-                raise EngineDeadError(f"tensor-parallel rank {rank} failed to load:\n{status}")
+                detail = status if isinstance(status, str) else f"(not a report: {status!r:.200})"
+                raise EngineDeadError(f"tensor-parallel rank {rank} failed to load:\n{detail}")
 
     def send(self, command: RankCommand) -> None:
         from localchat.engine.distributed import parallel_state

@@ -13,8 +13,9 @@ import functools
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from localchat.engine.distributed.rank_messages import (
 from localchat.engine.distributed.step_transfer import receive_batch
 from localchat.engine.loading.loader import ModelFiles, load_hf_config, load_model
 from localchat.engine.modeling.model_runner import ModelRunner
+from localchat.errors import InvalidParameterError
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,76 @@ class WorkerArgs:
     kv_cache_dtype: torch.dtype
     max_model_len: int
     num_threads: int
+
+    def to_json(self) -> dict[str, Any]:
+        """What another node's rank takes from rank 0 (its own rank and files aside), in JSON's
+        types: under torchrun it goes over the network (rank_json.py), never pickled."""
+        return {
+            "world_size": self.world_size,
+            "config": {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)},
+            "device_type": self.device_type,
+            "dtype": _dtype_name(self.dtype),
+            "kv_cache_dtype": _dtype_name(self.kv_cache_dtype),
+            "max_model_len": self.max_model_len,
+            "num_threads": self.num_threads,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, rank: int, files: ModelFiles) -> WorkerArgs:
+        """The settings `to_json` made `data` of, for rank `rank` with this node's `files`;
+        ValueError when `data` is not such settings."""
+        if not isinstance(data, dict) or set(data) != _SETTINGS:
+            raise ValueError(f"rank 0's settings are not the expected fields: {data!r:.200}")
+        config = data["config"]
+        known = {f.name for f in fields(EngineConfig)}
+        if not isinstance(config, dict) or not set(config) <= known:
+            raise ValueError(f"rank 0's engine config is not EngineConfig's: {config!r:.200}")
+        if not all(isinstance(v, _SCALARS) for v in config.values()):
+            raise ValueError("rank 0's engine config holds a value that is not a scalar")
+        for name in ("world_size", "max_model_len", "num_threads"):
+            if type(data[name]) is not int or data[name] < 1:
+                raise ValueError(f"rank 0's {name} is not a positive integer: {data[name]!r}")
+        if data["device_type"] not in ("cpu", "cuda"):
+            raise ValueError(f"rank 0's device_type is not cpu or cuda: {data['device_type']!r}")
+        try:
+            engine_config = EngineConfig(**config)
+        except (TypeError, InvalidParameterError) as exc:
+            raise ValueError(f"rank 0's engine config does not hold: {exc}") from None
+        return cls(
+            rank,
+            data["world_size"],
+            "",
+            engine_config,
+            files,
+            data["device_type"],
+            _dtype(data["dtype"]),
+            _dtype(data["kv_cache_dtype"]),
+            data["max_model_len"],
+            data["num_threads"],
+        )
+
+
+_SETTINGS = {
+    "world_size",
+    "config",
+    "device_type",
+    "dtype",
+    "kv_cache_dtype",
+    "max_model_len",
+    "num_threads",
+}
+_SCALARS = (str, int, float, bool, type(None))
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, known in _DTYPES.items() if known == dtype)
+
+
+def _dtype(name: Any) -> torch.dtype:
+    if not isinstance(name, str) or name not in _DTYPES:
+        raise ValueError(f"rank 0's dtype is not one of {', '.join(_DTYPES)}: {name!r:.50}")
+    return _DTYPES[name]
 
 
 def build_shard(args: WorkerArgs, device: torch.device | None = None) -> ModelRunner:
