@@ -147,6 +147,18 @@ HUGE_PAGES: Setting[bool | None] = Setting(
     _is_not_zero,
 )
 
+# --- the server's connections (docs/security.md) --------------------------------------------------
+HEADER_TIMEOUT = _seconds(
+    "LOCALCHAT_HEADER_TIMEOUT",
+    10.0,
+    "serve's --header-timeout: seconds a client has to send a request's line and headers.",
+)
+BODY_TIMEOUT = _seconds(
+    "LOCALCHAT_BODY_TIMEOUT",
+    60.0,
+    "serve's --body-timeout: seconds a client has to send a request's body (then 408).",
+)
+
 # --- several processes ----------------------------------------------------------------------------
 TP_TIMEOUT = _seconds(
     "LOCALCHAT_TP_TIMEOUT", 120.0, "Most a tensor-parallel collective (or the rendezvous) may take."

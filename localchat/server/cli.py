@@ -116,12 +116,18 @@ def serve(
         option(
             _PANEL,
             "--header-timeout",
+            envvar=envs.HEADER_TIMEOUT.name,
             help="Seconds a client has to send a request's line and headers; then it is cut off",
         ),
     ] = ConnectionLimits.header_timeout,
     body_timeout: Annotated[
         float,
-        option(_PANEL, "--body-timeout", help="Seconds a client has to send a body; then 408"),
+        option(
+            _PANEL,
+            "--body-timeout",
+            envvar=envs.BODY_TIMEOUT.name,
+            help="Seconds a client has to send a body; then 408",
+        ),
     ] = ConnectionLimits.body_timeout,
     log_level: Annotated[
         str, option(_PANEL, "--log-level", help="debug, info, warning or error")

@@ -9,6 +9,8 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from localchat import envs
+
 if TYPE_CHECKING:
     import uvicorn
 
@@ -27,8 +29,8 @@ class ConnectionLimits:
     """
 
     max_connections: int = 2048
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
+    header_timeout: float = envs.HEADER_TIMEOUT.default
+    body_timeout: float = envs.BODY_TIMEOUT.default
     keep_alive_timeout: int = 5
 
 

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
+from localchat import envs
 from localchat.server.uvicorn_run import ConnectionLimits, uvicorn_server
 
 
@@ -105,10 +109,32 @@ def test_the_defaults_are_documented():
     from pathlib import Path
 
     text = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    rows = {row.split(" | ")[0]: row for row in text.splitlines() if row.startswith("| `--")}
     limits = ConnectionLimits()
     for option, value in (
-        ("--max-connections", limits.max_connections),
-        ("--header-timeout", limits.header_timeout),
-        ("--body-timeout", limits.body_timeout),
+        ("| `--max-connections`", limits.max_connections),
+        ("| `--header-timeout` (`LOCALCHAT_HEADER_TIMEOUT`)", limits.header_timeout),
+        ("| `--body-timeout` (`LOCALCHAT_BODY_TIMEOUT`)", limits.body_timeout),
     ):
-        assert f"`{option}` | {value:g}" in text, option
+        assert f" | {value:g}" in rows[option], option
+    assert (limits.header_timeout, limits.body_timeout) == (
+        envs.HEADER_TIMEOUT.default,
+        envs.BODY_TIMEOUT.default,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("LOCALCHAT_HEADER_TIMEOUT", "0", "--header-timeout must be > 0, got 0.0"),
+        ("LOCALCHAT_BODY_TIMEOUT", "-1", "--body-timeout must be > 0, got -1.0"),
+    ],
+)
+def test_serve_takes_its_timeouts_from_the_environment(tmp_path, variable, value, message):
+    """The variable reaches serve's check, which runs before the model is looked for (the path
+    given does not exist: without the variable, that is the error)."""
+    command = [sys.executable, "-m", "localchat", "serve", str(tmp_path / "none"), "--port", "0"]
+    env = {**os.environ, variable: value}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
