@@ -159,6 +159,22 @@ BODY_TIMEOUT = _seconds(
     "serve's --body-timeout: seconds a client has to send a request's body (then 408).",
 )
 
+# --- what one request may carry (engine/sampling/request_limits.py) -------------------------------
+MAX_TOOLS: Setting[int | None] = Setting(
+    "LOCALCHAT_MAX_TOOLS",
+    "count",
+    None,
+    "Most tools one chat, messages or responses request may carry; default: 128.",
+    int,
+)
+MAX_TOOLS_BYTES: Setting[int | None] = Setting(
+    "LOCALCHAT_MAX_TOOLS_BYTES",
+    "bytes",
+    None,
+    "Most bytes a request's tools (names, descriptions, schemas) take as JSON; default: 262144.",
+    int,
+)
+
 # --- several processes ----------------------------------------------------------------------------
 TP_TIMEOUT = _seconds(
     "LOCALCHAT_TP_TIMEOUT", 120.0, "Most a tensor-parallel collective (or the rendezvous) may take."

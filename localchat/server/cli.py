@@ -18,6 +18,7 @@ import typer
 
 from localchat import envs
 from localchat.cli_options import engine_options, option
+from localchat.engine.sampling.request_limits import tool_bounds
 from localchat.errors import InvalidParameterError
 from localchat.server import request_guard
 from localchat.server.tool_parsers import chat_parsers
@@ -242,6 +243,10 @@ def serve(
             param="data_parallel_size",
         )
     chat_parsers(tool_call_parser, reasoning_parser, None)  # bad names fail before loading
+    try:  # a bad LOCALCHAT_MAX_TOOLS* fails here, not in every request
+        tool_bounds()
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from None
     from localchat.engine.core.llm_engine import POOLING
 
     if pooling not in POOLING:

@@ -11,6 +11,7 @@ from localchat import __version__
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import JSON_BODY, DetokenizeRequest, TokenizeRequest
 from localchat.server.state import require_api_key, require_metrics_key, server_for, server_of
+from localchat.server.tools import check_tools
 
 
 @get("/v1/models", guards=[require_api_key], summary="List the served model")
@@ -62,6 +63,7 @@ async def tokenize(request: Request, data: Annotated[TokenizeRequest, JSON_BODY]
     if (data.prompt is None) == (data.messages is None):
         raise InvalidParameterError("give exactly one of prompt and messages", param="prompt")
     if data.messages is not None:
+        check_tools(data.tools)
         tokens = server.render_chat(data, data.tools)
     else:
         assert data.prompt is not None  # exactly one of the two, as checked above

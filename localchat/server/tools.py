@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localchat.engine.sampling.request_limits import tool_bounds
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import ChatCompletionRequest, ChatMessage
 from localchat.server.structured import strict_schema
@@ -75,9 +76,27 @@ def _named(choice: dict[str, Any], functions: list[dict[str, Any]]) -> list[dict
     return chosen
 
 
+def check_tools(tools: list[Any] | None) -> None:
+    """At most tool_bounds() tools, their JSON at most its bytes (before any is rendered or turned
+    into a grammar); past either, a 400 naming `tools`."""
+    if not tools:
+        return
+    most, most_bytes = tool_bounds()
+    if len(tools) > most:
+        raise InvalidParameterError(
+            f"tools holds at most {most} tools, got {len(tools)}", param="tools"
+        )
+    size = len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > most_bytes:
+        raise InvalidParameterError(
+            f"tools take at most {most_bytes} bytes of JSON, got {size}", param="tools"
+        )
+
+
 def plan_tools(
     request: ChatCompletionRequest, parser: ToolParser, token_id: Callable[[str], int | None]
 ) -> ToolPlan:
+    check_tools(request.tools)
     tools, choice = request.tools or [], request.tool_choice
     functions = _functions(tools)
     if choice is None:
