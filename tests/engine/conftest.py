@@ -20,6 +20,23 @@ NUM_NEW_TOKENS = 40
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> str:
+    """A one-layer Qwen3 of random weights (64 wide, a vocabulary of 512, no tokenizer), saved as
+    safetensors: an engine that loads in a second, for tests that need a real one."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.engine.test_loading import tiny_config
+
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    (path / "config.json").write_text(json.dumps(tiny_config("qwen3-0.6b", num_hidden_layers=1)))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def hf_model(default_gguf):
     """transformers' own GGUF loading (its dequantization and Q/K un-permutation), float32."""
     from transformers import AutoModelForCausalLM
