@@ -1,15 +1,19 @@
 """/v1/embeddings through a real server on the default model: shapes, usage (also in /metrics),
-base64 equal to float, the same vectors as the offline engine, and its errors."""
+base64 equal to float, the same vectors as the offline engine, and its errors; each input takes a
+place of the waiting bound, and a client that disconnects aborts its call in the engine."""
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
 
+from tests.server.conftest import API_KEY, MAX_NUM_SEQS, MAX_WAITING
 from tests.stream_timing import Answered, beside_streams
 
 pytestmark = pytest.mark.slow
@@ -71,6 +75,8 @@ def test_openai_client_embeddings(openai_client):
         ({"input": ""}, "input"),
         ({}, "input"),
         ({"input": ["x"] * 2049}, "input"),  # engine/sampling/request_limits.py
+        # more inputs than the server runs and queues at once
+        ({"input": ["x"] * (MAX_NUM_SEQS + MAX_WAITING + 1)}, "input"),
     ],
 )
 def test_embedding_errors(http, body, param):
@@ -113,3 +119,51 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
     vectors = np.array([d["embedding"] for d in loaded["data"]])
     assert np.allclose(vectors, alone, atol=1e-4)
     assert loaded["usage"] == _post(http, input=inputs)["usage"]
+
+
+def _send_embeddings(base_url: str, inputs: list[list[int]]) -> socket.socket:
+    """POST /v1/embeddings on a socket of its own, left unread (close it to disconnect)."""
+    url = urlsplit(base_url)
+    body = json.dumps({"input": inputs}).encode()
+    head = (
+        "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    connection = socket.create_connection((url.hostname, url.port))
+    connection.sendall(head.encode() + body)
+    return connection
+
+
+def test_embedding_inputs_fill_the_queue_and_a_disconnect_aborts_them(
+    http, base_url, metrics, wait_idle
+):
+    """A call of as many inputs as the server runs and queues at once fills the queue: another
+    embeddings call, or a completion, gets 503 with Retry-After. Its client hangs up: the engine
+    drops the call within a few steps, where its 20,000 prompt tokens take at least 39 more steps
+    of at most 512 tokens."""
+    wait_idle()
+    seats = MAX_NUM_SEQS + MAX_WAITING
+    inputs = [[(i * 7919 + j * 31) % 40000 + 100 for j in range(1000)] for i in range(seats)]
+    sent = time.monotonic()
+    connection = _send_embeddings(base_url, inputs)
+    try:
+        deadline = sent + 120
+        while metrics()["localchat_num_requests_running"] == 0:  # its first step is done
+            assert time.monotonic() < deadline, "the embedding call never ran"
+            time.sleep(0.02)
+        first_step = time.monotonic() - sent  # no shorter than a step
+        busy = metrics()
+        assert busy["localchat_num_requests_running"] + busy["localchat_num_requests_waiting"] > 1
+        for path, body in (
+            ("/v1/embeddings", {"input": "one more"}),
+            ("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+        ):
+            refused = http.post(path, json=body)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["Retry-After"] == "1"
+            assert refused.json()["error"]["type"] == "service_unavailable"
+        hung_up = time.monotonic()
+    finally:
+        connection.close()
+    wait_idle(timeout=max(10 * first_step, 10))
+    assert time.monotonic() - hung_up < 5 * first_step + 1, first_step

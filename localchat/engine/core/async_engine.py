@@ -21,6 +21,8 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import numpy as np
+
 from localchat.config import EngineConfig
 from localchat.engine.core.engine_client import TextFront
 from localchat.engine.core.engine_core import EngineCore
@@ -85,7 +87,8 @@ class AsyncEngine(TextFront):
         self._streams: dict[str, StreamState] = {}
         self._holding: dict[str, StreamState] = {}  # engine thread: streams with held deltas
         self._clock: Callable[[], float] = time.monotonic  # when held deltas are due
-        self._embeds: dict[int, asyncio.Future[list[list[float]]]] = {}  # embed() calls waiting
+        # embed() calls waiting, by id: each its answer and its count of prompts
+        self._embeds: dict[int, tuple[asyncio.Future[np.ndarray], int]] = {}
         self._ids = itertools.count()
         self._ready = threading.Event()
         self._stopping = False
@@ -142,7 +145,7 @@ class AsyncEngine(TextFront):
         engine = self._check_alive()
         params = params or SamplingParams()
         if self.max_waiting is not None:
-            self._check_room(engine.scheduler.max_num_seqs, params.n)
+            self._check_room(engine.scheduler.max_num_seqs, params.n, f"n ({params.n}) is", "n")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidParameterError(
@@ -165,17 +168,21 @@ class AsyncEngine(TextFront):
             prompt_token_ids = list(prompt)
         return RequestStream(self, request_id, stream, prompt_token_ids)
 
-    def _check_room(self, running: int, sequences: int) -> None:
-        """Raise unless `sequences` more (a request's n) fit within the `running` sequences and
-        max_waiting beyond them: a request that never could is a 400, one that cannot now a 503."""
+    def _check_room(self, running: int, sequences: int, what: str, param: str) -> None:
+        """Raise unless `sequences` more (a request's n, an embedding call's inputs; `what` says
+        which, as "n (5) is") fit within the `running` sequences and max_waiting beyond them,
+        beside those of every request and embedding call in flight: what never could is a 400
+        naming `param`, what cannot now a 503."""
         capacity = running + (self.max_waiting or 0)
         if sequences > capacity:
             raise InvalidParameterError(
-                f"n ({sequences}) is more sequences than this server runs and queues at once "
-                f"({capacity})",
-                param="n",
+                f"{what} more sequences than this server runs and queues at once ({capacity})",
+                param=param,
             )
-        if sum(stream.sequences for stream in self._streams.values()) + sequences > capacity:
+        # snapshots: the engine thread drops finished ones meanwhile
+        streams, embeds = list(self._streams.values()), list(self._embeds.values())
+        taken = sum(s.sequences for s in streams) + sum(count for _, count in embeds)
+        if taken + sequences > capacity:
             raise QueueFullError(
                 f"too many requests are waiting (more than {self.max_waiting} sequences beyond "
                 f"the {running} running); retry later"
@@ -194,14 +201,18 @@ class AsyncEngine(TextFront):
     def abort(self, request_id: str) -> None:
         self._commands.put(AbortRequest(request_id))
 
-    async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]:
-        """One pooled, L2-normalized hidden-state vector per prompt: embedding requests of the
-        engine's scheduler (LLMEngine.add_embeddings), batched with the running generation.
+    async def embed(self, prompts: list[list[int]], pooling: str) -> np.ndarray:
+        """One pooled, L2-normalized hidden-state vector per prompt ([prompts, hidden] float32):
+        embedding requests of the engine's scheduler (LLMEngine.add_embeddings), batched with the
+        running generation. Each prompt takes a place of the max_waiting bound as a sequence does.
         Cancelling the call aborts them."""
-        self._check_alive()
-        done: asyncio.Future[list[list[float]]] = asyncio.get_running_loop().create_future()
+        engine = self._check_alive()
+        if self.max_waiting is not None:
+            what = f"input's {len(prompts)} entries are"
+            self._check_room(engine.scheduler.max_num_seqs, len(prompts), what, "input")
+        done: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         embed_id = next(self._ids)
-        self._embeds[embed_id] = done
+        self._embeds[embed_id] = (done, len(prompts))
         self._commands.put(EmbedPrompts(embed_id, prompts, pooling))
         try:
             return await done
@@ -267,9 +278,9 @@ class AsyncEngine(TextFront):
                 case StepDone(outputs):
                     self._deliver(outputs)
                 case Embedded(embed_id, result):
-                    done = self._embeds.pop(embed_id, None)
-                    if done is not None:
-                        settle_from_thread(done, result)
+                    waiting = self._embeds.pop(embed_id, None)
+                    if waiting is not None:
+                        settle_from_thread(waiting[0], result)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Hand a step's deltas to their event loops (holding those of streams with an interval
@@ -319,7 +330,7 @@ class AsyncEngine(TextFront):
     def _fail_all(self, error: BaseException) -> None:
         """End every call and stream still waiting with `error` (after what was made)."""
         embeds, self._embeds = self._embeds, {}
-        for done in embeds.values():
+        for done, _ in embeds.values():
             settle_from_thread(done, error)
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, QueueItems] = {}

@@ -1,11 +1,13 @@
 """EmbeddingGroups: the embedding requests one call queued in an engine's scheduler, gathered back
-into that call's list of vectors as they finish (AsyncEngine and the data-parallel replicas)."""
+into that call's matrix of vectors as they finish (AsyncEngine and the data-parallel replicas)."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+import numpy as np
 
 from localchat.engine.core.llm_engine import LLMEngine
 from localchat.engine.core.sequence import Request
@@ -22,8 +24,9 @@ def invalid_input(exc: Exception) -> InvalidParameterError:
 @dataclass
 class _Group(Generic[Key]):
     key: Key
-    vectors: list[list[float] | None]
+    request_ids: list[str]
     left: int
+    rows: np.ndarray | None = field(default=None)  # [prompts, hidden] float32, from the first
 
 
 class EmbeddingGroups(Generic[Key]):
@@ -50,7 +53,7 @@ class EmbeddingGroups(Generic[Key]):
             return exc
         except Exception as exc:  # bad input must not take the engine down
             return invalid_input(exc)
-        group = _Group(key, [None] * len(prompts), len(prompts))
+        group = _Group(key, list(request_ids), len(prompts))
         for index, request_id in enumerate(request_ids):
             self._slots[request_id] = (group, index)
         return None
@@ -59,7 +62,7 @@ class EmbeddingGroups(Generic[Key]):
         """Forget an aborted request."""
         self._slots.pop(request_id, None)
 
-    def collect(self, finished: list[Request]) -> list[tuple[Key, list[list[float]]]]:
+    def collect(self, finished: list[Request]) -> list[tuple[Key, np.ndarray]]:
         """The calls whose every vector is now in, from the requests `take_embedded()` returned."""
         done = []
         for request in finished:
@@ -67,10 +70,13 @@ class EmbeddingGroups(Generic[Key]):
             if slot is None or request.embedding is None:  # aborted meanwhile
                 continue
             group, index = slot
-            group.vectors[index] = request.embedding.tolist()
+            vector = request.embedding.numpy()
+            if group.rows is None:
+                group.rows = np.empty((len(group.request_ids), vector.shape[0]), np.float32)
+            group.rows[index] = vector
             group.left -= 1
             if group.left == 0:
-                done.append((group.key, [v for v in group.vectors if v is not None]))
+                done.append((group.key, group.rows))
         return done
 
     def drain(self) -> list[Key]:

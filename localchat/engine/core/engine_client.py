@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Self
 
+import numpy as np
+
 from localchat.config import EngineConfig
 from localchat.engine.core.chat_template import ChatTemplate
 from localchat.engine.core.llm_engine import EngineStats
@@ -66,7 +68,9 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]: ...
+    async def embed(self, prompts: list[list[int]], pooling: str) -> np.ndarray:
+        """[prompts, hidden] float32: one pooled, L2-normalized vector per prompt."""
+        ...
 
     def stats(self) -> EngineStats | None: ...
 

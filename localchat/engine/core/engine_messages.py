@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from localchat.engine.core.llm_engine import EngineStats
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.text_codec import TextCodec
@@ -84,10 +86,11 @@ class StepDone:
 
 @dataclass(frozen=True, slots=True)
 class Embedded:
-    """An EmbedPrompts call's vectors, in its prompts' order, or its error."""
+    """An EmbedPrompts call's vectors ([prompts, hidden] float32, in its prompts' order), or its
+    error."""
 
     embed_id: int
-    result: list[list[float]] | LocalchatError
+    result: np.ndarray | LocalchatError
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat import envs
@@ -48,6 +49,7 @@ from localchat.engine.core.engine_messages import (
     Shutdown,
     Started,
     StepDone,
+    embed_request_ids,
 )
 from localchat.engine.core.llm_engine import EngineStats
 from localchat.engine.core.outputs import RequestOutput
@@ -428,18 +430,45 @@ class DataParallelEngine(TextFront):
             tracked.aborted = True
             tracked.replica.send(AbortRequest(request_id))
 
-    async def embed(self, prompts: list[list[int]], pooling: str) -> list[list[float]]:
-        """As AsyncEngine.embed, on the least loaded replica."""
-        alive = self._serving()
-        replica = min(alive, key=lambda r: (r.in_flight, r.index))
+    async def embed(self, prompts: list[list[int]], pooling: str) -> np.ndarray:
+        """As AsyncEngine.embed, on the least loaded replica with room for its prompts (each takes
+        a place of the replica's max_waiting bound, as a request does)."""
+        replica = self._embedding_replica(len(prompts))
         embed_id = next(self._embed_ids)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._embeds[embed_id] = (future, replica)
+        replica.in_flight += len(prompts)
         replica.send(EmbedPrompts(embed_id, prompts, pooling))
         try:
             return await future
+        except asyncio.CancelledError:  # the client left: its prompts go from the replica's engine
+            for request_id in embed_request_ids(embed_id, len(prompts)):
+                replica.send(AbortRequest(request_id))
+            raise
         finally:
             self._embeds.pop(embed_id, None)
+            replica.in_flight -= len(prompts)
+
+    def _embedding_replica(self, count: int) -> Replica:
+        """The least loaded live replica with room for `count` more sequences; a 400 naming
+        `input` if none ever could have, a QueueFullError if none has now."""
+        alive = self._serving()
+        if self.max_waiting is None:
+            return min(alive, key=lambda r: (r.in_flight, r.index))
+        bounds = {r.index: (r.info.max_num_seqs if r.info else 0) + self.max_waiting for r in alive}
+        if count > max(bounds.values()):
+            raise InvalidParameterError(
+                f"input's {count} entries are more sequences than a replica runs and queues at "
+                f"once ({max(bounds.values())})",
+                param="input",
+            )
+        roomy = [r for r in alive if r.in_flight + count <= bounds[r.index]]
+        if not roomy:
+            raise QueueFullError(
+                f"too many requests are waiting (more than {self.max_waiting} beyond the "
+                "running batch on every replica); retry later"
+            )
+        return min(roomy, key=lambda r: (r.in_flight, r.index))
 
     # --- figures ----------------------------------------------------------------------------------
     def replica_stats(self) -> list[EngineStats | None]:

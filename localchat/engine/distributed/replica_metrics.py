@@ -27,7 +27,8 @@ def replica_metrics(
     )
     in_flight = GaugeMetricFamily(
         "localchat_replica_requests_in_flight",
-        "Requests the server has routed to the replica and not seen finish.",
+        "Requests (an embedding call's: one per input) the server has routed to the replica "
+        "and not seen finish.",
         labels=["replica"],
     )
     routed = CounterMetricFamily(
