@@ -64,6 +64,18 @@ class EngineDeadError(LocalchatError):
     error_type = "service_unavailable"
 
 
+class EngineStepError(LocalchatError):
+    """An engine step failed (out of memory, a kernel error): the requests it ran end with this,
+    the engine serves on. `request_ids` names them."""
+
+    http_status = 500
+    error_type = "server_error"
+
+    def __init__(self, message: str, request_ids: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
 class QueueFullError(LocalchatError):
     """Too many requests are waiting; retry later."""
 

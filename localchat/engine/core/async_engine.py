@@ -34,6 +34,7 @@ from localchat.engine.core.engine_messages import (
     EmbedPrompts,
     EngineCommand,
     EngineEvent,
+    Failed,
     Shutdown,
     StepDone,
     embed_request_ids,
@@ -277,6 +278,8 @@ class AsyncEngine(TextFront):
                     )
                 case StepDone(outputs):
                     self._deliver(outputs)
+                case Failed(request_ids, error):
+                    self._end_streams(request_ids, error)
                 case Embedded(embed_id, result):
                     waiting = self._embeds.pop(embed_id, None)
                     if waiting is not None:
@@ -332,10 +335,17 @@ class AsyncEngine(TextFront):
         embeds, self._embeds = self._embeds, {}
         for done, _ in embeds.values():
             settle_from_thread(done, error)
-        streams, self._streams = self._streams, {}
-        by_loop: dict[asyncio.AbstractEventLoop, QueueItems] = {}
         self._holding = {}
-        for stream in streams.values():
+        self._end_streams(list(self._streams), error)
+
+    def _end_streams(self, request_ids: list[str], error: BaseException) -> None:
+        """End the streams of `request_ids` with `error`, after the deltas they hold."""
+        by_loop: dict[asyncio.AbstractEventLoop, QueueItems] = {}
+        for request_id in request_ids:
+            stream = self._streams.pop(request_id, None)
+            if stream is None:
+                continue
+            self._holding.pop(request_id, None)
             if stream.accepted is not None and not stream.accepted.done():
                 settle_from_thread(stream.accepted, error)
             items = by_loop.setdefault(stream.loop, [])

@@ -283,8 +283,16 @@ class BlockManager:
     def _take_free_block(self, group: int) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
+        self._uncache(block)
+        block.group = group
+        block.ref_count = 1
+        return block_id
+
+    def _uncache(self, block: Block) -> None:
+        """Drop `block` from its group's prefix cache (reporting the eviction) and forget its
+        hash."""
         cache = self.cached_blocks[block.group]
-        if block.hash is not None and cache.get(block.hash) == block_id:
+        if block.hash is not None and cache.get(block.hash) == block.block_id:
             del cache[block.hash]
             if (
                 self.evicted_hashes is not None
@@ -294,9 +302,18 @@ class BlockManager:
             ):
                 self.evicted_hashes.append(block.hash)
         block.reset()
-        block.group = group
-        block.ref_count = 1
-        return block_id
+
+    def forget_unwritten(self, seq: Sequence) -> None:
+        """Take the blocks of `seq` from its first uncomputed token on out of the prefix cache: a
+        step registers the blocks it fills when it is scheduled, so after a step whose forward
+        failed they hold keys never (or partly) written, which no later prompt may be served. Call
+        it before the sequence's blocks are freed."""
+        first = seq.num_computed_tokens // self.block_size
+        for table in seq.block_tables:
+            for block_id in table[first:]:
+                if block_id >= 0:
+                    self._uncache(self.blocks[block_id])
+        del seq.block_hashes[first:]
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         for index in range(len(seq.block_hashes), num_tokens // self.block_size):

@@ -62,6 +62,20 @@ class EmbeddingGroups(Generic[Key]):
         """Forget an aborted request."""
         self._slots.pop(request_id, None)
 
+    def fail(self, request_ids: list[str]) -> tuple[list[Key], set[str]]:
+        """Forget the calls any of `request_ids` belongs to (a failed step ran them): their keys,
+        and the ids of all their requests not yet finished (the others are to be aborted)."""
+        keys: list[Key] = []
+        members: set[str] = set()
+        for request_id in request_ids:
+            slot = self._slots.get(request_id)
+            if slot is None:
+                continue
+            group = slot[0]
+            keys.append(group.key)
+            members.update(m for m in group.request_ids if self._slots.pop(m, None) is not None)
+        return keys, members
+
     def collect(self, finished: list[Request]) -> list[tuple[Key, np.ndarray]]:
         """The calls whose every vector is now in, from the requests `take_embedded()` returned."""
         done = []

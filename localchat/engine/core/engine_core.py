@@ -6,9 +6,12 @@ The loop runs the commands that came in (waiting for one while the engine is idl
 a tensor-parallel group's other ranks each second it waits), then a step, then hands the step's
 events over. A request whose grammar compiles off the engine thread is accepted only once it has
 compiled (its compile error is the request's error, not an abort once the response has begun);
-embedding calls are gathered back from the scheduler's embedding requests. With a `heartbeat`, a
-step with nothing to report still sends the stats at least that often (a replica's sign of life);
-with `eviction_interval`, the prefix blocks the engine evicted are reported at most that often.
+embedding calls are gathered back from the scheduler's embedding requests. A step that fails
+ends only the requests it ran (each gets the error; an embedding call fails whole), and the loop
+goes on; a failure the engine cannot survive (engine/core/step_failure.py) ends `run`. With a
+`heartbeat`, a step with nothing to report still sends the stats at least that often (a
+replica's sign of life); with `eviction_interval`, the prefix blocks the engine evicted are
+reported at most that often.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from localchat.engine.core.engine_messages import (
     EmbedPrompts,
     EngineCommand,
     EngineEvent,
+    Failed,
     Shutdown,
     StepDone,
     embed_request_ids,
@@ -35,7 +39,12 @@ from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.sequence import Request
 from localchat.engine.sampling.guided_decoding import grammar_error
 from localchat.engine.sampling.sampling_params import SamplingParams
-from localchat.errors import EngineDeadError, InvalidParameterError, LocalchatError
+from localchat.errors import (
+    EngineDeadError,
+    EngineStepError,
+    InvalidParameterError,
+    LocalchatError,
+)
 
 HEALTH_CHECK_SECONDS = 1.0  # how often an idle engine checks on its tensor-parallel ranks
 
@@ -136,23 +145,45 @@ class EngineCore:
 
     # --- steps ------------------------------------------------------------------------------------
     def step(self, transport: CoreTransport) -> None:
-        """Run a step (if anything is unfinished) and emit its events: acceptances, then the
-        deltas with the stats (when there are deltas, finished embeddings, or the heartbeat is due),
-        then the embedding calls now complete."""
+        """Run a step (if anything is unfinished) and emit its events: acceptances, the requests
+        a failed step ended, then the deltas with the stats (when there are deltas, finished
+        embeddings, a failure, or the heartbeat is due), then the embedding calls now complete or
+        failed. A step that fails ends only its own requests (LLMEngine.step); a failure the engine
+        cannot survive is raised from here."""
         engine = self.engine
-        outputs = engine.step() if engine.has_unfinished() else []
         events: list[EngineEvent] = []
+        failed: list[EngineEvent] = []
+        try:
+            outputs = engine.step() if engine.has_unfinished() else []
+        except EngineStepError as failure:
+            outputs, failed = [], self._fail(failure, events)
         if self._accepting:
             outputs = self._accept(outputs, events)
         embedded = self._embeddings.collect(engine.take_embedded()) if self._embeddings else []
         now = self._clock()
-        if outputs or embedded or now - self._last_sent >= self.heartbeat:
+        if outputs or embedded or failed or now - self._last_sent >= self.heartbeat:
             events.append(StepDone(outputs, engine.stats(), self._take_evicted(now)))
             self._last_sent = now
         # after the stats: a /metrics scrape once the answer is out already counts its prompts
         events.extend(Embedded(embed_id, vectors) for embed_id, vectors in embedded)
+        events.extend(failed)
         if events:
             transport.emit(events)
+
+    def _fail(self, failure: EngineStepError, events: list[EngineEvent]) -> list[EngineEvent]:
+        """Tell the clients of a failed step's requests (ended by the engine): a request still
+        waiting for its grammar's acceptance is refused, a generation ends with the error (added to
+        `events`), and an embedding call fails whole (its other prompts aborted): returns those."""
+        ids = list(failure.request_ids)
+        keys, embedding = self._embeddings.fail(ids)
+        for request_id in embedding.difference(ids):
+            self.engine.abort(request_id)
+        refused = [i for i in ids if self._accepting.pop(i, None) is not None]
+        events.extend(Accepted(i, None, failure) for i in refused)
+        ended = [i for i in ids if i not in embedding and i not in refused]
+        if ended:
+            events.append(Failed(ended, failure))
+        return [Embedded(key, failure) for key in keys]
 
     def _accept(
         self, outputs: list[RequestOutput], events: list[EngineEvent]

@@ -2,9 +2,10 @@
 a queue to the engine thread (AsyncEngine) or a pipe to a data-parallel replica's process.
 
 Commands go to the core and are run between steps; events come back, a list of them at a time (a
-step's events together, in order: acceptances, then the step's deltas and stats, then finished
-embeddings). A replica process also reports its own life: started, ready or failed to load, and an
-engine that failed. Every message is a plain dataclass, so it pickles over a pipe.
+step's events together, in order: acceptances, the requests a failed step ended, then the step's
+deltas and stats, then finished embeddings). A replica process also reports its own life:
+started, ready or failed to load, and an engine that failed. Every message is a plain dataclass,
+so it pickles over a pipe.
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ class StepDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Failed:
+    """Requests that end with `error` instead of a last delta (the step that ran them failed)."""
+
+    request_ids: list[str]
+    error: LocalchatError
+
+
+@dataclass(frozen=True, slots=True)
 class Embedded:
     """An EmbedPrompts call's vectors ([prompts, hidden] float32, in its prompts' order), or its
     error."""
@@ -125,4 +134,6 @@ class CoreFailed:
     why: str
 
 
-EngineEvent = Accepted | StepDone | Embedded | CoreReady | Started | LoadFailed | CoreFailed
+EngineEvent = (
+    Accepted | StepDone | Failed | Embedded | CoreReady | Started | LoadFailed | CoreFailed
+)

@@ -19,6 +19,7 @@ from localchat.engine.core.outputs import CompletionOutput, RequestMetrics, Requ
 from localchat.engine.core.runtime import EngineRuntime, prefault_kv_memory
 from localchat.engine.core.scheduler import Scheduler
 from localchat.engine.core.sequence import Request, Sequence
+from localchat.engine.core.step_failure import recoverable, step_error
 from localchat.engine.core.text_codec import TextCodec
 from localchat.engine.distributed.tp_runner import TensorParallelRunner
 from localchat.engine.loading.model_info import ModelInfo
@@ -30,6 +31,7 @@ from localchat.engine.sampling.logits_processors import RequestConstraints, atta
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import (
     EmptyPromptError,
+    EngineStepError,
     InvalidParameterError,
     PromptTooLongError,
 )
@@ -259,10 +261,42 @@ class LLMEngine:
 
     # --- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        outputs = self._step()
+        """One step's delta outputs. A step that fails once its batch is made ends the batch's
+        requests and raises EngineStepError naming them; the engine can go on stepping
+        (step_failure.py says which failures it cannot survive: those are raised as they are)."""
+        outputs = self._guarded_step()
         if self._held_outputs:  # generation that advanced while embed() stepped
             outputs, self._held_outputs = [*self._held_outputs, *outputs], []
         return outputs
+
+    def _guarded_step(self) -> list[RequestOutput]:
+        self.scheduler.last_batch = None
+        try:
+            return self._step()
+        except Exception as exc:
+            failure = self._fail_step(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        finally:
+            self.scheduler.last_batch = None  # its sequences are not kept alive
+
+    def _fail_step(self, exc: Exception) -> EngineStepError | None:
+        """End the requests of the batch whose step raised `exc` and free their blocks, with the
+        blocks the step never wrote out of the prefix cache; the error they end with, or None
+        where the engine cannot go on (a failure before the batch was made, or see
+        step_failure.recoverable)."""
+        batch = self.scheduler.last_batch
+        tensor_parallel = isinstance(self.runner, TensorParallelRunner)
+        if batch is None or not recoverable(exc, tensor_parallel):
+            return None
+        request_ids = list(dict.fromkeys(seq.request.request_id for seq in batch.seqs))
+        logger.error("a step failed; ending its %d request(s)", len(request_ids), exc_info=exc)
+        for seq in batch.seqs:
+            self.block_manager.forget_unwritten(seq)
+        for request_id in request_ids:
+            self.abort(request_id)
+        return step_error(exc, request_ids)
 
     def _step(self) -> list[RequestOutput]:
         failed = self._settle_grammars() if self._compiling else []
@@ -433,7 +467,7 @@ class LLMEngine:
         mine = {id(request) for request in requests}
         try:
             while any(request.embedding is None for request in requests):
-                self._held_outputs.extend(self._step())
+                self._held_outputs.extend(self._guarded_step())
         except BaseException:
             for request_id in ids:
                 self.abort(request_id)

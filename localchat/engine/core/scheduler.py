@@ -49,6 +49,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.last_batch: ScheduledBatch | None = None  # what schedule() returned last
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -74,6 +75,7 @@ class Scheduler:
             index += 1
         if batch.num_preempted == 0:
             self._admit_waiting(batch, budget)
+        self.last_batch = batch
         return batch
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:

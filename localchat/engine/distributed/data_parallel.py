@@ -7,13 +7,16 @@ PrefixRouter (replica_router.py), and follows its deltas from the replica's pipe
 and events of engine_messages.py, as an EngineCore speaks them). Each replica (replica.py) has a
 sender thread that writes its commands and a reader thread that hands its events to the event loop.
 
-Failure: a replica that exits (its pipe closes) or sends nothing for LOCALCHAT_DP_TIMEOUT seconds
-(it sends a message at least every second, idle or busy) is declared dead and killed. Its requests
-that have sent the client nothing yet (not accepted, or waiting for a first token) are routed
-again to a live replica, where they start over from their prompts; those that have streamed output
-end with an EngineDeadError naming it. /health answers 503, and the remaining replicas go on serving
-new requests. Every wait on a replica ends when the replica answers, dies, or times out. The
-replicas report the prefix blocks their engines evicted, which the router drops.
+Failure: a replica whose engine step fails ends only that step's requests (each gets the error)
+and serves on, as a single engine does. A replica that exits (its pipe closes) or sends nothing for
+LOCALCHAT_DP_TIMEOUT seconds (it sends a message at least every second, idle or busy) is declared
+dead and killed. The requests its engine had accepted end with an EngineDeadError naming it and
+are not sent anywhere else: one of them may be what killed it, and sent on it could kill each
+replica in turn (vLLM and llama.cpp fail them too). A request it had not accepted yet (still in
+its pipe, or its grammar compiling) never ran there: it is routed again to a live replica, once.
+/health answers 503, and the remaining replicas go on serving new requests. Every wait on a
+replica ends when the replica answers, dies, or times out. The replicas report the prefix blocks
+their engines evicted, which the router drops.
 
 /metrics keeps every single-engine series, each summed over the replicas (the KV usage weighted by
 their blocks), and adds `localchat_replica_*` series labelled `replica`.
@@ -45,6 +48,7 @@ from localchat.engine.core.engine_messages import (
     Embedded,
     EmbedPrompts,
     EngineEvent,
+    Failed,
     LoadFailed,
     Shutdown,
     Started,
@@ -70,14 +74,15 @@ WATCH_INTERVAL = 0.5
 @dataclasses.dataclass
 class _Tracked:
     """A request in flight on a replica: its stream, and its tokens so far (for the router);
-    `streamed` once an output went to the client, `aborted` once the client gave it up."""
+    `accepted` None once the replica's engine took it, `resent` once routed again after a replica
+    died, `aborted` once the client gave it up."""
 
     stream: StreamState
     replica: Replica
     tokens: list[int]
     accepted: asyncio.Future | None
     params: SamplingParams
-    streamed: bool = False
+    resent: bool = False
     aborted: bool = False
 
 
@@ -109,7 +114,7 @@ class DataParallelEngine(TextFront):
         self.router = router or PrefixRouter(config.block_size)
         self.replicas: list[Replica] = []
         self._requests: dict[str, _Tracked] = {}
-        self._embeds: dict[int, tuple[asyncio.Future, Replica]] = {}
+        self._embeds: dict[int, tuple[asyncio.Future, Replica]] = {}  # embed() calls waiting
         self._embed_ids = itertools.count()
         self._model_info: ModelInfo | None = None
         self._watchdog: asyncio.Task | None = None
@@ -238,11 +243,15 @@ class DataParallelEngine(TextFront):
                     return  # retried elsewhere: this replica never had it
                 if error is not None:  # refused: never in the replica's engine
                     self._forget(request_id)
-                    if tracked.accepted is None:  # an accepted request's retry: the stream ends
-                        tracked.stream.queue.put_nowait(error)
                 if tracked.accepted is not None:
                     settle(tracked.accepted, error)
                     tracked.accepted = None
+            case Failed(request_ids, error):
+                for request_id in request_ids:
+                    tracked = self._requests.get(request_id)
+                    if tracked is not None and tracked.replica is replica:
+                        self._forget(request_id)
+                        tracked.stream.queue.put_nowait(error)
             case Embedded(embed_id, result):
                 future, _ = self._embeds.pop(embed_id, (None, None))
                 if future is not None:
@@ -276,7 +285,6 @@ class DataParallelEngine(TextFront):
             for out in output.outputs:
                 if out.index == 0:
                     tracked.tokens.extend(out.token_ids)
-            tracked.streamed = True
             if output.finished:
                 self._forget(output.request_id)
                 if output.outputs and output.outputs[0].finish_reason != "abort":
@@ -310,9 +318,13 @@ class DataParallelEngine(TextFront):
             tracked = self._forget(request_id)
             assert tracked is not None
             if report and not self._stopping and self._resend(request_id, tracked):
-                continue  # the client has seen nothing of it: another replica runs it
+                continue  # it never ran there: another replica runs it
             if tracked.accepted is not None:
                 settle(tracked.accepted, error)
+            elif report and not self._stopping:  # it ran there: it may be what killed it
+                text = f"{error.message}; this request was running there and is not retried"
+                tracked.stream.queue.put_nowait(EngineDeadError(text))
+                continue
             tracked.stream.queue.put_nowait(error)
         for embed_id in [e for e, (_, r) in self._embeds.items() if r is replica]:
             future, _ = self._embeds.pop(embed_id)
@@ -407,19 +419,18 @@ class DataParallelEngine(TextFront):
         return True
 
     def _resend(self, request_id: str, tracked: _Tracked) -> bool:
-        """Its replica failed before the request sent the client anything: send it, from its
-        prompt (`tokens` has grown only with streamed output), to another live replica."""
-        if tracked.streamed or tracked.aborted:
+        """Its replica failed before accepting the request (it never ran there): send it to
+        another live replica, unless it was resent once already."""
+        if tracked.accepted is None or tracked.resent or tracked.aborted:
             return False
         failed = tracked.replica.index
-        before = "accepting it" if tracked.accepted is not None else "its first token"
         if not self._send(request_id, tracked):
             return False
+        tracked.resent = True
         logger.warning(
-            "request %s: data-parallel replica %d failed before %s; retried on %d",
+            "request %s: data-parallel replica %d failed before accepting it; retried on %d",
             request_id,
             failed,
-            before,
             tracked.replica.index,
         )
         return True

@@ -1,6 +1,7 @@
-"""A DP=2 server whose replicas run one sequence each: when a replica dies, its accepted request
-still waiting for a first token runs again on the other replica, from its prompt, and gives the
-greedy text the dead one would have; its request that has streamed tokens fails clearly."""
+"""A DP=2 server whose replicas run one sequence each: when a replica dies (killed with SIGKILL),
+the requests its engine had accepted fail clearly and are not sent to the other replica (one of
+them may be what killed it), the one waiting for a first token as well as the one streaming; the
+next request is served by the other replica."""
 
 from __future__ import annotations
 
@@ -33,9 +34,7 @@ def _wait_for(condition, what: str, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_an_accepted_request_without_tokens_is_retried_when_its_replica_dies(
-    default_gguf, tmp_path
-):
+def test_the_requests_a_dead_replica_had_accepted_fail_and_are_not_sent_on(default_gguf, tmp_path):
     with serve_process(tmp_path / "serve.log", *ARGS, "--max-model-len", "1024") as server:
         pids = _replica_pids(server)
         prompt = _prompt(40, seed=30)
@@ -81,11 +80,18 @@ def test_an_accepted_request_without_tokens_is_retried_when_its_replica_dies(
         waiter.join(timeout=60)
         assert not streamer.is_alive() and not waiter.is_alive()
 
-        assert replies[0].status_code == 200, replies[0].text
-        assert replies[0].json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
-        assert f"data-parallel replica {holder} failed: it exited with code -9" in events[-2]
+        failure = f"data-parallel replica {holder} failed: it exited with code -9"
+        not_retried = "this request was running there and is not retried"
+        assert replies[0].status_code == 503, replies[0].text
+        message = replies[0].json()["error"]["message"]
+        assert failure in message and not_retried in message
+        assert failure in events[-2] and not_retried in events[-2]
         assert events[-1] == "data: [DONE]"
-        assert (
-            f"data-parallel replica {holder} failed before its first token; retried on {other}"
-            in server.log()
-        )
+        assert "retried on" not in server.log()
+
+        before = _per_replica(_metrics(server), "prompt_tokens_total")
+        again = _complete(server, prompt)
+        assert again.status_code == 200, again.text
+        assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+        after = _per_replica(_metrics(server), "prompt_tokens_total")
+        assert after[other] > before[other]
