@@ -11,14 +11,26 @@ from localchat import __version__
 from localchat.server.access_log import access_log
 from localchat.server.anthropic.routes import anthropic_router
 from localchat.server.errors import handle_exception
+from localchat.server.openapi_errors import document_errors
 from localchat.server.request_guard import MAX_BODY_BYTES, guard_hosts, require_json, send_error
 from localchat.server.responses.routes import ROUTES as RESPONSES_ROUTES
 from localchat.server.responses.store import MemoryResponseStore, ResponseStore
 from localchat.server.routes_chat import create_chat_completion
 from localchat.server.routes_completions import create_completion
 from localchat.server.routes_embeddings import create_embeddings
-from localchat.server.routes_misc import ROUTES
+from localchat.server.routes_misc import ROUTES, health, metrics, version
 from localchat.server.state import ServerState, bearer_matches
+
+OPENAI_ROUTES = [
+    create_chat_completion,
+    create_completion,
+    create_embeddings,
+    *ROUTES,
+    *RESPONSES_ROUTES,
+]
+# the OpenAPI schema names the errors each route answers with (/health, /version and /metrics
+# answer none in that shape)
+document_errors(route for route in OPENAI_ROUTES if route not in (health, version, metrics))
 
 
 def build_app(
@@ -31,14 +43,7 @@ def build_app(
     not given). A body must be application/json (request_guard.py); CORS is off unless
     `cors_origins` names origins."""
     return Litestar(
-        route_handlers=[
-            create_chat_completion,
-            create_completion,
-            create_embeddings,
-            *ROUTES,
-            anthropic_router,
-            *RESPONSES_ROUTES,
-        ],
+        route_handlers=[*OPENAI_ROUTES, anthropic_router],
         state=State(
             {
                 "server": server,

@@ -14,6 +14,7 @@ from localchat.server.anthropic.reply import MessageReply
 from localchat.server.anthropic.translate import chat_request, field_names
 from localchat.server.chat_run import render_prompt, start_chat
 from localchat.server.generation import until_disconnect
+from localchat.server.openapi_errors import AnthropicError, document_errors
 from localchat.server.protocol import JSON_BODY
 from localchat.server.reply_blocks import ReplyBlocks, whole_reply
 from localchat.server.state import server_for
@@ -54,6 +55,7 @@ async def count_tokens(request: Request, data: Annotated[MessagesInput, JSON_BOD
     return {"input_tokens": len(prompt.tokens)}
 
 
+document_errors([create_message, count_tokens], AnthropicError)
 anthropic_router = Router(
     path="/",
     route_handlers=[create_message, count_tokens],
