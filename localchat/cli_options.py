@@ -162,6 +162,18 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
         ],
         1,
     ),
+    "speculative_config": (
+        Annotated[
+            str | None,
+            option(
+                _PANEL,
+                "--speculative-config",
+                help="Speculative decoding as vLLM takes it, a JSON object: "
+                '\'{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}\'',
+            ),
+        ],
+        None,
+    ),
 }
 
 

@@ -53,6 +53,8 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None
     tensor_parallel_size: int = 1
+    # vLLM's --speculative-config: a dict or its JSON (engine/speculative/config.py); None: off
+    speculative_config: dict | str | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -107,6 +109,12 @@ class EngineConfig:
             "tensor_parallel_size",
             f"must be in [1, 64], got {self.tensor_parallel_size}",
         )
+
+        if self.speculative_config is not None:
+            from localchat.engine.speculative.config import SpeculativeConfig
+
+            parsed = SpeculativeConfig.parse(self.speculative_config)
+            self.speculative_config = None if parsed is None else parsed.to_dict()
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:

@@ -135,6 +135,16 @@ class ServerMetrics:
                 "Sequences preempted for lack of KV blocks.",
                 stats.num_preemptions,
             )
+            yield _counter(
+                "localchat_spec_decode_num_draft_tokens",
+                "Tokens drafted by speculative decoding.",
+                stats.spec_draft_tokens_total,
+            )
+            yield _counter(
+                "localchat_spec_decode_num_accepted_tokens",
+                "Drafted tokens the model agreed with (kept).",
+                stats.spec_accepted_tokens_total,
+            )
         success = CounterMetricFamily(
             "localchat_request_success",
             "Finished requests by finish reason.",

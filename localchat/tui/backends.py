@@ -87,6 +87,9 @@ class BackendStats:
     prefix_cache_hits: int
     num_running: int
     num_waiting: int
+    # speculative decoding, where it is on: drafted tokens and those the model kept
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class ChatBackend:

@@ -190,6 +190,12 @@ class ChatCore(Screen):
             ),
             kv_cache_usage=engine.kv_cache_usage if engine else None,
             prefix_cache_hits=engine.prefix_cache_hits if engine else None,
+            spec_acceptance=(
+                engine.spec_accepted_tokens / engine.spec_draft_tokens
+                if engine and engine.spec_draft_tokens
+                else None
+            ),
+            spec_drafted=engine.spec_draft_tokens if engine else None,
             json_mode=self.session.json_mode.label if self.session.json_mode else None,
         )
         for bar in self.query(StatusBar):  # none while the app shuts down

@@ -165,7 +165,12 @@ class EngineBackend(ChatBackend):
         if stats is None:
             return None
         return BackendStats(
-            stats.kv_cache_usage, stats.prefix_cache_hits, stats.num_running, stats.num_waiting
+            stats.kv_cache_usage,
+            stats.prefix_cache_hits,
+            stats.num_running,
+            stats.num_waiting,
+            stats.spec_draft_tokens_total,
+            stats.spec_accepted_tokens_total,
         )
 
     def for_model(self, name: str) -> EngineBackend:

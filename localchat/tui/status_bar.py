@@ -34,6 +34,9 @@ class StatusInfo:
     context_warning: bool = False
     kv_cache_usage: float | None = None
     prefix_cache_hits: int | None = None
+    # speculative decoding: the share of drafted tokens kept, and how many were drafted
+    spec_acceptance: float | None = None
+    spec_drafted: int | None = None
     json_mode: str | None = None  # /json's label ("JSON", "JSON city.json") while it is on
 
 
@@ -77,4 +80,6 @@ class StatusBar(Widget):
             parts.append(Text(f"KV {info.kv_cache_usage:.0%}"))
         if info.prefix_cache_hits is not None:
             parts.append(Text(f"prefix hits {info.prefix_cache_hits} tok"))
+        if info.spec_acceptance is not None:
+            parts.append(Text(f"spec {info.spec_acceptance:.0%} of {info.spec_drafted} drafted"))
         return Text(" │ ", style="dim").join(parts)

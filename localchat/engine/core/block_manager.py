@@ -262,7 +262,9 @@ class BlockManager:
         if seq.num_computed_tokens == 0 and self.length_salt is not None:
             seq.kv_salt = self.length_salt(seq.num_tokens)  # its keys' salt from now on
         seq.num_computed_tokens = num_computed
-        self._register_full_blocks(seq, total_tokens)
+        # a speculative step's drafted tokens are not the sequence's (yet): only its own tokens'
+        # blocks are registered
+        self._register_full_blocks(seq, min(total_tokens, seq.num_tokens))
         return True
 
     def _release_outside_windows(self, seq: Sequence) -> None:

@@ -19,16 +19,18 @@ from localchat.engine.core.outputs import CompletionOutput, RequestMetrics, Requ
 from localchat.engine.core.runtime import EngineRuntime, prefault_kv_memory
 from localchat.engine.core.scheduler import Scheduler
 from localchat.engine.core.sequence import Request, Sequence
+from localchat.engine.core.speculation import Speculator
 from localchat.engine.core.step_failure import recoverable, step_error
 from localchat.engine.core.text_codec import TextCodec
 from localchat.engine.distributed.tp_runner import TensorParallelRunner
 from localchat.engine.loading.model_info import ModelInfo
-from localchat.engine.modeling.model_runner import ModelRunner
+from localchat.engine.modeling.model_runner import ModelRunner, Verification
 from localchat.engine.modeling.registry import family_name
 from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
 from localchat.engine.sampling.guided_decoding import GrammarCompiler
 from localchat.engine.sampling.logits_processors import RequestConstraints, attach_grammar
 from localchat.engine.sampling.sampling_params import SamplingParams
+from localchat.engine.speculative.config import SpeculativeConfig
 from localchat.errors import (
     EmptyPromptError,
     EngineStepError,
@@ -55,6 +57,9 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    # speculative decoding: drafted tokens, and those the model agreed with
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
 
 
 class LLMEngine:
@@ -123,6 +128,16 @@ class LLMEngine:
                 self.tokenizer, self.runner.spec.vocab_size, self.eos_token_ids
             )
         self.runner.grammar_compiler = self.grammar_compiler
+        self.speculator: Speculator | None = None
+        speculative = SpeculativeConfig.parse(config.speculative_config)
+        if speculative is not None:
+            if rotary.depends_on_length:
+                raise InvalidParameterError(
+                    "speculative decoding does not support this model's length-dependent rope "
+                    "scaling (longrope, dynamic NTK)",
+                    param="speculative_config",
+                )
+            self.speculator = Speculator(speculative, self.max_model_len)
         self._compiling: list[Request] = []  # requests whose grammar is compiling
         self.requests: dict[str, Request] = {}
         self._embedded: list[Request] = []  # embedding requests done, until take_embedded()
@@ -300,6 +315,8 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         failed = self._settle_grammars() if self._compiling else []
+        if self.speculator is not None:
+            self.speculator.draft(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch:
             if self._compiling:  # everything waits for a grammar: don't spin
@@ -316,18 +333,26 @@ class LLMEngine:
                 seq.request.first_scheduled_time = now
         results = self.runner.run(batch)
         deltas: dict[str, list[CompletionOutput]] = {}
+        verifying: list[tuple[Sequence, Verification]] = []
         for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results, strict=True):
-            seq.num_computed_tokens += num_new
+            # drafted tokens count as computed only once the model agrees with them
+            seq.num_computed_tokens += num_new - len(seq.draft_token_ids)
             if seq.request.pooling is not None:
                 if seq.num_computed_tokens >= seq.num_tokens:
                     self._finish_embedding(seq)
                 continue
             if result is None:
                 continue
-            token_id, logprob = result
+            if isinstance(result, Verification):
+                verifying.append((seq, result))
+                token_id, logprob = result.token_id, result.logprob
+            else:
+                token_id, logprob = result
             deltas.setdefault(seq.request.request_id, []).append(
                 self._advance(seq, token_id, logprob)
             )
+        if verifying:
+            self._verify(verifying, deltas)
         outputs = failed
         for request_id, pieces in deltas.items():
             request = self.requests[request_id]
@@ -335,6 +360,44 @@ class LLMEngine:
             if request.is_finished:
                 del self.requests[request_id]
         return outputs
+
+    def _verify(
+        self,
+        verifying: list[tuple[Sequence, Verification]],
+        deltas: dict[str, list[CompletionOutput]],
+    ) -> None:
+        """Keep each sequence's drafted tokens while they equal what is sampled at their positions,
+        one position at a time for all of them (engine/core/speculation.py); the first sampled
+        token (already advanced) was the first draft's position's."""
+        assert self.speculator is not None
+        active, position = verifying, 0
+        while active:
+            going_on = []
+            for seq, verification in active:
+                drafts = seq.draft_token_ids
+                if (
+                    position < len(drafts)
+                    and not seq.is_finished
+                    and seq.token_ids[-1] == drafts[position]
+                ):
+                    seq.num_computed_tokens += 1  # the draft's keys and values are the token's
+                    going_on.append((seq, verification))
+                else:  # the token differed (or ended the sequence), or every draft held
+                    self.speculator.record(seq, len(drafts), position)
+                    seq.draft_token_ids = []
+            if not going_on:
+                break
+            # the position after the draft that held
+            rows = torch.stack(
+                [verification.later_logits[position] for _, verification in going_on]
+            )
+            sampled = self.runner.sample(rows, [seq for seq, _ in going_on])
+            for (seq, _), (token_id, logprob) in zip(going_on, sampled, strict=True):
+                deltas[seq.request.request_id].append(self._advance(seq, token_id, logprob))
+            active, position = going_on, position + 1
+        for pieces in deltas.values():
+            if len(pieces) > 1:
+                pieces[:] = _merged(pieces)
 
     def _advance(self, seq: Sequence, token_id: int, logprob) -> CompletionOutput:
         """Append a sampled token, check every stop condition, and return the sequence's delta."""
@@ -491,6 +554,7 @@ class LLMEngine:
     # --- introspection ----------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        spec = self.speculator
         return EngineStats(
             num_running=len({s.request.request_id for s in self.scheduler.running}),
             num_waiting=len({s.request.request_id for s in self.scheduler.waiting}),
@@ -501,6 +565,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
+            spec_draft_tokens_total=spec.num_draft_tokens if spec else 0,
+            spec_accepted_tokens_total=spec.num_accepted_tokens if spec else 0,
         )
 
 
@@ -520,3 +586,15 @@ def _model_info(runtime: EngineRuntime, vocab_size: int) -> ModelInfo:
         eos_token_ids=tuple(sorted(runtime.eos_token_ids)),
         family=family_name(runtime.hf_config),
     )
+
+
+def _merged(pieces: list[CompletionOutput]) -> list[CompletionOutput]:
+    """One delta per sample, in order of first appearance (a speculative step advances a sample by
+    several tokens)."""
+    merged: dict[int, CompletionOutput] = {}
+    for piece in pieces:
+        if piece.index in merged:
+            merged[piece.index].merge(piece)
+        else:
+            merged[piece.index] = piece
+    return list(merged.values())

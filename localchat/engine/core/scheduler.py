@@ -66,7 +66,13 @@ class Scheduler:
             if self.block_manager.must_recompute(seq):
                 self._recompute(seq)
                 continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            own = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(own + len(seq.draft_token_ids), budget)
+            if num_new - own < len(seq.draft_token_ids):  # drafts past the budget are dropped
+                seq.draft_token_ids = seq.draft_token_ids[: max(num_new - own, 0)]
+            if seq.draft_token_ids and not self.block_manager.allocate(seq, num_new):
+                seq.draft_token_ids = []  # no sequence is preempted to make room for guesses
+                num_new = min(own, budget)
             if not self._allocate_or_preempt(seq, num_new, batch):
                 break  # seq itself was preempted: it was the newest, so nothing after it is left
             batch.seqs.append(seq)
@@ -125,6 +131,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -135,6 +142,7 @@ class Scheduler:
         preemption: memory is not short)."""
         self.running.remove(seq)
         self.block_manager.free(seq)
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 

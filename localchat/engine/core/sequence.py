@@ -84,6 +84,10 @@ class Sequence:
         # with mean pooling, the last token's with last pooling), filled by the model runner
         self.pooled: torch.Tensor | None = None
         self.first_token_time: float | None = None
+        # speculative decoding: this step's drafted tokens, computed after token_ids and kept only
+        # where the model agrees (engine/core/speculation.py), and the drafter's state
+        self.draft_token_ids: list[int] = []
+        self.drafter: object | None = None
 
     @property
     def block_table(self) -> list[int]:

@@ -6,6 +6,8 @@ tokens are handed back in the scheduler's order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -25,6 +27,17 @@ from localchat.engine.sampling.sampler import Sampler, SamplerOutput, SamplingBa
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.dispatch import triton_available
+
+
+@dataclass(slots=True)
+class Verification:
+    """A speculative sequence's step: the token sampled after its own tokens (where its drafts
+    begin), and the raw logits after each drafted token ([drafts, vocab]), which the engine samples
+    from in turn while the drafts hold (ModelRunner.sample)."""
+
+    token_id: int
+    logprob: TokenLogprob | None
+    later_logits: torch.Tensor
 
 
 class ModelRunner:
@@ -144,9 +157,12 @@ class ModelRunner:
 
     # --- one step ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[tuple[int, TokenLogprob | None] | None]:
-        """Compute the batch; per scheduled sequence (scheduler order) its (token, logprob) or None
-        when it does not sample this step (a prefill chunk short of the prompt's end)."""
+    def run(
+        self, batch: ScheduledBatch
+    ) -> list[tuple[int, TokenLogprob | None] | Verification | None]:
+        """Compute the batch; per scheduled sequence (scheduler order) its (token, logprob), a
+        Verification where it has drafted tokens, or None when it does not sample this step (a
+        prefill chunk short of the prompt's end)."""
         order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_new_tokens[i] != 1)
         seqs = [batch.seqs[i] for i in order]
         num_new = [batch.num_new_tokens[i] for i in order]
@@ -166,16 +182,33 @@ class ModelRunner:
         results: list = [None] * len(batch.seqs)
         if not sample_rows:
             return results
-        last_token_index = torch.tensor(
-            [md.query_start_loc_cpu[row + 1] - 1 for row in sample_rows], device=self.device
-        )
-        logits = self.model.compute_logits(hidden[last_token_index])
-        sampled = self._sample(logits, sampling_seqs)
-        for row, token, logprob in zip(
-            sample_rows, sampled.token_ids, sampled.logprobs, strict=True
+        # the position after each sampling sequence's own tokens; then, for a speculative one, the
+        # position after each of its drafted tokens (one projection for all)
+        drafts = [len(seqs[row].draft_token_ids) for row in sample_rows]
+        ends = [md.query_start_loc_cpu[row + 1] for row in sample_rows]
+        rows = [end - 1 - d for end, d in zip(ends, drafts, strict=True)]
+        for end, d in zip(ends, drafts, strict=True):
+            rows.extend(range(end - d, end))
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        sampled = self._sample(logits[: len(ends)], sampling_seqs)
+        later = len(ends)
+        for row, d, token, logprob in zip(
+            sample_rows, drafts, sampled.token_ids, sampled.logprobs, strict=True
         ):
             results[order[row]] = (token, logprob)
+            if d:  # sampled from where its drafts begin; the rest once the engine has compared
+                results[order[row]] = Verification(token, logprob, logits[later : later + d])
+                later += d
         return results
+
+    @torch.inference_mode()
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> list[tuple[int, TokenLogprob | None]]:
+        """Sample one token per row of `logits` ([len(seqs), vocab], raw) for `seqs` as they are
+        now (their penalties, grammar state and counts): a speculative step's later positions."""
+        sampled = self._sample(logits.clone(), seqs)
+        return list(zip(sampled.token_ids, sampled.logprobs, strict=True))
 
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:
@@ -211,6 +244,8 @@ class ModelRunner:
         input_ids: list[int] = []
         for seq, start, end in zip(seqs, starts, seq_lens, strict=True):
             input_ids.extend(seq.token_ids[start:end])
+            if end > seq.num_tokens:  # a speculative step's drafted tokens follow its own
+                input_ids.extend(seq.draft_token_ids[: end - seq.num_tokens])
         query_start_loc = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(num_new, out=query_start_loc[1:])
         seq_index = np.repeat(np.arange(len(seqs)), num_new)
@@ -235,7 +270,11 @@ class ModelRunner:
             lengths = np.repeat(np.asarray([seq.num_tokens for seq in seqs]), num_new)
             self._rope_lengths = torch.from_numpy(lengths)
         num_decodes = sum(1 for n in num_new if n == 1)
-        sample_rows = [row for row, seq in enumerate(seqs) if seq_lens[row] == seq.num_tokens]
+        sample_rows = [
+            row
+            for row, seq in enumerate(seqs)
+            if seq_lens[row] == seq.num_tokens + len(seq.draft_token_ids)
+        ]
         to_device = self._to_device
         md = AttentionMetadata(
             slot_mapping=to_device(slot_mapping[0]),

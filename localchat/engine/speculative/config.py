@@ -1,0 +1,109 @@
+"""SpeculativeConfig: which drafting method, and how many tokens it may draft, as vLLM's
+`--speculative-config` takes them (a JSON object)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from localchat.errors import InvalidParameterError
+
+PARAM = "speculative_config"
+METHODS = ("ngram",)
+# methods vLLM names that have no drafter here yet: refused by name rather than ignored
+NOT_YET = ("suffix", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+MAX_SPECULATIVE_TOKENS = 16
+MAX_LOOKUP = 32
+
+
+def _fail(message: str, field: str | None = None) -> InvalidParameterError:
+    where = f"{PARAM}.{field}" if field else PARAM
+    return InvalidParameterError(f"{where}: {message}", param=PARAM)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """`ngram` (prompt lookup): the longest n-gram in [prompt_lookup_min, prompt_lookup_max] that
+    ends the sequence is looked up in its earlier tokens (prompt and output), and the tokens that
+    followed an earlier occurrence are the draft, at most num_speculative_tokens of them (ngram.py).
+    With `adaptive` (the default), each sequence's draft length follows its acceptance
+    (draft_length.py)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 5
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    adaptive: bool = True
+
+    @classmethod
+    def parse(
+        cls, value: SpeculativeConfig | dict[str, Any] | str | None
+    ) -> SpeculativeConfig | None:
+        """A config from a dict or its JSON text (None or "off": no speculation); raises
+        InvalidParameterError naming the field that is wrong."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            if value.strip().lower() in ("", "off", "none", "null"):
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise _fail(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
+            if value is None:
+                return None
+        if not isinstance(value, dict):
+            raise _fail('must be a JSON object such as {"method": "ngram"}')
+        known = {
+            "method",
+            "num_speculative_tokens",
+            "prompt_lookup_min",
+            "prompt_lookup_max",
+            "adaptive",
+        }
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise _fail(f"unknown field; known: {', '.join(sorted(known))}", unknown[0])
+        method = value.get("method", "ngram")
+        if method in NOT_YET:
+            raise _fail(f"method {method!r} is not supported yet; supported: ngram", "method")
+        if method not in METHODS:
+            raise _fail(f"method must be one of {', '.join(METHODS)}, got {method!r}", "method")
+        k = _integer(value, "num_speculative_tokens", 5, 1, MAX_SPECULATIVE_TOKENS)
+        high = value.get("prompt_lookup_max")
+        low = value.get("prompt_lookup_min")
+        # vLLM: either bound alone sets both
+        lookup_max = _integer(
+            value, "prompt_lookup_max", low if high is None and low else 4, 1, MAX_LOOKUP
+        )
+        lookup_min = _integer(
+            value, "prompt_lookup_min", min(2, lookup_max) if low is None else low, 1, MAX_LOOKUP
+        )
+        if lookup_min > lookup_max:
+            raise _fail(
+                f"must not exceed prompt_lookup_max ({lookup_max}), got {lookup_min}",
+                "prompt_lookup_min",
+            )
+        adaptive = value.get("adaptive", True)
+        if not isinstance(adaptive, bool):
+            raise _fail(f"must be true or false, got {adaptive!r}", "adaptive")
+        return cls(method, k, lookup_min, lookup_max, adaptive)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+            "adaptive": self.adaptive,
+        }
+
+
+def _integer(value: dict[str, Any], field: str, default: Any, low: int, high: int) -> int:
+    number = value.get(field, default)
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise _fail(f"must be an integer, got {number!r}", field)
+    if not low <= number <= high:
+        raise _fail(f"must be in [{low}, {high}], got {number}", field)
+    return number
