@@ -3,8 +3,8 @@ server (single engine or data-parallel): the longest gap between two of a stream
 request ran, as a share of the request's time. Run between steps, the request would stall a stream
 for all of it (about 1.0); prefilled in the scheduler's steps next to the decodes, for about a step
 (a third, with three steps' worth of input). The tests assert the scheduling by the engine's own
-batches (tests/engine/test_embeddings.py); this measures what a client sees, which depends on the
-machine.
+batches (tests/engine/core/test_embeddings.py); this measures what a client sees, which depends on
+the machine.
 
     python benchmarks/embeddings_beside_streams.py URL [--streams 3] [--api-key KEY]
 """

@@ -27,7 +27,7 @@ def tiny_qwen3(tmp_path_factory) -> str:
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tests.engine.test_loading import tiny_config
+    from tests.engine.loading.test_loading import tiny_config
 
     path = tmp_path_factory.mktemp("tiny-qwen3")
     (path / "config.json").write_text(json.dumps(tiny_config("qwen3-0.6b", num_hidden_layers=1)))

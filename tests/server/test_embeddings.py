@@ -103,8 +103,8 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
     request of about three steps' token budget (512 on the CPU), sent while three streams decode,
     is answered while every stream still has tokens to come (had it waited for the streams, it
     would come after their last), and its vectors are those it gets alone. The batches themselves
-    are checked in tests/engine/test_embeddings.py; how long a stream waits meanwhile depends on
-    the machine, and benchmarks/embeddings_beside_streams.py measures it."""
+    are checked in tests/engine/core/test_embeddings.py; how long a stream waits meanwhile depends
+    on the machine, and benchmarks/embeddings_beside_streams.py measures it."""
     inputs = [" ".join(f"item{i}-{j}" for j in range(70)) for i in range(4)]  # ~1400 tokens
     alone = np.array([d["embedding"] for d in _post(http, input=inputs)["data"]])
     wait_idle()

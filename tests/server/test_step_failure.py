@@ -1,9 +1,10 @@
 """A failed engine step through HTTP: the server's app and a real engine on the default model, run
 by uvicorn on a free port in this process (the only way to make the engine's forward fail on
-purpose: it raises when a prompt holds the tokens POISON, as in tests/engine/test_step_failure.py).
-A streamed request that was in the failed step ends with an error event (code 500), a whole one
-is a 500 in OpenAI's error shape (the official client's InternalServerError), an embeddings call
-too; the server stays healthy and answers the next requests."""
+purpose: it raises when a prompt holds the tokens POISON, as in
+tests/engine/core/test_step_failure.py). A streamed request that was in the failed step ends with
+an error event (code 500), a whole one is a 500 in OpenAI's error shape (the official client's
+InternalServerError), an embeddings call too; the server stays healthy and answers the next
+requests."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import uvicorn
 from localchat import AsyncEngine, EngineConfig
 from localchat.server.app import build_asgi_app
 from localchat.server.state import ServerState
-from tests.engine.test_step_failure import POISON, poisoned
+from tests.engine.core.test_step_failure import POISON, poisoned
 
 pytestmark = pytest.mark.slow
 

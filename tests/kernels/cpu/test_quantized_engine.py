@@ -11,7 +11,7 @@ import torch
 from localchat import LLM, SamplingParams
 from localchat.errors import InvalidParameterError
 from localchat.kernels.packed_weight import PackedWeight
-from tests.engine.test_loading import tiny_config
+from tests.engine.loading.test_loading import tiny_config
 
 
 def test_default_model_runs_quantized_and_follows_the_float32_path(llm, float_llm):

@@ -19,7 +19,7 @@ from tests.tiny_models import TINY_SIZES
 
 # Copies of ../shared/models/*/config.json (the architectures we have no weights for), so a clean
 # checkout has them.
-SHARED_MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
+SHARED_MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
 
 
 @pytest.mark.slow
