@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from localchat.kernels.attention_metadata import AttentionMetadata, ReferencePlan
 from localchat.kernels.dispatch import use_triton
+from localchat.kernels.kv_quant import FP8, dequantize_q8_0, is_q8_0
 
 
 def _slots_of(block_table_rows: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
@@ -96,6 +97,15 @@ def _window_plan(md: AttentionMetadata, block_size: int, window: int) -> Referen
     return ReferencePlan(decode_slots, decode_mask, prefills)
 
 
+def _gather(flat: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The pool rows [slots, Hkv, row] at `slots` as values [n, Hkv, D] of `dtype`: only these
+    rows are read (a q8_0 pool's dequantized, kernels/kv_quant.py)."""
+    if flat.dtype == FP8:  # index_select takes no float8 on the CPU: its bytes instead
+        return flat.view(torch.uint8).index_select(0, slots).view(FP8).to(dtype)
+    rows = flat.index_select(0, slots)
+    return dequantize_q8_0(rows, dtype) if is_q8_0(flat) else rows.to(dtype)
+
+
 def paged_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -107,12 +117,13 @@ def paged_attention_ref(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D] -> out [T, Hq, D].
-    GQA when Hq > Hkv. sliding_window, softcap, sinks [Hq]: see the module's docstring."""
+    """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D] (or a q8_0 pool's rows,
+    kernels/kv_quant.py) -> out [T, Hq, D]. GQA when Hq > Hkv. sliding_window, softcap, sinks
+    [Hq]: see the module's docstring."""
     check_options(sliding_window, softcap, sinks, q.shape[1])
-    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], q.shape[2]
+    k_flat = k_cache.view(-1, num_kv_heads, k_cache.shape[3])
+    v_flat = v_cache.view(-1, num_kv_heads, v_cache.shape[3])
     plan = _plan(md, block_size, sliding_window)
     nd = md.num_decodes
     # An all-decode batch needs no extra copy.
@@ -124,8 +135,8 @@ def paged_attention_ref(
         # index_select: advanced indexing scans the whole pool
         flat_slots = decode_slots.flatten()
         # [nd, Hkv, L, D]
-        keys = k_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
-        values = v_flat.index_select(0, flat_slots).view(shape).transpose(1, 2).to(q.dtype)
+        keys = _gather(k_flat, flat_slots, q.dtype).view(shape).transpose(1, 2)
+        values = _gather(v_flat, flat_slots, q.dtype).view(shape).transpose(1, 2)
         queries = q[:nd].unsqueeze(2)  # [nd, Hq, 1, D]
         if softcap is None and sinks is None:
             decoded = F.scaled_dot_product_attention(
@@ -141,8 +152,8 @@ def paged_attention_ref(
         out[:nd] = decoded
     assert out is not None  # no decodes: every token is a prefill's
     for q_start, q_end, slots, prefix_len in plan.prefills:
-        keys = k_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
-        values = v_flat.index_select(0, slots).transpose(0, 1).to(q.dtype)
+        keys = _gather(k_flat, slots, q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        values = _gather(v_flat, slots, q.dtype).transpose(0, 1)
         queries = q[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
         # the window, where it hides some of the keys gathered from a query
         window = sliding_window
@@ -326,7 +337,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if use_triton(q):
+    if use_triton(q) and not is_q8_0(k_cache):  # q8_0 is the CPU's (runtime.check_kv_cache_dtype)
         from localchat.kernels.triton_attention import paged_attention_triton
 
         return paged_attention_triton(

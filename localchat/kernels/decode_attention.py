@@ -1,6 +1,7 @@
 """The CPU fast path for a batch of decodes: rotary, KV store and paged attention in one C++ call
 per layer (kernels/csrc/decode_attention.h). It applies only to all-decode float32 batches on the
-CPU over a float32, float16 or bfloat16 KV pool; everything else takes the per-op path
+CPU over a float32, float16, bfloat16 or q8_0 KV pool (kernels/kv_quant.py: the int8 codes read as
+they are); everything else takes the per-op path
 (kernels/rotary.py, kv_cache.py, attention.py), which it must equal, options included (a sliding
 window, whose keys alone are read; a softcap on the scores; sinks)."""
 
@@ -12,6 +13,7 @@ from localchat.kernels.attention import check_options
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
+from localchat.kernels.kv_quant import Q8_0
 
 
 def fused_decode_attention(
@@ -37,7 +39,7 @@ def fused_decode_attention(
     if (
         qkv.device.type != "cpu"
         or qkv.dtype != torch.float32
-        or k_cache.dtype not in (torch.float32, torch.float16, torch.bfloat16)
+        or k_cache.dtype not in (torch.float32, torch.float16, torch.bfloat16, Q8_0)
         or md.num_decodes != qkv.shape[0]
         or use_triton(qkv)
     ):

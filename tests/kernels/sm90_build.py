@@ -52,10 +52,15 @@ def build(fn, pointers: dict, constexprs: dict, num_warps=4, num_stages=2):
     )
 
 
-def build_attention(dtype: torch.dtype, head_dim: int, group: int, options: bool = False) -> None:
-    """The attention kernels, with every option (window, softcap, sinks) on if `options`."""
+def build_attention(
+    dtype: torch.dtype, head_dim: int, group: int, options: bool = False, cache: str | None = None
+) -> None:
+    """The attention kernels, with every option (window, softcap, sinks) on if `options`, over a
+    KV pool of `cache` elements (a Triton type; default: the queries')."""
     t = TYPES[dtype]
     pointers = {name: f"*{t}" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
+    if cache is not None:
+        pointers |= {name: f"*{cache}" for name in ("k_cache_ptr", "v_cache_ptr")}
     pointers |= {
         name: "*i32" for name in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
     }
@@ -113,19 +118,26 @@ def build_attention(dtype: torch.dtype, head_dim: int, group: int, options: bool
     )
 
 
-def build_pointwise(dtype: torch.dtype) -> None:
+def build_store(dtype: torch.dtype, cache: str | None = None) -> None:
+    """The KV store from `dtype` keys into a pool of `cache` elements (default: the same)."""
     t = f"*{TYPES[dtype]}"
+    c = t if cache is None else f"*{cache}"
     build(
         triton_kv_cache._store_kv_cache_kernel,
         {
             "key_ptr": t,
             "value_ptr": t,
-            "k_cache_ptr": t,
-            "v_cache_ptr": t,
+            "k_cache_ptr": c,
+            "v_cache_ptr": c,
             "slot_mapping_ptr": "*i64",
         },
         dict(HEAD_DIM=64, NUM_KV_HEADS=3, BLOCK_SIZE=16, BLOCK=256),
     )
+
+
+def build_pointwise(dtype: torch.dtype) -> None:
+    t = f"*{TYPES[dtype]}"
+    build_store(dtype)
     for act in triton_activation._ACTIVATIONS.values():
         build(
             triton_activation._act_and_mul_kernel,
@@ -212,4 +224,8 @@ if __name__ == "__main__":
     build_attention(torch.float32, 128, 8)
     build_attention(torch.bfloat16, 64, 8, options=True)  # gpt-oss: window and sinks
     build_attention(torch.float32, 256, 2, options=True)  # Gemma 2: window and softcap
+    # --kv-cache-dtype fp8: float8 e4m3 pools under bfloat16 and float16 queries
+    build_store(torch.bfloat16, "fp8e4nv")
+    build_attention(torch.bfloat16, 128, 4, cache="fp8e4nv")
+    build_attention(torch.float16, 64, 8, options=True, cache="fp8e4nv")
     print("built for sm_90")

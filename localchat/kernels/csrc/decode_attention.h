@@ -36,7 +36,8 @@ struct DecodeToken {
   int64_t length;      // keys to attend to, this token's included
 };
 
-// T: the pool's element type, float, Half or BFloat16 (kv_rows.h).
+// T: the pool's element type, float, Half, BFloat16 or KvQ8Block (kv_rows.h); a row of head_dim values is
+// pool_units<T>(head_dim) of them.
 template <typename T>
 struct PoolShape {
   T* k_cache;
@@ -51,15 +52,15 @@ struct PoolShape {
 // Rotary for KV head h of one token and its group of query heads, and the store of its key and value.
 template <typename T>
 void rope_and_store(const DecodeToken& t, const PoolShape<T>& p, int64_t h) {
-  const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
+  const int64_t D = p.head_dim, E = pool_units<T>(D), Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
   float* q = t.qkv + h * group * D;
   float* k = t.qkv + Hq * D + h * D;
   const float* v = t.qkv + (Hq + Hkv) * D + h * D;
   for (int64_t g = 0; g < group; ++g) rotate(q + g * D, t.cos, t.sin, p.half);
   rotate(k, t.cos, t.sin, p.half);
   if (t.slot >= 0) {
-    store_row(p.k_cache + (t.slot * Hkv + h) * D, k, D);
-    store_row(p.v_cache + (t.slot * Hkv + h) * D, v, D);
+    store_row(p.k_cache + (t.slot * Hkv + h) * E, k, D);
+    store_row(p.v_cache + (t.slot * Hkv + h) * E, v, D);
   }
 }
 
@@ -119,10 +120,10 @@ constexpr int64_t kPrefetchKeys = 16;
 
 // The KV heads [h0, h1) of one token (and their query heads; queries: [Hq * D], rotated) over keys [j0, j1), for
 // splitting a sequence's keys between threads or its heads between tasks. The current token's key and value
-// (the last, not read from the pool: another thread may still be storing them) come as cur_k / cur_v [Hkv * D],
-// rounded to the pool's type. partials: [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top score (scores
-// capped if p.softcap is set),
-// l = sum_j exp(s_j - m), acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
+// (the last, not read from the pool: another thread may still be storing them) come as cur_k / cur_v (a row of
+// Hkv * D values), rounded to the pool's type. partials: [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top
+// score (scores capped if p.softcap is set), l = sum_j exp(s_j - m), acc = sum_j exp(s_j - m) v_j; an empty range
+// gives m = -inf, l = 0.
 //
 // Keys are visited in pool order, each key's row read once for all its query heads. Values go a run at a time
 // (the keys in one block of the pool, whose rows are contiguous), each head group's sums kept in registers over
@@ -132,8 +133,8 @@ template <typename T>
 void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<T>& p, int64_t h0, int64_t h1,
                     int64_t j0, int64_t j1, const T* cur_k, const T* cur_v, std::vector<float>& scores,
                     float* partials) {
-  const int64_t D = p.head_dim, Hkv = p.num_kv_heads, group = p.num_heads / Hkv, heads = (h1 - h0) * group;
-  const int64_t n = std::max<int64_t>(j1 - j0, 0), pooled = t.length - 1, row = Hkv * D;
+  const int64_t D = p.head_dim, E = pool_units<T>(D), Hkv = p.num_kv_heads, group = p.num_heads / Hkv;
+  const int64_t heads = (h1 - h0) * group, n = std::max<int64_t>(j1 - j0, 0), pooled = t.length - 1, row = Hkv * E;
   for (int64_t i = 0; i < heads; ++i) {
     float* part = partials + i * (D + 2);
     part[0] = -INFINITY;
@@ -155,10 +156,10 @@ void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<
   };
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t ahead = j + kPrefetchKeys;
-    if (ahead < j1 && ahead < pooled) prefetch(key_row(ahead, p.k_cache, nullptr) + h0 * D, (h1 - h0) * D);
+    if (ahead < j1 && ahead < pooled) prefetch(key_row(ahead, p.k_cache, nullptr) + h0 * E, (h1 - h0) * E);
     const T* k = key_row(j, p.k_cache, cur_k);
     for (int64_t h = h0; h < h1; ++h) {
-      dot_group(queries + h * group * D, k + h * D, D, group, p.scale,
+      dot_group(queries + h * group * D, k + h * E, D, group, p.scale,
                 scores.data() + (h - h0) * group * stride + j - j0, stride);
     }
   }
@@ -179,9 +180,9 @@ void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<
     const T* v = key_row(j, p.v_cache, cur_v);
     const T* next_v = next_run ? key_row(next, p.v_cache, nullptr) : nullptr;
     for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t i = 0; i < next_run; ++i) prefetch(next_v + i * row + h * D, D);
+      for (int64_t i = 0; i < next_run; ++i) prefetch(next_v + i * row + h * E, E);
       const int64_t first = (h - h0) * group;
-      add_weighted_rows(v + h * D, row, run, scores.data() + first * stride + j - j0, stride, group, D,
+      add_weighted_rows(v + h * E, row, run, scores.data() + first * stride + j - j0, stride, group, D,
                         partials + first * (D + 2) + 2, D + 2);
     }
     j = next;
@@ -216,10 +217,11 @@ template <typename T>
 void attend_kv_head(const DecodeToken& t, const PoolShape<T>& p, int64_t h, std::vector<float>& scores,
                     std::vector<T>& current, std::vector<float>& partials) {
   rope_and_store(t, p, h);
-  const int64_t D = p.head_dim, Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv, row = Hkv * D;
+  const int64_t D = p.head_dim, E = pool_units<T>(D), Hq = p.num_heads, Hkv = p.num_kv_heads, group = Hq / Hkv;
+  const int64_t row = Hkv * E;
   current.resize(2 * row);
-  store_row(current.data() + h * D, t.qkv + Hq * D + h * D, D);
-  store_row(current.data() + row + h * D, t.qkv + (Hq + Hkv) * D + h * D, D);
+  store_row(current.data() + h * E, t.qkv + Hq * D + h * D, D);
+  store_row(current.data() + row + h * E, t.qkv + (Hq + Hkv) * D + h * D, D);
   partials.resize(group * (D + 2));
   const int64_t first = p.window > 0 ? std::max<int64_t>(t.length - p.window, 0) : 0;
   attend_partial(t.qkv, t, p, h, h + 1, first, t.length, current.data(), current.data() + row, scores,
@@ -238,8 +240,8 @@ void decode_attention_over(torch::Tensor& qkv, torch::Tensor& k_cache, torch::Te
                            const torch::Tensor& seq_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                            double scale, int64_t window, double softcap, const float* sinks, torch::Tensor& out) {
   const int64_t tokens = qkv.size(0), row = qkv.size(1);
-  const PoolShape<T> pool{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), num_heads, num_kv_heads, head_dim,
-                          cos.size(1), k_cache.size(1), static_cast<float>(scale), window,
+  const PoolShape<T> pool{static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()), num_heads,
+                          num_kv_heads, head_dim, cos.size(1), k_cache.size(1), static_cast<float>(scale), window,
                           static_cast<float>(softcap), sinks};
   float* qkv_p = qkv.data_ptr<float>();
   float* out_p = out.data_ptr<float>();
@@ -260,7 +262,8 @@ void decode_attention_over(torch::Tensor& qkv, torch::Tensor& k_cache, torch::Te
 
 }  // namespace
 
-// qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32, float16 or bfloat16;
+// qkv: [T, (Hq + 2 Hkv) * D] float32, rotated in place; caches: [blocks, block_size, Hkv, D] float32, float16 or
+// bfloat16, or int8 [blocks, block_size, Hkv, D / 32 * 34] of q8_0 blocks (kernels/kv_quant.py);
 // cos/sin: [T, rotary_dim / 2]; slot_mapping: [T] int64; block_tables: [T, max_blocks] int32;
 // seq_lens: [T] int32 (keys per sequence, this token's included); window: a query sees its last `window` keys (0:
 // all); softcap: scores s become softcap * tanh(s / softcap) (0: none); sinks: None or [Hq] float32, a logit per
@@ -277,6 +280,8 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor k_cache, torch::
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
               seq_lens.scalar_type() == torch::kInt, "metadata dtypes");
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim, "qkv width does not match the heads");
+  check_pool_rows(k_cache, num_kv_heads, head_dim);
+  check_pool_rows(v_cache, num_kv_heads, head_dim);
   TORCH_CHECK(window >= 0 && softcap >= 0, "window and softcap: 0 (off) or positive");
   TORCH_CHECK(!sinks || (sinks->scalar_type() == torch::kFloat && sinks->is_contiguous() && sinks->numel() == num_heads),
               "sinks: [num_heads] contiguous float32");

@@ -58,7 +58,7 @@ struct ThreadScratch {
   MoeScratch moe;  // a mixture-of-experts layer's
   std::vector<char> keys_ready;
   std::vector<float> scores;
-  std::vector<uint16_t> current;  // a 16-bit pool's copy of the current token's keys and values [2][Hkv * D]
+  std::vector<uint16_t> current;  // a 16-bit or q8_0 pool's copy of the current token's keys and values [2][Hkv * D]
   std::vector<uint64_t> cycles;  // [kPhases], when profiling
 };
 // Phases of a layer, for DecodeStack.profile(): each projection with its input's norm and quantization,
@@ -187,12 +187,13 @@ class DecodeLayer {
     return true;
   }
 
-  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32, float16 or bfloat16.
+  // This layer's slice of the paged KV pool: [blocks, block_size, kv_heads, head_dim] float32, float16 or bfloat16, or
+  // int8 [blocks, block_size, kv_heads, head_dim / 32 * 34] of q8_0 blocks.
   void bind_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
     with_pool_type(k_cache, [](auto) {});  // checks the type
     TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                k_cache.sizes() == v_cache.sizes() && k_cache.dim() == 4 && k_cache.size(2) == kv_heads_ &&
-                k_cache.size(3) == head_dim_, "the KV pool must be contiguous [blocks, block, kv_heads, D], k and v alike");
+                k_cache.sizes() == v_cache.sizes(), "the KV pool must be contiguous, k and v alike");
+    check_pool_rows(k_cache, kv_heads_, head_dim_);
     k_cache_tensor_ = k_cache;
     v_cache_tensor_ = v_cache;
     k_cache_ = k_cache.data_ptr();
@@ -248,7 +249,7 @@ class DecodeLayer {
     const PoolShape<T> pool{static_cast<T*>(k_cache_), static_cast<T*>(v_cache_), heads_, kv_heads_, head_dim_,
                             step.half, block_size_, 1.f / std::sqrt(static_cast<float>(head_dim_))};
     const DecodeToken token{qkv_out_.data(), nullptr, step.cos, step.sin, step.slot, step.table, step.length};
-    const int64_t D = head_dim_, row = kv_heads_ * D;
+    const int64_t D = head_dim_, E = pool_units<T>(D), row = kv_heads_ * E;
     const int64_t j0 = step.length * tid / n, j1 = step.length * (tid + 1) / n;
     const float* values = qkv_out_.data() + (heads_ + kv_heads_) * D;
     std::fill(s.keys_ready.begin(), s.keys_ready.begin() + kv_heads_, 0);
@@ -269,10 +270,10 @@ class DecodeLayer {
         cur_k = s.keys.data();
         cur_v = values;
       } else {
-        s.current.resize(2 * row);
+        s.current.resize((2 * row * sizeof(T) + 1) / sizeof(uint16_t));
         T* current = reinterpret_cast<T*>(s.current.data());
-        store_row(current, s.keys.data(), row);
-        store_row(current + row, values, row);
+        store_row(current, s.keys.data(), kv_heads_ * D);
+        store_row(current + row, values, kv_heads_ * D);
         cur_k = current;
         cur_v = current + row;
       }
@@ -281,8 +282,8 @@ class DecodeLayer {
                    partials_.data() + tid * heads_ * (D + 2));
     if (step.slot < 0) return;
     for (int64_t h = tid; h < kv_heads_; h += n) {
-      store_row(pool.k_cache + (step.slot * kv_heads_ + h) * D, rotated_key(s, h, step), D);
-      store_row(pool.v_cache + (step.slot * kv_heads_ + h) * D, values + h * D, D);
+      store_row(pool.k_cache + (step.slot * kv_heads_ + h) * E, rotated_key(s, h, step), D);
+      store_row(pool.v_cache + (step.slot * kv_heads_ + h) * E, values + h * D, D);
     }
   }
 

@@ -1,7 +1,9 @@
-// The paged KV pool's rows on the CPU, float32, float16 or bfloat16: the loads, the dot product with a float32
-// query, the weighted sum into a float32 accumulator, and the store. A 16-bit pool reads half the bytes per key
-// (decode attention over a long context is bound by them); its rows are widened to float32 as they are read,
-// and rounded to nearest even when stored, as torch's .to() rounds.
+// The paged KV pool's rows on the CPU, float32, float16, bfloat16 or q8_0: the loads, the dot product with a
+// float32 query, the weighted sum into a float32 accumulator, and the store. A 16-bit pool reads half the bytes per
+// key (decode attention over a long context is bound by them); its rows are widened to float32 as they are read,
+// and rounded to nearest even when stored, as torch's .to() rounds. A q8_0 pool (kernels/kv_quant.py) reads 0.53x
+// of float16's: its rows are blocks of int8 codes and a scale (quant/kv_q8.h), quantized when stored and read as
+// codes times their scale; pointers into it count blocks (pool_units), not values.
 #pragma once
 #include <torch/extension.h>
 #if defined(__x86_64__)
@@ -12,10 +14,19 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "quant/kv_q8.h"
+
 namespace {
 
 using Half = c10::Half;
 using BFloat16 = c10::BFloat16;
+
+// Elements of T per row of D values in the pool: D, or D / 32 q8_0 blocks.
+template <typename T>
+constexpr int64_t pool_units(int64_t D) {
+  if constexpr (std::is_same_v<T, KvQ8Block>) return D / 32;
+  else return D;
+}
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -181,14 +192,47 @@ void add_weighted_rows(const T* v, int64_t row, int64_t count, const float* w, i
   }
 }
 
-// Run f(T()) with T the element type of a KV cache tensor (float, Half or BFloat16), checked.
+// The same three for a q8_0 pool: a key row's dot products, a run of value rows' weighted sums (`row` in blocks) and
+// the store, on the codes and scales (quant/kv_q8.h).
+inline void dot_group(const float* q, const KvQ8Block* k, int64_t D, int64_t group, float scale, float* out,
+                      int64_t stride) {
+  for_head_blocks(group, [&](auto heads, int64_t g) {
+    kv_q8::kv_q8_dot<decltype(heads)::value>(q + g * D, k, D, scale, out + g * stride, stride);
+  });
+}
+
+inline void add_weighted_rows(const KvQ8Block* v, int64_t row, int64_t count, const float* w, int64_t w_stride,
+                              int64_t group, int64_t D, float* out, int64_t out_stride) {
+  for_head_blocks(group, [&](auto heads, int64_t g) {
+    kv_q8::kv_q8_add_rows<decltype(heads)::value>(v, row, count, w + g * w_stride, w_stride, D, out + g * out_stride,
+                                                  out_stride);
+  });
+}
+
+inline void store_row(KvQ8Block* dst, const float* src, int64_t n) { kv_q8::kv_q8_quantize(src, n, dst); }
+
+// Run f(T()) with T the element type of a KV cache tensor (float, Half, BFloat16, or KvQ8Block for an int8 pool of
+// q8_0 blocks), checked.
 template <typename F>
 void with_pool_type(const torch::Tensor& cache, F f) {
   switch (cache.scalar_type()) {
     case torch::kFloat: f(float()); break;
     case torch::kHalf: f(Half()); break;
     case torch::kBFloat16: f(BFloat16()); break;
-    default: TORCH_CHECK(false, "the KV pool must be float32, float16 or bfloat16");
+    case torch::kChar: f(KvQ8Block()); break;
+    default: TORCH_CHECK(false, "the KV pool must be float32, float16, bfloat16 or q8_0 (int8)");
+  }
+}
+
+// Check that a KV cache tensor is [blocks, block_size, kv_heads, row] with the row of head_dim values its type
+// takes (head_dim; q8_0: head_dim / 32 blocks of 34 bytes).
+inline void check_pool_rows(const torch::Tensor& cache, int64_t kv_heads, int64_t head_dim) {
+  TORCH_CHECK(cache.dim() == 4 && cache.size(2) == kv_heads, "the KV pool must be [blocks, block, kv_heads, row]");
+  if (cache.scalar_type() == torch::kChar) {
+    TORCH_CHECK(head_dim % 32 == 0 && cache.size(3) == head_dim / 32 * static_cast<int64_t>(sizeof(KvQ8Block)),
+                "a q8_0 pool's rows are head_dim / 32 blocks of 34 bytes");
+  } else {
+    TORCH_CHECK(cache.size(3) == head_dim, "the KV pool's rows must be head_dim wide");
   }
 }
 

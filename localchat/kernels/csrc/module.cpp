@@ -5,6 +5,7 @@
 #include "decode_attention.h"
 #include "decode_layer.h"
 #include "gguf_repack.h"
+#include "kv_store.h"
 #include "quant_linear.h"
 #include "quant_restore.h"
 #include "rms_norm.h"
@@ -18,6 +19,7 @@ using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear, NoGil(), "y = x @ W.T for a packed weight (int8 activations; the ISA's kernels, else the generic ones)");
   m.def("decode_attention", &decode_attention, NoGil(), "rotary + KV store + paged attention for a batch of decodes");
+  m.def("store_kv_q8_0", &store_kv_q8_0, NoGil(), "quantize keys and values into their slots of a q8_0 KV pool");
   m.def("add_rms_norm", &add_rms_norm, NoGil(), "residual += x; rms_norm(residual) (float32)");
   m.def("repack_gguf", &repack_gguf, NoGil(), "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
   m.def("sample_tokens", &sample_tokens, NoGil(), "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");

@@ -13,13 +13,16 @@
 // - an ISA that keeps the generic order (NEON) gives the generic results bit for bit; the x86 kernels, which sum in
 //   other lanes, within float rounding; and on representable values (power-of-two scales, activations that quantize
 //   to themselves), where every sum is exact, all of them bit for bit;
-// - the row restore (unpack_row) and float_to_half give the generic values.
+// - the row restore (unpack_row) and float_to_half give the generic values;
+// - the q8_0 KV rows (quant/kv_q8.h): the ISA's quantize gives the generic codes and scales bit for bit, its key dot
+//   products and value sums the generic ones within float rounding.
 // Prints a line per layout and exits non-zero on any difference.
 #include <cstdio>
 #include <random>
 #include <string>
 
 #include "../quant/dispatch.h"
+#include "../quant/kv_q8.h"
 #include "../quant/restore.h"
 
 namespace {
@@ -306,11 +309,53 @@ void check_half_conversion() {
   failures += bad != 0;
 }
 
+// The q8_0 KV row functions of this build (kv_q8::, the ISA's where it has them) against the generic ones.
+template <int G>
+int check_kv_q8_group(const std::vector<KvQ8Block>& rows, int64_t D, int64_t count, int64_t row) {
+  int bad = 0;
+  std::vector<float> q(G * D), w(G * count);
+  for (auto& x : q) x = uniform(-2.f, 2.f);
+  for (auto& x : w) x = uniform(0.f, 1.f);
+  for (int64_t j = 0; j < count; ++j) {
+    float got[G], want[G];
+    kv_q8::kv_q8_dot<G>(q.data(), rows.data() + j * row, D, 0.125f, got, 1);
+    generic::kv_q8_dot<G>(q.data(), rows.data() + j * row, D, 0.125f, want, 1);
+    for (int g = 0; g < G; ++g) bad += std::fabs(got[g] - want[g]) > 1e-5f * (1.f + std::fabs(want[g]));
+  }
+  std::vector<float> got(G * D, 0.5f), want(G * D, 0.5f);
+  kv_q8::kv_q8_add_rows<G>(rows.data(), row, count, w.data(), count, D, got.data(), D);
+  generic::kv_q8_add_rows<G>(rows.data(), row, count, w.data(), count, D, want.data(), D);
+  for (int64_t i = 0; i < G * D; ++i) bad += std::fabs(got[i] - want[i]) > 1e-5f * (1.f + std::fabs(want[i]));
+  return bad;
+}
+
+void check_kv_q8() {
+  for (int64_t D : {int64_t{32}, int64_t{64}, int64_t{96}, int64_t{128}, int64_t{256}}) {
+    const int64_t count = 13, heads = 3, row = heads * D / 32;  // a run of 13 tokens' rows, 3 KV heads each
+    std::vector<float> x(count * heads * D);
+    for (auto& v : x) v = uniform(-1.f, 1.f) * (integer(0, 9) == 0 ? 40.f : 1.f);
+    std::fill(x.begin(), x.begin() + 32, 0.f);  // a block of zeros: scale 0, codes 0
+    for (int i = 0; i < 32; ++i) x[32 + i] = 0.5f * static_cast<float>(i - 16);  // ties x / d = k + 0.5
+    x[32 + 31] = 127.f;                                                          // (d = 1)
+    std::vector<KvQ8Block> got(x.size() / 32), want(x.size() / 32);
+    kv_q8::kv_q8_quantize(x.data(), static_cast<int64_t>(x.size()), got.data());
+    generic::kv_q8_quantize(x.data(), static_cast<int64_t>(x.size()), want.data());
+    int bad = std::memcmp(got.data(), want.data(), got.size() * sizeof(KvQ8Block)) != 0;
+    bad += want[1].qs[1] != -8 || want[1].qs[3] != -6 || want[1].qs[31] != 127;  // -7.5, -6.5: to even
+    bad += check_kv_q8_group<1>(want, D, count, row) + check_kv_q8_group<2>(want, D, count, row) +
+           check_kv_q8_group<3>(want, D, count, row) + check_kv_q8_group<4>(want, D, count, row);
+    std::printf("%s q8_0 KV rows, head_dim %-3lld %s\n", bad ? "FAIL" : "ok  ", static_cast<long long>(D),
+                LC_KV_Q8_ISA ? "the ISA's quantize, dot and sums" : "generic only");
+    failures += bad != 0;
+  }
+}
+
 }  // namespace
 
 int main() {
   std::printf("kernels: %s\n", LC_ISA_NAME[0] ? LC_ISA_NAME : "generic only");
   check_half_conversion();
+  check_kv_q8();
   // rows: two whole passes and a short one; inputs: whole and short chunks and blocks of 16 groups
   for (bool exact : {false, true}) {
     for (int64_t K : {int64_t{256}, int64_t{1280}}) {
