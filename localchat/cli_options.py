@@ -75,7 +75,7 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
                 _PANEL,
                 "--kv-cache-dtype",
                 help="auto (float16 for quantized weights on CPU, else the model's dtype), "
-                "float32, float16, bfloat16",
+                "float32, float16, bfloat16, q8_0 (CPU: 0.53x of float16's bytes), fp8 (CUDA)",
             ),
         ],
         "auto",

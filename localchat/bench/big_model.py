@@ -95,9 +95,9 @@ def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
     return name, [i for i, kind in enumerate(types.contents()) if kind == _NORMAL_TOKEN]
 
 
-def kv_pool_bytes(path: Path, tokens: int, block_size: int, element_size: int) -> int:
-    """The bytes of a KV pool of `tokens` tokens (whole blocks) of `element_size`-byte elements for
-    the GGUF at `path`."""
+def kv_pool_bytes(path: Path, tokens: int, block_size: int, element_size: float) -> int:
+    """The bytes of a KV pool of `tokens` tokens (whole blocks) of `element_size` bytes a value
+    (q8_0: 34 / 32) for the GGUF at `path`."""
     header = read_header(path)
     layers, heads = header.arch_field("block_count"), header.arch_field("attention.head_count")
     kv_heads = header.arch_field("attention.head_count_kv") or heads
@@ -105,7 +105,7 @@ def kv_pool_bytes(path: Path, tokens: int, block_size: int, element_size: int) -
         header.arch_field("attention.key_length") or header.arch_field("embedding_length") // heads
     )
     blocks = -(-tokens // block_size)
-    return blocks * block_size * 2 * layers * kv_heads * head_dim * element_size
+    return int(blocks * block_size * 2 * layers * kv_heads * head_dim * element_size)
 
 
 def _warm_page_cache(path: Path) -> None:
@@ -201,8 +201,9 @@ def run_big_model(
     )
     if engine_config.kv_cache_memory is None:
         from localchat.engine.core.runtime import pool_dtype
+        from localchat.kernels.kv_quant import kv_row_bytes
 
-        element_size = pool_dtype(engine_config, "gguf").itemsize
+        element_size = kv_row_bytes(pool_dtype(engine_config, "gguf"), 32) / 32
         engine_config.kv_cache_memory = kv_pool_bytes(path, n_ctx, config.block_size, element_size)
     outcome = BenchOutcome(path.name, notes=notes)
     outcome.notes.append(

@@ -62,11 +62,16 @@ def engine_label(engine) -> str:
     runtime = engine.runtime
     prefix = "on" if runtime.config.enable_prefix_caching else "off"
     from localchat.engine.modeling.weights import describe_weights
+    from localchat.kernels.kv_quant import kv_dtype_name
+    from localchat.utils import format_bytes
 
+    # the pool's real bytes (a q8_0 row's scales included)
+    pool = engine.runner.bytes_per_block() * engine.block_manager.num_blocks
     return (
         f"localchat engine (weights {describe_weights(runtime.model)}, activations "
         f"{str(runtime.dtype).removeprefix('torch.')}, "
-        f"KV cache {str(runtime.kv_cache_dtype).removeprefix('torch.')}, {runtime.device.type}, "
+        f"KV cache {kv_dtype_name(runtime.kv_cache_dtype)} ({format_bytes(pool)}), "
+        f"{runtime.device.type}, "
         f"max_num_seqs {runtime.max_num_seqs}, "
         f"max_num_batched_tokens {runtime.max_num_batched_tokens}, "
         f"prefix caching {prefix})"

@@ -32,12 +32,14 @@ from localchat.engine.modeling.registry import spec_from_config
 from localchat.engine.modeling.rotary import rope_parameters_by_key
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.kv_quant import FP8, Q8_0, check_pool_dtype, kv_row_bytes
 from localchat.models.source import resolve_model
 from localchat.utils import format_bytes
 
 logger = logging.getLogger("localchat.engine")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {**_DTYPES, "q8_0": Q8_0, "fp8": FP8}  # kernels/kv_quant.py: int8 means q8_0 blocks
 CPU_DEFAULT_KV_MEMORY = 1 << 30
 CPU_DEFAULT_MAX_MODEL_LEN = 8192  # keeps the rotary tables and the pool modest on a laptop
 
@@ -115,6 +117,7 @@ class EngineRuntime:
         if tp > 1:  # refuse a size that does not split the heads before loading the weights
             check_tensor_parallel(spec_from_config(hf_config), tp)
         kv_cache_dtype = pool_dtype(config, files.source.kind)
+        check_pool_dtype(kv_cache_dtype, device, spec_from_config(hf_config).head_dim)
         cuda = device.type == "cuda"
         max_num_seqs = config.max_num_seqs or (256 if cuda else 64)
         max_num_batched_tokens = max(
@@ -234,9 +237,10 @@ def pool_dtype(config: EngineConfig, source_kind: str) -> torch.dtype:
     """The KV pool's dtype for a model from a `source_kind` file ("gguf", ...): as configured, or
     (auto) float16 where quantized weights (a GGUF file's, or --quantization int8/int4) run float32
     on the CPU, as llama.cpp stores them; else the model's dtype. Attention reads every cached key
-    and value at each decode step, so a long context's decode is bound by their bytes."""
+    and value at each decode step, so a long context's decode is bound by their bytes. q8_0 is
+    torch.int8 here, fp8 torch.float8_e4m3fn (kernels/kv_quant.py)."""
     if config.kv_cache_dtype != "auto":
-        return _DTYPES[config.kv_cache_dtype]
+        return _KV_DTYPES[config.kv_cache_dtype]
     device = _pick_device(config.device)
     dtype = model_dtype(config, device)
     quantized = config.quantization in ("int8", "int4") or (
@@ -257,12 +261,7 @@ def _default_kv_length(
     layout = kv_layout(windows, hybrid=config.tensor_parallel_size == 1)
     block_size = config.block_size
     per_block = (
-        2
-        * layout.slots
-        * block_size
-        * spec.num_kv_heads
-        * spec.head_dim
-        * torch.empty(0, dtype=dtype).element_size()
+        2 * layout.slots * block_size * spec.num_kv_heads * kv_row_bytes(dtype, spec.head_dim)
     )
     return layout.longest_sequence(CPU_DEFAULT_KV_MEMORY // per_block, block_size, chunk, limit)
 

@@ -27,6 +27,7 @@ from localchat.engine.sampling.sampler import Sampler, SamplerOutput, SamplingBa
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.dispatch import triton_available
+from localchat.kernels.kv_quant import kv_row_bytes, kv_row_width
 
 
 @dataclass(slots=True)
@@ -80,17 +81,21 @@ class ModelRunner:
 
     # --- KV pool ----------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
+        """The pool's bytes per block: every slot's keys and values (a q8_0 row counts its scales:
+        34 bytes per 32 values, kernels/kv_quant.py)."""
         spec = self.spec
-        elements = 2 * self.kv_layout.slots * self.block_size * spec.num_kv_heads * spec.head_dim
-        return elements * torch.empty(0, dtype=self.kv_cache_dtype).element_size()
+        rows = 2 * self.kv_layout.slots * self.block_size * spec.num_kv_heads
+        return rows * kv_row_bytes(self.kv_cache_dtype, spec.head_dim)
 
     def allocate_kv_cache(self, num_blocks: int, memory: PrefaultedMemory | None = None) -> None:
         """One pool [2, slots, blocks, block_size, kv_heads, head_dim]; each layer gets views of
-        its slot (a model of one KV group: slot i for layer i). On the CPU it is carved from
+        its slot (a model of one KV group: slot i for layer i). A q8_0 pool's rows are head_dim /
+        32 blocks of 34 bytes instead (kernels/kv_quant.py). On the CPU it is carved from
         `memory` where that is given and large enough."""
         spec = self.spec
         slots = self.kv_layout.slots
-        shape = (2, slots, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        row = kv_row_width(self.kv_cache_dtype, spec.head_dim)
+        shape = (2, slots, num_blocks, self.block_size, spec.num_kv_heads, row)
         # Zeroed up front on the CPU too, so every page of the pool is resident from the start: the
         # memory the server reports at ready is what it keeps, instead of growing by the pool's size
         # as blocks are first used (llama.cpp clears its cache at start-up too).

@@ -29,6 +29,8 @@ SHAPES = {
 CASES = [(name, "auto") for name in sorted(SHAPES)] + [
     ("llama-q4_k_m", "float32"),
     ("llama-q4_k_m", "bfloat16"),
+    ("llama-q4_k_m", "q8_0"),  # int8 codes and a scale per 32 values (kernels/kv_quant.py)
+    ("qwen3-q4_k_m", "q8_0"),
 ]
 
 
