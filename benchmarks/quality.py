@@ -78,6 +78,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from localchat import LLM
+    from localchat.kernels.kv_quant import kv_dtype_name
     from localchat.models.default_model import pull_default_model
 
     path = args.model or str(pull_default_model())
@@ -96,7 +97,7 @@ def main() -> None:
         "model": Path(path).name,
         "tokens": len(ids),
         "window": args.window,
-        "kv_cache_dtype": str(quantized.engine.runner.kv_cache_dtype).removeprefix("torch."),
+        "kv_cache_dtype": kv_dtype_name(quantized.engine.runner.kv_cache_dtype),
         "windows": len(chunks),
         "logits_positions": len(chunks[0]),
         "top1_agreement": agreement,
