@@ -155,9 +155,7 @@ class ServerMetrics:
         yield success
         for histogram in (self.ttft, self.itl, self.e2e):
             yield histogram.family(labels)
-        replica_metrics = getattr(self.engine, "replica_metrics", None)
-        if replica_metrics is not None:  # --data-parallel-size: per-replica series
-            yield from replica_metrics()
+        yield from self.engine.replica_metrics()  # --data-parallel-size: per-replica series
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,7 +49,7 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.engine)
         self.token_str = TokenStrings(self.engine.tokenizer)
-        template = getattr(self.engine, "chat_template", None)
+        template = self.engine.chat_template
         source = template.source if template is not None else None
         self.tools, self.reasoning = chat_parsers(
             self.tool_call_parser, self.reasoning_parser, source

@@ -70,7 +70,7 @@ class FakeEngine:
     rendered: list[tuple[list[dict], dict]] = field(default_factory=list)
     params: list = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
-    tokenizer = None
+    tokenizer = chat_template = None
     is_ready, is_dead, error = True, False, None
     model_info = FakeChatEngine.model_info  # 64 tokens of context, EOS 0
 
@@ -90,6 +90,9 @@ class FakeEngine:
 
     def stats(self):
         return None
+
+    def replica_metrics(self):
+        return ()
 
 
 def client(engine: FakeEngine, api_key: str | None = None, **state) -> AsyncTestClient:

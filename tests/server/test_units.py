@@ -44,7 +44,7 @@ class FakeStream:
 class FakeEngine:
     """Enough of AsyncEngine for the app: every request says "Hi" then fails if `fail` is set."""
 
-    tokenizer, is_ready, is_dead, error = None, True, False, None
+    tokenizer, chat_template, is_ready, is_dead, error = None, None, True, False, None
     model_info = ModelInfo(
         name="fake",
         source_kind="hf_dir",
@@ -81,6 +81,9 @@ class FakeEngine:
 
     def stats(self):
         return None
+
+    def replica_metrics(self):
+        return ()
 
 
 def _client(fail: bool) -> tuple[AsyncTestClient, FakeEngine]:

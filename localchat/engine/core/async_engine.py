@@ -18,13 +18,13 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from localchat.config import EngineConfig
-from localchat.engine.core.engine_client import TextFront
+from localchat.engine.core.engine_client import EngineClient, TextFront
 from localchat.engine.core.engine_core import EngineCore
 from localchat.engine.core.engine_messages import (
     AbortRequest,
@@ -57,7 +57,7 @@ from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullEr
 logger = logging.getLogger("localchat.engine")
 
 
-class AsyncEngine(TextFront):
+class AsyncEngine(TextFront, EngineClient):
     """Serve one model to many concurrent coroutines.
 
     `max_waiting` bounds the requests queued beyond the `max_num_seqs` that can run: past it,
@@ -188,16 +188,6 @@ class AsyncEngine(TextFront):
                 f"too many requests are waiting (more than {self.max_waiting} sequences beyond "
                 f"the {running} running); retry later"
             )
-
-    async def generate(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        stream = await self.add_request(prompt, params, request_id)
-        async for delta in stream:
-            yield delta
 
     def abort(self, request_id: str) -> None:
         self._commands.put(AbortRequest(request_id))

@@ -1,27 +1,34 @@
-"""EngineClient: what the server and the TUI use of an engine, whichever runs it (AsyncEngine: one
-engine in a thread of this process; DataParallelEngine: replicas in processes of their own), and
-TextFront, the event loop's text side both share (tokenizing and chat rendering on a tokenizer of
-the loop's own, never the engine's).
+"""EngineClient: what the server, the TUI and Python callers use of an engine, whichever runs it
+(AsyncEngine: one engine in a thread of this process; DataParallelEngine: replicas in processes of
+their own), and TextFront, the event loop's text side both share (tokenizing and chat rendering on
+a tokenizer of the loop's own, never the engine's).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Self
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 
 from localchat.config import EngineConfig
 from localchat.engine.core.chat_template import ChatTemplate
 from localchat.engine.core.llm_engine import EngineStats
+from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.request_stream import RequestStream
 from localchat.engine.core.text_codec import TextCodec
 from localchat.engine.loading.model_info import ModelInfo
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import EngineDeadError
 
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
 
 class EngineClient(Protocol):
-    """A started engine, as the server's handlers and the chat see it."""
+    """A started engine, as the server's handlers, the chat and Python callers see it. AsyncEngine
+    and DataParallelEngine subclass it, so what it defines (`generate`, `replica_metrics`) is
+    theirs unless they override it: callers use each capability, never probe for it."""
 
     config: EngineConfig
     error: BaseException | None  # why it failed, once it has
@@ -66,6 +73,20 @@ class EngineClient(Protocol):
         stream_interval: float = 0.0,
     ) -> RequestStream: ...
 
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """add_request's deltas, for `async for`: leaving the loop early aborts the request."""
+        stream = await self.add_request(prompt, params, request_id)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()
+
     def abort(self, request_id: str) -> None: ...
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> np.ndarray:
@@ -73,6 +94,11 @@ class EngineClient(Protocol):
         ...
 
     def stats(self) -> EngineStats | None: ...
+
+    def replica_metrics(self) -> Iterable[Metric]:
+        """The /metrics families of each replica (data parallelism's `localchat_replica_*`);
+        an engine of one process has none."""
+        return ()
 
 
 class TextFront:

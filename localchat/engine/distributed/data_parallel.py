@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat import envs
 from localchat.config import EngineConfig
-from localchat.engine.core.engine_client import TextFront
+from localchat.engine.core.engine_client import EngineClient, TextFront
 from localchat.engine.core.engine_messages import (
     AbortRequest,
     Accepted,
@@ -86,7 +86,7 @@ class _Tracked:
     aborted: bool = False
 
 
-class DataParallelEngine(TextFront):
+class DataParallelEngine(TextFront, EngineClient):
     """`size` replicas of `config`, each its own process; used by the server like an AsyncEngine.
 
     `max_waiting` bounds each replica's requests beyond its `max_num_seqs`; a request goes to
