@@ -433,6 +433,8 @@ class LLMEngine:
         if finish_reason is not None:
             seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
             self.scheduler.finish(seq)
+            if self.speculator is not None:
+                self.speculator.finished(seq)
         return CompletionOutput(
             seq.index,
             self._take_text(seq, finish_reason is not None),

@@ -20,13 +20,20 @@ from localchat.engine.core.sequence import Sequence, SequenceStatus
 from localchat.engine.speculative.config import SpeculativeConfig
 from localchat.engine.speculative.draft_length import DraftLength
 from localchat.engine.speculative.ngram import NgramIndex
+from localchat.engine.speculative.suffix import SuffixCache, SuffixDrafter
 
 
 class _Drafter:
     __slots__ = ("index", "length")
 
-    def __init__(self, config: SpeculativeConfig) -> None:
-        self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
+    def __init__(self, config: SpeculativeConfig, cache: SuffixCache | None) -> None:
+        self.index: NgramIndex | SuffixDrafter
+        if cache is None:
+            self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
+        else:
+            self.index = SuffixDrafter(
+                cache, config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob
+            )
         self.length = DraftLength(config.num_speculative_tokens, config.adaptive)
 
 
@@ -39,6 +46,11 @@ class Speculator:
         self.num_drafts = 0  # verifications (steps of a sequence with drafts)
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.cache: SuffixCache | None = None
+        if config.method == "suffix":
+            self.cache = SuffixCache(
+                config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests
+            )
 
     def draft(self, running: list[Sequence]) -> None:
         """Set each running sequence's `draft_token_ids` for the next step (empty where it is not
@@ -59,7 +71,7 @@ class Speculator:
                 continue
             drafter = seq.drafter
             if not isinstance(drafter, _Drafter):
-                drafter = seq.drafter = _Drafter(self.config)
+                drafter = seq.drafter = _Drafter(self.config, self.cache)
             k = min(drafter.length.next(), room)
             if k > 0:
                 seq.draft_token_ids = drafter.index.propose(seq.token_ids, k)
@@ -71,3 +83,8 @@ class Speculator:
         self.num_accepted_tokens += accepted
         if isinstance(seq.drafter, _Drafter):
             seq.drafter.length.record(drafted, accepted)
+
+    def finished(self, seq: Sequence) -> None:
+        """A sequence ended: its output joins the suffix method's shared tree."""
+        if self.cache is not None and seq.request.pooling is None:
+            self.cache.add_output(seq.seq_id, seq.output_token_ids)

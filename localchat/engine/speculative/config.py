@@ -10,10 +10,16 @@ from typing import Any
 from localchat.errors import InvalidParameterError
 
 PARAM = "speculative_config"
-METHODS = ("ngram",)
+METHODS = ("ngram", "suffix")
 # methods vLLM names that have no drafter here yet: refused by name rather than ignored
-NOT_YET = ("suffix", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+NOT_YET = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 MAX_SPECULATIVE_TOKENS = 16
+SUFFIX_FIELDS = (
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+)
 MAX_LOOKUP = 32
 
 
@@ -27,14 +33,23 @@ class SpeculativeConfig:
     """`ngram` (prompt lookup): the longest n-gram in [prompt_lookup_min, prompt_lookup_max] that
     ends the sequence is looked up in its earlier tokens (prompt and output), and the tokens that
     followed an earlier occurrence are the draft, at most num_speculative_tokens of them (ngram.py).
-    With `adaptive` (the default), each sequence's draft length follows its acceptance
-    (draft_length.py)."""
+    `suffix`: the most frequent continuation of the sequence's longest suffix in a suffix tree of
+    depth suffix_decoding_max_tree_depth over its own tokens and over the outputs of the last
+    suffix_decoding_max_cached_requests requests, while each token keeps
+    suffix_decoding_min_token_prob of the paths, for at most max_spec_factor times the match's
+    length (suffix.py). With `adaptive` (the default), each sequence's draft length also follows its
+    acceptance (draft_length.py)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 5
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     adaptive: bool = True
+    # suffix (suffix.py), under vLLM's names
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 16
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     @classmethod
     def parse(
@@ -61,6 +76,7 @@ class SpeculativeConfig:
             "prompt_lookup_min",
             "prompt_lookup_max",
             "adaptive",
+            *SUFFIX_FIELDS,
         }
         unknown = sorted(set(value) - known)
         if unknown:
@@ -70,7 +86,13 @@ class SpeculativeConfig:
             raise _fail(f"method {method!r} is not supported yet; supported: ngram", "method")
         if method not in METHODS:
             raise _fail(f"method must be one of {', '.join(METHODS)}, got {method!r}", "method")
-        k = _integer(value, "num_speculative_tokens", 5, 1, MAX_SPECULATIVE_TOKENS)
+        k = _integer(
+            value,
+            "num_speculative_tokens",
+            5 if method == "ngram" else 8,
+            1,
+            MAX_SPECULATIVE_TOKENS,
+        )
         high = value.get("prompt_lookup_max")
         low = value.get("prompt_lookup_min")
         # vLLM: either bound alone sets both
@@ -88,16 +110,27 @@ class SpeculativeConfig:
         adaptive = value.get("adaptive", True)
         if not isinstance(adaptive, bool):
             raise _fail(f"must be true or false, got {adaptive!r}", "adaptive")
-        return cls(method, k, lookup_min, lookup_max, adaptive)
+        depth = _integer(value, "suffix_decoding_max_tree_depth", 24, 2, 64)
+        cached = _integer(value, "suffix_decoding_max_cached_requests", 16, 0, 1000)
+        factor = _number(value, "suffix_decoding_max_spec_factor", 1.0, 0.1, 16.0)
+        min_prob = _number(value, "suffix_decoding_min_token_prob", 0.1, 0.0, 1.0)
+        if method != "suffix" and set(value) & set(SUFFIX_FIELDS):
+            field = sorted(set(value) & set(SUFFIX_FIELDS))[0]
+            raise _fail("is for method suffix", field)
+        return cls(method, k, lookup_min, lookup_max, adaptive, depth, cached, factor, min_prob)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        fields = {
             "method": self.method,
             "num_speculative_tokens": self.num_speculative_tokens,
-            "prompt_lookup_min": self.prompt_lookup_min,
-            "prompt_lookup_max": self.prompt_lookup_max,
             "adaptive": self.adaptive,
         }
+        if self.method == "ngram":
+            fields["prompt_lookup_min"] = self.prompt_lookup_min
+            fields["prompt_lookup_max"] = self.prompt_lookup_max
+        else:
+            fields.update({name: getattr(self, name) for name in SUFFIX_FIELDS})
+        return fields
 
 
 def _integer(value: dict[str, Any], field: str, default: Any, low: int, high: int) -> int:
@@ -107,3 +140,12 @@ def _integer(value: dict[str, Any], field: str, default: Any, low: int, high: in
     if not low <= number <= high:
         raise _fail(f"must be in [{low}, {high}], got {number}", field)
     return number
+
+
+def _number(value: dict[str, Any], field: str, default: float, low: float, high: float) -> float:
+    number = value.get(field, default)
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        raise _fail(f"must be a number, got {number!r}", field)
+    if not low <= number <= high:
+        raise _fail(f"must be in [{low}, {high}], got {number}", field)
+    return float(number)

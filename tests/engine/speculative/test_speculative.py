@@ -178,3 +178,19 @@ def test_sampled_tokens_follow_the_same_distribution(llm, spec_llm):
     dof = len(keys)
     # the chi-square quantile at 0.999 is below dof + 3.1 * sqrt(2 dof) + 7 for these sizes
     assert statistic < dof + 3.1 * math.sqrt(2 * dof) + 7, (statistic, dof, table)
+
+
+def test_suffix_decoding_keeps_the_tokens_and_learns_from_earlier_answers(llm, default_gguf):
+    """The suffix method drafts from the request's own text and, for a question asked again, from
+    the earlier answer in its shared tree: more of the second answer is drafted and kept."""
+    suffix = LLM(speculative_config={"method": "suffix"})
+    params = SamplingParams(temperature=0, max_tokens=60)
+    batch = prompts(llm)[:2]
+    assert tokens(suffix.generate(batch, params)) == tokens(llm.generate(batch, params))
+    question = [llm.engine.render_chat([{"role": "user", "content": "Describe a cat in detail."}])]
+    kept = []
+    for _ in range(2):
+        before = suffix.engine.stats().spec_accepted_tokens_total
+        assert tokens(suffix.generate(question, params)) == tokens(llm.generate(question, params))
+        kept.append(suffix.engine.stats().spec_accepted_tokens_total - before)
+    assert kept[1] > kept[0] + 20, kept

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from localchat.engine.speculative.config import SpeculativeConfig
 from localchat.engine.speculative.draft_length import MAX_PAUSE, DraftLength
 from localchat.engine.speculative.ngram import NgramIndex
+from localchat.engine.speculative.suffix import SuffixCache, SuffixDrafter, SuffixTrie
 from localchat.errors import InvalidParameterError
 
 
@@ -30,7 +31,10 @@ def test_config_parses_vllms_json():
     [
         ("{", "not valid JSON"),
         ("[1]", "JSON object"),
-        ({"method": "suffix"}, "speculative_config.method: method 'suffix' is not supported yet"),
+        (
+            {"method": "draft_model"},
+            "speculative_config.method: method 'draft_model' is not supported yet",
+        ),
         ({"method": "guess"}, "speculative_config.method"),
         ({"num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
         ({"num_speculative_tokens": "5"}, "speculative_config.num_speculative_tokens"),
@@ -110,3 +114,82 @@ def test_draft_length_adapts_and_pauses():
     fixed = DraftLength(4, adaptive=False)
     fixed.record(4, 0)
     assert fixed.next() == 4
+
+
+def naive_counts(texts, depth):
+    """How many windows (of up to `depth` tokens, one per start) of `texts` begin with each path."""
+    counts: dict[tuple[int, ...], int] = {}
+    for tokens in texts:
+        for first in range(len(tokens)):
+            window = tokens[first : first + depth]
+            for end in range(1, len(window) + 1):
+                counts[tuple(window[:end])] = counts.get(tuple(window[:end]), 0) + 1
+    return counts
+
+
+def trie_counts(trie):
+    found: dict[tuple[int, ...], int] = {}
+    stack = [((), trie.root)]
+    while stack:
+        path, node = stack.pop()
+        for token, child in node.children.items():
+            found[(*path, token)] = child.count
+            stack.append(((*path, token), child))
+    return found
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=4),
+    st.lists(st.integers(1, 5), max_size=6),
+)
+def test_suffix_trie_counts_windows_as_a_naive_count(texts, steps):
+    """Grown token by token (extend) or added whole, the trie counts each path as often as windows
+    start with it; removing a text takes its windows out again."""
+    trie = SuffixTrie(5)
+    grown: list[int] = []
+    old = 0
+    for size in [*steps, len(texts[0])]:
+        grown.extend(texts[0][len(grown) : len(grown) + size])
+        trie.extend(grown, old)
+        old = len(grown)
+    for tokens in texts[1:]:
+        trie.add(tokens)
+    assert trie_counts(trie) == naive_counts([grown, *texts[1:]], 5)
+    for tokens in texts[1:]:
+        trie.add(tokens, sign=-1)
+    assert trie_counts(trie) == naive_counts([grown], 5)
+
+
+def test_suffix_drafts_the_most_frequent_continuation():
+    cache = SuffixCache(depth=8, max_requests=2)
+    drafter = SuffixDrafter(cache, factor=2.0, min_prob=0.1)
+    # "5 6" was followed by 7 8 twice and by 9 once: the draft follows the majority
+    tokens = [5, 6, 7, 8, 1, 5, 6, 7, 8, 2, 5, 6, 9, 3, 5, 6]
+    assert drafter.propose(tokens, 8) == [7, 8, 1, 5]  # a 2-token match earns 2 x 2 tokens
+    assert drafter.propose(tokens, 2) == [7, 8]
+    # 7 followed two of the four times: not the 60% asked for
+    assert SuffixDrafter(cache, 2.0, min_prob=0.6).propose(tokens, 8) == []
+    # another request's output, from the shared cache
+    cache.add_output(1, [40, 41, 42, 43, 44, 45])
+    fresh = SuffixDrafter(cache, factor=1.0, min_prob=0.1)
+    assert fresh.propose([9, 40, 41, 42], 8) == [43, 44, 45]
+    cache.add_output(2, [1])
+    cache.add_output(3, [2])  # the first output is evicted (two requests at most)
+    assert SuffixDrafter(cache, 1.0, 0.1).propose([9, 40, 41, 42], 8) == []
+
+
+def test_suffix_config_fields():
+    config = SpeculativeConfig.parse(
+        {
+            "method": "suffix",
+            "suffix_decoding_max_tree_depth": 16,
+            "suffix_decoding_min_token_prob": 0,
+        }
+    )
+    assert config.num_speculative_tokens == 8 and config.suffix_decoding_max_tree_depth == 16
+    assert SpeculativeConfig.parse(config.to_dict()) == config
+    with pytest.raises(InvalidParameterError, match="suffix_decoding_max_tree_depth: is for"):
+        SpeculativeConfig.parse({"method": "ngram", "suffix_decoding_max_tree_depth": 8})
+    with pytest.raises(InvalidParameterError, match="suffix_decoding_max_spec_factor: must be"):
+        SpeculativeConfig.parse({"method": "suffix", "suffix_decoding_max_spec_factor": "x"})
