@@ -120,6 +120,14 @@ class ChatBackend:
     def stats(self) -> BackendStats | None:
         return None
 
+    def set_speculative(self, value: str) -> str:
+        """`/set speculative ngram|suffix|off` (or a JSON config): what is now on; raises
+        InvalidParameterError where it cannot be set."""
+        raise InvalidParameterError(
+            "speculative decoding is the server's to choose (localchat serve --speculative-config)",
+            param="speculative",
+        )
+
     def for_model(self, name: str) -> ChatBackend:
         """A backend of the same kind for the model `name` (not started); raises when `name`
         cannot be one."""

@@ -194,6 +194,14 @@ class ChatScreen(ChatCore):
 
             self.app.push_screen(SettingsScreen(conversation.settings), apply)
             return
+        name, _, rest = args.strip().partition(" ")
+        if name.lower() == "speculative":  # the engine's, not a sampling parameter
+            if not rest.strip():
+                raise InvalidParameterError(
+                    "/set speculative needs ngram, suffix, off or a JSON config", param="speculative"
+                )
+            self.notify(f"speculative decoding: {self.backend.set_speculative(rest)}")
+            return
         name, value = parse_setting(args, conversation.settings)
         conversation.settings[name] = value
         self.session.save_settings()

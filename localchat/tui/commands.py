@@ -57,7 +57,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "set",
         "Settings",
-        "Set a sampling parameter (" + ", ".join(SETTING_NAMES) + "); no argument: edit them all",
+        "Set a sampling parameter (" + ", ".join(SETTING_NAMES) + "), or speculative "
+        "ngram|suffix|off; no argument: edit them all",
         "set",
         usage="[NAME VALUE]",
         key="f2",

@@ -160,6 +160,19 @@ class EngineBackend(ChatBackend):
         tokenizer = self.engine.tokenizer
         return None if tokenizer is None else tokenizer.get_added_vocab().get(text)
 
+    def set_speculative(self, value: str) -> str:
+        word = value.strip().lower()
+        config: dict | str | None = {"method": word} if word in ("ngram", "suffix") else value
+        if word in ("off", "none"):
+            config = None
+        elif not isinstance(config, dict) and not word.startswith("{"):
+            raise InvalidParameterError(
+                f"speculative must be ngram, suffix, off or a JSON object, got {value.strip()!r}",
+                param="speculative",
+            )
+        self.engine.set_speculative(config)
+        return "off" if config is None else str(config)
+
     def stats(self) -> BackendStats | None:
         stats = self.engine.stats()
         if stats is None:

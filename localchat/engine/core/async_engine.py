@@ -35,6 +35,7 @@ from localchat.engine.core.engine_messages import (
     EngineCommand,
     EngineEvent,
     Failed,
+    SetSpeculative,
     Shutdown,
     StepDone,
     embed_request_ids,
@@ -191,6 +192,10 @@ class AsyncEngine(TextFront, EngineClient):
 
     def abort(self, request_id: str) -> None:
         self._commands.put(AbortRequest(request_id))
+
+    def set_speculative(self, config: dict | str | None) -> None:
+        checked = self._check_alive().check_speculative(config)  # reads only what never changes
+        self._commands.put(SetSpeculative(None if checked is None else checked.to_dict()))
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> np.ndarray:
         """One pooled, L2-normalized hidden-state vector per prompt ([prompts, hidden] float32):

@@ -95,6 +95,11 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats | None: ...
 
+    def set_speculative(self, config: dict | str | None) -> None:
+        """Speculate by vLLM's speculative config (a dict or its JSON; None: not at all) from the
+        next step on; raises InvalidParameterError naming what is wrong, changing nothing."""
+        ...
+
     def replica_metrics(self) -> Iterable[Metric]:
         """The /metrics families of each replica (data parallelism's `localchat_replica_*`);
         an engine of one process has none."""

@@ -16,6 +16,7 @@ reported at most that often.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -30,6 +31,7 @@ from localchat.engine.core.engine_messages import (
     EngineCommand,
     EngineEvent,
     Failed,
+    SetSpeculative,
     Shutdown,
     StepDone,
     embed_request_ids,
@@ -46,6 +48,7 @@ from localchat.errors import (
     LocalchatError,
 )
 
+logger = logging.getLogger("localchat.engine")
 HEALTH_CHECK_SECONDS = 1.0  # how often an idle engine checks on its tensor-parallel ranks
 
 
@@ -126,6 +129,11 @@ class EngineCore:
                 error = self._embeddings.add(engine, embed_id, ids, prompts, pooling)
                 if error is not None:
                     transport.emit([Embedded(embed_id, error)])
+            case SetSpeculative(config):
+                try:
+                    engine.set_speculative(config)
+                except LocalchatError as exc:  # a client that could not check it (a DP replica's)
+                    logger.warning("speculative config not applied: %s", exc.message)
             case AbortRequest(request_id):
                 self._embeddings.discard(request_id)
                 self._accepting.pop(request_id, None)

@@ -50,11 +50,19 @@ class EmbedPrompts:
 
 
 @dataclass(frozen=True, slots=True)
+class SetSpeculative:
+    """Speculate by this config from the next step on (a checked SpeculativeConfig's dict; None:
+    off)."""
+
+    config: dict | None
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """Abort everything and end the drive loop."""
 
 
-EngineCommand = AddRequest | AbortRequest | EmbedPrompts | Shutdown
+EngineCommand = AddRequest | AbortRequest | EmbedPrompts | SetSpeculative | Shutdown
 
 
 def embed_request_ids(embed_id: int, count: int) -> list[str]:

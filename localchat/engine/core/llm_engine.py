@@ -129,21 +129,43 @@ class LLMEngine:
             )
         self.runner.grammar_compiler = self.grammar_compiler
         self.speculator: Speculator | None = None
-        speculative = SpeculativeConfig.parse(config.speculative_config)
-        if speculative is not None:
-            if rotary.depends_on_length:
-                raise InvalidParameterError(
-                    "speculative decoding does not support this model's length-dependent rope "
-                    "scaling (longrope, dynamic NTK)",
-                    param="speculative_config",
-                )
-            self.speculator = Speculator(speculative, self.max_model_len)
+        self._spec_before = (0, 0)  # drafted and kept tokens under earlier speculative configs
+        self.set_speculative(config.speculative_config)
         self._compiling: list[Request] = []  # requests whose grammar is compiling
         self.requests: dict[str, Request] = {}
         self._embedded: list[Request] = []  # embedding requests done, until take_embedded()
         self._held_outputs: list[RequestOutput] = []  # steps run by embed(), for the next step()
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
+
+    def check_speculative(self, value: dict | str | None) -> SpeculativeConfig | None:
+        """The speculative config `value` asks for, checked against this model; raises
+        InvalidParameterError naming what is wrong."""
+        speculative = SpeculativeConfig.parse(value)
+        if speculative is not None and self.runner.rotary.depends_on_length:
+            raise InvalidParameterError(
+                "speculative decoding does not support this model's length-dependent rope "
+                "scaling (longrope, dynamic NTK)",
+                param="speculative_config",
+            )
+        return speculative
+
+    def set_speculative(self, value: dict | str | None) -> None:
+        """Speculate by `value` (vLLM's speculative config; None: not at all) from the next step;
+        the drafted and kept counts go on."""
+        speculative = self.check_speculative(value)
+        self._spec_before = self.spec_counts()
+        self.speculator = None if speculative is None else Speculator(speculative, self.max_model_len)
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            seq.drafter, seq.draft_token_ids = None, []
+
+    def spec_counts(self) -> tuple[int, int]:
+        """Tokens drafted, and of those kept, since the engine started (under every config)."""
+        drafted, kept = self._spec_before
+        if self.speculator is not None:
+            drafted += self.speculator.num_draft_tokens
+            kept += self.speculator.num_accepted_tokens
+        return drafted, kept
 
     # --- requests ---------------------------------------------------------------------------------
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
@@ -556,7 +578,7 @@ class LLMEngine:
     # --- introspection ----------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        spec = self.speculator
+        spec = self.spec_counts()
         return EngineStats(
             num_running=len({s.request.request_id for s in self.scheduler.running}),
             num_waiting=len({s.request.request_id for s in self.scheduler.waiting}),
@@ -567,8 +589,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
-            spec_draft_tokens_total=spec.num_draft_tokens if spec else 0,
-            spec_accepted_tokens_total=spec.num_accepted_tokens if spec else 0,
+            spec_draft_tokens_total=spec[0],
+            spec_accepted_tokens_total=spec[1],
         )
 
 

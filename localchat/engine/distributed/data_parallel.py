@@ -50,6 +50,7 @@ from localchat.engine.core.engine_messages import (
     EngineEvent,
     Failed,
     LoadFailed,
+    SetSpeculative,
     Shutdown,
     Started,
     StepDone,
@@ -64,6 +65,7 @@ from localchat.engine.distributed.replica_process import ReplicaArgs
 from localchat.engine.distributed.replica_router import PrefixRouter
 from localchat.engine.loading.model_info import ModelInfo
 from localchat.engine.sampling.sampling_params import SamplingParams
+from localchat.engine.speculative.config import SpeculativeConfig
 from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullError
 
 logger = logging.getLogger("localchat.server")
@@ -434,6 +436,15 @@ class DataParallelEngine(TextFront, EngineClient):
             tracked.replica.index,
         )
         return True
+
+    def set_speculative(self, config: dict | str | None) -> None:
+        """As AsyncEngine.set_speculative, on every replica (a replica whose model refuses it, as
+        length-dependent rope scaling does, logs why and keeps its own)."""
+        checked = SpeculativeConfig.parse(config)
+        value = None if checked is None else checked.to_dict()
+        self.config = dataclasses.replace(self.config, speculative_config=value)
+        for replica in self.replicas:
+            replica.send(SetSpeculative(value))
 
     def abort(self, request_id: str) -> None:
         tracked = self._requests.get(request_id)

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.timeout(180)
 ENGINE = dict(max_model_len=256, kv_cache_memory="4MiB", block_size=8, max_num_seqs=2)
 PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(12 + 5 * i)] for i in range(4)]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+# prompt lookup drafts 3, 4, 1, ... after these (one per block-distinct prefix, for the router)
+REPEATING = [[40 + 9 * i, 1, 2, 3, 4] * 4 + [1, 2] for i in range(4)]
 
 
 async def tokens_of(engine: AsyncEngine | DataParallelEngine, prompt: list[int]) -> list[int]:
@@ -32,6 +34,11 @@ def samples(engine: DataParallelEngine, name: str) -> list[tuple[dict[str, str],
     return [(sample.labels, sample.value) for sample in family.samples]
 
 
+def samples_of(engine: DataParallelEngine) -> list[int]:
+    """Each replica's drafted tokens."""
+    return [s.spec_draft_tokens_total if s else 0 for s in engine.replica_stats()]
+
+
 def in_flight(engine: DataParallelEngine) -> list[float]:
     return [value for _, value in samples(engine, "requests_in_flight")]
 
@@ -40,6 +47,7 @@ async def test_generate_on_two_replicas_and_leaving_early_aborts(tiny_qwen3):
     single = await AsyncEngine(EngineConfig.from_kwargs(model=tiny_qwen3, **ENGINE)).start()
     try:
         expected = [await tokens_of(single, p) for p in PROMPTS]
+        repeating = [await tokens_of(single, p) for p in REPEATING]
         assert list(single.replica_metrics()) == []  # one engine: no per-replica series
         assert b"localchat_replica_" not in ServerMetrics(single).render()
     finally:
@@ -65,5 +73,12 @@ async def test_generate_on_two_replicas_and_leaving_early_aborts(tiny_qwen3):
         assert in_flight(engine) == [0, 0], "leaving generate early left its request running"
         stats = engine.stats()  # as of the step that ended it
         assert stats is not None and stats.generation_tokens_total < 4 * GREEDY.max_tokens + 240
+
+        # speculation turned on for every replica: the same tokens, drafted on both
+        engine.set_speculative({"method": "ngram", "num_speculative_tokens": 3})
+        got = await asyncio.gather(*(tokens_of(engine, p) for p in REPEATING))
+        assert got == repeating
+        drafted = samples_of(engine)
+        assert all(value > 0 for value in drafted), drafted
     finally:
         await engine.shutdown()
