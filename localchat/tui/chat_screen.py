@@ -198,7 +198,8 @@ class ChatScreen(ChatCore):
         if name.lower() == "speculative":  # the engine's, not a sampling parameter
             if not rest.strip():
                 raise InvalidParameterError(
-                    "/set speculative needs ngram, suffix, off or a JSON config", param="speculative"
+                    "/set speculative needs ngram, suffix, off or a JSON config",
+                    param="speculative",
                 )
             self.notify(f"speculative decoding: {self.backend.set_speculative(rest)}")
             return

@@ -155,7 +155,9 @@ class LLMEngine:
         the drafted and kept counts go on."""
         speculative = self.check_speculative(value)
         self._spec_before = self.spec_counts()
-        self.speculator = None if speculative is None else Speculator(speculative, self.max_model_len)
+        self.speculator = (
+            None if speculative is None else Speculator(speculative, self.max_model_len)
+        )
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             seq.drafter, seq.draft_token_ids = None, []
 
