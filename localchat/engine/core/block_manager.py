@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
 
 from localchat.engine.core.kv_groups import KVGroup
+from localchat.engine.core.multimodal import block_images
 from localchat.engine.core.sequence import Sequence
 
 
@@ -141,7 +142,10 @@ class BlockManager:
         )
 
     def _key(self, seq: Sequence, index: int, parent: int | None) -> tuple:
-        tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+        first, last = index * self.block_size, (index + 1) * self.block_size
+        tokens: tuple = tuple(seq.token_ids[first:last])
+        if seq.request.images and (images := block_images(seq.request.images, first, last)):
+            tokens = (*tokens, images)  # the pictures behind its placeholder tokens
         return (self._salt(seq), parent, tokens)
 
     def _lookup(self, group: int, key: tuple, block_hash: int) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import itertools
 import logging
@@ -15,6 +16,7 @@ import torch
 from localchat.config import EngineConfig
 from localchat.engine.core.block_manager import BlockManager
 from localchat.engine.core.memory import cache_cpu_blocks, fix_mmap_threshold
+from localchat.engine.core.multimodal import EncoderCache, ImageInput
 from localchat.engine.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localchat.engine.core.runtime import EngineRuntime, prefault_kv_memory
 from localchat.engine.core.scheduler import Scheduler
@@ -24,6 +26,7 @@ from localchat.engine.core.step_failure import recoverable, step_error
 from localchat.engine.core.text_codec import TextCodec
 from localchat.engine.distributed.tp_runner import TensorParallelRunner
 from localchat.engine.loading.model_info import ModelInfo
+from localchat.engine.loading.vision import load_vision_encoder
 from localchat.engine.modeling.model_runner import ModelRunner, Verification
 from localchat.engine.modeling.registry import family_name
 from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
@@ -122,6 +125,19 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
         )
+        # a vision-language model's image encoder (engine/core/multimodal.py), behind a cache
+        self.image_encoder = load_vision_encoder(
+            runtime.files,
+            dtype=runtime.dtype,
+            device=runtime.device,
+            load_format=config.load_format,
+            tensor_parallel_size=config.tensor_parallel_size,
+        )
+        if self.image_encoder is not None:
+            self.runner.encoder_cache = EncoderCache(self.image_encoder)
+            self.runner.bidirectional_images = self.image_encoder.bidirectional
+            self.scheduler.whole_images = self.image_encoder.bidirectional
+            self.model_info = dataclasses.replace(self.model_info, takes_images=True)
         self.grammar_compiler: GrammarCompiler | None = None
         if self.tokenizer is not None:
             self.grammar_compiler = GrammarCompiler(
@@ -182,10 +198,14 @@ class LLMEngine:
         return self.codec.render_chat(messages, **kwargs)
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> Request:
-        """Queue a prompt (text or token ids); raises a LocalchatError naming what is wrong with
-        it."""
+        """Queue a prompt (text or token ids, with the images whose placeholder tokens it holds);
+        raises a LocalchatError naming what is wrong with it."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidParameterError(
@@ -194,7 +214,9 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate_prompt(token_ids, params)
-        request = Request(request_id, token_ids, params, prompt=text)
+        if images:
+            self._validate_images(token_ids, images)
+        request = Request(request_id, token_ids, params, prompt=text, images=tuple(images))
         if params.has_logits_processors:
             request.constraints = self._constraints(params)
             if request.constraints.grammar is not None:
@@ -277,6 +299,37 @@ class LLMEngine:
                 "(max_model_len)",
                 param="max_tokens",
             )
+
+    def _validate_images(self, token_ids: list[int], images: tuple[ImageInput, ...]) -> None:
+        encoder = self.image_encoder
+        if encoder is None:
+            raise InvalidParameterError(
+                f"{self.model_info.name} takes no images (not a vision-language model we run, "
+                "or loaded from GGUF, with random weights or under tensor parallelism)",
+                param="images",
+            )
+        if self.runner.kv_cache_dtype == torch.int8:
+            raise InvalidParameterError(
+                "images with --kv-cache-dtype q8_0 are not supported yet", param="images"
+            )
+        budget = self.scheduler.max_num_batched_tokens
+        for image in images:
+            placed = token_ids[image.offset : image.end]
+            if image.offset < 0 or placed != [encoder.image_token_id] * image.length:
+                raise InvalidParameterError(
+                    f"an image's {image.length} placeholder tokens are not at {image.offset}",
+                    param="images",
+                )
+            if image.length != encoder.tokens_per_image:
+                raise InvalidParameterError(
+                    f"an image takes {encoder.tokens_per_image} tokens, not {image.length}",
+                    param="images",
+                )
+            if self.scheduler.whole_images and image.length > budget:
+                raise InvalidParameterError(
+                    f"an image's {image.length} tokens exceed --max-num-batched-tokens {budget}",
+                    param="images",
+                )
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its final (delta) output, or None if

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from localchat.engine.core.block_manager import BlockManager
+from localchat.engine.core.multimodal import whole_images
 from localchat.engine.core.sequence import Sequence, SequenceStatus
 
 
@@ -50,6 +51,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.last_batch: ScheduledBatch | None = None  # what schedule() returned last
+        # a prefill chunk never ends inside an image (image tokens that attend both ways: Gemma 3)
+        self.whole_images = False
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -73,6 +76,11 @@ class Scheduler:
             if seq.draft_token_ids and not self.block_manager.allocate(seq, num_new):
                 seq.draft_token_ids = []  # no sequence is preempted to make room for guesses
                 num_new = min(own, budget)
+            if seq.request.images and self.whole_images:
+                num_new = whole_images(seq.request.images, seq.num_computed_tokens, num_new)
+                if num_new == 0:  # the rest of an image waits for a step with room for it
+                    index += 1
+                    continue
             if not self._allocate_or_preempt(seq, num_new, batch):
                 break  # seq itself was preempted: it was the newest, so nothing after it is left
             batch.seqs.append(seq)
@@ -104,7 +112,11 @@ class Scheduler:
             cached = None if embedding else self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached or ()) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
-            if not self.block_manager.allocate(seq, num_new, cached):
+            if seq.request.images and self.whole_images:
+                num_new = whole_images(seq.request.images, num_cached, num_new)
+            if num_new == 0 or not self.block_manager.allocate(seq, num_new, cached):
+                if num_new == 0 and cached:
+                    seq.block_hashes = []
                 self.waiting.appendleft(seq)
                 break
             if embedding:

@@ -14,6 +14,7 @@ import torch
 from localchat.engine.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from localchat.engine.core.multimodal import ImageInput
     from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
     from localchat.engine.sampling.guided_decoding import GrammarState
     from localchat.engine.sampling.logits_processors import RequestConstraints
@@ -140,6 +141,8 @@ class Request:
     # L2-normalized vector once the prompt is computed
     pooling: str | None = None
     embedding: torch.Tensor | None = None
+    # the prompt's images, in order (engine/core/multimodal.py)
+    images: tuple[ImageInput, ...] = ()
 
     def __post_init__(self) -> None:
         self.seqs = [Sequence(self, i, self.prompt_token_ids) for i in range(self.params.n)]

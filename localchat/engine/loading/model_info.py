@@ -27,6 +27,7 @@ class ModelInfo:
     device: str
     eos_token_ids: tuple[int, ...]
     family: str = ""  # the model family's name ("Gemma 3", "Qwen3-MoE"), from its architecture
+    takes_images: bool = False  # a vision-language model whose image encoder is loaded
 
     @property
     def gguf_path(self) -> Path | None:

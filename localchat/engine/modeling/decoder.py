@@ -133,6 +133,8 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed(input_ids), None
         ctx = get_forward_context()
+        if ctx.images is not None:  # image placeholders take the image encoder's embeddings
+            hidden = hidden.index_copy(0, ctx.images.rows, ctx.images.embeddings.to(hidden.dtype))
         if self.cpu_decode is not None and cpu_decode.applies(input_ids, ctx.attn):
             return self.cpu_decode.forward(hidden, ctx)
         for layer in self.layers:

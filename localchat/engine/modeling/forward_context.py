@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from localchat.engine.core.multimodal import StepImages
 from localchat.kernels.attention_metadata import AttentionMetadata
 
 
@@ -18,6 +19,8 @@ class ForwardContext:
     # cos/sin [num_tokens, rotary_dim // 2] of each rotary table (see engine/modeling/rotary.py),
     # gathered once per step for all layers; cos/sin: the "default" table's
     rope: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    # the step's image rows and bidirectional image spans (engine/core/multimodal.py), if any
+    images: StepImages | None = None
 
     @property
     def cos(self) -> torch.Tensor:

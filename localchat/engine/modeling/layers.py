@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from localchat.engine.modeling.forward_context import get_forward_context
+from localchat.engine.modeling.image_attention import attend_image_spans
 from localchat.engine.modeling.spec import DecoderSpec, LayerSpec
 from localchat.kernels import paged_attention, rms_norm, rotary_embedding, store_kv_cache
 from localchat.kernels.activation import act_and_mul
@@ -82,7 +83,8 @@ class Attention(nn.Module):
         ctx = get_forward_context()
         md = ctx.attn.for_group(self.kv_group)
         qkv = linear(hidden, self.qkv_weight, self.qkv_bias)
-        if self.q_norm is None and self.rope is not None:
+        spans = ctx.images.spans if ctx.images is not None else None
+        if self.q_norm is None and self.rope is not None and not spans:
             cos, sin = ctx.rope[self.rope]
             out = fused_decode_attention(
                 qkv,
@@ -111,6 +113,10 @@ class Attention(nn.Module):
             q, k = rotary_embedding(q, k, *ctx.rope[self.rope])
         store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
         out = paged_attention(q, self.k_cache, self.v_cache, md, self.scale, **self._features())
+        if spans:  # image tokens that see their whole image (modeling/image_attention.py)
+            out = attend_image_spans(
+                out, q, self.k_cache, self.v_cache, md, spans, self.scale, **self._features()
+            )
         return linear(out.reshape(-1, self.q_size), self.o_weight, self.o_bias)
 
 

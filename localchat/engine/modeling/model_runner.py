@@ -13,6 +13,7 @@ import torch
 
 from localchat.engine.core.kv_groups import KVLayout, kv_layout
 from localchat.engine.core.memory import PrefaultedMemory, resident_zeros
+from localchat.engine.core.multimodal import EncoderCache, StepImages, step_images
 from localchat.engine.core.scheduler import ScheduledBatch
 from localchat.engine.core.sequence import Request, Sequence, TokenLogprob
 from localchat.engine.distributed.parallel_layers import TensorParallelDecoder
@@ -78,6 +79,11 @@ class ModelRunner:
             windows, hybrid=not isinstance(model, TensorParallelDecoder)
         )
         self._rope_lengths: torch.Tensor | None = None  # set by _prepare, read by _forward
+        # a vision-language model's image encoder behind its cache (set by the engine), whether
+        # its image tokens attend both ways, and the step's image rows (_prepare to _forward)
+        self.encoder_cache: EncoderCache | None = None
+        self.bidirectional_images = False
+        self._step_images: StepImages | None = None
 
     # --- KV pool ----------------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -174,7 +180,11 @@ class ModelRunner:
         input_ids, positions, md, sample_rows = self._prepare(seqs, num_new)
         sample_rows = [row for row in sample_rows if seqs[row].request.pooling is None]
         sampling_seqs = [seqs[row] for row in sample_rows]
-        if self.graphs is not None and md.num_decodes == len(seqs) <= self.graphs.max_batch_size:
+        if (
+            self.graphs is not None
+            and self._step_images is None  # image rows are embedded outside the graphs
+            and md.num_decodes == len(seqs) <= self.graphs.max_batch_size
+        ):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             hidden = self._forward(input_ids, positions, md)
@@ -228,10 +238,11 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Hidden states of every token, run eagerly."""
         lengths, self._rope_lengths = self._rope_lengths, None
+        images, self._step_images = self._step_images, None
         if lengths is None and self.rotary.depends_on_length:  # a batch _prepare did not plan
             counts = np.diff(np.asarray(md.query_start_loc_cpu))
             lengths = torch.from_numpy(np.repeat(np.asarray(md.seq_lens_cpu), counts))
-        with forward_context(ForwardContext(md, self.rotary.lookup(positions, lengths))):
+        with forward_context(ForwardContext(md, self.rotary.lookup(positions, lengths), images)):
             return self.model(input_ids)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
@@ -274,6 +285,14 @@ class ModelRunner:
             # length as a whole (prompt and outputs so far), as transformers' one pass over it does
             lengths = np.repeat(np.asarray([seq.num_tokens for seq in seqs]), num_new)
             self._rope_lengths = torch.from_numpy(lengths)
+        if self.encoder_cache is not None and any(seq.request.images for seq in seqs):
+            chunks = [
+                (seq.request.images, start, end, int(query_start_loc[row]))
+                for row, (seq, start, end) in enumerate(zip(seqs, starts, seq_lens, strict=True))
+            ]
+            self._step_images = step_images(
+                chunks, self.encoder_cache, self.bidirectional_images, self.device
+            )
         num_decodes = sum(1 for n in num_new if n == 1)
         sample_rows = [
             row

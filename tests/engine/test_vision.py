@@ -1,0 +1,178 @@
+"""Gemma 3 with images, against transformers' own Gemma3ForConditionalGeneration on the same tiny
+random weights (tests/vision_models.py): greedy tokens for one and two images equal transformers'
+(its image tokens attend to each other both ways, under the sliding window too), batched with
+text-only requests, in prefill chunks that start inside an image, and from the prefix cache,
+which keys image blocks by the picture so another picture behind the same tokens never hits; the
+encoder runs once per picture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localchat import LLM, SamplingParams
+from localchat.engine.core.multimodal import EncoderCache, ImageInput, images_of_prompt
+from localchat.errors import InvalidParameterError
+from tests.vision_models import IMAGE_TOKENS, images, save
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gemma3-vlm")
+    model, processor = save(directory)
+    return directory, model, processor
+
+
+def _inputs(processor, text: str, pictures: list) -> dict:
+    parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": text}]
+    messages = [{"role": "user", "content": parts}]
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return processor(text=rendered, images=pictures or None, return_tensors="pt")
+
+
+def _hf_greedy(model, inputs) -> list[int]:
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def _request(model, inputs) -> tuple[list[int], tuple[ImageInput, ...]]:
+    ids = inputs["input_ids"][0].tolist()
+    if "pixel_values" not in inputs:
+        return ids, ()
+    return ids, images_of_prompt(
+        ids, inputs["pixel_values"], model.config.image_token_id, IMAGE_TOKENS
+    )
+
+
+def _run(llm: LLM, requests: list[tuple[list[int], tuple]]) -> list[list[int]]:
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    ids = [
+        f"r{id(llm)}-{i}-{len(engine.requests)}-{engine.stats().prompt_tokens_total}"
+        for i in range(len(requests))
+    ]
+    handles = [
+        engine.add_request(rid, prompt, params, images=pictures)
+        for rid, (prompt, pictures) in zip(ids, requests, strict=True)
+    ]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for output in engine.step():
+            tokens[output.request_id].extend(output.outputs[0].token_ids)
+    assert all(h.is_finished for h in handles)
+    return [tokens[rid] for rid in ids]
+
+
+def _llm(directory, **kwargs) -> LLM:
+    return LLM(str(directory), max_model_len=256, kv_cache_memory="16MiB", **kwargs)
+
+
+def test_one_and_two_images_batched_with_text_equal_transformers(vlm):
+    directory, model, processor = vlm
+    pictures = images(3)
+    batch = [
+        _inputs(processor, "What is in this picture?", pictures[:1]),
+        _inputs(processor, "plain text, no picture at all", []),
+        _inputs(processor, "Compare the two pictures, please.", pictures[1:]),
+    ]
+    expected = [_hf_greedy(model, inputs) for inputs in batch]
+    llm = _llm(directory)
+    assert _run(llm, [_request(model, inputs) for inputs in batch]) == expected
+    assert llm.engine.runner.encoder_cache.num_encoded == 3
+    assert llm.engine.model_info.takes_images
+
+
+def test_prompt_logprobs_equal_transformers_with_image_tokens_seeing_their_whole_image(vlm):
+    """Every prompt position's logprob, the image tokens' own included: where those attended only
+    causally, the text after them would read other keys."""
+    directory, model, processor = vlm
+    inputs = _inputs(processor, "Two pictures; which one is brighter?", images(2, seed=7))
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].float()
+    ids = inputs["input_ids"][0]
+    expected = logits.log_softmax(-1)[:-1].gather(1, ids[1:, None])[:, 0]
+    llm = _llm(directory, max_num_batched_tokens=9)  # in chunks, each image whole
+    prompt, pictures = _request(model, inputs)
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    llm.engine.add_request("logprobs", prompt, params, images=pictures)
+    found = None
+    while llm.engine.has_unfinished():
+        for output in llm.engine.step():
+            found = output.prompt_logprobs or found
+    assert found is not None and found[0] is None
+    ours = torch.tensor([entry.logprob for entry in found[1:]])
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_prefill_keeps_each_image_whole(vlm):
+    directory, model, processor = vlm
+    pictures = images(2, seed=3)
+    batch = [
+        _inputs(processor, "Two pictures, one question.", pictures),
+        _inputs(processor, "text alone, " * 3, []),
+    ]
+    expected = [_hf_greedy(model, inputs) for inputs in batch]
+    for budget in (5, 7, 11):  # chunks that would end inside an image shrink to its start
+        llm = _llm(directory, max_num_batched_tokens=budget, max_num_seqs=2)
+        assert _run(llm, [_request(model, inputs) for inputs in batch]) == expected, budget
+
+
+def test_prefix_cache_keys_image_blocks_by_the_picture(vlm):
+    directory, model, processor = vlm
+    first, other = images(2, seed=5)
+    llm = _llm(directory)
+    cache = llm.engine.runner.encoder_cache
+    turn = _inputs(processor, "Describe the picture in detail, please.", [first])
+    expected = _hf_greedy(model, turn)
+    assert _run(llm, [_request(model, turn)]) == [expected]
+    assert cache.num_encoded == 1
+    # the same picture again: its blocks come from the cache, and it is not encoded again
+    request = _request(model, turn)
+    hits_before = llm.engine.block_manager.prefix_cache_hits
+    assert _run(llm, [request]) == [expected]
+    assert llm.engine.block_manager.prefix_cache_hits - hits_before >= request[1][0].end
+    assert cache.num_encoded == 1
+    assert llm.engine.requests == {}
+    # another picture behind the same placeholder tokens: no block holding its tokens is served
+    swapped = _inputs(processor, "Describe the picture in detail, please.", [other])
+    assert swapped["input_ids"].tolist() == turn["input_ids"].tolist()
+    ids, pictures = _request(model, swapped)
+    hits_before = llm.engine.block_manager.prefix_cache_hits
+    assert _run(llm, [(ids, pictures)]) == [_hf_greedy(model, swapped)]
+    hit = llm.engine.block_manager.prefix_cache_hits - hits_before
+    assert hit <= pictures[0].offset
+    assert cache.num_encoded == 2
+
+
+def test_the_encoder_cache_is_bounded():
+    calls = []
+
+    def encode(pixels: torch.Tensor) -> torch.Tensor:
+        calls.append(len(pixels))
+        return pixels.flatten(1)[:, None, :].repeat(1, 2, 1)
+
+    cache = EncoderCache(encode, capacity=3 * 2 * 12 * 4)  # three images' rows of float32
+    pictures = [ImageInput.of(torch.full((3, 2, 2), float(i)), 0, 2) for i in range(5)]
+    for picture in pictures:
+        cache.get([picture])
+    assert len(cache.entries) == 3 and cache.size <= cache.capacity
+    assert cache.get([pictures[0]])[0][0, 0] == 0.0 and calls[-1] == 1  # dropped: encoded again
+    assert cache.num_encoded == 6
+    cache.get([pictures[4]])
+    assert cache.num_encoded == 6  # kept
+
+
+def test_a_text_model_refuses_images(tmp_path):
+    from tests.family_models import save as save_text
+
+    save_text("gemma3", tmp_path)
+    llm = LLM(str(tmp_path), max_model_len=64, kv_cache_memory="8MiB")
+    picture = ImageInput.of(torch.zeros(3, 32, 32), 1, IMAGE_TOKENS)
+    with pytest.raises(InvalidParameterError) as error:
+        llm.engine.add_request("x", [5] * 8, SamplingParams(max_tokens=2), images=(picture,))
+    assert error.value.param == "images"
+    assert not llm.engine.model_info.takes_images

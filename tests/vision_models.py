@@ -1,0 +1,147 @@
+"""A tiny random-weight Gemma 3 vision-language model, built with transformers' own classes
+(Gemma3ForConditionalGeneration: a SigLIP tower, the multi-modal projector, the Gemma 3 text
+model) and saved with its processor (Gemma3Processor: the image processor and a byte-level test
+tokenizer with Gemma's and the image's special tokens, and a chat template that places an image
+part's <start_of_image> as Gemma 3's does): the reference the vision tests hold ours against.
+
+The images are IMAGE_SIZE pixels square, cut into patches of PATCH pixels (a 4 x 4 grid) that the
+projector pools 2 x 2 into IMAGE_TOKENS soft tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.family_models import _BASE, FAMILIES, VOCAB
+
+IMAGE_SIZE = 32
+PATCH = 8
+IMAGE_TOKENS = 4
+BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<start_of_turn>' + ('model' if message.role == 'assistant' else 'user') + '\\n' -}}"
+    "{%- if message.content is string -%}{{- message.content | trim -}}"
+    "{%- else -%}{%- for part in message.content -%}"
+    "{%- if part.type == 'image' -%}{{- '<start_of_image>' -}}"
+    "{%- elif part.type == 'text' -%}{{- part.text | trim -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+
+def tokenizer():
+    """Byte-level BPE over the 256 byte symbols, then Gemma's and the image's special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", BOI, EOI, IMAGE]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<eos>",
+        bos_token="<bos>",
+        pad_token="<pad>",
+        extra_special_tokens={"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE},
+        chat_template=TEMPLATE,
+    )
+
+
+def config(tok, **text_changes):
+    import transformers
+
+    _, _, overrides = FAMILIES["gemma3"]
+    ids = {t: tok.convert_tokens_to_ids(t) for t in (BOI, EOI, IMAGE)}
+    vocab = max(VOCAB, -(-len(tok) // 64) * 64)
+    text = transformers.Gemma3TextConfig(
+        **{
+            **_BASE,
+            **overrides,
+            "vocab_size": vocab,
+            "pad_token_id": 256,
+            "eos_token_id": 257,
+            "bos_token_id": 258,
+            **text_changes,
+        }
+    )
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+        layer_norm_eps=1e-6,
+    )
+    return transformers.Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=IMAGE_TOKENS,
+        boi_token_index=ids[BOI],
+        eoi_token_index=ids[EOI],
+        image_token_index=ids[IMAGE],
+        tie_word_embeddings=False,
+    )
+
+
+def build(seed: int = 0, **text_changes):
+    """The tiny Gemma 3 VLM (float32, eval) with weights drawn wide (tests/family_models.py) and
+    its processor."""
+    import transformers
+
+    tok = tokenizer()
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config(tok, **text_changes))
+    model = model.to(torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and "vision_tower" not in name:
+                param.normal_(0.0, 0.3)  # Gemma's (1 + weight) norms
+            elif "norm" in name:
+                param.normal_(1.0, 0.3)  # SigLIP's LayerNorms
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            else:
+                param.normal_(0.0, 0.1)
+    image_processor = transformers.Gemma3ImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = transformers.Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        chat_template=TEMPLATE,
+        image_seq_length=IMAGE_TOKENS,
+    )
+    return model, processor
+
+
+def save(directory: Path, seed: int = 0, **text_changes):
+    """Save the model (safetensors) and its processor in `directory`; returns (model, processor)."""
+    model, processor = build(seed, **text_changes)
+    model.save_pretrained(directory, safe_serialization=True)
+    processor.save_pretrained(directory)
+    return model, processor
+
+
+def images(count: int, seed: int = 0):
+    """`count` random RGB PIL images of different sizes."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        size = (40 + 8 * i, 24 + 4 * i)
+        pixels = torch.randint(
+            0, 256, (size[1], size[0], 3), generator=generator, dtype=torch.uint8
+        )
+        out.append(Image.fromarray(pixels.numpy(), "RGB"))
+    return out
