@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from litestar import Request
 
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.harmony import harmony_stop_ids
 from localchat.reasoning import HARMONY, new_splitter, reply_thinking
@@ -22,6 +23,7 @@ from localchat.server.state import ServerState
 from localchat.server.streaming import start_generation
 from localchat.server.structured import checked_grammar
 from localchat.server.tools import ToolPlan, plan_tools
+from localchat.server.vision_prompt import image_parts, render_with_images
 
 
 @dataclass
@@ -34,6 +36,7 @@ class ChatPrompt:
     role: str
     reasoning: str | None
     tail: str  # the prompt's last tokens as text, special tokens kept (where a reply starts)
+    images: tuple[ImageInput, ...] = ()  # its pictures, in order (server/vision_prompt.py)
 
 
 @dataclass
@@ -49,11 +52,15 @@ class ChatRun:
 def render_prompt(server: ServerState, data: ChatCompletionRequest) -> ChatPrompt:
     """The prompt of a chat request (what /v1/messages/count_tokens counts)."""
     plan = plan_tools(data, server.tools, server.special_token_id)
-    tokens = server.render_chat(data, plan.template_tools)
+    images: tuple[ImageInput, ...] = ()
+    if parts := image_parts(data):
+        tokens, images = render_with_images(server, data, plan.template_tools, parts)
+    else:
+        tokens = server.render_chat(data, plan.template_tools)
     role = "assistant" if data.add_generation_prompt else data.messages[-1].role
     reasoning = server.reasoning if role == "assistant" else None
     tail = server.engine.detokenize(tokens[-8:], skip_special_tokens=False) if reasoning else ""
-    return ChatPrompt(tokens, plan, role, reasoning, tail)
+    return ChatPrompt(tokens, plan, role, reasoning, tail, images)
 
 
 def parser_factory(
@@ -107,7 +114,14 @@ async def start_chat(
     if max_tokens_ceiling and params.max_tokens and len(prompt.tokens) + params.max_tokens > limit:
         params.max_tokens = None
     generation = await start_generation(
-        request, server, "", params, [prompt.tokens], grammar_param, request_id=request_id
+        request,
+        server,
+        "",
+        params,
+        [prompt.tokens],
+        grammar_param,
+        request_id=request_id,
+        images=prompt.images,
     )
     new_parser = parser_factory(server, prompt.reasoning, prompt.tail, prompt.plan.parse)
     return ChatRun(generation, prompt.role, prompt.reasoning, new_parser)

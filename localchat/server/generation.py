@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.server.metrics import ServerMetrics
@@ -85,14 +86,22 @@ class Generation:
         self.completion_tokens = 0
         self.aborted = False
 
-    async def start(self, prompts: list[str | list[int]]) -> None:
-        """Queue every prompt; if one is refused, abort those already queued and raise its error."""
+    async def start(
+        self, prompts: list[str | list[int]], images: tuple[ImageInput, ...] = ()
+    ) -> None:
+        """Queue every prompt (each with `images`, its pictures, if any); if one is refused, abort
+        those already queued and raise its error."""
         try:
             for position, prompt in enumerate(prompts):
                 request_id = (
                     self.request_id if len(prompts) == 1 else f"{self.request_id}-{position}"
                 )
-                stream = await self.engine.add_request(prompt, self.params, request_id)
+                if images:  # a test's fake engine takes none
+                    stream = await self.engine.add_request(
+                        prompt, self.params, request_id, images=images
+                    )
+                else:
+                    stream = await self.engine.add_request(prompt, self.params, request_id)
                 self.streams.append(stream)
                 self.trackers.append(Tracker(self.metrics))
                 self.cached_tokens.append(0)

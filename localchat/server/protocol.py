@@ -20,11 +20,19 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class ContentPart(msgspec.Struct, kw_only=True):
-    """One part of a message's content; only text parts are supported."""
+class ImageURL(msgspec.Struct, kw_only=True):
+    """An `image_url` part's picture: a data: URL (server/images.py)."""
+
+    url: str
+    detail: str | None = None
+
+
+class ContentPart(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One part of a message's content: text, or an image for a vision-language model."""
 
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):

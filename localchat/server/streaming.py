@@ -18,6 +18,7 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import CompletionOutput, RequestOutput
 from localchat.engine.sampling.guided_decoding import GRAMMAR_ERROR_PREFIX
 from localchat.errors import InvalidParameterError
@@ -112,6 +113,7 @@ async def start_generation(
     grammar_param: str | None = None,
     *,
     request_id: str | None = None,
+    images: tuple[ImageInput, ...] = (),
 ) -> Generation:
     """Queue the prompts as one Generation under a new response id (`{id_prefix}-...`, or
     `request_id` when given), and hand it to the access log line. `grammar_param` is the request's
@@ -119,7 +121,7 @@ async def start_generation(
     request_id = request_id or server.new_id(id_prefix)
     generation = Generation(server.engine, server.metrics, request_id, params)
     try:
-        await generation.start(prompts)
+        await generation.start(prompts, images)
     except InvalidParameterError as exc:
         # the engine's compile for the model's tokenizer (after checked_grammar's tokenizer-free
         # check) names its error "grammar": name the client's field instead

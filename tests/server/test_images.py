@@ -96,3 +96,109 @@ def test_a_pdf_named_as_an_image_is_refused():
 )
 def test_urls_other_than_base64_data_urls_are_refused(url, words):
     assert words in _refused(url)
+
+
+# --- through a real server on a tiny Gemma 3 VLM and the openai client ---------------------------
+
+
+@pytest.fixture(scope="module")
+def served_vlm(tmp_path_factory):
+    from tests.serve_process import serve_process
+    from tests.vision_models import save
+
+    directory = tmp_path_factory.mktemp("gemma3-vlm")
+    model, processor = save(directory)
+    log = tmp_path_factory.mktemp("vlm") / "serve.log"
+    args = [str(directory), "--served-model-name", "vlm", "--max-model-len", "256"]
+    args += ["--kv-cache-memory", "16MiB", "--threads", "1"]
+    with serve_process(log, *args, timeout=180) as server:
+        yield server, model, processor
+
+
+def _png(picture) -> str:
+    buffer = io.BytesIO()
+    picture.save(buffer, "PNG")
+    return _url(buffer.getvalue())
+
+
+def _expected_text(model, processor, text: str, pictures: list) -> str:
+    import torch
+
+    parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": text}]
+    messages = [{"role": "user", "content": parts}]
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=rendered, images=pictures, return_tensors="pt")
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    return processor.tokenizer.decode(
+        out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+
+
+def _chat(client, content: list, **extra):
+    return client.chat.completions.create(
+        model="vlm",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        **extra,
+    )
+
+
+def test_openai_client_image_url_parts_equal_transformers(served_vlm):
+    import openai
+
+    from tests.vision_models import images
+
+    server, model, processor = served_vlm
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    pictures = images(2, seed=11)
+    for count in (1, 2):
+        content = [{"type": "image_url", "image_url": {"url": _png(p)}} for p in pictures[:count]]
+        content.append({"type": "text", "text": "What do you see?"})
+        reply = _chat(client, content)
+        assert reply.choices[0].message.content == _expected_text(
+            model, processor, "What do you see?", pictures[:count]
+        )
+    # the same picture again: its image blocks come from the prefix cache
+    again = _chat(client, content)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (_url(b"%PDF-1.4\n%%EOF\n"), "not an image"),
+        ("https://example.com/cat.png", "fetches no image URLs"),
+    ],
+)
+def test_a_bad_image_is_a_400_naming_its_part(served_vlm, url, words):
+    import openai
+
+    server, _, _ = served_vlm
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    content = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": url}}]
+    with pytest.raises(openai.BadRequestError) as error:
+        _chat(client, content)
+    body = error.value.body
+    assert body["param"] == "messages[0].content[1].image_url"
+    assert words in body["message"]
+
+
+def test_a_text_model_given_an_image_is_a_400_naming_the_part(openai_client):
+    import openai
+
+    content = [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": _url(_file("PNG"))}},
+    ]
+    with pytest.raises(openai.BadRequestError) as error:
+        openai_client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=2,
+        )
+    assert error.value.body["param"] == "messages[0].content[1].image_url"
+    assert "takes no images" in error.value.body["message"]

@@ -43,6 +43,7 @@ from localchat.engine.core.engine_messages import (
 from localchat.engine.core.engine_transport import ThreadTransport
 from localchat.engine.core.llm_engine import EngineStats, LLMEngine
 from localchat.engine.core.memory import freeze_gc
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.request_stream import (
     QueueItems,
@@ -138,8 +139,10 @@ class AsyncEngine(TextFront, EngineClient):
         request_id: str | None = None,
         *,
         stream_interval: float = 0.0,
+        images: tuple[ImageInput, ...] = (),
     ) -> RequestStream:
-        """Validate and queue a request; raises its LocalchatError here, before any output.
+        """Validate and queue a request (with the pictures whose placeholder tokens its prompt
+        holds); raises its LocalchatError here, before any output.
 
         With `stream_interval` (seconds), deltas after the first token are held in the engine
         thread and handed over together, at most once per interval; the first token and the last
@@ -158,7 +161,7 @@ class AsyncEngine(TextFront, EngineClient):
         )
         accepted = stream.accepted = stream.loop.create_future()
         self._streams[request_id] = stream
-        self._commands.put(AddRequest(request_id, prompt, params))
+        self._commands.put(AddRequest(request_id, prompt, params, images))
         try:
             prompt_token_ids = await accepted
         except BaseException as exc:

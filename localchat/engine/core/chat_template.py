@@ -59,7 +59,9 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
                 param="messages",
             )
         content = message.get("content")
-        if isinstance(content, list):
+        if isinstance(content, list) and any(_is_image(part) for part in content):
+            pass  # a vision-language model's template places its images among the texts
+        elif isinstance(content, list):
             texts = []
             for part in content:
                 if (
@@ -86,6 +88,11 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
 
 
 SYSTEM_ROLES = ("system", "developer")
+
+
+def _is_image(part) -> bool:
+    """An image part as multimodal chat templates take it ({"type": "image"})."""
+    return isinstance(part, dict) and part.get("type") == "image"
 
 
 def without_system(messages: list[dict]) -> list[dict]:

@@ -14,6 +14,7 @@ import numpy as np
 from localchat.config import EngineConfig
 from localchat.engine.core.chat_template import ChatTemplate
 from localchat.engine.core.llm_engine import EngineStats
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.request_stream import RequestStream
 from localchat.engine.core.text_codec import TextCodec
@@ -71,6 +72,7 @@ class EngineClient(Protocol):
         request_id: str | None = None,
         *,
         stream_interval: float = 0.0,
+        images: tuple[ImageInput, ...] = (),
     ) -> RequestStream: ...
 
     async def generate(

@@ -37,6 +37,7 @@ from localchat.engine.core.engine_messages import (
     embed_request_ids,
 )
 from localchat.engine.core.llm_engine import LLMEngine
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.sequence import Request
 from localchat.engine.sampling.guided_decoding import grammar_error
@@ -143,7 +144,9 @@ class EngineCore:
         return True
 
     def _add(self, command: AddRequest, transport: CoreTransport) -> None:
-        added = add_or_error(self.engine, command.request_id, command.prompt, command.params)
+        added = add_or_error(
+            self.engine, command.request_id, command.prompt, command.params, command.images
+        )
         if isinstance(added, Request) and has_grammar(added):
             self._accepting[command.request_id] = added  # Accepted once its grammar compiles
         elif isinstance(added, Request):
@@ -227,10 +230,16 @@ def _text_prompt_ids(request: Request) -> list[int] | None:
 
 
 def add_or_error(
-    engine: LLMEngine, request_id: str, prompt: str | list[int], params: SamplingParams
+    engine: LLMEngine,
+    request_id: str,
+    prompt: str | list[int],
+    params: SamplingParams,
+    images: tuple[ImageInput, ...] = (),
 ) -> Request | LocalchatError:
     """engine.add_request's request, or the error to hand its caller."""
     try:
+        if images:
+            return engine.add_request(request_id, prompt, params, images)
         return engine.add_request(request_id, prompt, params)
     except LocalchatError as exc:
         return exc

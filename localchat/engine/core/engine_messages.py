@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localchat.engine.core.llm_engine import EngineStats
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.text_codec import TextCodec
 from localchat.engine.loading.model_info import ModelInfo
@@ -31,6 +32,7 @@ class AddRequest:
     request_id: str
     prompt: str | list[int]
     params: SamplingParams
+    images: tuple[ImageInput, ...] = ()  # the prompt's pictures (engine/core/multimodal.py)
 
 
 @dataclass(frozen=True, slots=True)

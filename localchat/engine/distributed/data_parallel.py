@@ -57,6 +57,7 @@ from localchat.engine.core.engine_messages import (
     embed_request_ids,
 )
 from localchat.engine.core.llm_engine import EngineStats
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.core.outputs import RequestOutput
 from localchat.engine.core.request_stream import RequestStream, StreamState, settle
 from localchat.engine.distributed.replica import Replica, replica_devices, replica_threads
@@ -372,11 +373,16 @@ class DataParallelEngine(TextFront, EngineClient):
         request_id: str | None = None,
         *,
         stream_interval: float = 0.0,
+        images: tuple[ImageInput, ...] = (),
     ) -> RequestStream:
         """Route and queue a request; raises its LocalchatError here, before any output.
         `stream_interval` has no effect here: each delta reaches the event loop as its replica
-        sends it."""
+        sends it. Images are refused (not under data parallelism yet)."""
         self._serving()
+        if images:
+            raise InvalidParameterError(
+                "images are not supported under data parallelism yet", param="images"
+            )
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
