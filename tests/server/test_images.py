@@ -202,3 +202,38 @@ def test_a_text_model_given_an_image_is_a_400_naming_the_part(openai_client):
         )
     assert error.value.body["param"] == "messages[0].content[1].image_url"
     assert "takes no images" in error.value.body["message"]
+
+
+def test_anthropic_image_blocks_equal_transformers(served_vlm):
+    import anthropic
+
+    from tests.vision_models import images
+
+    server, model, processor = served_vlm
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    texts = []
+    for seed in (13, 16):  # two pictures the tiny model answers differently
+        picture = images(1, seed=seed)[0]
+        data = _png(picture).split(",", 1)[1]
+        source = {"type": "base64", "media_type": "image/png", "data": data}
+        content = [{"type": "image", "source": source}, {"type": "text", "text": "Say what."}]
+        reply = claude.messages.create(
+            model="vlm",
+            max_tokens=8,
+            messages=[{"role": "user", "content": content}],
+            extra_body={"ignore_eos": True, "temperature": 0},
+        )
+        # the tiny model's bytes may end inside a UTF-8 character, which the reply leaves out
+        text = reply.content[0].text
+        assert text and _expected_text(model, processor, "Say what.", [picture]).startswith(text)
+        assert reply.usage.output_tokens == 8
+        texts.append(text)
+    assert texts[0][:2] != texts[1][:2]
+    bad = {"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": "x"}}
+    with pytest.raises(anthropic.BadRequestError) as error:
+        claude.messages.create(
+            model="vlm",
+            max_tokens=8,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, bad]}],
+        )
+    assert "messages[0].content[1]" in error.value.body["error"]["message"]

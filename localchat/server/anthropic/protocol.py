@@ -16,7 +16,8 @@ class TextBlock(msgspec.Struct, tag="text", tag_field="type", kw_only=True):
 
 
 class ImageBlock(msgspec.Struct, tag="image", tag_field="type", kw_only=True):
-    """Refused with a clear 400 until the server's models read images."""
+    """A user's picture (source: base64 type, media_type, data) for a vision-language model;
+    refused with a clear 400 elsewhere."""
 
     source: dict[str, Any] | None = None
 

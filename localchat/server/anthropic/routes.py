@@ -25,7 +25,7 @@ from localchat.server.streaming import sse_response
 async def create_message(request: Request, data: Annotated[MessagesRequest, JSON_BODY]) -> Response:
     server = server_for(request, data.model)
     with field_names():
-        chat = chat_request(data)
+        chat = chat_request(data, server.engine.model_info.takes_images)
         message_id = f"msg_{uuid.uuid4().hex}"
         run = await start_chat(request, server, chat, message_id, max_tokens_ceiling=True)
     reply = MessageReply(
@@ -51,7 +51,8 @@ async def count_tokens(request: Request, data: Annotated[MessagesInput, JSON_BOD
     input_tokens + cache_read_input_tokens."""
     server = server_for(request, data.model)
     with field_names():
-        prompt = render_prompt(server, chat_request(data))
+        chat = chat_request(data, server.engine.model_info.takes_images)
+        prompt = render_prompt(server, chat)
     return {"input_tokens": len(prompt.tokens)}
 
 

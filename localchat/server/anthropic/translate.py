@@ -24,7 +24,8 @@ from localchat.server.anthropic.protocol import (
     ToolUseBlock,
 )
 from localchat.server.field_names import api_field_names
-from localchat.server.protocol import ChatCompletionRequest, ChatMessage
+from localchat.server.images import image_from_url
+from localchat.server.protocol import ChatCompletionRequest, ChatMessage, ContentPart, ImageURL
 
 # the chat path's fields that have other names here (see api_field_names)
 FIELDS = {"stop": "stop_sequences", "chat_template_kwargs": "thinking"}
@@ -40,7 +41,7 @@ def field_names():
 def _unsupported(block: Any, where: str) -> None:
     if isinstance(block, ImageBlock):
         raise InvalidParameterError(
-            f"{where}: image blocks are not supported yet (the served model reads text only)",
+            f"{where}: image blocks are read only in a user message's content",
             param=where,
         )
     if isinstance(block, DocumentBlock):
@@ -58,16 +59,47 @@ def _text(blocks: str | list | None, where: str) -> str:
     return "\n".join(block.text for block in blocks if isinstance(block, TextBlock))
 
 
-def _user(content: list, where: str) -> list[ChatMessage]:
+def _image_part(block: ImageBlock, where: str, takes_images: bool) -> ContentPart:
+    """A base64 image block as the chat path's image_url part (checked here, so that a bad
+    image is named by this API's field)."""
+    if not takes_images:
+        raise InvalidParameterError(
+            f"{where}: the served model takes no images (image blocks need a vision-language "
+            "model)",
+            param=where,
+        )
+    source = block.source or {}
+    if source.get("type") != "base64" or not isinstance(source.get("data"), str):
+        raise InvalidParameterError(
+            f"{where}: an image block's source must be base64 (type, media_type, data); URL "
+            "sources are not fetched",
+            param=where,
+        )
+    url = f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    image_from_url(url, where)
+    return ContentPart(type="image_url", image_url=ImageURL(url=url))
+
+
+def _user_content(parts: list[ContentPart]) -> str | list[ContentPart]:
+    """Text blocks joined, or the parts as they are where an image is among them."""
+    if any(part.image_url is not None for part in parts):
+        return parts
+    return "\n".join(part.text or "" for part in parts)
+
+
+def _user(content: list, where: str, takes_images: bool) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
-    texts: list[str] = []
+    texts: list[ContentPart] = []
     for position, block in enumerate(content):
+        if isinstance(block, ImageBlock):
+            texts.append(_image_part(block, f"{where}[{position}]", takes_images))
+            continue
         _unsupported(block, f"{where}[{position}]")
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            texts.append(ContentPart(type="text", text=block.text))
         elif isinstance(block, ToolResultBlock):
             if texts:
-                messages.append(ChatMessage(role="user", content="\n".join(texts)))
+                messages.append(ChatMessage(role="user", content=_user_content(texts)))
                 texts = []
             text = _text(block.content, f"{where}[{position}].content")
             messages.append(ChatMessage(role="tool", content=text, tool_call_id=block.tool_use_id))
@@ -77,7 +109,7 @@ def _user(content: list, where: str) -> list[ChatMessage]:
                 param=f"{where}[{position}].type",
             )
     if texts or not messages:
-        messages.append(ChatMessage(role="user", content="\n".join(texts)))
+        messages.append(ChatMessage(role="user", content=_user_content(texts)))
     return messages
 
 
@@ -106,7 +138,7 @@ def _assistant(content: list, where: str) -> ChatMessage:
     )
 
 
-def chat_messages(data: MessagesInput) -> list[ChatMessage]:
+def chat_messages(data: MessagesInput, takes_images: bool = False) -> list[ChatMessage]:
     if not data.messages:
         raise InvalidParameterError("messages must hold at least one message", param="messages")
     messages = []
@@ -119,7 +151,7 @@ def chat_messages(data: MessagesInput) -> list[ChatMessage]:
         if isinstance(content, str):
             messages.append(ChatMessage(role=message.role, content=content))
         elif message.role == "user":
-            messages.extend(_user(content, where))
+            messages.extend(_user(content, where, takes_images))
         else:
             messages.append(_assistant(content, where))
     return messages
@@ -181,9 +213,10 @@ def _thinking(data: MessagesInput, max_tokens: int | None) -> dict[str, Any] | N
     return {"enable_thinking": thinking.type != "disabled"}
 
 
-def chat_request(data: MessagesInput) -> ChatCompletionRequest:
-    """The chat completion of a Messages request (or of a count_tokens request)."""
-    messages = chat_messages(data)
+def chat_request(data: MessagesInput, takes_images: bool = False) -> ChatCompletionRequest:
+    """The chat completion of a Messages request (or of a count_tokens request); a user's image
+    blocks are refused unless the served model `takes_images`."""
+    messages = chat_messages(data, takes_images)
     tool_choice, parallel = _tool_choice(data)
     sampling: dict[str, Any] = {}
     if isinstance(data, MessagesRequest):
