@@ -237,3 +237,31 @@ def test_anthropic_image_blocks_equal_transformers(served_vlm):
             messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, bad]}],
         )
     assert "messages[0].content[1]" in error.value.body["error"]["message"]
+
+
+def test_responses_input_image_equals_transformers(served_vlm):
+    import openai
+
+    from tests.vision_models import images
+
+    server, model, processor = served_vlm
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    picture = images(2, seed=11)[0]
+    content = [
+        {"type": "input_image", "image_url": _png(picture)},
+        {"type": "input_text", "text": "What do you see?"},
+    ]
+    response = client.responses.create(
+        model="vlm",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    expected = _expected_text(model, processor, "What do you see?", [picture])
+    assert response.output_text == expected.rstrip()  # a reply's trailing space is not kept
+    assert response.usage.output_tokens == 8
+    bad = [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": _url(b"GIF")}]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(model="vlm", input=[{"role": "user", "content": bad}])
+    assert error.value.body["param"] == "input[0].content[1]"

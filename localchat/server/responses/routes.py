@@ -63,8 +63,9 @@ async def create_response(
         history = record["history"]
     response_id = new_response_id()
     with field_names():
-        items = input_items(data)
-        chat = chat_request(data, history, items)
+        takes_images = server.engine.model_info.takes_images
+        items = input_items(data, takes_images)
+        chat = chat_request(data, history, items, takes_images)
         run = await start_chat(request, server, chat, response_id, max_tokens_ceiling=True)
 
     async def keep(response: dict[str, Any]) -> None:

@@ -19,7 +19,8 @@ import msgspec
 
 from localchat.errors import InvalidParameterError
 from localchat.server.field_names import api_field_names
-from localchat.server.protocol import ChatCompletionRequest, ChatMessage
+from localchat.server.images import image_from_url
+from localchat.server.protocol import ChatCompletionRequest, ChatMessage, ContentPart, ImageURL
 from localchat.server.responses.protocol import ResponsesRequest
 
 # the chat path's fields that have other names here (see api_field_names)
@@ -55,6 +56,8 @@ class _Text(msgspec.Struct, kw_only=True):
     type: Literal["input_text", "output_text", "refusal", "input_image", "input_file"]
     text: str | None = None
     refusal: str | None = None
+    image_url: str | None = None  # an input_image's (a data: URL)
+    detail: str | None = None
 
 
 class _Message(msgspec.Struct, kw_only=True):
@@ -91,7 +94,7 @@ _ITEMS: dict[str, type] = {
 }
 
 
-def _item(item: Any, where: str) -> Any:
+def _item(item: Any, where: str, takes_images: bool = False) -> Any:
     """One input item, checked: a 400 naming the field it gets wrong."""
     if not isinstance(item, dict):
         raise InvalidParameterError(f"{where} must be an object", param=where)
@@ -109,15 +112,42 @@ def _item(item: Any, where: str) -> Any:
         if problem.startswith("Object missing required field") and "`" in problem:
             field += "." + problem.split("`")[1]
         raise InvalidParameterError(f"{field}: {problem}", param=field) from None
+    user = isinstance(value, _Message) and value.role == "user"
     for position, part in enumerate(_parts(value)):
-        if part.type in ("input_image", "input_file"):
-            place = f"{where}.{'output' if kind == 'function_call_output' else 'content'}"
-            raise InvalidParameterError(
-                f"{place}[{position}]: {part.type} parts are not supported yet (the served model "
-                "reads text only)",
-                param=f"{place}[{position}]",
+        place = f"{where}.{'output' if kind == 'function_call_output' else 'content'}"
+        if part.type == "input_image" and user and takes_images:
+            _check_image(part, f"{place}[{position}]")
+        elif part.type in ("input_image", "input_file"):
+            why = (
+                "the served model takes no images"
+                if part.type == "input_image" and user
+                else "only a user message's input_image parts are read"
+                if part.type == "input_image"
+                else "input_file parts are not supported yet"
             )
+            raise InvalidParameterError(f"{place}[{position}]: {why}", param=f"{place}[{position}]")
     return value
+
+
+def _check_image(part: _Text, where: str) -> None:
+    if not isinstance(part.image_url, str):
+        raise InvalidParameterError(
+            f"{where}: an input_image needs its image_url (a data: URL); file ids are not read",
+            param=where,
+        )
+    image_from_url(part.image_url, where)  # a bad image is named by this API's field
+
+
+def _user_content(content: str | list[_Text]) -> str | list[ContentPart]:
+    """A user message's text, or its parts where an image is among them."""
+    if isinstance(content, str) or not any(part.type == "input_image" for part in content):
+        return _text(content)
+    return [
+        ContentPart(type="image_url", image_url=ImageURL(url=part.image_url or ""))
+        if part.type == "input_image"
+        else ContentPart(type="text", text=part.text or part.refusal or "")
+        for part in content
+    ]
 
 
 def _parts(value: Any) -> list[_Text]:
@@ -136,8 +166,9 @@ def _text(content: str | list[_Text]) -> str:
     return "".join(part.text or part.refusal or "" for part in content)
 
 
-def input_items(data: ResponsesRequest) -> list[dict[str, Any]]:
-    """The request's input as items, each checked and given an id if it has none."""
+def input_items(data: ResponsesRequest, takes_images: bool = False) -> list[dict[str, Any]]:
+    """The request's input as items, each checked and given an id if it has none (a user's
+    input_image parts refused unless the served model `takes_images`)."""
     if isinstance(data.input, str):
         content = [{"type": "input_text", "text": data.input}]
         return [
@@ -147,7 +178,7 @@ def input_items(data: ResponsesRequest) -> list[dict[str, Any]]:
         raise InvalidParameterError("input must hold at least one item", param="input")
     items = []
     for position, item in enumerate(data.input):
-        _item(item, f"input[{position}]")
+        _item(item, f"input[{position}]", takes_images)
         kind = item.get("type", "message")
         items.append({"type": kind, **item, "id": item.get("id") or new_item_id(kind)})
     return items
@@ -190,15 +221,18 @@ class _Turns:
                 )
             else:
                 role = "system" if value.role == "developer" else value.role
-                self.messages.append(ChatMessage(role=role, content=_text(value.content)))
+                content = _user_content(value.content) if role == "user" else _text(value.content)
+                self.messages.append(ChatMessage(role=role, content=content))
 
 
-def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[ChatMessage]:
+def chat_messages(
+    instructions: str | None, items: list[dict[str, Any]], takes_images: bool = False
+) -> list[ChatMessage]:
     """The conversation of `items` (checked ones: a stored response's, then the request's),
     opened by `instructions`."""
     turns = _Turns()
     for position, item in enumerate(items):
-        turns.add(_item(item, f"input[{position}]"))
+        turns.add(_item(item, f"input[{position}]", takes_images))
     messages = turns.messages
     system = [instructions] if instructions else []
     while messages and messages[0].role == "system":
@@ -281,13 +315,16 @@ def _check(data: ResponsesRequest) -> None:
 
 
 def chat_request(
-    data: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]]
+    data: ResponsesRequest,
+    history: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+    takes_images: bool = False,
 ) -> ChatCompletionRequest:
     """The chat completion of a request whose input `items` (from `input_items`) follow `history`
     (the items of the response it continues, if any)."""
     _check(data)
     return ChatCompletionRequest(
-        messages=chat_messages(data.instructions, [*history, *items]),
+        messages=chat_messages(data.instructions, [*history, *items], takes_images),
         model=data.model,
         max_tokens=data.max_output_tokens,
         ignore_eos=data.ignore_eos,
