@@ -1,7 +1,7 @@
 """One forward pass of M tokens on the CPU: the C++ decode stack against the op-by-op layers.
 
     python benchmarks/multirow_forward.py [MODEL] [--rows 1,2,4,6,8,16] [--context 300]
-        [--rounds 15] [--batch] [--json FILE]
+        [--rounds 15] [--batch] [--threads N] [--json FILE]
 
 A sequence of `--context` tokens is prefilled once; then each round times, for every M, one
 forward pass (the model's hidden states, no LM head) of M new tokens at the end of that sequence
@@ -39,9 +39,12 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--batch", action="store_true", help="M sequences' decodes")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     llm = LLM(args.model, max_model_len=args.context + max(rows) + 16)
     runner = llm.engine.runner
     model = runner.model
