@@ -1,10 +1,11 @@
 // Whole decoder layers for the tokens of one CPU forward pass (one decode, a few sequences' decodes, or a
 // sequence's last few tokens: speculative decoding's verification), in one OpenMP parallel region: the threads
-// meet at five barriers per layer (after each projection and after attention; six for several tokens) instead
-// of being forked and joined for each of the ~8 ops, and Python calls once per pass. Each thread keeps its own
-// copy of the residual stream and normalizes and quantizes every projection's input itself (a few microseconds
-// of duplicated work), so nothing serial runs between the projections. Same arithmetic as the per-op path
-// (quant_linear.h, decode_attention.h, rms_norm.h).
+// meet at five barriers per layer (after each projection and after attention) instead of being forked and joined
+// for each of the ~8 ops, and Python calls once per pass. Each thread keeps its own copy of the residual stream
+// and normalizes every projection's input itself, and for one token quantizes it itself too (a few microseconds
+// of duplicated work), so nothing serial runs between the projections; several tokens' are quantized by the
+// threads together, a share each, behind one more barrier per projection (and one between storing the tokens'
+// keys and attention). Same arithmetic as the per-op path (quant_linear.h, decode_attention.h, rms_norm.h).
 #pragma once
 #include <omp.h>
 #if defined(__x86_64__)
@@ -57,11 +58,12 @@ constexpr int64_t kMaxStackRows = 16;
 
 // What each thread of the decode region keeps for itself: its copy of the residual stream and the normalized input
 // of the next projection ([rows][hidden] each), SiLU's products, one token's rotated keys and queries, the attention
-// outputs (all heads, merged, [rows][Hq * D]) and attention scores, the activation rows of the projection it runs,
-// and (when profiling) the cycles it spent in each phase.
+// outputs (all heads, merged, [rows][Hq * D]) and attention scores, one token's activation rows, and (when
+// profiling) the cycles it spent in each phase.
 struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
-  SharedActivations inputs;
+  SharedActivations inputs;      // one token's
+  std::vector<PanelLine> panel;  // several tokens': the panel kernel's accumulators
   MoeScratch moe;  // a mixture-of-experts layer's
   std::vector<char> keys_ready;
   std::vector<float> scores;
@@ -70,10 +72,12 @@ struct ThreadScratch {
 };
 
 // What the threads share while a layer runs, used by every layer in turn (one runs at a time): the projections'
-// outputs ([rows][N] each), the attention partials ([rows][threads][Hq][D + 2]), and for several tokens their
-// rotated queries and their keys and values as the pool holds them ([rows][2] rows of Hkv * D values, in its type).
+// outputs ([rows][N] each), the attention partials ([rows][threads][Hq][D + 2]), and for several tokens the
+// activation rows of a projection's input, their rotated queries and their keys and values as the pool holds
+// them ([rows][2] rows of Hkv * D values, in its type).
 struct LayerShared {
   std::vector<float> qkv, o, gate_up, partials, queries, current;
+  TokenActivations tokens;
 };
 
 // The tokens of one forward pass: per token its rotary row, the pool slot of its key and value (-1: none), its
@@ -140,7 +144,10 @@ class DecodeLayer {
   // region.
   void reserve(int threads, int64_t rows, ThreadScratch& s, LayerShared& b) {
     TORCH_CHECK(moe_ || !gate_up_.parts.empty(), "DecodeLayer: no MLP (set_moe first)");
-    for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) p->reserve_claims(threads);
+    for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) {
+      p->reserve_claims(threads);
+      if (rows > 1) b.tokens.add(*p, rows);
+    }
     if (moe_) moe_->reserve(threads, s.moe);
     const int64_t D = head_dim_, row = kv_heads_ * D;
     grow(s.residual, rows * hidden_);
@@ -150,6 +157,7 @@ class DecodeLayer {
     grow(s.keys_ready, kv_heads_);
     grow(s.queries, heads_ * D);
     grow(s.attention, rows * heads_ * D);
+    grow(s.panel, kPanelLines);
     grow(b.qkv, rows * qkv_.N);
     grow(b.o, rows * hidden_);
     grow(b.gate_up, rows * gate_up_.N);
@@ -178,14 +186,27 @@ class DecodeLayer {
       phase(kBarrier);
     };
     const int64_t M = rows.count, H = hidden_;
+    // the product of a projection with its input x ([M][width], this thread's copy): one token's activation rows
+    // quantized by each thread for itself, several tokens' shared between the threads (a barrier more)
+    auto project = [&](Projection& p, const float* x, int64_t width, float* y, const float* bias, Phase which) {
+      if (M == 1) {
+        s.inputs.reset(x);
+        p.multiply(tid, n, s.inputs, y, bias);
+        return;
+      }
+      b.tokens.quantize(p, x, width, M * tid / n, M * (tid + 1) / n);
+      phase(which);
+      barrier();
+      TokenRows inputs{b.tokens, M, s.panel.data()};
+      p.multiply(tid, n, inputs, y, bias);
+    };
     float* res = s.residual.data();
     float* normed = s.normed.data();
     for (int64_t m = 0; m < M; ++m) {
       if (incoming) add_into(res + m * H, incoming + m * H, H);
       rms_norm_into(res + m * H, input_norm_.data_ptr<float>(), H, eps_, normed + m * H);
     }
-    s.inputs.reset(normed, M, H);
-    qkv_.multiply(tid, n, s.inputs, b.qkv.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr);
+    project(qkv_, normed, H, b.qkv.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr, kQkv);
     phase(kQkv);
     barrier();
     qkv_.release(tid);
@@ -199,8 +220,7 @@ class DecodeLayer {
     }
     phase(kAttention);
     barrier();
-    s.inputs.reset(merge_attention(n, s, b, M), M, heads_ * head_dim_);
-    o_.multiply(tid, n, s.inputs, b.o.data(), nullptr);
+    project(o_, merge_attention(n, s, b, M), heads_ * head_dim_, b.o.data(), nullptr, kO);
     phase(kO);
     barrier();
     o_.release(tid);
@@ -215,8 +235,7 @@ class DecodeLayer {
       }
       return false;
     }
-    s.inputs.reset(normed, M, H);
-    gate_up_.multiply(tid, n, s.inputs, b.gate_up.data(), nullptr);
+    project(gate_up_, normed, H, b.gate_up.data(), nullptr, kGateUp);
     phase(kGateUp);
     barrier();
     gate_up_.release(tid);
@@ -225,8 +244,7 @@ class DecodeLayer {
       const float* gate = b.gate_up.data() + m * 2 * W;
       silu_and_mul(gate, gate + W, s.product.data() + m * W, W);
     }
-    s.inputs.reset(s.product.data(), M, W);
-    down_.multiply(tid, n, s.inputs, out, nullptr);
+    project(down_, s.product.data(), W, out, nullptr, kDown);
     phase(kDown);
     barrier();
     down_.release(tid);

@@ -1,7 +1,7 @@
 // The quantized projections of the CPU decode stack (decode_layer.h): a PackedWeight as the kernels see it
 // (PackedRef), the rows of several stacked into one projection the threads share (Projection), and the activation
-// rows of an input (one token's, or several tokens') that the weights reading it in the same layout share
-// (SharedActivations).
+// rows of an input that the weights reading it in the same layout share: a thread's own of one token's
+// (SharedActivations), or those of several tokens the threads quantize together (TokenActivations).
 #pragma once
 #include <torch/extension.h>
 
@@ -115,22 +115,18 @@ bool same_activations(const PackedRef& a, const PackedRef& b) {
          a.L.act_chunk_bytes == b.L.act_chunk_bytes && a.L.file == b.L.file;
 }
 
-// One thread's activation rows of one input (one token's, or `rows` tokens' `stride` floats apart), one set per
-// distinct activation layout of the weights that read it: a layer's experts share their layouts, and so do the
-// layers of a stack, so a thread quantizes an input once per layout, not once per weight, into buffers that stay in
-// its caches from one projection to the next.
+// One thread's activation rows of one input, one per distinct activation layout of the weights that read it: a
+// layer's experts share their layouts, and so do the layers of a stack, so a thread quantizes an input once per
+// layout, not once per weight, into buffers that stay in its caches from one projection to the next.
 class SharedActivations {
  public:
-  void reset(const float* x, int64_t rows = 1, int64_t stride = 0) {
+  void reset(const float* x) {
     input_ = x;
-    rows_ = rows;
-    stride_ = stride;
     for (auto& entry : entries_) entry->ready = false;
   }
 
-  int64_t rows() const { return rows_; }
+  int64_t rows() const { return 1; }
 
-  // The input's rows quantized for `weight` (rows() of them).
   const ActivationRow* rows_for(const PackedRef& weight) {
     Entry* found = nullptr;
     for (auto& entry : entries_) {
@@ -140,37 +136,31 @@ class SharedActivations {
       entries_.push_back(std::make_unique<Entry>(weight));
       found = entries_.back().get();
     }
-    if (static_cast<int64_t>(found->buffers.rows.size()) < rows_) {
-      found->buffers = ActivationBuffers(rows_, weight.K, weight.L);
-    }
     if (!found->ready) {
-      for (int64_t m = 0; m < rows_; ++m) weight.quantize_into(input_ + m * stride_, found->buffers.rows[m]);
+      weight.quantize_into(input_, found->buffers.rows[0]);
       found->ready = true;
     }
     return found->buffers.rows.data();
   }
 
-  // The panel kernel's accumulators (PackedRef::multiply_rows), 64-byte aligned.
-  void* panel_scratch() {
-    if (panel_.empty()) panel_.resize(kPanelRows * kPanelScratchPerRow / sizeof(Line));
-    return panel_.data();
-  }
+  void* panel_scratch() { return nullptr; }  // (one row: the GEMV's)
 
  private:
   struct Entry {
     explicit Entry(const PackedRef& weight) : like(&weight), buffers(1, weight.K, weight.L) {}
     const PackedRef* like;
-    ActivationBuffers buffers;  // its rows point into its own storage, which a move keeps
+    ActivationBuffers buffers;  // holds pointers into its own storage: an Entry is never moved
     bool ready = false;
   };
-  struct alignas(64) Line {
-    uint8_t bytes[64];
-  };
   std::vector<std::unique_ptr<Entry>> entries_;
-  std::vector<Line> panel_;
   const float* input_ = nullptr;
-  int64_t rows_ = 1, stride_ = 0;
 };
+
+// A 64-byte line of the panel kernel's accumulators (kPanelRows * kPanelScratchPerRow bytes of them a thread).
+struct alignas(64) PanelLine {
+  uint8_t bytes[64];
+};
+constexpr int64_t kPanelLines = kPanelRows * kPanelScratchPerRow / sizeof(PanelLine);
 
 // Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, arrangement).
 constexpr size_t kFormatFields = 4;
@@ -244,7 +234,9 @@ struct Projection {
   // machine slowed down (a vCPU's neighbours, an interrupt) does not keep the other waiting at the barrier. Each
   // thread claims from its own range's start and a helper takes the next claim, so both read contiguous runs of
   // the weight. Every thread passes its own activations of the same input.
-  void multiply(int thread, int threads, SharedActivations& inputs, float* out, const float* bias) {
+  // Inputs: SharedActivations (a thread's own), or TokenRows (the tokens' rows the threads quantized together).
+  template <typename Inputs>
+  void multiply(int thread, int threads, Inputs& inputs, float* out, const float* bias) {
     for (int k = 0; k < threads; ++k) {
       const int owner = (thread + k) % threads;
       const int64_t begin = first_pass_of(owner, threads), end = first_pass_of(owner + 1, threads);
@@ -263,7 +255,8 @@ struct Projection {
 
   // Passes [begin, end) over all parts (each part's rows land after the previous part's), from the input's
   // activation rows in each part's layout: the GEMV for one row, the panel for several.
-  void multiply_passes(SharedActivations& inputs, int64_t begin, int64_t end, float* out, const float* bias) const {
+  template <typename Inputs>
+  void multiply_passes(Inputs& inputs, int64_t begin, int64_t end, float* out, const float* bias) const {
     int64_t first_pass = 0, first_row = 0;
     for (const auto& part : parts) {
       const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
@@ -279,6 +272,65 @@ struct Projection {
       first_row += part->N;
     }
   }
+};
+
+// The activation rows of several tokens' input to a projection, which the threads quantize together (each its
+// share of the tokens, then a barrier) and then all read: one set of rows per activation layout of the stack's
+// projections, made outside the parallel region (add), so the region only writes rows into them.
+class TokenActivations {
+ public:
+  // Room for `rows` tokens in the layouts of `projection`'s parts. Called outside the region.
+  void add(const Projection& projection, int64_t rows) {
+    for (const auto& part : projection.parts) {
+      Entry* entry = find(*part);
+      if (!entry) {
+        entries_.push_back(std::make_unique<Entry>(*part));
+        entry = entries_.back().get();
+      }
+      if (static_cast<int64_t>(entry->buffers.rows.size()) < rows) entry->buffers = ActivationBuffers(rows, part->K, part->L);
+    }
+  }
+
+  // Tokens [m0, m1) of x (rows `stride` floats apart) quantized in each layout that `projection`'s parts read.
+  void quantize(const Projection& projection, const float* x, int64_t stride, int64_t m0, int64_t m1) {
+    for (size_t i = 0; i < projection.parts.size(); ++i) {
+      const PackedRef& part = *projection.parts[i];
+      bool done = false;  // by an earlier part of the same layout
+      for (size_t j = 0; j < i; ++j) done = done || same_activations(*projection.parts[j], part);
+      if (done) continue;
+      Entry* entry = find(part);
+      for (int64_t m = m0; m < m1; ++m) part.quantize_into(x + m * stride, entry->buffers.rows[m]);
+    }
+  }
+
+  const ActivationRow* rows_for(const PackedRef& weight) { return find(weight)->buffers.rows.data(); }
+
+ private:
+  struct Entry {
+    explicit Entry(const PackedRef& weight) : like(&weight) {}
+    const PackedRef* like;
+    ActivationBuffers buffers;
+  };
+
+  Entry* find(const PackedRef& weight) {
+    for (auto& entry : entries_) {
+      if (same_activations(*entry->like, weight)) return entry.get();
+    }
+    return nullptr;
+  }
+
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
+
+// A thread's view of the tokens' TokenActivations, as Projection::multiply reads its inputs.
+struct TokenRows {
+  TokenActivations& activations;
+  int64_t count;
+  void* scratch;  // this thread's panel accumulators (kPanelLines)
+
+  int64_t rows() const { return count; }
+  const ActivationRow* rows_for(const PackedRef& weight) { return activations.rows_for(weight); }
+  void* panel_scratch() { return scratch; }
 };
 
 }  // namespace

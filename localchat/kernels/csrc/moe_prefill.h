@@ -67,8 +67,7 @@ template <typename ActsOf>
 void run_items(const std::vector<std::unique_ptr<Projection>>& projections, const std::vector<MoeItem>& items,
                const std::vector<int64_t>& offsets, ActsOf&& acts_of, float* out, int64_t out_stride) {
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    struct alignas(64) Line { uint8_t bytes[64]; };  // 64-byte aligned: the panel's accumulators are vectors
-    std::vector<Line> scratch(kPanelRows * kPanelScratchPerRow / sizeof(Line));
+    std::vector<PanelLine> scratch(kPanelLines);
     std::vector<ActivationRow> acts;
     for (int64_t i = begin; i < end; ++i) {
       const MoeItem& item = items[i];
