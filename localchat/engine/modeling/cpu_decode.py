@@ -1,6 +1,7 @@
-"""The CPU fast path for a single decode token: all decoder layers and the final norm as one C++
-call (kernels/csrc/decode_layer.h), in one OpenMP parallel region whose threads meet at barriers
-between steps.
+"""The CPU fast path for a forward pass of a few tokens (a single decode, a small batch of decodes,
+or a sequence's last few tokens, as speculative decoding verifies them): all decoder layers and the
+final norm as one C++ call (kernels/csrc/decode_layer.h), in one OpenMP parallel region whose
+threads meet at barriers between steps, each projection's weights read once for all the tokens.
 
 It applies when the model runs float32 on a CPU with the vector kernels (AVX-512 VNNI or AVX2) and
 every projection is quantized (one PackedWeight, or several whose rows stack, as a Q4_K_M file's
@@ -18,7 +19,6 @@ import torch
 from localchat.engine.modeling.cpu_parts import is_packed, parts, tensors
 from localchat.engine.modeling.moe import SparseMoE
 from localchat.engine.modeling.spec import DecoderSpec, LayerSpec
-from localchat.kernels.attention_metadata import AttentionMetadata
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.quant_linear import precise_activations
@@ -32,17 +32,36 @@ class CpuDecodeStack:
         self.model = model
         self.stack = stack
         self.num_layers = len(model.layers)
+        self.max_tokens: int = stack.max_rows()
         self._bound: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor, ctx) -> torch.Tensor:
-        """The final-normed hidden state of one decode token, from its embedding [1, hidden]."""
+        """The final-normed hidden states of the batch's tokens (at most max_tokens), from their
+        embeddings [tokens, hidden]."""
         if self._bound is not self.model.layers[0].self_attn.k_cache:
             attns = [layer.self_attn for layer in self.model.layers]
             self.stack.bind_caches([a.k_cache for a in attns], [a.v_cache for a in attns])
             self._bound = attns[0].k_cache
         md = ctx.attn
         return self.stack.forward(
-            hidden, ctx.cos, ctx.sin, md.slot_mapping, md.block_tables, md.seq_lens
+            hidden,
+            ctx.cos,
+            ctx.sin,
+            md.slot_mapping,
+            md.block_tables,
+            md.seq_lens,
+            md.query_start_loc,
+        )
+
+    def applies(self, input_ids: torch.Tensor, ctx) -> bool:
+        """Whether the stack runs this batch: a CPU batch of at most max_tokens tokens, decodes
+        and short multi-token queries alike (the supported models' layers have no windows,
+        softcaps or sinks, so every token attends to all its sequence's keys up to its own),
+        without image spans (whose tokens attend both ways)."""
+        return (
+            input_ids.device.type == "cpu"
+            and 1 <= input_ids.shape[0] <= self.max_tokens
+            and ctx.images is None
         )
 
 
@@ -108,7 +127,3 @@ def build_decode_stack(model) -> CpuDecodeStack | None:
             decode_layer.set_moe(experts)
         layers.append(decode_layer)
     return CpuDecodeStack(model, ext.DecodeStack(layers, model.norm.weight, model.norm.eps))
-
-
-def applies(input_ids: torch.Tensor, md: AttentionMetadata) -> bool:
-    return input_ids.shape[0] == 1 and md.num_decodes == 1 and input_ids.device.type == "cpu"

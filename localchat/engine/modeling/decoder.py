@@ -114,7 +114,7 @@ class DecoderForCausalLM(nn.Module):
             else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
         )
         self.packed_head: torch.Tensor | None = None
-        # all layers of a single decode as one C++ call (modeling/cpu_decode.py)
+        # all layers of a forward pass of a few tokens as one C++ call (modeling/cpu_decode.py)
         self.cpu_decode: cpu_decode.CpuDecodeStack | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -135,7 +135,7 @@ class DecoderForCausalLM(nn.Module):
         ctx = get_forward_context()
         if ctx.images is not None:  # image placeholders take the image encoder's embeddings
             hidden = hidden.index_copy(0, ctx.images.rows, ctx.images.embeddings.to(hidden.dtype))
-        if self.cpu_decode is not None and cpu_decode.applies(input_ids, ctx.attn):
+        if self.cpu_decode is not None and self.cpu_decode.applies(input_ids, ctx):
             return self.cpu_decode.forward(hidden, ctx)
         for layer in self.layers:
             hidden, residual = layer(hidden, residual)

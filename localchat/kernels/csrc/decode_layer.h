@@ -1,9 +1,11 @@
-// A whole decoder layer for one decode token on the CPU, in one OpenMP parallel region: the threads meet at
-// five barriers per layer (after each projection and after attention) instead of being forked and joined for
-// each of the ~8 ops, and Python calls once per token. Each thread keeps its own copy of the residual stream
-// and normalizes and quantizes every projection's input itself (a few microseconds of duplicated work), so
-// nothing serial runs between the projections. Same arithmetic as the per-op path (quant_linear.h,
-// decode_attention.h, rms_norm.h).
+// Whole decoder layers for the tokens of one CPU forward pass (one decode, a few sequences' decodes, or a
+// sequence's last few tokens: speculative decoding's verification), in one OpenMP parallel region: the threads
+// meet at five barriers per layer (after each projection and after attention) instead of being forked and joined
+// for each of the ~8 ops, and Python calls once per pass. Each thread keeps its own copy of the residual stream
+// and normalizes every projection's input itself, and for one token quantizes it itself too (a few microseconds
+// of duplicated work), so nothing serial runs between the projections; several tokens' are quantized by the
+// threads together, a share each, behind one more barrier per projection (and one between storing the tokens'
+// keys and attention). Same arithmetic as the per-op path (quant_linear.h, decode_attention.h, rms_norm.h).
 #pragma once
 #include <omp.h>
 #if defined(__x86_64__)
@@ -50,29 +52,63 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 #pragma omp simd
   for (int64_t i = 0; i < width; ++i) out[i] = x[i] * inv * weight[i];
 }
-// What each thread of the decode region keeps for itself: its copy of the residual stream, the normalized input
-// of the next projection, SiLU's product, the current token's rotated keys and queries, the attention
-// output (all heads, merged) and attention scores, and (when profiling) the cycles it spent in each phase.
+// The most tokens one DecodeStack.forward runs: each projection reads its weights once for all of them (the panel
+// kernel, up to kPanelRows rows a pass). Chosen by measurement (docs/benchmarks-history.md, 2026-12-06).
+constexpr int64_t kMaxStackRows = 16;
+
+// What each thread of the decode region keeps for itself: its copy of the residual stream and the normalized input
+// of the next projection ([rows][hidden] each), SiLU's products, one token's rotated keys and queries, the attention
+// outputs (all heads, merged, [rows][Hq * D]) and attention scores, one token's activation rows, and (when
+// profiling) the cycles it spent in each phase.
 struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
+  SharedActivations inputs;      // one token's
+  std::vector<PanelLine> panel;  // several tokens': the panel kernel's accumulators
   MoeScratch moe;  // a mixture-of-experts layer's
   std::vector<char> keys_ready;
   std::vector<float> scores;
-  std::vector<uint16_t> current;  // a 16-bit or q8_0 pool's copy of the current token's keys and values [2][Hkv * D]
+  std::vector<uint16_t> current;  // a 16-bit or q8_0 pool's copy of one token's keys and values [2][Hkv * D]
   std::vector<uint64_t> cycles;  // [kPhases], when profiling
 };
+
+// What the threads share while a layer runs, used by every layer in turn (one runs at a time): the projections'
+// outputs ([rows][N] each), the attention partials ([rows][threads][Hq][D + 2]), and for several tokens the
+// activation rows of a projection's input, their rotated queries and their keys and values as the pool holds
+// them ([rows][2] rows of Hkv * D values, in its type).
+struct LayerShared {
+  std::vector<float> qkv, o, gate_up, partials, queries, current;
+  TokenActivations tokens;
+};
+
+// The tokens of one forward pass: per token its rotary row, the pool slot of its key and value (-1: none), its
+// sequence's block table, and its length (the keys it attends to, its own the last).
+struct StackRows {
+  int64_t count;
+  const float* cos;  // [count][half]
+  const float* sin;
+  int64_t half;  // rotary pairs
+  const int64_t* slots;
+  const int32_t* const* tables;
+  const int64_t* lengths;
+};
+
 // Phases of a layer, for DecodeStack.profile(): each projection with its input's norm and quantization,
 // attention, and the waits at the barriers.
 enum Phase { kQkv, kAttention, kO, kGateUp, kDown, kBarrier, kPhases };
+
+template <typename T>
+void grow(std::vector<T>& v, int64_t size) {
+  if (static_cast<int64_t>(v.size()) < size) v.resize(size);
+}
 
 }  // namespace
 
 class DecodeLayer {
  public:
   // parts: the (qweight, scales, mins, supers) of every PackedWeight (empty tensors where absent), projection
-  // by projection (qkv, o, gate_up, down); part_counts: how many parts each of the four projections has; formats: (bits, group_size,
-  // zero_point, arrangement) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None. precise: per
-  // projection, whether its activations take two int8 codes each (else one).
+  // by projection (qkv, o, gate_up, down); part_counts: how many parts each of the four projections has; formats: (bits,
+  // group_size, zero_point, arrangement) per part. q_norm/k_norm: per-head RMSNorm weights (Qwen3), or None. precise:
+  // per projection, whether its activations take two int8 codes each (else one).
   DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
               std::vector<std::vector<torch::Tensor>> parts, std::vector<int64_t> part_counts,
               std::vector<int64_t> formats, c10::optional<torch::Tensor> qkv_bias,
@@ -95,9 +131,6 @@ class DecodeLayer {
                 "DecodeLayer: inconsistent shapes");
     TORCH_CHECK(!dense_mlp(part_counts) || (gate_up_.N == 2 * down_.K && down_.N == hidden_ && gate_up_.K == hidden_),
                 "DecodeLayer: inconsistent MLP shapes");
-    qkv_out_.resize(qkv_.N);
-    o_out_.resize(hidden_);
-    gate_up_out_.resize(gate_up_.N);
   }
 
   // A mixture-of-experts MLP instead of the dense one (a layer built with the qkv and o projections only).
@@ -107,37 +140,39 @@ class DecodeLayer {
     moe_ = std::move(moe);
   }
 
-  // Per-call inputs shared by every layer of a token.
-  struct Step {
-    const float* cos;
-    const float* sin;
-    int64_t half;  // rotary pairs: the width of cos/sin
-    int64_t slot;
-    const int32_t* table;
-    int64_t length;
-  };
-
-  // Room for this many threads' activation rows, and for a thread's scratch. Called outside the region.
-  void reserve(int threads, ThreadScratch& s) {
+  // Room for this many threads and tokens, in a thread's scratch and in the shared buffers. Called outside the
+  // region.
+  void reserve(int threads, int64_t rows, ThreadScratch& s, LayerShared& b) {
     TORCH_CHECK(moe_ || !gate_up_.parts.empty(), "DecodeLayer: no MLP (set_moe first)");
-    for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) p->reserve(threads);
+    for (Projection* p : {&qkv_, &o_, &gate_up_, &down_}) {
+      p->reserve_claims(threads);
+      if (rows > 1) b.tokens.add(*p, rows);
+    }
     if (moe_) moe_->reserve(threads, s.moe);
-    s.residual.resize(hidden_);
-    s.normed.resize(hidden_);
-    s.product.resize(std::max<int64_t>(static_cast<int64_t>(s.product.size()), down_.K));
-    s.keys.resize(std::max<int64_t>(static_cast<int64_t>(s.keys.size()), kv_heads_ * head_dim_));
-    s.keys_ready.resize(std::max<int64_t>(static_cast<int64_t>(s.keys_ready.size()), kv_heads_));
-    s.queries.resize(std::max<int64_t>(static_cast<int64_t>(s.queries.size()), heads_ * head_dim_));
-    s.attention.resize(std::max<int64_t>(static_cast<int64_t>(s.attention.size()), heads_ * head_dim_));
-    partials_.resize(std::max<size_t>(partials_.size(), threads * heads_ * (head_dim_ + 2)));
+    const int64_t D = head_dim_, row = kv_heads_ * D;
+    grow(s.residual, rows * hidden_);
+    grow(s.normed, rows * hidden_);
+    grow(s.product, rows * down_.K);
+    grow(s.keys, row);
+    grow(s.keys_ready, kv_heads_);
+    grow(s.queries, heads_ * D);
+    grow(s.attention, rows * heads_ * D);
+    grow(s.panel, kPanelLines);
+    grow(b.qkv, rows * qkv_.N);
+    grow(b.o, rows * hidden_);
+    grow(b.gate_up, rows * gate_up_.N);
+    grow(b.partials, rows * threads * heads_ * (D + 2));
+    grow(b.queries, rows * heads_ * D);
+    grow(b.current, rows * 2 * row);  // floats: room for any pool type
   }
 
-  // The layer inside a parallel region that every thread runs. s.residual (this thread's copy of the residual
-  // stream) gets `incoming` added first when given (the previous layer's MLP output, shared); the layer's MLP
-  // output goes to out (shared), and true is returned, unless the layer added it to s.residual itself (the
-  // experts' sum, which each thread forms anyway). Every shared buffer is written by one step and read after the
-  // next barrier.
-  bool run(int tid, int n, ThreadScratch& s, const float* incoming, float* out, const Step& step) {
+  // The layer inside a parallel region that every thread runs, for rows.count tokens. s.residual (this thread's
+  // copy of the residual stream) gets `incoming` added first when given (the previous layer's MLP output,
+  // shared); the layer's MLP output goes to out (shared), and true is returned, unless the layer added it to
+  // s.residual itself (the experts' sum, which each thread forms anyway). Every shared buffer is written by one
+  // step and read after the next barrier.
+  bool run(int tid, int n, ThreadScratch& s, LayerShared& b, const float* incoming, float* out,
+           const StackRows& rows) {
     uint64_t* cycles = s.cycles.empty() ? nullptr : s.cycles.data();
     uint64_t mark = cycles ? cycle_count() : 0;
     auto phase = [&](Phase which) {
@@ -150,37 +185,66 @@ class DecodeLayer {
 #pragma omp barrier
       phase(kBarrier);
     };
+    const int64_t M = rows.count, H = hidden_;
+    // the product of a projection with its input x ([M][width], this thread's copy): one token's activation rows
+    // quantized by each thread for itself, several tokens' shared between the threads (a barrier more)
+    auto project = [&](Projection& p, const float* x, int64_t width, float* y, const float* bias, Phase which) {
+      if (M == 1) {
+        s.inputs.reset(x);
+        p.multiply(tid, n, s.inputs, y, bias);
+        return;
+      }
+      b.tokens.quantize(p, x, width, M * tid / n, M * (tid + 1) / n);
+      phase(which);
+      barrier();
+      TokenRows inputs{b.tokens, M, s.panel.data()};
+      p.multiply(tid, n, inputs, y, bias);
+    };
     float* res = s.residual.data();
     float* normed = s.normed.data();
-    if (incoming) add_into(res, incoming, hidden_);
-    rms_norm_into(res, input_norm_.data_ptr<float>(), hidden_, eps_, normed);
-    qkv_.quantize(tid, normed);
-    qkv_.multiply(tid, n, qkv_out_.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr);
+    for (int64_t m = 0; m < M; ++m) {
+      if (incoming) add_into(res + m * H, incoming + m * H, H);
+      rms_norm_into(res + m * H, input_norm_.data_ptr<float>(), H, eps_, normed + m * H);
+    }
+    project(qkv_, normed, H, b.qkv.data(), qkv_bias_.defined() ? qkv_bias_.data_ptr<float>() : nullptr, kQkv);
     phase(kQkv);
     barrier();
     qkv_.release(tid);
-    attend(tid, n, s, step);
+    if (M == 1) {
+      with_pool_type(k_cache_tensor_, [&](auto element) { attend<decltype(element)>(tid, n, s, b, rows); });
+    } else {  // every token's key and value into the pool, then every token's attention
+      with_pool_type(k_cache_tensor_, [&](auto element) { store_rows<decltype(element)>(tid, n, s, b, rows); });
+      phase(kAttention);
+      barrier();
+      with_pool_type(k_cache_tensor_, [&](auto element) { attend_rows<decltype(element)>(tid, n, s, b, rows); });
+    }
     phase(kAttention);
     barrier();
-    o_.quantize(tid, merge_attention(n, s));
-    o_.multiply(tid, n, o_out_.data(), nullptr);
+    project(o_, merge_attention(n, s, b, M), heads_ * head_dim_, b.o.data(), nullptr, kO);
     phase(kO);
     barrier();
     o_.release(tid);
-    add_into(res, o_out_.data(), hidden_);
-    rms_norm_into(res, post_norm_.data_ptr<float>(), hidden_, eps_, normed);
-    if (moe_) {
-      moe_->run(tid, n, s.moe, normed, res, barrier, [&] { phase(kGateUp); }, [&] { phase(kDown); });
+    for (int64_t m = 0; m < M; ++m) {
+      add_into(res + m * H, b.o.data() + m * H, H);
+      rms_norm_into(res + m * H, post_norm_.data_ptr<float>(), H, eps_, normed + m * H);
+    }
+    if (moe_) {  // token by token, each through its own experts
+      for (int64_t m = 0; m < M; ++m) {
+        moe_->run(tid, n, s.moe, normed + m * H, res + m * H, barrier, [&] { phase(kGateUp); },
+                  [&] { phase(kDown); });
+      }
       return false;
     }
-    gate_up_.quantize(tid, normed);
-    gate_up_.multiply(tid, n, gate_up_out_.data(), nullptr);
+    project(gate_up_, normed, H, b.gate_up.data(), nullptr, kGateUp);
     phase(kGateUp);
     barrier();
     gate_up_.release(tid);
-    silu_and_mul(gate_up_out_.data(), gate_up_out_.data() + down_.K, s.product.data(), down_.K);
-    down_.quantize(tid, s.product.data());
-    down_.multiply(tid, n, out, nullptr);
+    const int64_t W = down_.K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* gate = b.gate_up.data() + m * 2 * W;
+      silu_and_mul(gate, gate + W, s.product.data() + m * W, W);
+    }
+    project(down_, s.product.data(), W, out, nullptr, kDown);
     phase(kDown);
     barrier();
     down_.release(tid);
@@ -202,6 +266,7 @@ class DecodeLayer {
   }
 
   int64_t hidden() const { return hidden_; }
+  int64_t block_size() const { return block_size_; }
   bool has_mlp() const { return moe_ || !gate_up_.parts.empty(); }
 
  private:
@@ -221,51 +286,55 @@ class DecodeLayer {
     return Projection(parts, formats, first, counts[which], precise_[which]);
   }
 
-  // KV head h's key of the current token, (normed,) rotated, in this thread's scratch.
-  const float* rotated_key(ThreadScratch& s, int64_t h, const Step& step) {
+  template <typename T>
+  PoolShape<T> pool(int64_t half) const {
+    return {static_cast<T*>(k_cache_), static_cast<T*>(v_cache_), heads_, kv_heads_, head_dim_, half, block_size_,
+            1.f / std::sqrt(static_cast<float>(head_dim_))};
+  }
+
+  // One head of a token's queries or keys (D floats of its qkv row), normed (Qwen3's per-head `norm`, when
+  // defined) and rotated, into dst.
+  void rotated_head(const float* src, const torch::Tensor& norm, const float* cos, const float* sin, int64_t half,
+                    float* dst) const {
+    if (norm.defined()) rms_norm_into(src, norm.data_ptr<float>(), head_dim_, eps_, dst);
+    else std::copy(src, src + head_dim_, dst);
+    rotate(dst, cos, sin, half);
+  }
+
+  // KV head h's key of the single token, (normed,) rotated, in this thread's scratch.
+  const float* rotated_key(ThreadScratch& s, const LayerShared& b, int64_t h, const StackRows& rows) {
     const int64_t D = head_dim_;
     float* k = s.keys.data() + h * D;
     if (!s.keys_ready[h]) {
-      const float* src = qkv_out_.data() + heads_ * D + h * D;
-      if (q_norm_.defined()) rms_norm_into(src, k_norm_.data_ptr<float>(), D, eps_, k);
-      else std::copy(src, src + D, k);
-      rotate(k, step.cos, step.sin, step.half);
+      rotated_head(b.qkv.data() + heads_ * D + h * D, k_norm_, rows.cos, rows.sin, rows.half, k);
       s.keys_ready[h] = 1;
     }
     return k;
   }
 
-  // The sequence's keys are split into one range per thread, and each thread attends every query head over
-  // its range (flash-decoding's split): the threads share the work evenly whatever the head counts, and each
-  // reads only its part of the KV pool. Each thread rotates the queries (and the current token's keys) for
-  // itself from qkv_out; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n,
-  // ... are this thread's to store into the pool; no thread reads the current slot from it.
-  void attend(int tid, int n, ThreadScratch& s, const Step& step) {
-    with_pool_type(k_cache_tensor_, [&](auto element) { attend_over<decltype(element)>(tid, n, s, step); });
-  }
-
+  // One token: its keys are split into one range per thread, and each thread attends every query head over its
+  // range (flash-decoding's split): the threads share the work evenly whatever the head counts, and each reads
+  // only its part of the KV pool. Each thread rotates the queries (and the token's keys) for itself from the qkv
+  // output; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n, ... are this
+  // thread's to store into the pool; no thread reads the token's own slot from it.
   template <typename T>
-  void attend_over(int tid, int n, ThreadScratch& s, const Step& step) {
-    const PoolShape<T> pool{static_cast<T*>(k_cache_), static_cast<T*>(v_cache_), heads_, kv_heads_, head_dim_,
-                            step.half, block_size_, 1.f / std::sqrt(static_cast<float>(head_dim_))};
-    const DecodeToken token{qkv_out_.data(), nullptr, step.cos, step.sin, step.slot, step.table, step.length};
+  void attend(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
+    const PoolShape<T> pool = this->pool<T>(rows.half);
+    const int64_t slot = rows.slots[0], length = rows.lengths[0];
+    const DecodeToken token{nullptr, nullptr, rows.cos, rows.sin, slot, rows.tables[0], length};
     const int64_t D = head_dim_, E = pool_units<T>(D), row = kv_heads_ * E;
-    const int64_t j0 = step.length * tid / n, j1 = step.length * (tid + 1) / n;
-    const float* values = qkv_out_.data() + (heads_ + kv_heads_) * D;
+    const int64_t j0 = length * tid / n, j1 = length * (tid + 1) / n;
+    const float* values = b.qkv.data() + (heads_ + kv_heads_) * D;
     std::fill(s.keys_ready.begin(), s.keys_ready.begin() + kv_heads_, 0);
     float* queries = s.queries.data();
     for (int64_t qh = 0; qh < heads_; ++qh) {
-      const float* src = qkv_out_.data() + qh * D;
-      float* q = queries + qh * D;
-      if (q_norm_.defined()) rms_norm_into(src, q_norm_.data_ptr<float>(), D, eps_, q);
-      else std::copy(src, src + D, q);
-      rotate(q, step.cos, step.sin, step.half);
+      rotated_head(b.qkv.data() + qh * D, q_norm_, rows.cos, rows.sin, rows.half, queries + qh * D);
     }
-    // the current token's key and value as the pool will hold them (rounded to its type)
+    // the token's key and value as the pool will hold them (rounded to its type)
     const T* cur_k = nullptr;
     const T* cur_v = nullptr;
-    if (j0 < j1 && j1 == step.length) {
-      for (int64_t h = 0; h < kv_heads_; ++h) rotated_key(s, h, step);
+    if (j0 < j1 && j1 == length) {
+      for (int64_t h = 0; h < kv_heads_; ++h) rotated_key(s, b, h, rows);
       if constexpr (std::is_same_v<T, float>) {
         cur_k = s.keys.data();
         cur_v = values;
@@ -279,19 +348,77 @@ class DecodeLayer {
       }
     }
     attend_partial(queries, token, pool, 0, kv_heads_, j0, j1, cur_k, cur_v, s.scores,
-                   partials_.data() + tid * heads_ * (D + 2));
-    if (step.slot < 0) return;
+                   b.partials.data() + tid * heads_ * (D + 2));
+    if (slot < 0) return;
     for (int64_t h = tid; h < kv_heads_; h += n) {
-      store_row(pool.k_cache + (step.slot * kv_heads_ + h) * E, rotated_key(s, h, step), D);
-      store_row(pool.v_cache + (step.slot * kv_heads_ + h) * E, values + h * D, D);
+      store_row(pool.k_cache + (slot * kv_heads_ + h) * E, rotated_key(s, b, h, rows), D);
+      store_row(pool.v_cache + (slot * kv_heads_ + h) * E, values + h * D, D);
     }
   }
 
-  // The attention output of every query head, from all threads' partials, into this thread's scratch.
-  const float* merge_attention(int n, ThreadScratch& s) {
-    const int64_t D = head_dim_;
-    for (int64_t qh = 0; qh < heads_; ++qh) {
-      merge_partials(partials_.data() + qh * (D + 2), n, heads_ * (D + 2), D, s.attention.data() + qh * D);
+  // Several tokens, before their attention (a barrier between): every (token, KV head) pair's rotated key and
+  // value into the pool (where the token has a slot) and into b.current, rounded to the pool's type, and the
+  // head's query group rotated into b.queries; the threads share the pairs. A token then reads the keys of the
+  // tokens before it in this pass from the pool, as the per-op path does, and its own from b.current.
+  template <typename T>
+  void store_rows(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
+    const PoolShape<T> pool = this->pool<T>(rows.half);
+    const int64_t D = head_dim_, E = pool_units<T>(D), row = kv_heads_ * E, group = heads_ / kv_heads_;
+    const int64_t items = rows.count * kv_heads_;
+    T* current = reinterpret_cast<T*>(b.current.data());
+    for (int64_t i = items * tid / n; i < items * (tid + 1) / n; ++i) {
+      const int64_t m = i / kv_heads_, h = i % kv_heads_, slot = rows.slots[m];
+      const float* qkv = b.qkv.data() + m * qkv_.N;
+      const float* cos = rows.cos + m * rows.half;
+      const float* sin = rows.sin + m * rows.half;
+      float* key = s.keys.data();
+      rotated_head(qkv + (heads_ + h) * D, k_norm_, cos, sin, rows.half, key);
+      const float* value = qkv + (heads_ + kv_heads_ + h) * D;
+      T* cur = current + m * 2 * row;
+      store_row(cur + h * E, key, D);
+      store_row(cur + row + h * E, value, D);
+      if (slot >= 0) {
+        store_row(pool.k_cache + (slot * kv_heads_ + h) * E, key, D);
+        store_row(pool.v_cache + (slot * kv_heads_ + h) * E, value, D);
+      }
+      for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
+        rotated_head(qkv + qh * D, q_norm_, cos, sin, rows.half, b.queries.data() + (m * heads_ + qh) * D);
+      }
+    }
+  }
+
+  // Several tokens' attention: their keys, token after token, form one range that the threads split evenly (a
+  // thread's part may span tokens), each thread attending every query head of a token over its part of that
+  // token's keys, into the token's partials (empty where it has none of them).
+  template <typename T>
+  void attend_rows(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
+    const PoolShape<T> pool = this->pool<T>(rows.half);
+    const int64_t D = head_dim_, row = kv_heads_ * pool_units<T>(D);
+    int64_t total = 0;
+    for (int64_t m = 0; m < rows.count; ++m) total += rows.lengths[m];
+    const int64_t begin = total * tid / n, end = total * (tid + 1) / n;
+    const T* current = reinterpret_cast<const T*>(b.current.data());
+    int64_t offset = 0;
+    for (int64_t m = 0; m < rows.count; ++m) {
+      const int64_t length = rows.lengths[m];
+      const int64_t j0 = std::clamp<int64_t>(begin - offset, 0, length), j1 = std::clamp<int64_t>(end - offset, 0, length);
+      const DecodeToken token{nullptr, nullptr, rows.cos + m * rows.half, rows.sin + m * rows.half, rows.slots[m],
+                              rows.tables[m], length};
+      const T* cur = current + m * 2 * row;
+      attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, j0, j1, cur, cur + row, s.scores,
+                     b.partials.data() + (m * n + tid) * heads_ * (D + 2));
+      offset += length;
+    }
+  }
+
+  // The attention output of every token's query heads, from all threads' partials, into this thread's scratch.
+  const float* merge_attention(int n, ThreadScratch& s, const LayerShared& b, int64_t tokens) {
+    const int64_t D = head_dim_, width = heads_ * (D + 2);
+    for (int64_t m = 0; m < tokens; ++m) {
+      for (int64_t qh = 0; qh < heads_; ++qh) {
+        merge_partials(b.partials.data() + m * n * width + qh * (D + 2), n, width, D,
+                       s.attention.data() + (m * heads_ + qh) * D);
+      }
     }
     return s.attention.data();
   }
@@ -305,11 +432,10 @@ class DecodeLayer {
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0;
   Projection qkv_, o_, gate_up_, down_;  // gate_up_ and down_ without parts where moe_ is the MLP
   std::shared_ptr<MoeMlp> moe_;
-  std::vector<float> qkv_out_, partials_, o_out_, gate_up_out_;
 };
 
-// Every decoder layer and the final norm for one decode token, in one OpenMP parallel region and one call
-// from Python (per token, not per layer).
+// Every decoder layer and the final norm for the tokens of one forward pass (up to kMaxStackRows, from any batch:
+// decodes and the last tokens of sequences alike), in one OpenMP parallel region and one call from Python.
 class DecodeStack {
  public:
   DecodeStack(std::vector<std::shared_ptr<DecodeLayer>> layers, torch::Tensor final_norm, double eps)
@@ -319,7 +445,7 @@ class DecodeStack {
     for (const auto& layer : layers_) TORCH_CHECK(layer->has_mlp(), "DecodeStack: a layer has no MLP (set_moe)");
     hidden_ = layers_[0]->hidden();
     TORCH_CHECK(final_norm_.numel() == hidden_, "the final norm must match the hidden size");
-    mlp_out_.resize(hidden_);
+    mlp_out_.resize(kMaxStackRows * hidden_);
   }
 
   void bind_caches(const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches) {
@@ -328,44 +454,52 @@ class DecodeStack {
     bound_ = true;
   }
 
-  // x: [1, hidden] float32 (the token's embedding). Returns the final norm of the last residual, [1, hidden].
+  // x: [T, hidden] float32, the embeddings of T tokens (1 <= T <= kMaxStackRows) of S sequences, as the model
+  // runner orders them: sequence s's are tokens query_start_loc[s] .. query_start_loc[s + 1], the last of its
+  // seq_lens[s] tokens, whose keys are in the blocks block_tables[s]. cos/sin: [T, half]; slot_mapping: [T].
+  // Returns the final norm of each token's last residual, [T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
-                        const torch::Tensor& seq_lens) {
-    TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.size(1) == hidden_ && x.scalar_type() == torch::kFloat,
-                "one float32 token");
+                        const torch::Tensor& seq_lens, const torch::Tensor& query_start_loc) {
+    TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxStackRows && x.size(1) == hidden_ &&
+                x.scalar_type() == torch::kFloat, "1 to max_rows() float32 tokens");
     TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kInt &&
-                seq_lens.scalar_type() == torch::kInt && cos.scalar_type() == torch::kFloat &&
-                cos.is_contiguous() && sin.is_contiguous() && block_tables.is_contiguous(), "metadata dtypes");
+                seq_lens.scalar_type() == torch::kInt && query_start_loc.scalar_type() == torch::kInt &&
+                cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat, "metadata dtypes");
     TORCH_CHECK(bound_, "DecodeStack: bind_caches first");
-    const torch::Tensor input = x.contiguous();
-    torch::Tensor out = torch::empty({1, hidden_}, torch::kFloat);
+    const int64_t T = x.size(0);
+    TORCH_CHECK(cos.dim() == 2 && cos.size(0) == T && sin.sizes() == cos.sizes() && slot_mapping.numel() == T,
+                "cos, sin and slot_mapping have one row per token");
+    const torch::Tensor input = x.contiguous(), cos_rows = cos.contiguous(), sin_rows = sin.contiguous();
+    plan(slot_mapping, block_tables, seq_lens, query_start_loc, T);
+    torch::Tensor out = torch::empty({T, hidden_}, torch::kFloat);
     const int threads = at::get_num_threads();
     if (static_cast<int>(scratch_.size()) < threads) {
       scratch_.resize(threads);
       for (auto& layer : layers_) {
-        for (auto& s : scratch_) layer->reserve(threads, s);
+        for (auto& s : scratch_) layer->reserve(threads, kMaxStackRows, s, shared_);
       }
     }
     for (auto& s : scratch_) s.cycles.assign(profiling_ ? kPhases : 0, 0);
-    const DecodeLayer::Step step{cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(1),
-                                 slot_mapping.data_ptr<int64_t>()[0], block_tables.data_ptr<int32_t>(),
-                                 seq_lens.data_ptr<int32_t>()[0]};
+    const StackRows rows{T, cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>(), cos_rows.size(1),
+                         slots_.data_ptr<int64_t>(), tables_.data(), lengths_.data()};
     const float* embedding = input.data_ptr<float>();
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
       ThreadScratch& s = scratch_[tid];
-      std::copy(embedding, embedding + hidden_, s.residual.data());
+      std::copy(embedding, embedding + T * hidden_, s.residual.data());
       bool pending = false;  // the previous layer's MLP output waits in mlp_out_
       for (size_t i = 0; i < layers_.size(); ++i) {
-        pending = layers_[i]->run(tid, n, s, pending ? mlp_out_.data() : nullptr, mlp_out_.data(), step);
+        pending = layers_[i]->run(tid, n, s, shared_, pending ? mlp_out_.data() : nullptr, mlp_out_.data(), rows);
       }
       if (tid == 0) last_pending_ = pending;
     }
-    float* res = scratch_[0].residual.data();
-    if (last_pending_) add_into(res, mlp_out_.data(), hidden_);
-    rms_norm_into(res, final_norm_.data_ptr<float>(), hidden_, eps_, out.data_ptr<float>());
+    for (int64_t m = 0; m < T; ++m) {
+      float* res = scratch_[0].residual.data() + m * hidden_;
+      if (last_pending_) add_into(res, mlp_out_.data() + m * hidden_, hidden_);
+      rms_norm_into(res, final_norm_.data_ptr<float>(), hidden_, eps_, out.data_ptr<float>() + m * hidden_);
+    }
     if (profiling_) {
       if (totals_.size() < static_cast<size_t>(threads) * kPhases) totals_.resize(threads * kPhases, 0);
       for (int t = 0; t < threads; ++t) {
@@ -388,8 +522,34 @@ class DecodeStack {
   }
 
  private:
+  // Each token's block table and length from its sequence's (token t of sequence s, whose queries end at q_end,
+  // has length seq_lens[s] - (q_end - 1 - t)), checked against the tables' width.
+  void plan(const torch::Tensor& slot_mapping, const torch::Tensor& block_tables_in, const torch::Tensor& seq_lens_in,
+            const torch::Tensor& query_start_loc_in, int64_t T) {
+    block_tables_ = block_tables_in.contiguous();
+    slots_ = slot_mapping.contiguous();
+    const torch::Tensor seq_lens = seq_lens_in.contiguous(), starts = query_start_loc_in.contiguous();
+    const int64_t S = seq_lens.numel();
+    TORCH_CHECK(starts.numel() == S + 1 && block_tables_.dim() == 2 && block_tables_.size(0) == S,
+                "query_start_loc [S + 1] and block_tables [S, blocks] for seq_lens [S]");
+    const int32_t* lens = seq_lens.data_ptr<int32_t>();
+    const int32_t* start = starts.data_ptr<int32_t>();
+    const int64_t width = block_tables_.size(1), capacity = width * layers_[0]->block_size();
+    TORCH_CHECK(start[0] == 0 && start[S] == T, "query_start_loc must run from 0 to the token count");
+    tables_.resize(T);
+    lengths_.resize(T);
+    for (int64_t seq = 0; seq < S; ++seq) {
+      TORCH_CHECK(start[seq] < start[seq + 1] && start[seq + 1] - start[seq] <= lens[seq] && lens[seq] <= capacity,
+                  "each sequence has 1 to seq_lens queries, and its keys fit its block table");
+      for (int64_t t = start[seq]; t < start[seq + 1]; ++t) {
+        tables_[t] = block_tables_.data_ptr<int32_t>() + seq * width;
+        lengths_[t] = lens[seq] - (start[seq + 1] - 1 - t);
+      }
+    }
+  }
+
   std::vector<std::shared_ptr<DecodeLayer>> layers_;
-  torch::Tensor final_norm_;
+  torch::Tensor final_norm_, block_tables_, slots_;
   float eps_;
   int64_t hidden_ = 0;
   bool bound_ = false;
@@ -397,5 +557,8 @@ class DecodeStack {
   bool last_pending_ = false;
   std::vector<float> mlp_out_;
   std::vector<ThreadScratch> scratch_;
+  LayerShared shared_;
+  std::vector<const int32_t*> tables_;
+  std::vector<int64_t> lengths_;
   std::vector<uint64_t> totals_;
 };

@@ -100,7 +100,7 @@ class MoeMlp {
     SharedActivations& input = s.expert_inputs[0];
     input.reset(normed);
     for (int64_t j = 0; j < top_k_; ++j) {
-      gate_up_[s.experts[j]]->multiply(tid, n, gate_up_out_.data() + j * 2 * W, nullptr, &input);
+      gate_up_[s.experts[j]]->multiply(tid, n, input, gate_up_out_.data() + j * 2 * W, nullptr);
     }
     gate_up_done();
     barrier();
@@ -111,7 +111,7 @@ class MoeMlp {
       silu_and_mul(gate, gate + W, product, W);
       SharedActivations& inputs = s.expert_inputs[j + 1];
       inputs.reset(product);
-      down_[s.experts[j]]->multiply(tid, n, down_out_.data() + j * H, nullptr, &inputs);
+      down_[s.experts[j]]->multiply(tid, n, inputs, down_out_.data() + j * H, nullptr);
     }
     down_done();
     barrier();

@@ -1,6 +1,7 @@
 // The quantized projections of the CPU decode stack (decode_layer.h): a PackedWeight as the kernels see it
-// (PackedRef), the rows of several stacked into one projection the threads share (Projection), and activation
-// rows one input shares between the weights that read it in the same layout (SharedActivations).
+// (PackedRef), the rows of several stacked into one projection the threads share (Projection), and the activation
+// rows of an input that the weights reading it in the same layout share: a thread's own of one token's
+// (SharedActivations), or those of several tokens the threads quantize together (TokenActivations).
 #pragma once
 #include <torch/extension.h>
 
@@ -25,7 +26,7 @@ struct PackedRef {
   bool k_scales = false;  // scales/mins are K-quant sub-scales (bytes) with supers (d, dmin)
   bool precise = true;    // two int8 codes per activation (quant_linear.h), else one
   GemvFn gemv = nullptr;
-  ActivationBuffers act;  // holds pointers into its own storage: a PackedRef is never copied
+  PanelFn panel = nullptr;
 
   // m, u: undefined or empty when absent
   PackedRef(torch::Tensor q, torch::Tensor s, torch::Tensor m, torch::Tensor u, int64_t bits, int64_t group_size,
@@ -49,14 +50,10 @@ struct PackedRef {
     passes = (N + kRowsPerPass - 1) / kRowsPerPass;
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
     gemv = pick_gemv(precise, symmetric, k_scales, L);
+    panel = pick_panel(precise, symmetric, k_scales, L);
   }
   PackedRef(const PackedRef&) = delete;
   PackedRef& operator=(const PackedRef&) = delete;
-
-  // One activation row per thread (each thread quantizes the whole input for itself).
-  void reserve(int threads) {
-    if (static_cast<int>(act.rows.size()) < threads) act = ActivationBuffers(threads, K, L);
-  }
 
   // The bytes one product reads: codes, scales, mins and super-scales.
   int64_t bytes() const {
@@ -66,32 +63,46 @@ struct PackedRef {
     return total;
   }
 
-  void quantize(int thread, const float* x) { quantize_into(x, act.rows[thread]); }
-
   // x quantized as this weight's products read it (see same_activations)
   void quantize_into(const float* x, ActivationRow& row) const {
     quantize_chunks(x, K, L, 0, chunks, precise, zero_point, row);
   }
 
-  // Output rows [pass_begin, pass_end) * kRowsPerPass, from this thread's activation row.
-  void multiply(int thread, int64_t pass_begin, int64_t pass_end, float* out, const float* bias) const {
-    multiply(act.rows[thread], pass_begin, pass_end, out, bias);
+  // The view of the pass whose first row is n.
+  PassView view(int64_t n) const {
+    return pass_view(qweight.data_ptr<uint8_t>(), scales.data_ptr(), symmetric ? nullptr : mins.data_ptr(),
+                     k_scales ? supers.data_ptr<at::Half>() : nullptr, n, N, w_row, groups, interleaved);
   }
 
-  // ... from an activation row quantized for this weight elsewhere (SharedActivations)
+  // Output rows [pass_begin, pass_end) * kRowsPerPass of one activation row (quantized for this weight), the GEMV's.
   void multiply(const ActivationRow& row, int64_t pass_begin, int64_t pass_end, float* out,
                 const float* bias) const {
-    const uint8_t* wp = qweight.data_ptr<uint8_t>();
-    const void* sp = scales.data_ptr();
-    const void* mp = symmetric ? nullptr : mins.data_ptr();
-    const at::Half* up = k_scales ? supers.data_ptr<at::Half>() : nullptr;
     for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
       const int64_t n = pass * kRowsPerPass;
       const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
       float dots[kRowsPerPass];
-      gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
-           weight_bytes, L, row, count, dots);
+      gemv(view(n), w_row, groups, chunks, weight_bytes, L, row, count, dots);
       for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
+    }
+  }
+
+  // ... of `rows` activation rows, into out[m * out_stride + row]: the panel kernel reads each pass once for up to
+  // kPanelRows of them, with the GEMV's result for each (quant/common.h). scratch: kPanelRows * kPanelScratchPerRow
+  // bytes, 64-byte aligned.
+  void multiply_rows(const ActivationRow* acts, int64_t rows, int64_t pass_begin, int64_t pass_end, float* out,
+                     int64_t out_stride, const float* bias, void* scratch) const {
+    float dots[kPanelRows * kRowsPerPass];
+    for (int64_t m0 = 0; m0 < rows; m0 += kPanelRows) {
+      const int64_t mt = std::min<int64_t>(rows - m0, kPanelRows);
+      for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
+        const int64_t n = pass * kRowsPerPass;
+        const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+        panel(view(n), groups, chunks, weight_bytes, L, acts + m0, mt, count, dots, kRowsPerPass, scratch);
+        for (int64_t t = 0; t < mt; ++t) {
+          float* o = out + (m0 + t) * out_stride + n;
+          for (int r = 0; r < count; ++r) o[r] = bias ? dots[t * kRowsPerPass + r] + bias[n + r] : dots[t * kRowsPerPass + r];
+        }
+      }
     }
   }
 };
@@ -105,8 +116,8 @@ bool same_activations(const PackedRef& a, const PackedRef& b) {
 }
 
 // One thread's activation rows of one input, one per distinct activation layout of the weights that read it: a
-// layer's experts share their layouts, so a thread quantizes the input once per layout, not once per expert, and
-// the experts hold no activation buffers of their own.
+// layer's experts share their layouts, and so do the layers of a stack, so a thread quantizes an input once per
+// layout, not once per weight, into buffers that stay in its caches from one projection to the next.
 class SharedActivations {
  public:
   void reset(const float* x) {
@@ -114,7 +125,9 @@ class SharedActivations {
     for (auto& entry : entries_) entry->ready = false;
   }
 
-  const ActivationRow& row_for(const PackedRef& weight) {
+  int64_t rows() const { return 1; }
+
+  const ActivationRow* rows_for(const PackedRef& weight) {
     Entry* found = nullptr;
     for (auto& entry : entries_) {
       if (same_activations(*entry->like, weight)) found = entry.get();
@@ -127,8 +140,10 @@ class SharedActivations {
       weight.quantize_into(input_, found->buffers.rows[0]);
       found->ready = true;
     }
-    return found->buffers.rows[0];
+    return found->buffers.rows.data();
   }
+
+  void* panel_scratch() { return nullptr; }  // (one row: the GEMV's)
 
  private:
   struct Entry {
@@ -140,6 +155,12 @@ class SharedActivations {
   std::vector<std::unique_ptr<Entry>> entries_;
   const float* input_ = nullptr;
 };
+
+// A 64-byte line of the panel kernel's accumulators (kPanelRows * kPanelScratchPerRow bytes of them a thread).
+struct alignas(64) PanelLine {
+  uint8_t bytes[64];
+};
+constexpr int64_t kPanelLines = kPanelRows * kPanelScratchPerRow / sizeof(PanelLine);
 
 // Per part, DecodeLayer's `formats` holds (bits, group_size, zero_point, arrangement).
 constexpr size_t kFormatFields = 4;
@@ -180,21 +201,12 @@ struct Projection {
     }
   }
 
-  void reserve(int threads) {
-    for (auto& part : parts) part->reserve(threads);
-    reserve_claims(threads);
-  }
-
-  // Room for the threads' claims only: a projection whose activations come from SharedActivations (an expert's).
+  // Room for the threads' claims.
   void reserve_claims(int threads) {
     if (claim_slots < threads) {
       claims = std::make_unique<Claims[]>(threads);
       claim_slots = threads;
     }
-  }
-
-  void quantize(int thread, const float* x) {
-    for (auto& part : parts) part->quantize(thread, x);
   }
 
   // The first pass of thread `thread` of `threads`: the threads share the parts' bytes evenly, not their passes,
@@ -217,11 +229,14 @@ struct Projection {
     return passes;
   }
 
-  // The product's rows, shared by the threads: each claims kClaimPasses at a time from its own range, then
-  // from the others' until every range is claimed, so a thread the machine slowed down (a vCPU's neighbours,
-  // an interrupt) does not keep the other waiting at the barrier. Each thread claims from its own range's
-  // start and a helper takes the next claim, so both read contiguous runs of the weight.
-  void multiply(int thread, int threads, float* out, const float* bias, SharedActivations* shared = nullptr) {
+  // The product of the input's rows (out: [inputs.rows(), N]), its rows shared by the threads: each claims
+  // kClaimPasses at a time from its own range, then from the others' until every range is claimed, so a thread the
+  // machine slowed down (a vCPU's neighbours, an interrupt) does not keep the other waiting at the barrier. Each
+  // thread claims from its own range's start and a helper takes the next claim, so both read contiguous runs of
+  // the weight. Every thread passes its own activations of the same input.
+  // Inputs: SharedActivations (a thread's own), or TokenRows (the tokens' rows the threads quantized together).
+  template <typename Inputs>
+  void multiply(int thread, int threads, Inputs& inputs, float* out, const float* bias) {
     for (int k = 0; k < threads; ++k) {
       const int owner = (thread + k) % threads;
       const int64_t begin = first_pass_of(owner, threads), end = first_pass_of(owner + 1, threads);
@@ -229,7 +244,7 @@ struct Projection {
       for (;;) {
         const int64_t first = begin + next.fetch_add(kClaimPasses, std::memory_order_relaxed);
         if (first >= end) break;
-        multiply_passes(thread, first, std::min(end, first + kClaimPasses), out, bias, shared);
+        multiply_passes(inputs, first, std::min(end, first + kClaimPasses), out, bias);
       }
     }
   }
@@ -238,22 +253,84 @@ struct Projection {
   // product, so the next barrier publishes the reset before the projection is used again.
   void release(int thread) { claims[thread].next.store(0, std::memory_order_relaxed); }
 
-  // Passes [begin, end) over all parts (each part's rows land after the previous part's), with this thread's
-  // activation row (the part's own, or the shared one for its layout).
-  void multiply_passes(int thread, int64_t begin, int64_t end, float* out, const float* bias,
-                       SharedActivations* shared) const {
+  // Passes [begin, end) over all parts (each part's rows land after the previous part's), from the input's
+  // activation rows in each part's layout: the GEMV for one row, the panel for several.
+  template <typename Inputs>
+  void multiply_passes(Inputs& inputs, int64_t begin, int64_t end, float* out, const float* bias) const {
     int64_t first_pass = 0, first_row = 0;
     for (const auto& part : parts) {
       const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
       const int64_t hi = std::min<int64_t>(end - first_pass, part->passes);
-      float* rows = out + first_row;
       const float* b = bias ? bias + first_row : nullptr;
-      if (lo < hi && shared) part->multiply(shared->row_for(*part), lo, hi, rows, b);
-      else if (lo < hi) part->multiply(thread, lo, hi, rows, b);
+      if (lo < hi && inputs.rows() == 1) {
+        part->multiply(*inputs.rows_for(*part), lo, hi, out + first_row, b);
+      } else if (lo < hi) {
+        part->multiply_rows(inputs.rows_for(*part), inputs.rows(), lo, hi, out + first_row, N, b,
+                            inputs.panel_scratch());
+      }
       first_pass += part->passes;
       first_row += part->N;
     }
   }
+};
+
+// The activation rows of several tokens' input to a projection, which the threads quantize together (each its
+// share of the tokens, then a barrier) and then all read: one set of rows per activation layout of the stack's
+// projections, made outside the parallel region (add), so the region only writes rows into them.
+class TokenActivations {
+ public:
+  // Room for `rows` tokens in the layouts of `projection`'s parts. Called outside the region.
+  void add(const Projection& projection, int64_t rows) {
+    for (const auto& part : projection.parts) {
+      Entry* entry = find(*part);
+      if (!entry) {
+        entries_.push_back(std::make_unique<Entry>(*part));
+        entry = entries_.back().get();
+      }
+      if (static_cast<int64_t>(entry->buffers.rows.size()) < rows) entry->buffers = ActivationBuffers(rows, part->K, part->L);
+    }
+  }
+
+  // Tokens [m0, m1) of x (rows `stride` floats apart) quantized in each layout that `projection`'s parts read.
+  void quantize(const Projection& projection, const float* x, int64_t stride, int64_t m0, int64_t m1) {
+    for (size_t i = 0; i < projection.parts.size(); ++i) {
+      const PackedRef& part = *projection.parts[i];
+      bool done = false;  // by an earlier part of the same layout
+      for (size_t j = 0; j < i; ++j) done = done || same_activations(*projection.parts[j], part);
+      if (done) continue;
+      Entry* entry = find(part);
+      for (int64_t m = m0; m < m1; ++m) part.quantize_into(x + m * stride, entry->buffers.rows[m]);
+    }
+  }
+
+  const ActivationRow* rows_for(const PackedRef& weight) { return find(weight)->buffers.rows.data(); }
+
+ private:
+  struct Entry {
+    explicit Entry(const PackedRef& weight) : like(&weight) {}
+    const PackedRef* like;
+    ActivationBuffers buffers;
+  };
+
+  Entry* find(const PackedRef& weight) {
+    for (auto& entry : entries_) {
+      if (same_activations(*entry->like, weight)) return entry.get();
+    }
+    return nullptr;
+  }
+
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
+
+// A thread's view of the tokens' TokenActivations, as Projection::multiply reads its inputs.
+struct TokenRows {
+  TokenActivations& activations;
+  int64_t count;
+  void* scratch;  // this thread's panel accumulators (kPanelLines)
+
+  int64_t rows() const { return count; }
+  const ActivationRow* rows_for(const PackedRef& weight) { return activations.rows_for(weight); }
+  void* panel_scratch() { return scratch; }
 };
 
 }  // namespace

@@ -44,7 +44,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<std::vector<std::shared_ptr<DecodeLayer>>, torch::Tensor, double>())
       .def("bind_caches", &DecodeStack::bind_caches)
-      .def("forward", &DecodeStack::forward, NoGil())
+      .def("forward", &DecodeStack::forward, NoGil(),
+           "(x [T, hidden], cos, sin, slot_mapping, block_tables, seq_lens, query_start_loc): T tokens' final hidden states")
+      .def_static("max_rows", [] { return kMaxStackRows; }, "the most tokens one forward runs")
       .def("profile", &DecodeStack::profile, "start/stop counting cycles per phase; returns and resets the totals");
   m.def("install_block_cache", &install_block_cache, "keep freed CPU blocks of 1 MiB and more for reuse, up to this many bytes");
   m.def("block_cache_stats", &block_cache_stats, "(bytes cached, blocks cached, requests served from the cache)");

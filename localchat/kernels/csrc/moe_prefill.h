@@ -39,34 +39,13 @@ inline bool one_activation_layout(const std::vector<std::unique_ptr<Projection>>
 // of the projection's parts land one after the other, as Projection::multiply_passes places them.
 inline void multiply_item(const Projection& projection, const MoeItem& item, const ActivationRow* acts, int64_t rows,
                           float* out, int64_t out_stride, void* scratch) {
-  float dots[kPanelRows * kRowsPerPass];
   int64_t first_pass = 0, first_row = 0;
-  for (const auto& owned : projection.parts) {
-    const PackedRef& part = *owned;
+  for (const auto& part : projection.parts) {
     const int64_t lo = std::max<int64_t>(item.begin - first_pass, 0);
-    const int64_t hi = std::min<int64_t>(item.end - first_pass, part.passes);
-    if (lo < hi) {
-      const uint8_t* wp = part.qweight.data_ptr<uint8_t>();
-      const void* sp = part.scales.data_ptr();
-      const void* mp = part.symmetric ? nullptr : part.mins.data_ptr();
-      const at::Half* up = part.k_scales ? part.supers.data_ptr<at::Half>() : nullptr;
-      const PanelFn panel = pick_panel(part.precise, part.symmetric, part.k_scales, part.L);
-      for (int64_t m0 = 0; m0 < rows; m0 += kPanelRows) {
-        const int64_t mt = std::min<int64_t>(rows - m0, kPanelRows);
-        for (int64_t pass = lo; pass < hi; ++pass) {
-          const int64_t n = pass * kRowsPerPass;
-          const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, part.N - n));
-          panel(pass_view(wp, sp, mp, up, n, part.N, part.w_row, part.groups, part.interleaved), part.groups,
-                part.chunks, part.weight_bytes, part.L, acts + m0, mt, count, dots, kRowsPerPass, scratch);
-          for (int64_t t = 0; t < mt; ++t) {
-            float* o = out + (m0 + t) * out_stride + first_row + n;
-            for (int r = 0; r < count; ++r) o[r] = dots[t * kRowsPerPass + r];
-          }
-        }
-      }
-    }
-    first_pass += part.passes;
-    first_row += part.N;
+    const int64_t hi = std::min<int64_t>(item.end - first_pass, part->passes);
+    if (lo < hi) part->multiply_rows(acts, rows, lo, hi, out + first_row, out_stride, nullptr, scratch);
+    first_pass += part->passes;
+    first_row += part->N;
   }
 }
 
@@ -88,8 +67,7 @@ template <typename ActsOf>
 void run_items(const std::vector<std::unique_ptr<Projection>>& projections, const std::vector<MoeItem>& items,
                const std::vector<int64_t>& offsets, ActsOf&& acts_of, float* out, int64_t out_stride) {
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    struct alignas(64) Line { uint8_t bytes[64]; };  // 64-byte aligned: the panel's accumulators are vectors
-    std::vector<Line> scratch(kPanelRows * kPanelScratchPerRow / sizeof(Line));
+    std::vector<PanelLine> scratch(kPanelLines);
     std::vector<ActivationRow> acts;
     for (int64_t i = begin; i < end; ++i) {
       const MoeItem& item = items[i];

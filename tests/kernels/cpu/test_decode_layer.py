@@ -8,22 +8,11 @@ from __future__ import annotations
 import pytest
 
 from localchat import LLM, SamplingParams
-from localchat.bench.gguf_shapes import ModelShape
-from localchat.bench.random_gguf import write_random_gguf
+from tests.kernels.cpu.stack_batches import SHAPES, random_llm
 
 # native and AVX2 kernels (conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("each_isa")]
 GENERIC_KERNELS = True  # the generic build too (conftest.py)
-
-SHAPES = {
-    "llama-q4_k_m": ModelShape("tiny-llama", "llama", 256, 8, 4, 2, 512),
-    # a down projection of 2048 inputs: one activation code there, two in the rest of the layer
-    "llama-wide-mlp": ModelShape("tiny-wide-mlp", "llama", 256, 2, 4, 2, 2048),
-    "qwen3-q4_k_m": ModelShape(
-        "tiny-qwen3", "qwen3", 256, 4, 4, 2, 512, head_dim=64, explicit_head_dim=True
-    ),
-}
-
 
 # (shape, KV pool dtype): a GGUF file's pool is float16 unless asked otherwise
 CASES = [(name, "auto") for name in sorted(SHAPES)] + [
@@ -36,10 +25,7 @@ CASES = [(name, "auto") for name in sorted(SHAPES)] + [
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
 def mixed_llm(request, tmp_path_factory):
-    name, kv_cache_dtype = request.param
-    path = tmp_path_factory.mktemp("mixed") / f"{name}.gguf"
-    write_random_gguf(path, SHAPES[name], "q4_k_m", std=0.05)
-    return LLM(str(path), max_model_len=512, kv_cache_dtype=kv_cache_dtype)
+    return random_llm(tmp_path_factory.mktemp("mixed"), *request.param)
 
 
 def _run(llm: LLM, fused: bool):

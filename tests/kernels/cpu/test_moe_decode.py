@@ -11,6 +11,7 @@ from localchat import LLM, SamplingParams
 from localchat.engine.modeling.cpu_decode import supports
 from localchat.engine.modeling.registry import spec_from_config
 from tests.family_models import VOCAB, build, save
+from tests.kernels.cpu.stack_batches import run_both
 
 pytestmark = pytest.mark.usefixtures("each_isa")
 GENERIC_KERNELS = True  # the generic build too (conftest.py)
@@ -42,6 +43,18 @@ def test_moe_layers_run_in_the_stack_as_op_by_op(family, quantization, tmp_path)
     assert tokens == reference_tokens
     # the router's float32 dot products sum in another order than torch's: logits differ by ulps
     torch.testing.assert_close(logprobs, reference_logprobs, rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"])
+def test_moe_layers_run_several_tokens_in_the_stack_as_op_by_op(family, tmp_path):
+    """Decodes beside a sequence's last six tokens: each token runs through its own experts."""
+    save(family, tmp_path)
+    llm = LLM(str(tmp_path), max_model_len=256, kv_cache_memory="16MiB", quantization="int8")
+    fused, ops = run_both(llm, poison=float("nan"))
+    # the router's dot products sum in another order than torch's (see above)
+    torch.testing.assert_close(fused.hidden, ops.hidden, rtol=0, atol=1e-3)
+    # the keys and values in the pool's float16: a rounding step apart at most
+    torch.testing.assert_close(fused.stored, ops.stored, rtol=2e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize(

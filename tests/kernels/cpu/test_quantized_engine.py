@@ -132,3 +132,42 @@ def test_whole_layer_decode_path_equals_the_per_op_path(llm):
     # 1e-3 on a logprob after 30 layers); a wrong layer would be off by whole units
     for a, b in zip(fused.outputs[0].logprobs, per_op.outputs[0].logprobs, strict=True):
         assert abs(a.logprob - b.logprob) < 5e-3
+
+
+BATCH_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a quiet village by the sea,",
+    "List three colours:",
+    "Water boils at",
+    "The quick brown fox jumps over the lazy dog. Then the dog",
+    "Translate to French: good morning",
+    "1, 1, 2, 3, 5, 8,",
+]
+
+
+@pytest.mark.parametrize("size", [2, 5, 8])
+def test_batched_decodes_on_the_stack_equal_the_per_op_path(llm, size):
+    """A batch of 2-8 sequences decodes in one stack call per step (and its short prompts are
+    prefilled there too): the greedy replies of the per-op path, logprobs to float rounding."""
+    model = llm.engine.runner.model
+    stack = model.cpu_decode
+    prompts = [llm.engine.tokenize(text) for text in BATCH_PROMPTS[:size]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    sizes: list[int] = []
+    forward = stack.forward
+    stack.forward = lambda hidden, ctx: sizes.append(hidden.shape[0]) or forward(hidden, ctx)
+    try:
+        fused = llm.generate(prompts, params)
+    finally:
+        del stack.forward
+    assert sizes.count(size) >= 23  # every step after the prompts' ran the whole batch
+    model.cpu_decode = None
+    try:
+        per_op = llm.generate(prompts, params)
+    finally:
+        model.cpu_decode = stack
+    for a, b in zip(fused, per_op, strict=True):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert abs(x.logprob - y.logprob) < 5e-3

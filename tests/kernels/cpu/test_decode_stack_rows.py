@@ -1,0 +1,84 @@
+"""The C++ decode stack on several tokens in one call (kernels/csrc/decode_layer.h): single decodes
+beside a sequence's last six tokens on a context of three blocks (speculative decoding's
+verification) and a new three-token prompt. The stack's hidden states, and the keys and values it
+stores, must be the op-by-op path's from the same pool, on every build of the kernels."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from localchat import LLM
+from localchat.kernels.kv_quant import is_q8_0
+from tests.kernels.cpu.stack_batches import MIXED, random_llm, run_both, slots_view
+
+# native, AVX2 and generic kernels (conftest.py)
+pytestmark = pytest.mark.usefixtures("each_isa")
+GENERIC_KERNELS = True
+
+# (shape, KV pool dtype): a GGUF file's pool is float16 unless asked otherwise
+CASES = [
+    ("llama-q4_k_m", "auto"),
+    ("llama-q4_k_m", "float32"),
+    ("llama-q4_k_m", "q8_0"),  # int8 codes and a scale per 32 values (kernels/kv_quant.py)
+    ("qwen3-q4_k_m", "auto"),
+]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
+def tiny_llm(request, tmp_path_factory):
+    return random_llm(tmp_path_factory.mktemp("rows"), *request.param)
+
+
+def _assert_same_pass(llm: LLM, fused, ops) -> None:
+    # activations are rounded to int8 codes, so a float-rounding difference (the norms sum in
+    # another order) can move a code by one step: about 1e-3 after the layers, where a token that
+    # attends to a wrong key or position is off by tenths
+    torch.testing.assert_close(fused.hidden, ops.hidden, rtol=0, atol=5e-3)
+    model = llm.engine.runner.model
+    logprobs = model.compute_logits(fused.hidden).log_softmax(-1)
+    reference = model.compute_logits(ops.hidden).log_softmax(-1)
+    assert (logprobs - reference).abs().max().item() < 5e-3  # test_decode_layer.py's bound
+    # each layer's stored keys and values: within one step of the pool's rounding (float16: 0.008
+    # at 8-16; q8_0: a code, max |x| / 127 of a block)
+    q8_0 = is_q8_0(llm.engine.runner.kv_cache)
+    step = ops.stored.abs().max().item() / 127 if q8_0 else 1e-2
+    torch.testing.assert_close(fused.stored, ops.stored, rtol=0, atol=step)
+
+
+def test_several_sequences_and_a_verification_run_as_op_by_op(tiny_llm):
+    fused, ops = run_both(tiny_llm)
+    assert fused.hidden.shape[0] == sum(new for _, new in MIXED)
+    _assert_same_pass(tiny_llm, fused, ops)
+    # nothing but the new tokens' slots is written (both passes leave the rest of the pool alone)
+    changed = (slots_view(fused.pool) != slots_view(ops.pool)).any(dim=(0, 1, 3, 4))
+    changed[fused.slots] = False
+    assert not changed.any()
+
+
+def test_every_token_stores_its_key_before_any_token_attends(tiny_llm):
+    """The verification's tokens attend to the tokens before them in the same pass: their keys
+    must be in the pool before attention reads it. The new tokens' slots hold NaN before the
+    stack's pass; a key read before it was stored would make every later state NaN."""
+    fused, ops = run_both(tiny_llm, poison=float("nan"))
+    assert torch.isfinite(fused.hidden).all() and torch.isfinite(fused.stored).all()
+    _assert_same_pass(tiny_llm, fused, ops)
+
+
+@pytest.mark.parametrize("shape", [((0, 16),), tuple((40 + 3 * i, 1) for i in range(16))])
+def test_the_most_tokens_a_call_takes(tiny_llm, shape):
+    """A prompt of max_tokens tokens, and a batch of max_tokens decodes."""
+    fused, ops = run_both(tiny_llm, shape, poison=float("nan"))
+    _assert_same_pass(tiny_llm, fused, ops)
+
+
+def test_the_stack_takes_batches_up_to_its_limit(tiny_llm):
+    stack = tiny_llm.engine.runner.model.cpu_decode
+    assert stack.max_tokens == 16
+    step = SimpleNamespace(images=None)
+    assert stack.applies(torch.zeros(16, dtype=torch.long), step)
+    assert not stack.applies(torch.zeros(17, dtype=torch.long), step)
+    with pytest.raises(RuntimeError, match="max_rows"):
+        stack.stack.forward(torch.zeros(17, 256), *[torch.empty(0)] * 6)
