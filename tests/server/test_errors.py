@@ -38,7 +38,9 @@ CASES = [
     _chat("malformed-temperature", "temperature", temperature="hot"),
     ("malformed-content", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, None),
     _chat(
-        "image-part", "messages", messages=[{"role": "user", "content": [{"type": "image_url"}]}]
+        "image-part",
+        "messages[0].content[0].image_url",
+        messages=[{"role": "user", "content": [{"type": "image_url"}]}],
     ),
     _chat("unknown-role", "messages", messages=[{"role": "wizard", "content": "x"}]),
     _chat("empty-messages", "messages", messages=[]),
