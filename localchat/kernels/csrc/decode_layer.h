@@ -387,27 +387,21 @@ class DecodeLayer {
     }
   }
 
-  // Several tokens' attention: their keys, token after token, form one range that the threads split evenly (a
-  // thread's part may span tokens), each thread attending every query head of a token over its part of that
-  // token's keys, into the token's partials (empty where it has none of them).
+  // Several tokens' attention: each token's keys split between the threads as one token's are (attend), so a
+  // token's partials, and its output, are the same whatever else the pass holds.
   template <typename T>
   void attend_rows(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
     const PoolShape<T> pool = this->pool<T>(rows.half);
     const int64_t D = head_dim_, row = kv_heads_ * pool_units<T>(D);
-    int64_t total = 0;
-    for (int64_t m = 0; m < rows.count; ++m) total += rows.lengths[m];
-    const int64_t begin = total * tid / n, end = total * (tid + 1) / n;
     const T* current = reinterpret_cast<const T*>(b.current.data());
-    int64_t offset = 0;
     for (int64_t m = 0; m < rows.count; ++m) {
       const int64_t length = rows.lengths[m];
-      const int64_t j0 = std::clamp<int64_t>(begin - offset, 0, length), j1 = std::clamp<int64_t>(end - offset, 0, length);
       const DecodeToken token{nullptr, nullptr, rows.cos + m * rows.half, rows.sin + m * rows.half, rows.slots[m],
                               rows.tables[m], length};
       const T* cur = current + m * 2 * row;
-      attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, j0, j1, cur, cur + row, s.scores,
+      attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, length * tid / n,
+                     length * (tid + 1) / n, cur, cur + row, s.scores,
                      b.partials.data() + (m * n + tid) * heads_ * (D + 2));
-      offset += length;
     }
   }
 

@@ -163,9 +163,25 @@ def test_greedy_replies_follow_the_float16_pool(q8_llm, llm):
         model.cpu_decode = saved
 
 
+def _assert_same_up_to_near_ties(llm: LLM, prompts, got, expected) -> None:
+    """Equal replies, but where a reply parts from the expected one: there the expected run's two
+    tokens were tied to float rounding. A step's tokens run on the whole-layer decode stack or layer
+    by layer depending on the batch (at most 16 tokens: the stack), and the two differ by a float
+    rounding, which can move a q8_0 code by a step and so choose the other of two tied tokens."""
+    for prompt, reply, reference in zip(prompts, got, expected, strict=True):
+        if reply == reference:
+            continue
+        at = next(i for i, (a, b) in enumerate(zip(reply, reference, strict=True)) if a != b)
+        ids = llm.engine.tokenize(prompt) + reference[:at]
+        logprobs = llm.engine.prompt_logits(ids)[-1].log_softmax(-1)
+        gap = (logprobs[reference[at]] - logprobs[reply[at]]).abs().item()
+        assert gap < 1e-2, f"{prompt!r} parts at token {at} from a choice {gap:.4f} apart"
+
+
 def test_chunks_prefix_hits_and_preemption_keep_the_replies(q8_llm):
     """A budget that preempts, prefills in chunks of 64 and a shared prefix served from the cache
-    give the replies of a roomy run (the same codes stored, read in other splits)."""
+    give the replies of a roomy run (the same codes stored, read in other splits), up to tokens
+    tied to a float rounding."""
     prefix = "You are a helpful assistant. Answer every question in one short sentence. " * 3
     prompts = [prefix + "What is the capital of France?", prefix + "Why is the sky blue?"]
     prompts += PROMPTS[2:]
@@ -177,7 +193,7 @@ def test_chunks_prefix_hits_and_preemption_keep_the_replies(q8_llm):
         max_num_batched_tokens=64,
     )
     assert tight.engine.block_manager.num_blocks == 20
-    assert _tokens(tight, prompts) == expected
+    _assert_same_up_to_near_ties(q8_llm, prompts, _tokens(tight, prompts), expected)
     stats = tight.engine.stats()
     assert tight.engine.scheduler.num_preemptions > 0 and stats.prefix_cache_hits > 0
 

@@ -88,7 +88,7 @@ def run_both(llm: LLM, shape=MIXED, poison: float | None = None) -> tuple[Outcom
         ops = Outcome(ops_hidden, _stored(pool, slots), pool.clone(), slots)
         pool.copy_(before)
         if poison is not None:
-            slots_view(pool)[:, :, slots] = poison
+            _poison(pool, slots, poison)
         calls = []
         forward = stack.forward
         stack.forward = lambda *args: calls.append(1) or forward(*args)
@@ -101,6 +101,41 @@ def run_both(llm: LLM, shape=MIXED, poison: float | None = None) -> tuple[Outcom
     finally:
         model.cpu_decode = stack
     return fused, ops
+
+
+@torch.inference_mode()
+def run_singly(llm: LLM, shape=MIXED) -> Outcome:
+    """`shape`'s new tokens on the stack one at a time (a sequence's in turn), each pass's keys and
+    values stored before the next; the hidden states in run_both's order."""
+    runner = llm.engine.runner
+    model = runner.model
+    stack = model.cpu_decode
+    model.cpu_decode = None
+    try:
+        seqs, news = _sequences(llm, shape)
+    finally:
+        model.cpu_decode = stack
+    pool = runner.kv_cache
+    before = pool.clone()
+    slots = runner._prepare(seqs, news)[2].slot_mapping
+    hidden = []
+    for seq, new in zip(seqs, news, strict=True):
+        for _ in range(new):
+            hidden.append(runner._forward(*runner._prepare([seq], [1])[:3]))
+            seq.num_computed_tokens += 1
+    outcome = Outcome(torch.cat(hidden), _stored(pool, slots), pool.clone(), slots)
+    pool.copy_(before)
+    return outcome
+
+
+def _poison(pool: torch.Tensor, slots: torch.Tensor, value: float) -> None:
+    """Every value of the slots' keys and values `value` (q8_0: NaN, the blocks' scale)."""
+    if not is_q8_0(pool):
+        slots_view(pool)[:, :, slots] = value
+        return
+    assert value != value, "a q8_0 pool is poisoned with NaN"
+    block = torch.tensor([0, 126] + [1] * 32, dtype=torch.int8)  # float16 NaN, then codes
+    slots_view(pool)[:, :, slots] = block.repeat(pool.shape[-1] // block.numel())
 
 
 def slots_view(pool: torch.Tensor) -> torch.Tensor:
