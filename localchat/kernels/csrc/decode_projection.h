@@ -27,6 +27,11 @@ struct PackedRef {
   bool precise = true;    // two int8 codes per activation (quant_linear.h), else one
   GemvFn gemv = nullptr;
   PanelFn panel = nullptr;
+  // the tensors' data, as pass_view takes it (read per pass: Tensor::data_ptr checks its type each call)
+  const uint8_t* codes = nullptr;
+  const void* scale_data = nullptr;
+  const void* min_data = nullptr;
+  const void* super_data = nullptr;
 
   // m, u: undefined or empty when absent
   PackedRef(torch::Tensor q, torch::Tensor s, torch::Tensor m, torch::Tensor u, int64_t bits, int64_t group_size,
@@ -51,6 +56,10 @@ struct PackedRef {
     zero_point = symmetric ? static_cast<int32_t>(zp) : 0;
     gemv = pick_gemv(precise, symmetric, k_scales, L);
     panel = pick_panel(precise, symmetric, k_scales, L);
+    codes = qweight.data_ptr<uint8_t>();
+    scale_data = scales.data_ptr();
+    min_data = symmetric ? nullptr : mins.data_ptr();
+    super_data = k_scales ? supers.data_ptr<at::Half>() : nullptr;
   }
   PackedRef(const PackedRef&) = delete;
   PackedRef& operator=(const PackedRef&) = delete;
@@ -70,8 +79,7 @@ struct PackedRef {
 
   // The view of the pass whose first row is n.
   PassView view(int64_t n) const {
-    return pass_view(qweight.data_ptr<uint8_t>(), scales.data_ptr(), symmetric ? nullptr : mins.data_ptr(),
-                     k_scales ? supers.data_ptr<at::Half>() : nullptr, n, N, w_row, groups, interleaved);
+    return pass_view(codes, scale_data, min_data, super_data, n, N, w_row, groups, interleaved);
   }
 
   // Output rows [pass_begin, pass_end) * kRowsPerPass of one activation row (quantized for this weight), the GEMV's.
@@ -174,6 +182,9 @@ struct alignas(64) Claims {
   std::atomic<int64_t> next{0};
 };
 
+// The most PackedWeights one projection stacks (q, k and v take three).
+constexpr size_t kMaxParts = 8;
+
 // A projection whose output rows come from one or more PackedWeights, stacked: a GGUF file may store q, k
 // and v (or gate and up) in different types, as Q4_K_M files do.
 struct Projection {
@@ -188,6 +199,7 @@ struct Projection {
   // zero_point, arrangement) each
   Projection(const std::vector<std::vector<torch::Tensor>>& tensors, const std::vector<int64_t>& formats,
              size_t first, size_t count, bool precise) {
+    TORCH_CHECK(count <= kMaxParts, "a projection stacks at most ", kMaxParts, " weights");
     for (size_t i = first; i < first + count; ++i) {
       const auto& t = tensors[i];
       TORCH_CHECK(t.size() == 4, "a part is (qweight, scales, mins, supers), the last two empty when absent");
@@ -237,6 +249,10 @@ struct Projection {
   // Inputs: SharedActivations (a thread's own), or TokenRows (the tokens' rows the threads quantized together).
   template <typename Inputs>
   void multiply(int thread, int threads, Inputs& inputs, float* out, const float* bias) {
+    const ActivationRow* acts[kMaxParts];  // each part's activation rows, looked up once, not per claim
+    for (size_t i = 0; i < parts.size(); ++i) acts[i] = inputs.rows_for(*parts[i]);
+    const int64_t rows = inputs.rows();
+    void* scratch = inputs.panel_scratch();
     for (int k = 0; k < threads; ++k) {
       const int owner = (thread + k) % threads;
       const int64_t begin = first_pass_of(owner, threads), end = first_pass_of(owner + 1, threads);
@@ -244,7 +260,7 @@ struct Projection {
       for (;;) {
         const int64_t first = begin + next.fetch_add(kClaimPasses, std::memory_order_relaxed);
         if (first >= end) break;
-        multiply_passes(inputs, first, std::min(end, first + kClaimPasses), out, bias);
+        multiply_passes(acts, rows, scratch, first, std::min(end, first + kClaimPasses), out, bias);
       }
     }
   }
@@ -253,23 +269,23 @@ struct Projection {
   // product, so the next barrier publishes the reset before the projection is used again.
   void release(int thread) { claims[thread].next.store(0, std::memory_order_relaxed); }
 
-  // Passes [begin, end) over all parts (each part's rows land after the previous part's), from the input's
-  // activation rows in each part's layout: the GEMV for one row, the panel for several.
-  template <typename Inputs>
-  void multiply_passes(Inputs& inputs, int64_t begin, int64_t end, float* out, const float* bias) const {
+  // Passes [begin, end) over all parts (each part's rows land after the previous part's), from `rows` activation
+  // rows in each part's layout (acts[part]): the GEMV for one row, the panel (scratch) for several.
+  void multiply_passes(const ActivationRow* const* acts, int64_t rows, void* scratch, int64_t begin, int64_t end,
+                       float* out, const float* bias) const {
     int64_t first_pass = 0, first_row = 0;
-    for (const auto& part : parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const PackedRef& part = *parts[i];
       const int64_t lo = std::max<int64_t>(begin - first_pass, 0);
-      const int64_t hi = std::min<int64_t>(end - first_pass, part->passes);
+      const int64_t hi = std::min<int64_t>(end - first_pass, part.passes);
       const float* b = bias ? bias + first_row : nullptr;
-      if (lo < hi && inputs.rows() == 1) {
-        part->multiply(*inputs.rows_for(*part), lo, hi, out + first_row, b);
+      if (lo < hi && rows == 1) {
+        part.multiply(*acts[i], lo, hi, out + first_row, b);
       } else if (lo < hi) {
-        part->multiply_rows(inputs.rows_for(*part), inputs.rows(), lo, hi, out + first_row, N, b,
-                            inputs.panel_scratch());
+        part.multiply_rows(acts[i], rows, lo, hi, out + first_row, N, b, scratch);
       }
-      first_pass += part->passes;
-      first_row += part->N;
+      first_pass += part.passes;
+      first_row += part.N;
     }
   }
 };
