@@ -23,6 +23,8 @@ from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.quant_linear import precise_activations
 
+MOE_MAX_TOKENS = 16  # the most tokens the stack takes where a layer's MLP is a mixture of experts
+
 
 class CpuDecodeStack:
     """The C++ DecodeStack of a model, bound to the model's KV pool views (rebound when they
@@ -33,6 +35,11 @@ class CpuDecodeStack:
         self.stack = stack
         self.num_layers = len(model.layers)
         self.max_tokens: int = stack.max_rows()
+        if model.spec.moe is not None:
+            # the stack runs each token through its own experts, where the per-op MoE groups the
+            # tokens by expert: on a 12-layer Qwen3-30B-A3B cut the stack was 1.11x as fast at 9
+            # tokens and even at 16 (docs/benchmarks-history.md, 2026-12-06)
+            self.max_tokens = min(self.max_tokens, MOE_MAX_TOKENS)
         self._bound: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor, ctx) -> torch.Tensor:

@@ -37,7 +37,7 @@ def random_llm(directory: Path, name: str, kv_cache_dtype: str) -> LLM:
     file's float16) and small (run_both copies it)."""
     path = directory / f"{name}.gguf"
     write_random_gguf(path, SHAPES[name], "q4_k_m", std=0.05)
-    return LLM(str(path), max_model_len=512, kv_cache_dtype=kv_cache_dtype, kv_cache_memory="16MiB")
+    return LLM(str(path), max_model_len=512, kv_cache_dtype=kv_cache_dtype, kv_cache_memory="32MiB")
 
 
 @dataclass

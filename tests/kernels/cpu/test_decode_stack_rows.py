@@ -84,7 +84,7 @@ def test_a_token_gets_what_it_gets_alone(tiny_llm):
     assert torch.equal(fused.stored, single.stored)
 
 
-@pytest.mark.parametrize("shape", [((0, 16),), tuple((40 + 3 * i, 1) for i in range(16))])
+@pytest.mark.parametrize("shape", [((0, 32),), tuple((40 + 3 * i, 1) for i in range(32))])
 def test_the_most_tokens_a_call_takes(tiny_llm, shape):
     """A prompt of max_tokens tokens, and a batch of max_tokens decodes."""
     fused, ops = run_both(tiny_llm, shape, poison=float("nan"))
@@ -93,9 +93,9 @@ def test_the_most_tokens_a_call_takes(tiny_llm, shape):
 
 def test_the_stack_takes_batches_up_to_its_limit(tiny_llm):
     stack = tiny_llm.engine.runner.model.cpu_decode
-    assert stack.max_tokens == 16
+    assert stack.max_tokens == 32
     step = SimpleNamespace(images=None)
-    assert stack.applies(torch.zeros(16, dtype=torch.long), step)
-    assert not stack.applies(torch.zeros(17, dtype=torch.long), step)
+    assert stack.applies(torch.zeros(32, dtype=torch.long), step)
+    assert not stack.applies(torch.zeros(33, dtype=torch.long), step)
     with pytest.raises(RuntimeError, match="max_rows"):
-        stack.stack.forward(torch.zeros(17, 256), *[torch.empty(0)] * 6)
+        stack.stack.forward(torch.zeros(33, 256), *[torch.empty(0)] * 6)

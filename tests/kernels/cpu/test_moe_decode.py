@@ -50,6 +50,7 @@ def test_moe_layers_run_several_tokens_in_the_stack_as_op_by_op(family, tmp_path
     """Decodes beside a sequence's last six tokens: each token runs through its own experts."""
     save(family, tmp_path)
     llm = LLM(str(tmp_path), max_model_len=256, kv_cache_memory="16MiB", quantization="int8")
+    assert llm.engine.runner.model.cpu_decode.max_tokens == 16
     fused, ops = run_both(llm, poison=float("nan"))
     # the router's dot products sum in another order than torch's (see above)
     torch.testing.assert_close(fused.hidden, ops.hidden, rtol=0, atol=1e-3)
