@@ -1,6 +1,6 @@
 """The `localchat` command: thin Typer wiring. Each command lives in its package's `cli.py`
 (`generate` and `pull` in engine/, `chat` in tui/, `serve` in server/, `bench` in bench/,
-`list`/`show`/`rm`/`alias` in models/, `ps` in multimodel/)."""
+`list`/`show`/`rm`/`alias` in models/, `ps` in server/multimodel/)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from localchat.bench.cli import bench
 from localchat.cli_help import NarrowHelpCommand
 from localchat.engine.cli import generate, pull
 from localchat.models import cli as models_cli
-from localchat.multimodel.cli import ps
 from localchat.server.cli import serve
+from localchat.server.multimodel.cli import ps
 from localchat.tui.cli import chat
 
 app = typer.Typer(

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localchat.reasoning import partial_suffix
+from localchat.utils import partial_suffix
 
 START, END, MESSAGE = "<|start|>", "<|end|>", "<|message|>"
 CHANNEL, CONSTRAIN, RETURN, CALL = "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"

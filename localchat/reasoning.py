@@ -4,12 +4,9 @@ and for the server's `--reasoning-parser`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from localchat.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from localchat.harmony import HarmonySplitter
+from localchat.harmony import HarmonySplitter, is_harmony_template
+from localchat.utils import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
 HARMONY = "harmony"
@@ -66,19 +63,9 @@ class ThinkSplitter:
         return (held, "") if thinking else ("", held)
 
 
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper beginning of `tag`."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
-
-
 def reasoning_parser_for(name: str | None, template_source: str | None) -> str | None:
     """The `--reasoning-parser` in effect: the one named, else harmony when the chat template
     writes gpt-oss's harmony format, qwen3 when it mentions <think>, else none."""
-    from localchat.harmony import is_harmony_template
-
     if name:
         if name not in REASONING_PARSERS:
             raise InvalidParameterError(
@@ -100,8 +87,6 @@ def starts_thinking(parser: str, prompt_tail: str) -> bool:
 def new_splitter(parser: str, prompt_tail: str) -> ThinkSplitter | HarmonySplitter:
     """A splitter for one reply (`prompt_tail`: the prompt's last tokens, special tokens kept)."""
     if parser == HARMONY:
-        from localchat.harmony import HarmonySplitter
-
         return HarmonySplitter(prompt_tail)
     return ThinkSplitter(starts_thinking(parser, prompt_tail))
 

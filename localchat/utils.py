@@ -56,6 +56,14 @@ def format_bytes(size: float) -> str:
     return f"{size:.1f} GiB"
 
 
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper beginning of `tag`."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
+
+
 def private_dir(path: Path) -> Path:
     """`path` as a directory, created (with its parents) readable by its owner alone (0700) when
     missing; one that exists keeps its mode."""

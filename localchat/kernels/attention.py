@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from localchat.kernels.attention_metadata import AttentionMetadata, ReferencePlan
+from localchat.kernels.attention_options import check_options
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.kv_quant import FP8, dequantize_q8_0, is_q8_0
 
@@ -171,16 +172,6 @@ def paged_attention_ref(
             attended = _attend_after_prefix(queries, keys, values, prefix_len, scale, window, sinks)
         out[q_start:q_end] = attended.transpose(0, 1)
     return out
-
-
-def check_options(sliding_window, softcap, sinks, num_heads: int) -> None:
-    """Raise ValueError for an option no attention path can take."""
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be at least 1, not {sliding_window}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap must be positive, not {softcap}")
-    if sinks is not None and sinks.shape != (num_heads,):
-        raise ValueError(f"sinks must be one logit per query head, [{num_heads}]")
 
 
 def _visible(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from localchat.kernels.attention import check_options
 from localchat.kernels.attention_metadata import AttentionMetadata
+from localchat.kernels.attention_options import check_options
 from localchat.kernels.cpu_extension import cpu_kernels
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.kv_quant import Q8_0

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from localchat.kernels.attention import check_options
 from localchat.kernels.attention_metadata import AttentionMetadata, DecodePartials
+from localchat.kernels.attention_options import check_options
 from localchat.kernels.triton_attention_tiles import (
     fold_sinks,
     load_kv_tiles,

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from localchat.kernels.moe import Experts, PackedExperts, check_moe_shapes
+from localchat.kernels.moe_experts import Experts, PackedExperts, check_moe_shapes
 from localchat.kernels.triton_activation import _ACTIVATIONS, gated_activation
 from localchat.kernels.triton_quant_linear import _dequant
 

@@ -21,7 +21,7 @@ from localchat.cli_options import engine_options, option
 from localchat.engine.sampling.request_limits import tool_bounds
 from localchat.errors import InvalidParameterError
 from localchat.server import request_guard
-from localchat.server.tool_parsers import chat_parsers
+from localchat.server.parser_choice import chat_parsers
 from localchat.server.uvicorn_run import ConnectionLimits
 
 logger = logging.getLogger("localchat.server")
@@ -261,7 +261,7 @@ def serve(
                 "--data-parallel-size serves one model; it does not go with --models/--models-dir",
                 param="data_parallel_size",
             )
-        from localchat.multimodel import serve as multi
+        from localchat.server.multimodel import serve as multi
 
         served = multi.models_to_serve(models, models_dir)
         budget, keep = multi.check_limits(max_loaded_models, max_memory, keep_alive or "5m")

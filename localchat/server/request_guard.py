@@ -29,7 +29,7 @@ Send = Any
 ASGIApp = Callable[..., Awaitable[None]]
 
 # the largest request body either server reads (Litestar's default, set explicitly in app.py so the
-# several-model router in multimodel/router.py can use the same); a larger one is a 413
+# several-model router in server/multimodel/router.py can use the same); a larger one is a 413
 MAX_BODY_BYTES = 10_000_000
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 ANTHROPIC_PATH = "/v1/messages"

@@ -16,7 +16,8 @@ from litestar.handlers import BaseRouteHandler
 from localchat.errors import InvalidParameterError, LocalchatError, ModelNotFoundError
 from localchat.server.logprobs import TokenStrings
 from localchat.server.metrics import ServerMetrics
-from localchat.server.tool_parsers import ToolParser, chat_parsers
+from localchat.server.parser_choice import chat_parsers
+from localchat.server.tool_parsers import ToolParser
 from localchat.server.tools import template_messages
 
 if TYPE_CHECKING:

@@ -8,6 +8,8 @@ grammar that forces a valid call (tool_choice "required" or a named function).
 - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`;
 - `harmony` (gpt-oss, `harmony_tools.py`): a commentary message to `functions.NAME`.
 
+Which one a model gets: parser_choice.py.
+
 A call's `arguments` are the JSON text the model wrote for them, so that the fragments streamed as
 it writes them (`scan`, read again as the reply grows) concatenate to exactly the final arguments.
 """
@@ -22,9 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from localchat.errors import InvalidParameterError
-from localchat.harmony import is_harmony_template
-from localchat.reasoning import HARMONY, partial_suffix, reasoning_parser_for
+from localchat.utils import partial_suffix
 
 _COMPACT = {"whitespace_flexible": False}
 
@@ -364,55 +364,3 @@ class MistralParser(ToolParser):
         special = token_id(self.marker)
         marker = f"<[{special}]>" if special is not None else json.dumps(self.marker)
         return f"start: {marker} %json {json.dumps(array)}\n"
-
-
-def parsers() -> dict[str, type[ToolParser]]:
-    """Every format by its name (harmony's lives in its own module)."""
-    from localchat.server.harmony_tools import HarmonyToolParser
-
-    formats = (HermesParser, Llama3JsonParser, MistralParser, HarmonyToolParser)
-    return {parser.name: parser for parser in formats}
-
-
-def tool_parser_for(name: str | None, template_source: str | None) -> ToolParser:
-    """The parser named by `--tool-call-parser`, else the one the chat template's text implies
-    (Hermes when it says nothing)."""
-    known = parsers()
-    if name:
-        if name not in known:
-            raise InvalidParameterError(
-                f"unknown tool-call parser {name!r}; choose one of {', '.join(known)}",
-                param="tool_call_parser",
-            )
-        return known[name]()
-    source = template_source or ""
-    if is_harmony_template(source):
-        return known["harmony"]()
-    if "[TOOL_CALLS]" in source:
-        return MistralParser()
-    if "<|python_tag|>" in source or "ipython" in source:
-        return Llama3JsonParser()
-    return HermesParser()
-
-
-def chat_parsers(
-    tool_call_parser: str | None, reasoning_parser: str | None, template_source: str | None
-) -> tuple[ToolParser, str | None]:
-    """The tool-call parser and the reasoning parser in effect (each named, or implied by the chat
-    template). Harmony's reasoning and tool calls are read together: naming harmony for one of
-    them picks it for the other, and naming another parser for the other is an error."""
-    tools = tool_parser_for(tool_call_parser, template_source)
-    reasoning = reasoning_parser_for(reasoning_parser, template_source)
-    if (tools.name == HARMONY) == (reasoning == HARMONY):
-        return tools, reasoning
-    if tool_call_parser is None and reasoning == HARMONY:
-        return tool_parser_for(HARMONY, template_source), reasoning
-    if reasoning_parser is None and tools.name == HARMONY:
-        return tools, HARMONY
-    raise InvalidParameterError(
-        "harmony's reasoning and tool calls are parsed together: name harmony for both "
-        "--tool-call-parser and --reasoning-parser, or for neither",
-        param="tool_call_parser"
-        if tool_call_parser and tools.name != HARMONY
-        else "reasoning_parser",
-    )

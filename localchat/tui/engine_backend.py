@@ -17,7 +17,8 @@ from localchat.harmony import HarmonySplitter, harmony_stop_ids
 from localchat.models import source
 from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser
-from localchat.server.tool_parsers import ToolParser, chat_parsers
+from localchat.server.parser_choice import chat_parsers
+from localchat.server.tool_parsers import ToolParser
 from localchat.server.tools import ToolPlan
 from localchat.tui.backends import (
     BackendStats,

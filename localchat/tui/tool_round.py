@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localchat.tui.mcp_connection import ToolOutcome
 from localchat.tui.mcp_tools import McpTools
 from localchat.tui.tool_views import ToolApprovalScreen, ToolCallView
 
 if TYPE_CHECKING:
-    from localchat.tui.chat_core import ChatCore
+    from textual.app import App
+
+    from localchat.tui.messages import ConversationView
+    from localchat.tui.session import ChatSession
 
 DECLINED = "The user declined to run this tool call."
 STOPPED = "The user stopped this tool call."
@@ -30,12 +33,26 @@ def parse_arguments(text: str) -> tuple[dict[str, Any] | None, str]:
     return value, ""
 
 
+class ToolChat(Protocol):
+    """What a tool round needs of the chat screen (chat_core.ChatCore): the app (for the approval
+    screen), the conversation view (for each call's view) and the session (for the results)."""
+
+    @property
+    def app(self) -> App[Any]: ...
+
+    @property
+    def messages_view(self) -> ConversationView: ...
+
+    @property
+    def session(self) -> ChatSession: ...
+
+
 class ToolRound:
     """Runs the calls of one reply in order. `run()` is True when every call has its result (the
     model is asked again), False when the user stopped at the question (Esc); a stop while a call
     runs (the reply's worker cancelled) ends the call as stopped and goes on as the cancel."""
 
-    def __init__(self, chat: ChatCore, tools: McpTools):
+    def __init__(self, chat: ToolChat, tools: McpTools):
         self.chat, self.tools = chat, tools
 
     async def run(self, calls: list[dict]) -> bool:

@@ -12,8 +12,8 @@ import pytest
 
 from localchat.config import EngineConfig
 from localchat.engine.core import async_engine
-from localchat.multimodel import pool as pool_module
-from localchat.multimodel.pool import EnginePool, MemoryNeed
+from localchat.server.multimodel import pool as pool_module
+from localchat.server.multimodel.pool import EnginePool, MemoryNeed
 
 
 class FakeEngine:

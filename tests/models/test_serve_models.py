@@ -151,7 +151,7 @@ async def _scenario(url: str, pid: int) -> list[float]:
 
 def test_models_dir_memory_budget_and_keep_alive(models_dir, tmp_path):
     from localchat.config import EngineConfig
-    from localchat.multimodel.pool import EnginePool
+    from localchat.server.multimodel.pool import EnginePool
 
     estimate = EnginePool(
         {"tiny-a": str(models_dir / "tiny-a"), "smol": str(models_dir / "smol.gguf")},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 
 from localchat.errors import ModelNotFoundError
-from localchat.multimodel.router import ModelRouter
+from localchat.server.multimodel.router import ModelRouter
 from localchat.server.responses.routes import stored_responses_app
 from localchat.server.responses.store import MemoryResponseStore
 

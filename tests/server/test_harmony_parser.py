@@ -13,9 +13,9 @@ from localchat.harmony import HarmonySplitter, harmony_stop_ids, is_harmony_temp
 from localchat.reasoning import new_splitter, reasoning_parser_for
 from localchat.server.chat_reply import ReplyParser
 from localchat.server.harmony_tools import HarmonyToolParser
+from localchat.server.parser_choice import chat_parsers, tool_parser_for
 from localchat.server.protocol import ChatMessage
 from localchat.server.structured import after_reasoning
-from localchat.server.tool_parsers import chat_parsers, tool_parser_for
 from localchat.server.tools import template_messages
 from tests.chat_families import template_source, tokenizer
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from localchat.cli import app as cli_app
 from localchat.errors import InvalidParameterError
-from localchat.multimodel.router import ModelRouter
+from localchat.server.multimodel.router import ModelRouter
 
 from .agent_fakes import FakeEngine, client
 

@@ -7,8 +7,8 @@ import asyncio
 import json
 
 from localchat.errors import ModelNotFoundError
-from localchat.multimodel import router as router_module
-from localchat.multimodel.router import ModelRouter
+from localchat.server.multimodel import router as router_module
+from localchat.server.multimodel.router import ModelRouter
 from localchat.server.request_guard import MAX_BODY_BYTES
 
 

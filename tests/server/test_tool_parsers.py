@@ -12,12 +12,8 @@ import pytest
 from localchat.reasoning import ThinkSplitter, new_splitter, reasoning_parser_for
 from localchat.server import tool_parsers
 from localchat.server.chat_reply import ReplyParser
-from localchat.server.tool_parsers import (
-    HermesParser,
-    Llama3JsonParser,
-    MistralParser,
-    tool_parser_for,
-)
+from localchat.server.parser_choice import tool_parser_for
+from localchat.server.tool_parsers import HermesParser, Llama3JsonParser, MistralParser
 
 WEATHER = {"city": "Paris", "days": [1, 2]}
 CASES = [

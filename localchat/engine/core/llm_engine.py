@@ -31,7 +31,8 @@ from localchat.engine.modeling.model_runner import ModelRunner, Verification
 from localchat.engine.modeling.registry import family_name
 from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
 from localchat.engine.sampling.guided_decoding import GrammarCompiler
-from localchat.engine.sampling.logits_processors import RequestConstraints, attach_grammar
+from localchat.engine.sampling.logits_processors import attach_grammar
+from localchat.engine.sampling.request_constraints import RequestConstraints
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.engine.speculative.config import SpeculativeConfig
 from localchat.errors import (

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from localchat.engine.core.multimodal import ImageInput
     from localchat.engine.sampling.detokenizer import IncrementalDetokenizer
     from localchat.engine.sampling.guided_decoding import GrammarState
-    from localchat.engine.sampling.logits_processors import RequestConstraints
+    from localchat.engine.sampling.request_constraints import RequestConstraints
 
 
 class SequenceStatus(enum.Enum):

@@ -26,7 +26,8 @@ from localchat.engine.modeling.layers import MLP
 from localchat.engine.modeling.spec import DecoderSpec, MoESpec
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.linear import linear
-from localchat.kernels.moe import Experts, PackedExperts, fused_moe
+from localchat.kernels.moe import fused_moe
+from localchat.kernels.moe_experts import Experts, PackedExperts
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.kernels.quant_linear import QuantWeight, integer_rows_below
 

@@ -75,10 +75,10 @@ async def serve_models(
     metrics_without_key: bool = False,
     allow_client_unload: bool = False,
 ) -> None:
-    from localchat.multimodel.pool import EnginePool
-    from localchat.multimodel.router import ModelRouter
     from localchat.server.access_log import access_log
     from localchat.server.app import build_app
+    from localchat.server.multimodel.pool import EnginePool
+    from localchat.server.multimodel.router import ModelRouter
     from localchat.server.request_guard import guard_hosts
     from localchat.server.responses.routes import stored_responses_app
     from localchat.server.responses.store import open_store

@@ -17,9 +17,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from localchat import __version__
 from localchat.errors import InvalidParameterError, LocalchatError
-from localchat.multimodel.pool import UNSET, EnginePool
 from localchat.server.keep_alive import parse_keep_alive
 from localchat.server.metrics import MultiModelMetrics
+from localchat.server.multimodel.pool import UNSET, EnginePool
 from localchat.server.request_guard import (
     BodyTooLarge,
     ClientGone,
