@@ -56,6 +56,18 @@ void rms_norm_into(const float* x, const float* weight, int64_t width, float eps
 // kernel, kPanelRows rows a pass). Measured on the default model (docs/benchmarks-history.md, 2026-12-06): 32
 // sequences' decodes in 61.5 ms on the stack, 68.6 op by op.
 constexpr int64_t kMaxStackRows = kPanelRows;
+// A token's keys are attended in key_splits(length) ranges of about equal size (flash-decoding's split), shared
+// out between the threads and merged in range order. The ranges depend on the length alone, so a token's
+// attention, and its logits, come out bit for bit the same whatever the thread count and whatever else the pass
+// holds. At least kMinSplitKeys keys a range keeps the merge a small part of the work.
+constexpr int64_t kKeySplits = 32, kMinSplitKeys = 64;
+
+int64_t key_splits(int64_t length) {
+  return std::clamp<int64_t>((length + kMinSplitKeys - 1) / kMinSplitKeys, 1, kKeySplits);
+}
+
+// Range c of `splits` over `length` keys: its first key (its end is the next range's first).
+int64_t split_start(int64_t length, int64_t c, int64_t splits) { return length * c / splits; }
 
 // What each thread of the decode region keeps for itself: its copy of the residual stream and the normalized input
 // of the next projection ([rows][hidden] each), SiLU's products, one token's rotated keys and queries, the attention
@@ -73,7 +85,7 @@ struct ThreadScratch {
 };
 
 // What the threads share while a layer runs, used by every layer in turn (one runs at a time): the projections'
-// outputs ([rows][N] each), the attention partials ([rows][threads][Hq][D + 2]), and for several tokens the
+// outputs ([rows][N] each), the attention partials ([rows][kKeySplits][Hq][D + 2]), and for several tokens the
 // activation rows of a projection's input, their rotated queries and their keys and values as the pool holds
 // them ([rows][2] rows of Hkv * D values, in its type).
 struct LayerShared {
@@ -162,7 +174,7 @@ class DecodeLayer {
     grow(b.qkv, rows * qkv_.N);
     grow(b.o, rows * hidden_);
     grow(b.gate_up, rows * gate_up_.N);
-    grow(b.partials, rows * threads * heads_ * (D + 2));
+    grow(b.partials, rows * kKeySplits * heads_ * (D + 2));
     grow(b.queries, rows * heads_ * D);
     grow(b.current, rows * 2 * row);  // floats: room for any pool type
   }
@@ -221,7 +233,7 @@ class DecodeLayer {
     }
     phase(kAttention);
     barrier();
-    project(o_, merge_attention(n, s, b, M), heads_ * head_dim_, b.o.data(), nullptr, kO);
+    project(o_, merge_attention(s, b, rows), heads_ * head_dim_, b.o.data(), nullptr, kO);
     phase(kO);
     barrier();
     o_.release(tid);
@@ -313,28 +325,30 @@ class DecodeLayer {
     return k;
   }
 
-  // One token: its keys are split into one range per thread, and each thread attends every query head over its
-  // range (flash-decoding's split): the threads share the work evenly whatever the head counts, and each reads
-  // only its part of the KV pool. Each thread rotates the queries (and the token's keys) for itself from the qkv
-  // output; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n, ... are this
-  // thread's to store into the pool; no thread reads the token's own slot from it.
+  // One token: its keys are split into key_splits(length) ranges, a run of them to each thread, and each thread
+  // attends every query head over its ranges: the threads share the work evenly whatever the head counts, and
+  // each reads only its part of the KV pool. Each thread rotates the queries (and the token's keys) for itself
+  // from the qkv output; the partials are merged after the barrier (merge_attention). KV heads tid, tid + n, ...
+  // are this thread's to store into the pool; no thread reads the token's own slot from it.
   template <typename T>
   void attend(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
     const PoolShape<T> pool = this->pool<T>(rows.half);
-    const int64_t slot = rows.slots[0], length = rows.lengths[0];
+    const int64_t slot = rows.slots[0], length = rows.lengths[0], splits = key_splits(length);
     const DecodeToken token{nullptr, nullptr, rows.cos, rows.sin, slot, rows.tables[0], length};
     const int64_t D = head_dim_, E = pool_units<T>(D), row = kv_heads_ * E;
-    const int64_t j0 = length * tid / n, j1 = length * (tid + 1) / n;
+    const int64_t c0 = splits * tid / n, c1 = splits * (tid + 1) / n;
     const float* values = b.qkv.data() + (heads_ + kv_heads_) * D;
     std::fill(s.keys_ready.begin(), s.keys_ready.begin() + kv_heads_, 0);
     float* queries = s.queries.data();
-    for (int64_t qh = 0; qh < heads_; ++qh) {
-      rotated_head(b.qkv.data() + qh * D, q_norm_, rows.cos, rows.sin, rows.half, queries + qh * D);
+    if (c0 < c1) {
+      for (int64_t qh = 0; qh < heads_; ++qh) {
+        rotated_head(b.qkv.data() + qh * D, q_norm_, rows.cos, rows.sin, rows.half, queries + qh * D);
+      }
     }
-    // the token's key and value as the pool will hold them (rounded to its type)
+    // the token's key and value as the pool will hold them (rounded to its type), for the last range's thread
     const T* cur_k = nullptr;
     const T* cur_v = nullptr;
-    if (j0 < j1 && j1 == length) {
+    if (c0 < c1 && c1 == splits) {
       for (int64_t h = 0; h < kv_heads_; ++h) rotated_key(s, b, h, rows);
       if constexpr (std::is_same_v<T, float>) {
         cur_k = s.keys.data();
@@ -348,8 +362,11 @@ class DecodeLayer {
         cur_v = current + row;
       }
     }
-    attend_partial(queries, token, pool, 0, kv_heads_, j0, j1, cur_k, cur_v, s.scores,
-                   b.partials.data() + tid * heads_ * (D + 2));
+    for (int64_t c = c0; c < c1; ++c) {
+      attend_partial(queries, token, pool, 0, kv_heads_, split_start(length, c, splits),
+                     split_start(length, c + 1, splits), cur_k, cur_v, s.scores,
+                     b.partials.data() + c * heads_ * (D + 2));
+    }
     if (slot < 0) return;
     for (int64_t h = tid; h < kv_heads_; h += n) {
       store_row(pool.k_cache + (slot * kv_heads_ + h) * E, rotated_key(s, b, h, rows), D);
@@ -388,30 +405,40 @@ class DecodeLayer {
     }
   }
 
-  // Several tokens' attention: each token's keys split between the threads as one token's are (attend), so a
-  // token's partials, and its output, are the same whatever else the pass holds.
+  // Several tokens' attention: each token's keys split into ranges as one token's are (attend), so a token's
+  // partials, and its output, are the same whatever else the pass holds. The threads share the ranges of all
+  // tokens by their keys: a range goes to the thread whose share of all the pass's keys it starts in.
   template <typename T>
   void attend_rows(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
     const PoolShape<T> pool = this->pool<T>(rows.half);
     const int64_t D = head_dim_, row = kv_heads_ * pool_units<T>(D);
     const T* current = reinterpret_cast<const T*>(b.current.data());
+    int64_t total = 0;
+    for (int64_t m = 0; m < rows.count; ++m) total += rows.lengths[m];
+    int64_t before = 0;  // the keys of the tokens before m
     for (int64_t m = 0; m < rows.count; ++m) {
-      const int64_t length = rows.lengths[m];
+      const int64_t length = rows.lengths[m], splits = key_splits(length);
       const DecodeToken token{nullptr, nullptr, rows.cos + m * rows.half, rows.sin + m * rows.half, rows.slots[m],
                               rows.tables[m], length};
       const T* cur = current + m * 2 * row;
-      attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, length * tid / n,
-                     length * (tid + 1) / n, cur, cur + row, s.scores,
-                     b.partials.data() + (m * n + tid) * heads_ * (D + 2));
+      for (int64_t c = 0; c < splits; ++c) {
+        const int64_t j0 = split_start(length, c, splits);
+        if ((before + j0) * n / total != tid) continue;
+        attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, j0,
+                       split_start(length, c + 1, splits), cur, cur + row, s.scores,
+                       b.partials.data() + (m * kKeySplits + c) * heads_ * (D + 2));
+      }
+      before += length;
     }
   }
 
-  // The attention output of every token's query heads, from all threads' partials, into this thread's scratch.
-  const float* merge_attention(int n, ThreadScratch& s, const LayerShared& b, int64_t tokens) {
+  // The attention output of every token's query heads, from its ranges' partials, into this thread's scratch.
+  const float* merge_attention(ThreadScratch& s, const LayerShared& b, const StackRows& rows) {
     const int64_t D = head_dim_, width = heads_ * (D + 2);
-    for (int64_t m = 0; m < tokens; ++m) {
+    for (int64_t m = 0; m < rows.count; ++m) {
+      const int64_t splits = key_splits(rows.lengths[m]);
       for (int64_t qh = 0; qh < heads_; ++qh) {
-        merge_partials(b.partials.data() + m * n * width + qh * (D + 2), n, width, D,
+        merge_partials(b.partials.data() + m * kKeySplits * width + qh * (D + 2), splits, width, D,
                        s.attention.data() + (m * heads_ + qh) * D);
       }
     }

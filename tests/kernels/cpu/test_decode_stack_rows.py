@@ -17,6 +17,9 @@ from tests.kernels.cpu.stack_batches import MIXED, random_llm, run_both, run_sin
 # native, AVX2 and generic kernels (conftest.py)
 pytestmark = pytest.mark.usefixtures("each_isa")
 GENERIC_KERNELS = True
+# contexts of one to five ranges of keys (decode_layer.h's key_splits): a decode, a verification of
+# four tokens and the start of a prompt
+LONG = ((300, 1), (130, 4), (0, 7))
 
 # (shape, KV pool dtype): a GGUF file's pool is float16 unless asked otherwise
 CASES = [
@@ -82,6 +85,23 @@ def test_a_token_gets_what_it_gets_alone(tiny_llm):
     single = run_singly(tiny_llm)
     assert torch.equal(fused.hidden, single.hidden)
     assert torch.equal(fused.stored, single.stored)
+
+
+def test_a_pass_is_the_same_whatever_the_thread_count(tiny_llm):
+    """A token's keys are attended in ranges that its length alone decides, merged in order: its
+    hidden state does not depend on how many threads run the pass (a server at --threads 1 scores
+    a prompt as an offline LLM on every core does)."""
+    threads = torch.get_num_threads()
+    outcomes = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            outcomes.append(run_both(tiny_llm, LONG)[0])
+    finally:
+        torch.set_num_threads(threads)
+    for other in outcomes[1:]:
+        assert torch.equal(other.hidden, outcomes[0].hidden)
+        assert torch.equal(other.stored, outcomes[0].stored)
 
 
 @pytest.mark.parametrize("shape", [((0, 32),), tuple((40 + 3 * i, 1) for i in range(32))])
