@@ -66,7 +66,7 @@ last whole block stay row-major. The tensors keep their shapes; ``codes``, ``deq
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -153,6 +153,9 @@ class PackedWeight:
     # K-quants: (d, dmin) per 8 groups, float16 [out, in // 128]; scales and mins are then the
     # packed sub-scales and sub-mins (uint8 [out, groups] and [out, groups // 2], pack_k_params)
     super_scales: torch.Tensor | None = None
+    # the whole weight dequantized (float32), kept from its first product where no C++ kernel
+    # multiplies it (quant_linear.dequantized_once); never set where they do, nor copied by replace
+    dense: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         out_features, in_features = self.shape

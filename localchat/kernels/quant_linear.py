@@ -10,7 +10,8 @@ each runs on its own and the outputs are concatenated.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -18,11 +19,12 @@ import torch.nn.functional as F
 
 from localchat import envs
 from localchat.kernels.activation import silu_and_mul_ref
-from localchat.kernels.cpu_extension import cpu_kernels
+from localchat.kernels.cpu_extension import compiler, cpu_kernels
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.packed_weight import FILE_BLOCKS, ROWS_PER_BLOCK, PackedWeight
 
 QuantWeight = PackedWeight | tuple[PackedWeight, ...]
+logger = logging.getLogger("localchat.kernels")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,60 @@ def quant_linear_reference(
     x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x @ dequantize(weight).T + bias in float32: the exact result every kernel approximates."""
-    out = x.to(torch.float32) @ weight.dequantize().T
+    return _dense_product(x, weight.dequantize(), bias)
+
+
+def _dense_product(x: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x.to(torch.float32) @ dense.T
     return out if bias is None else out + bias.to(torch.float32)
+
+
+# Without the C++ kernels (no compiler, a failed build, LOCALCHAT_NO_CPU_KERNELS), a CPU weight is
+# dequantized once, at its first product, and kept (PackedWeight.dense): dequantizing the whole
+# weight at every call made each decode step dequantize the model (a [1536, 576] Q4 projection of
+# one row: 3.0 ms a call, against 0.12 ms for the kept weight's product; 1 thread, 2026-12). The
+# copy stays float32, so its products are quant_linear_reference's bit for bit: a bfloat16 copy
+# (about 0.3% of the largest output off) took as long for a decode's row (0.12 ms) and was faster
+# only for 64 rows (0.26 against 0.75 ms, on AMX). It takes 8x a 4-bit weight's memory: logged at
+# load (warn_dense_fallback).
+def dequantized_once(weight: PackedWeight) -> torch.Tensor:
+    """The weight as float32 [out, in], dequantized at its first call and kept on it."""
+    dense = weight.dense
+    if dense is None:
+        dense = weight.dequantize()
+        object.__setattr__(weight, "dense", dense)  # frozen: a cache, not a field's value
+    return dense
+
+
+def dense_fallback_bytes(weights: Iterable[object]) -> int:
+    """The memory dequantized_once's float32 copies of the quantized CPU weights among `weights`
+    (PackedWeights, tuples of them, anything else: not counted) take once each has run."""
+    parts = [p for w in weights for p in (w if isinstance(w, tuple) else (w,))]
+    return sum(
+        4 * p.shape[0] * p.shape[1]
+        for p in parts
+        if isinstance(p, PackedWeight) and p.device.type == "cpu"
+    )
+
+
+def warn_dense_fallback(weights: Iterable[object]) -> None:
+    """Log what dequantized_once will cost for a model's weights where no C++ kernel multiplies
+    them (nothing where the kernels are here)."""
+    size = dense_fallback_bytes(weights)
+    if not size or cpu_kernels() is not None:
+        return
+    if envs.NO_CPU_KERNELS.get():
+        reason = f"{envs.NO_CPU_KERNELS.name} is set"
+    elif compiler() is None:
+        reason = "no C++ compiler"
+    else:
+        reason = "the C++ CPU kernels did not build"
+    logger.warning(
+        "%s: quantized weights are kept dequantized in memory (float32, from their first use), "
+        "up to %.1f MiB more",
+        reason,
+        size / 2**20,
+    )
 
 
 def _one(
@@ -170,6 +224,8 @@ def _one(
         return triton_quant_linear(
             x, weight.row_major().with_float16_scales().with_byte_codes(), bias
         )
+    if x.device.type == "cpu":
+        return _dense_product(x, dequantized_once(weight), bias).to(x.dtype)
     return quant_linear_reference(x, weight, bias).to(x.dtype)
 
 

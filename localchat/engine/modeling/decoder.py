@@ -19,7 +19,11 @@ from localchat.engine.modeling.spec import DecoderSpec
 from localchat.kernels.dispatch import use_triton
 from localchat.kernels.linear import can_pack, linear, pack_weight
 from localchat.kernels.packed_weight import PackedWeight
-from localchat.kernels.quant_linear import embedding_rows, interleave_for_kernel
+from localchat.kernels.quant_linear import (
+    embedding_rows,
+    interleave_for_kernel,
+    warn_dense_fallback,
+)
 
 __all__ = [
     "MLP",
@@ -181,6 +185,8 @@ class DecoderForCausalLM(nn.Module):
             self.embed_tokens = interleave_for_kernel(self.embed_tokens)  # tied: it is the head
         self.cpu_decode = cpu_decode.build_decode_stack(self)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if not use_triton(self.norm.weight):
+            warn_dense_fallback([*(getattr(m, n) for m, n in projection_slots(self)), head])
         if isinstance(head, torch.Tensor) and can_pack(head):
             self.packed_head = pack_weight(head)
             if self.lm_head is not None:
