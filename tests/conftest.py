@@ -27,6 +27,12 @@ os.environ["HF_HOME"] = HF_HOME
 os.environ["HF_HUB_CACHE"] = os.path.join(HF_HOME, "hub")
 os.environ.pop("HF_TOKEN", None)
 atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
+# The xdist workers share the machine's cores: each gets its share for torch's and the C++ kernels'
+# threads, and so do the processes it starts. More threads than cores in all leaves the decode
+# stack's OpenMP barriers waiting on descheduled threads: the kernel tests took 1.9x as long.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 # the environment the session started with, which no test may leave changed (test_isolation.py)
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 
