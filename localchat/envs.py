@@ -198,6 +198,13 @@ DP_TIMEOUT = _seconds(
 DP_LOAD_TIMEOUT = _seconds(
     "LOCALCHAT_DP_LOAD_TIMEOUT", 600.0, "Most the data-parallel replicas may take to load."
 )
+DP_RESTARTS: Setting[int] = Setting(
+    "LOCALCHAT_DP_RESTARTS",
+    "count",
+    3,
+    "Most times a failed data-parallel replica is started again within 10 minutes (0: never).",
+    int,
+)
 
 # every setting above, in this order
 SETTINGS: tuple[Setting[Any], ...] = tuple(

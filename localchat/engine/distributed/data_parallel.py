@@ -14,8 +14,10 @@ dead and killed. The requests its engine had accepted end with an EngineDeadErro
 are not sent anywhere else: one of them may be what killed it, and sent on it could kill each
 replica in turn (vLLM and llama.cpp fail them too). A request it had not accepted yet (still in
 its pipe, or its grammar compiling) never ran there: it is routed again to a live replica, once.
-/health answers 503, and the remaining replicas go on serving new requests. Every wait on a
-replica ends when the replica answers, dies, or times out. The replicas report the prefix blocks
+/health answers 503, and the remaining replicas go on serving new requests. The dead replica is
+started again (at most LOCALCHAT_DP_RESTARTS times in 10 minutes): once it has loaded it takes
+requests and /health is 200 again. Every wait on a replica ends when the replica answers, dies, or
+times out. The replicas report the prefix blocks
 their engines evicted, which the router drops.
 
 /metrics keeps every single-engine series, each summed over the replicas (the KV usage weighted by
@@ -72,6 +74,7 @@ from localchat.errors import EngineDeadError, InvalidParameterError, QueueFullEr
 logger = logging.getLogger("localchat.server")
 STOP_TIMEOUT = 10.0
 WATCH_INTERVAL = 0.5
+RESTART_WINDOW = 600.0  # LOCALCHAT_DP_RESTARTS counts a replica's restarts in this many seconds
 
 
 @dataclasses.dataclass
@@ -124,6 +127,9 @@ class DataParallelEngine(TextFront, EngineClient):
         self._reaping: set[asyncio.Future] = set()
         self._ids = itertools.count()
         self._stopping = False
+        self._replica_setup: tuple[int | None, list[str | None]] = (None, [])  # threads, devices
+        self._restarts: dict[int, list[float]] = {}  # per replica, when it was started again
+        self._starting: dict[int, Replica] = {}  # replicas loading again, by index
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> DataParallelEngine:
@@ -132,11 +138,9 @@ class DataParallelEngine(TextFront, EngineClient):
             return self
         loop = asyncio.get_running_loop()
         threads = replica_threads(self.config, self.size)
-        config = dataclasses.replace(self.config, num_threads=threads)
-        devices = replica_devices(self.config, self.size)
+        self._replica_setup = (threads, replica_devices(self.config, self.size))
         for index in range(self.size):
-            args = ReplicaArgs(index, config, devices[index], self.log_level, index == 0)
-            self.replicas.append(Replica(index, args, loop, self._on_events, self._on_load_timeout))
+            self.replicas.append(self._spawn(index, loop))
         atexit.register(self._kill_all)
         self._watchdog = asyncio.create_task(self._watch())
         try:  # each replica's reader settles `ready`: loaded, failed, or not in time
@@ -154,6 +158,64 @@ class DataParallelEngine(TextFront, EngineClient):
                 threads or "default",
             )
         return self
+
+    def _spawn(self, index: int, loop: asyncio.AbstractEventLoop) -> Replica:
+        """Replica `index`'s process, started with the engine's config as it is now (a speculative
+        config set since start-up included)."""
+        threads, devices = self._replica_setup
+        config = dataclasses.replace(self.config, num_threads=threads)
+        args = ReplicaArgs(index, config, devices[index], self.log_level, index == 0)
+        return Replica(index, args, loop, self._on_events, self._on_load_timeout)
+
+    def _schedule_restart(self, replica: Replica) -> None:
+        """Start failed `replica` again, unless it failed LOCALCHAT_DP_RESTARTS times lately."""
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(replica.index, []) if now - t < RESTART_WINDOW]
+        limit = envs.DP_RESTARTS.get()
+        if len(recent) >= limit:
+            if limit:
+                logger.error(
+                    "data-parallel replica %d is not started again: it failed %d times in %.0f s",
+                    replica.index,
+                    len(recent) + 1,
+                    RESTART_WINDOW,
+                )
+            return
+        self._restarts[replica.index] = [*recent, now]
+        self._reaping.add(task := asyncio.ensure_future(self._restart(replica)))
+        task.add_done_callback(self._reaping.discard)
+
+    async def _restart(self, old: Replica) -> None:
+        """Replace dead replica `old` with a new process once that one has loaded."""
+        for _ in range(100):  # the old process first exits (killed by _fail)
+            if old.process.exitcode is not None:
+                break
+            await asyncio.sleep(0.05)
+        old.close_pipes()
+        if self._stopping:
+            return
+        logger.warning("data-parallel replica %d: starting it again", old.index)
+        new = self._starting[old.index] = self._spawn(old.index, asyncio.get_running_loop())
+        try:
+            info = await new.ready
+        except BaseException as exc:  # it failed to load: it stays dead
+            if not isinstance(exc, asyncio.CancelledError) and not self._stopping:
+                logger.error("data-parallel replica %d did not start again: %s", old.index, exc)
+            new.process.kill(timeout=0)
+            new.close_pipes()
+            return
+        finally:
+            self._starting.pop(old.index, None)
+        if self._stopping or not new.alive:
+            new.process.kill(timeout=0)
+            return
+        self.replicas[old.index] = new
+        dead = [r for r in self.replicas if not r.alive]
+        if dead:
+            self._update_error()
+        else:
+            self.error = None
+        logger.info("data-parallel replica %d (pid %d) ready again", new.index, info.pid)
 
     @property
     def is_ready(self) -> bool:
@@ -184,6 +246,9 @@ class DataParallelEngine(TextFront, EngineClient):
         ):
             await asyncio.sleep(0.05)
         self._kill_all()
+        for replica in list(self._starting.values()):  # loading again: never to serve
+            if not replica.ready.done():
+                replica.ready.set_exception(EngineDeadError("the engine shut down"))
         for replica in self.replicas:
             self._fail(replica, "the engine shut down", report=False)
             replica.close_pipes()
@@ -195,7 +260,7 @@ class DataParallelEngine(TextFront, EngineClient):
                 await self._watchdog
 
     def _kill_all(self) -> None:
-        for replica in self.replicas:
+        for replica in [*self.replicas, *self._starting.values()]:
             replica.process.kill()
 
     def _on_load_timeout(self, replica: Replica) -> None:
@@ -313,6 +378,8 @@ class DataParallelEngine(TextFront, EngineClient):
                 self._update_error()
             if not self._stopping:
                 replica.process.kill(timeout=0)
+                if report and replica.index not in self._starting and replica.info is not None:
+                    self._schedule_restart(replica)
         text = why if not report else f"data-parallel replica {replica.index} failed: {why}"
         error = EngineDeadError(text)
         if not replica.ready.done():

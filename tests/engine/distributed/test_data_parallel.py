@@ -35,15 +35,17 @@ SUMMED = (
 
 @pytest.fixture(scope="module")
 def server(default_gguf, tmp_path_factory):
-    """One DP=2 server for the module; the last test kills its replicas."""
+    """One DP=2 server for the module; the last test kills its replicas (which are not started
+    again: test_data_parallel_restart.py)."""
     os.environ["LOCALCHAT_DP_TIMEOUT"] = str(HUNG_AFTER)
+    os.environ["LOCALCHAT_DP_RESTARTS"] = "0"
     try:
         log = tmp_path_factory.mktemp("dp") / "serve.log"
         args = ("-dp", "2", "--threads", "1", "--kv-cache-memory", "128MiB")
         with serve_process(log, *args, "--max-model-len", "1024") as process:
             yield process
     finally:
-        del os.environ["LOCALCHAT_DP_TIMEOUT"]
+        del os.environ["LOCALCHAT_DP_TIMEOUT"], os.environ["LOCALCHAT_DP_RESTARTS"]
 
 
 def _metrics(server: ServeProcess) -> dict[str, dict[tuple, float]]:
