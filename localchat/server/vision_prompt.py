@@ -7,7 +7,9 @@ images, and every bad picture, is a 400 naming the part (`messages[0].content[1]
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
+from localchat.engine.core.engine_client import EngineClient
 from localchat.engine.core.multimodal import ImageInput, placeholder_runs
 from localchat.errors import InvalidParameterError
 from localchat.server.images import image_from_url
@@ -46,7 +48,20 @@ def render_with_images(
     parts: list[tuple[str, str]],
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The prompt's token ids and its images."""
-    info = server.engine.model_info
+    return render_images_with(
+        server.engine, lambda marked: server.render_chat(marked, tools), data, parts
+    )
+
+
+def render_images_with(
+    engine: EngineClient,
+    render: Callable[[ChatCompletionRequest], list[int]],
+    data: ChatCompletionRequest,
+    parts: list[tuple[str, str]],
+) -> tuple[list[int], tuple[ImageInput, ...]]:
+    """The prompt's token ids and its images, the messages rendered by `render` (the server's
+    template options, or the chat's) with each image part where the template puts its marker."""
+    info = engine.model_info
     if not info.takes_images:
         field = parts[0][0]
         raise InvalidParameterError(
@@ -56,9 +71,8 @@ def render_with_images(
         )
     pictures = [image_from_url(url, field) for field, url in parts]
     # the template sees {"type": "image"} where the request has its image_url part
-    data = _with_image_markers(data)
-    marked = server.render_chat(data, tools)
-    text = server.engine.detokenize(marked, skip_special_tokens=False)
+    marked = render(_with_image_markers(data))
+    text = engine.detokenize(marked, skip_special_tokens=False)
     processor = _processor(str(info.config_dir))
     try:
         inputs = processor(text=text, images=pictures, add_special_tokens=False)

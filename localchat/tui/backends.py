@@ -120,6 +120,12 @@ class ChatBackend:
     def stats(self) -> BackendStats | None:
         return None
 
+    @property
+    def takes_images(self) -> bool | None:
+        """Whether the model reads images (`/image`); None while it is not known (a server says so
+        when a message with a picture reaches it)."""
+        return None
+
     def set_speculative(self, value: str) -> str:
         """`/set speculative ngram|suffix|off` (or a JSON config): what is now on; raises
         InvalidParameterError where it cannot be set."""

@@ -15,6 +15,7 @@ from textual.widgets import Footer
 from textual.worker import Worker
 
 from localchat.errors import LocalchatError
+from localchat.tui.attachments import Attachment, shown_text
 from localchat.tui.backends import ChatBackend, ReplyStats
 from localchat.tui.conversation import Conversation
 from localchat.tui.mcp_tools import McpTools
@@ -71,6 +72,7 @@ class ChatCore(Screen):
         self.reply_stats = ReplyStats()  # the latest reply's figures, for the status bar
         self.context_tokens: int | None = None  # what the conversation takes, for the status bar
         self._warned_conversation: Conversation | None = None
+        self.attached: list[Attachment] = []  # /image pictures waiting for the next message
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
@@ -265,11 +267,15 @@ class ChatCore(Screen):
 
     # --- sending and replying ---------------------------------------------------------------------
     async def send(self, text: str) -> None:
-        """Add a user message and start the reply to it."""
+        """Add a user message (with the pictures `/image` attached) and start the reply to it."""
         new = self.session.conversation.id is None
-        message = self.session.add_user(text)
+        images, self.attached = self.attached, []
+        message = self.session.add_user(text, images)
         await self.messages_view.add(
-            UserMessage(message.content, len(self.session.conversation.messages) - 1)
+            UserMessage(
+                shown_text(message.content, message.meta),
+                len(self.session.conversation.messages) - 1,
+            )
         )
         if new:
             await self.refresh_chat_list()

@@ -13,6 +13,7 @@ from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
 
 from localchat.errors import InvalidParameterError, LocalchatError
+from localchat.tui.attachments import load_image, split_args
 from localchat.tui.chat_core import ChatCore
 from localchat.tui.commands import (
     COMMANDS,
@@ -252,6 +253,31 @@ class ChatScreen(ChatCore):
         await self.add_notice(
             "JSON off: replies are free text again." if mode is None else mode.notice()
         )
+
+    async def action_image(self, args: str = "") -> None:
+        """`/image PATH [text]`: attach the picture to the next message, or send it with `text`
+        at once; a file that will not do, or a model that takes no images, is said in the chat."""
+        try:
+            path, text = split_args(args)
+            if self.backend.takes_images is False:
+                raise InvalidParameterError(
+                    f"/image: {self.backend.model_name} takes no images (not a vision-language "
+                    "model)",
+                    param="image",
+                )
+            image = load_image(path)
+        except LocalchatError as exc:
+            await self.add_notice(exc.message, error=True)
+            return
+        if text and self.generating:
+            self.notify("A reply is being written: Esc stops it.", severity="warning")
+            return
+        self.attached.append(image)
+        if text:
+            await self.send(text)
+            return
+        note = " (kept as a smaller JPEG)" if image.scaled else ""
+        await self.add_notice(f"{image.marker}{note} goes with your next message.")
 
     async def action_model(self, args: str = "") -> None:
         if args:

@@ -82,6 +82,15 @@ COMMANDS: tuple[Command, ...] = (
         palette=False,
     ),
     Command(
+        "image",
+        "Attach image",
+        "Attach an image file (PNG, JPEG, WebP, GIF) to the next message, or send it at once "
+        "with TEXT; for vision-language models",
+        "image",
+        usage="PATH [TEXT]",
+        palette=False,
+    ),
+    Command(
         "model",
         "Switch model",
         "Chat on with another model, keeping the history (no name: pick an installed one)",

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from localchat.client import Delta, StreamAssembler
+from localchat.tui.attachments import shown_text, wire_content
 from localchat.tui.json_mode import JsonMode
 
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ class StoredMessage:
     not the API's wire message (`server.protocol.ChatMessage`). Assistant messages keep their
     thinking apart from the answer, whether the user stopped them, and `meta`: prompt/cached/
     completion tokens, ttft, tokens_per_s, finish_reason, error, and the tool calls a server
-    parsed out of the reply (`tool_calls`: [{id, name, arguments}])."""
+    parsed out of the reply (`tool_calls`: [{id, name, arguments}]). A user message's `meta`
+    keeps the pictures `/image` attached to it (`images`: tui/attachments.py)."""
 
     role: str
     content: str
@@ -113,7 +115,10 @@ class Conversation:
                     "</details>",
                     "",
                 ]
-            lines += [message.content, ""]
+            text = message.content
+            if message.role == "user":
+                text = shown_text(text, message.meta)
+            lines += [text, ""]
             for call in message.tool_calls:
                 lines += [f"**Tool call:** `{tool_call_text(call)}`", ""]
             if message.stopped:
@@ -122,7 +127,10 @@ class Conversation:
 
 
 def _wire_message(message: StoredMessage, answered: set) -> dict:
-    wire: dict = {"role": message.role, "content": message.content}
+    content: str | list[dict] = message.content
+    if message.role == "user":
+        content = wire_content(message.content, message.meta)  # with its /image pictures
+    wire: dict = {"role": message.role, "content": content}
     if message.role == "tool":
         wire["tool_call_id"] = message.meta.get("tool_call_id") or ""
     calls = [call for call in message.tool_calls if call.get("id") in answered]

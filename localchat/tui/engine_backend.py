@@ -8,9 +8,12 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
+
 from localchat.config import EngineConfig
 from localchat.engine.core.async_engine import AsyncEngine
 from localchat.engine.core.engine_client import EngineClient
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError
 from localchat.harmony import HarmonySplitter, harmony_stop_ids
@@ -18,8 +21,10 @@ from localchat.models import source
 from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser
 from localchat.server.parser_choice import chat_parsers
+from localchat.server.protocol import ChatCompletionRequest, ChatMessage
 from localchat.server.tool_parsers import ToolParser
-from localchat.server.tools import ToolPlan
+from localchat.server.tools import ToolPlan, template_messages
+from localchat.server.vision_prompt import image_parts, render_images_with
 from localchat.tui.backends import (
     BackendStats,
     ChatBackend,
@@ -82,12 +87,36 @@ class EngineBackend(ChatBackend):
         assert self.tool_parser is not None, "start() first"
         return tool_plan(request, self.tool_parser, self._special_token_id)
 
+    @property
+    def takes_images(self) -> bool | None:
+        return self.engine.model_info.takes_images if self.engine.is_ready else None
+
     def prompt_token_ids(self, request: ChatRequest) -> list[int]:
-        return self.engine.render_chat(
-            wire_to_template(request.messages),
-            chat_template_kwargs=request.chat_template_kwargs,
-            add_generation_prompt=True,
-            tools=self._tool_plan(request).template_tools,
+        return self._prompt(request)[0]
+
+    def _prompt(self, request: ChatRequest) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """The prompt's token ids and its pictures (`/image`), made as serve makes a chat
+        completion's: the model's own processor expands each image part into its tokens."""
+        tools = self._tool_plan(request).template_tools
+
+        def render(messages: list[dict]) -> list[int]:
+            return self.engine.render_chat(
+                messages,
+                chat_template_kwargs=request.chat_template_kwargs,
+                add_generation_prompt=True,
+                tools=tools,
+            )
+
+        if not any(isinstance(m.get("content"), list) for m in request.messages):
+            return render(wire_to_template(request.messages)), ()
+        data = ChatCompletionRequest(
+            messages=[msgspec.convert(m, ChatMessage) for m in request.messages]
+        )
+        parts = image_parts(data)
+        if not parts:
+            return render(template_messages(data.messages)), ()
+        return render_images_with(
+            self.engine, lambda marked: render(template_messages(marked.messages)), data, parts
         )
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int:
@@ -97,7 +126,7 @@ class EngineBackend(ChatBackend):
         return self.engine.detokenize(self.prompt_token_ids(request), skip_special_tokens=False)
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[ReplyDelta, None]:
-        token_ids = self.prompt_token_ids(request)
+        token_ids, images = self._prompt(request)
         tail = self.engine.detokenize(token_ids[-8:], skip_special_tokens=False)
         params = SamplingParams(**request.sampling, grammar=self._grammar(request, tail))
         tools = self.tool_parser if self._tool_plan(request).parse else None
@@ -114,7 +143,9 @@ class EngineBackend(ChatBackend):
                 params.skip_special_tokens = False  # the call marker is a special token
         parser = ReplyParser(splitter, tools)  # the thinking, the answer and the calls, as serve's
         timer = ReplyTimer()
-        stream = await self.engine.add_request(token_ids, params, stream_interval=STREAM_INTERVAL_S)
+        stream = await self.engine.add_request(
+            token_ids, params, stream_interval=STREAM_INTERVAL_S, images=images
+        )
         try:
             async for output in stream:
                 piece = output.outputs[0]

@@ -7,6 +7,7 @@ from textual.containers import ScrollableContainer, Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 
+from localchat.tui.attachments import shown_text
 from localchat.tui.conversation import StoredMessage, tool_call_line
 from localchat.tui.session import reply_meta_text
 from localchat.tui.tool_views import ToolCallView
@@ -234,7 +235,7 @@ class AssistantMessage(Vertical):
 
 def _message_widget(message: StoredMessage, position: int) -> Widget:
     if message.role == "user":
-        return UserMessage(message.content, position)
+        return UserMessage(shown_text(message.content, message.meta), position)
     if message.role == "tool":
         return ToolCallView.of_result(message)
     return AssistantMessage(message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from localchat.tui.attachments import Attachment, message_images, shown_text
 from localchat.tui.backends import ChatBackend, ChatRequest
 from localchat.tui.conversation import (
     DEFAULT_SETTINGS,
@@ -88,11 +89,13 @@ class ChatSession:
         return conversation
 
     # --- editing the history ----------------------------------------------------------------------
-    def add_user(self, text: str) -> StoredMessage:
+    def add_user(self, text: str, images: list[Attachment] | None = None) -> StoredMessage:
+        """A user message, with the pictures `/image` attached to it."""
         conversation = self.conversation
+        meta = {"images": [image.to_dict() for image in images]} if images else {}
         if not conversation.messages:
-            conversation.title = title_from(text)
-        conversation.messages.append(StoredMessage("user", text))
+            conversation.title = title_from(text or shown_text("", meta))
+        conversation.messages.append(StoredMessage("user", text, meta=meta))
         self.save_message(len(conversation.messages) - 1)
         return conversation.messages[-1]
 
@@ -143,7 +146,7 @@ class ChatSession:
         self.store.save_conversation(new)
         for index in range(len(new.messages)):
             self.save_message(index)
-        self.add_user(text)
+        self.add_user(text, message_images(old.messages[position].meta))  # its pictures kept
         return new
 
     def save_settings(self) -> None:
