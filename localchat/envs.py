@@ -158,6 +158,12 @@ BODY_TIMEOUT = _seconds(
     60.0,
     "serve's --body-timeout: seconds a client has to send a request's body (then 408).",
 )
+MEDIA_FETCH_TIMEOUT = _seconds(
+    "LOCALCHAT_MEDIA_FETCH_TIMEOUT",
+    10.0,
+    "Most seconds fetching one image URL of --allowed-media-domains may take, redirects included "
+    "(then 400).",
+)
 
 # --- what one request may carry (engine/sampling/request_limits.py) -------------------------------
 MAX_TOOLS: Setting[int | None] = Setting(

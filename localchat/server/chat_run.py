@@ -17,6 +17,7 @@ from localchat.harmony import harmony_stop_ids
 from localchat.reasoning import HARMONY, new_splitter, reply_thinking
 from localchat.server.chat_reply import ReplyParser
 from localchat.server.generation import Generation
+from localchat.server.media_fetch import fetch_remote_images
 from localchat.server.protocol import ChatCompletionRequest
 from localchat.server.sampling import chat_sampling_params
 from localchat.server.state import ServerState
@@ -108,6 +109,7 @@ async def start_chat(
     `max_tokens_ceiling` (APIs whose max_tokens is a ceiling that clients set high, as Anthropic's
     and the Responses API's are), a max_tokens beyond the context leaves the reply the rest of the
     context instead of being refused."""
+    data = await fetch_remote_images(data, server.media_domains)  # --allowed-media-domains
     prompt = render_prompt(server, data)
     params, grammar_param = await sampling_params(server, data, prompt)
     limit = server.engine.model_info.max_model_len

@@ -88,6 +88,16 @@ def serve(
             "comma-separated; '*': any); others get 403",
         ),
     ] = None,
+    allowed_media_domains: Annotated[
+        list[str] | None,
+        option(
+            _PANEL,
+            "--allowed-media-domains",
+            help="Hosts whose http(s) image URLs the server fetches (repeatable or "
+            "comma-separated; exact names; a private address only where listed itself); default: "
+            "none, only data: URLs",
+        ),
+    ] = None,
     max_waiting: Annotated[
         int,
         option(
@@ -285,6 +295,8 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from localchat.server.media_fetch import media_domains
+
     sock = _bind(host, port)
     names = [name.strip() for item in allowed_hosts or () for name in item.split(",")]
     options: dict[str, Any] = {
@@ -299,6 +311,7 @@ def serve(
         "pooling": pooling,
         "responses_store": _responses_store(responses_store),
         "limits": ConnectionLimits(max_connections, header_timeout, body_timeout),
+        "media_domains": media_domains(allowed_media_domains),
     }
     if models is not None or models_dir is not None:
         asyncio.run(
@@ -394,6 +407,7 @@ async def _serve(
     data_parallel_size: int = 1,
     limits: ConnectionLimits | None = None,
     metrics_without_key: bool = False,
+    media_domains: frozenset[str] = frozenset(),
 ) -> None:
     from localchat.engine.core.async_engine import AsyncEngine
     from localchat.engine.core.engine_client import EngineClient
@@ -424,6 +438,7 @@ async def _serve(
             reasoning_parser=parsers[1],
             pooling=pooling,
             metrics_without_key=metrics_without_key,
+            media_domains=media_domains,
         )
         app = build_asgi_app(server_state, cors_origins, responses_store, hosts)
         server = uvicorn_server(app, log_level=log_level, grace_period=grace_period, limits=limits)

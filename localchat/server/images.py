@@ -2,12 +2,13 @@
 model's own image processor, every bad one refused with a 400 naming the part.
 
 Only `data:` URLs are read (base64 PNG, JPEG, WebP or a still GIF). http(s) URLs are refused: the
-server fetches nothing yet (the `--allowed-media-domains` option and its SSRF guard are issue 44's
-next part). The encoded bytes are capped (MAX_IMAGE_BYTES), and the pixel count is checked from
-the header before any pixel is decoded (MAX_IMAGE_PIXELS), so a 20,000 x 20,000 image, a
-decompression bomb, costs nothing. A truncated file, a PDF or anything else with an image's name,
-and an animated GIF (refused, not cut to its first frame: the reply would be about a picture the
-client did not mean) are refused by name.
+server fetches nothing unless `serve --allowed-media-domains` lists hosts, whose images
+server/media_fetch.py fetches (with its SSRF guard) into data: URLs before they get here.
+The encoded bytes are capped (MAX_IMAGE_BYTES), and the pixel count is checked from the header
+before any pixel is decoded (MAX_IMAGE_PIXELS), so a 20,000 x 20,000 image, a decompression bomb,
+costs nothing. A truncated file, a PDF or anything else with an image's name, and an animated GIF
+(refused, not cut to its first frame: the reply would be about a picture the client did not mean)
+are refused by name.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def image_bytes(url: str, field: str) -> bytes:
     if re.match(r"^https?://", url, re.I):
         raise _refuse(
             field,
-            "this server fetches no image URLs (http and https are not supported yet); send the "
-            "image inline as a data: URL (data:image/png;base64,...)",
+            "this server fetches no image URLs (serve --allowed-media-domains lists the hosts it "
+            "may fetch from); send the image inline as a data: URL (data:image/png;base64,...)",
         )
     match = _DATA_URL.match(url)
     if match is None:

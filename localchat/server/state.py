@@ -41,6 +41,8 @@ class ServerState:
     reasoning_parser: str | None = None  # --reasoning-parser (None: from the chat template)
     pooling: str = "last"  # --pooling: how /v1/embeddings pools a prompt's hidden states
     metrics_without_key: bool = False  # --metrics-without-key: /metrics open to any client
+    # --allowed-media-domains: the hosts image URLs are fetched from (server/media_fetch.py)
+    media_domains: frozenset[str] = frozenset()
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ServerMetrics = field(init=False)
     token_str: TokenStrings = field(init=False)

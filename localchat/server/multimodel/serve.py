@@ -74,6 +74,7 @@ async def serve_models(
     limits=None,
     metrics_without_key: bool = False,
     allow_client_unload: bool = False,
+    media_domains: frozenset[str] = frozenset(),
 ) -> None:
     from localchat.server.access_log import access_log
     from localchat.server.app import build_app
@@ -97,6 +98,7 @@ async def serve_models(
             reasoning_parser=parsers[1],
             pooling=pooling,
             metrics_without_key=metrics_without_key,
+            media_domains=media_domains,
         )
         state.metrics.model_name = name
         return build_app(state, cors_origins, responses_store), state

@@ -1,0 +1,194 @@
+"""http(s) image URLs with `serve --allowed-media-domains` (server/media_fetch.py), against a real
+`localchat serve` of the tiny Gemma 3 VLM and a local http.server on a free port: a listed host's
+picture is answered as the same picture inline is; an unlisted host, a redirect to one, a file
+over the size cap, a page that is not an image, an HTTP error and a server slower than
+LOCALCHAT_MEDIA_FETCH_TIMEOUT are each a 400 naming the part and why. The SSRF guard (a listed name
+that resolves to a loopback address) is held in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from unittest import mock
+
+import pytest
+
+from localchat.errors import InvalidParameterError
+from localchat.server.images import MAX_IMAGE_BYTES
+from localchat.server.media_fetch import fetch_image, media_domains
+
+FIELD = "messages[0].content[0].image_url"
+
+
+def _png_bytes() -> bytes:
+    from tests.vision_models import images
+
+    buffer = io.BytesIO()
+    images(1, seed=13)[0].save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    png = b""
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes, kind: str = "image/png", **headers) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        port = self.server.server_address[1]
+        if self.path == "/cat.png":
+            self._send(200, self.png)
+        elif self.path == "/hop":  # to the same, listed host
+            self._send(302, b"", Location="/cat.png")
+        elif self.path == "/away":  # to localhost, which is not listed
+            self._send(302, b"", Location=f"http://localhost:{port}/cat.png")
+        elif self.path == "/loop":
+            self._send(302, b"", Location="/loop")
+        elif self.path == "/big.png":
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()  # no Content-Length: read until the cap
+            chunk = b"\0" * (1 << 20)
+            try:
+                for _ in range((MAX_IMAGE_BYTES >> 20) + 2):
+                    self.wfile.write(chunk)
+            except OSError:  # the fetcher hung up at the cap
+                pass
+        elif self.path == "/page.png":
+            self._send(200, b"<html><body>hello</body></html>", "text/html")
+        elif self.path == "/slow.png":
+            time.sleep(3)
+            with contextlib.suppress(OSError):  # the fetcher gave up
+                self._send(200, self.png)
+        else:
+            self._send(404, b"not here", "text/plain")
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    _Handler.png = _png_bytes()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_option_reads_names_repeated_or_comma_separated():
+    assert media_domains(["Example.com, other.org.", "[::1]", ""]) == {
+        "example.com",
+        "other.org",
+        "::1",
+    }
+    assert media_domains(None) == frozenset()
+
+
+def _fetch(url: str, allowed: set[str]) -> bytes:
+    return asyncio.run(fetch_image(url, FIELD, frozenset(allowed)))
+
+
+def _refused_here(url: str, allowed: set[str]) -> str:
+    with pytest.raises(InvalidParameterError) as error:
+        _fetch(url, allowed)
+    assert error.value.param == FIELD
+    return str(error.value)
+
+
+def test_a_listed_name_at_a_loopback_address_is_refused_unless_the_address_is_listed(
+    image_host,
+):
+    url = f"http://localhost:{image_host}/cat.png"
+    assert "private, loopback or link-local" in _refused_here(url, {"localhost"})
+    assert _fetch(url, {"localhost", "127.0.0.1"}) == _Handler.png
+    assert "only http and https" in _refused_here("ftp://127.0.0.1/cat.png", {"127.0.0.1"})
+    loop = f"http://127.0.0.1:{image_host}/loop"
+    assert "redirects more than 3 times" in _refused_here(loop, {"127.0.0.1"})
+
+
+# --- through a real server ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from tests.serve_process import serve_process
+    from tests.vision_models import save
+
+    directory = tmp_path_factory.mktemp("gemma3-vlm")
+    save(directory)
+    log = tmp_path_factory.mktemp("vlm-media") / "serve.log"
+    args = [str(directory), "--served-model-name", "vlm", "--max-model-len", "256"]
+    args += ["--kv-cache-memory", "16MiB", "--threads", "1"]
+    args += ["--allowed-media-domains", "example.com,127.0.0.1"]
+    with (
+        mock.patch.dict(os.environ, {"LOCALCHAT_MEDIA_FETCH_TIMEOUT": "1"}),
+        serve_process(log, *args, timeout=180) as server,
+    ):
+        yield server
+
+
+def _client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+
+
+def _chat(server, url: str):
+    content = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What do you see?"},
+    ]
+    return _client(server).chat.completions.create(
+        model="vlm",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+
+
+@pytest.mark.slow
+def test_a_listed_host_is_fetched_as_the_picture_inline(served, image_host):
+    inline = "data:image/png;base64," + base64.b64encode(_Handler.png).decode()
+    expected = _chat(served, inline).choices[0].message.content
+    for path in ("/cat.png", "/hop"):  # a redirect within the listed host is followed
+        reply = _chat(served, f"http://127.0.0.1:{image_host}{path}")
+        assert reply.choices[0].message.content == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("http://localhost:{port}/cat.png", "the host localhost is not one of"),
+        ("http://127.0.0.1:{port}/away", "the host localhost is not one of"),
+        ("http://127.0.0.1:{port}/big.png", "larger than 20 MiB"),
+        ("http://127.0.0.1:{port}/page.png", "not an image"),
+        ("http://127.0.0.1:{port}/gone.png", "HTTP 404"),
+        ("http://127.0.0.1:{port}/slow.png", "timed out after 1 s"),
+    ],
+)
+def test_a_refused_url_is_a_400_naming_the_part(served, image_host, where, words):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as error:
+        _chat(served, where.format(port=image_host))
+    assert error.value.body["param"] == FIELD
+    assert words in error.value.body["message"], error.value.body["message"]
