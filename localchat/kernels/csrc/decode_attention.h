@@ -64,38 +64,6 @@ void rope_and_store(const DecodeToken& t, const PoolShape<T>& p, int64_t h) {
   }
 }
 
-// exp(x - top) in place over n scores; returns their sum (the exp vectorized where AVX-512 or AVX2 is).
-float exp_shifted(float* x, int64_t n, float top) {
-  float total = 0.f;
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 shift = _mm512_set1_ps(top);
-  __m512 sums = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), shift));
-    _mm512_storeu_ps(x + i, e);
-    sums = _mm512_add_ps(sums, e);
-  }
-  total = _mm512_reduce_add_ps(sums);
-#elif LC_EXP256
-  const __m256 shift = _mm256_set1_ps(top);
-  alignas(32) float lanes[8];
-  __m256 sums = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp256_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift));
-    _mm256_storeu_ps(x + i, e);
-    sums = _mm256_add_ps(sums, e);
-  }
-  _mm256_store_ps(lanes, sums);
-  for (float lane : lanes) total += lane;
-#endif
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - top);
-    total += x[i];
-  }
-  return total;
-}
-
 // s[i] = cap * tanh(s[i] / cap) over n scores: tanh as a rational function (Eigen's, within 4e-7 relative),
 // which the compiler vectorizes, where std::tanh would stay a scalar call per score.
 void softcap_scores(float* s, int64_t n, float cap) {

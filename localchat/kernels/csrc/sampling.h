@@ -24,13 +24,12 @@
 #include <utility>
 #include <vector>
 
-#include "vector_math.h"
+#include "quant/sampling.h"
 
 namespace sampling {
 
 constexpr int64_t kRaceGroup = 256;               // token ids per group of the race (sampler.RACE_GROUP)
 constexpr float kCandidateFloor = 9.5367431640625e-07f;  // 2^-20
-constexpr float kZeroBelow = -87.f;               // weights of (l - max) / T below this are 0 (-inf included)
 constexpr int kBuckets = 1024;                    // bucket_of(w) for 0 <= w <= 1 is below 1017
 
 inline int bucket_of(float weight) {
@@ -61,97 +60,10 @@ inline Scratch& scratch() {
   return s;
 }
 
-// The index of the first largest logit (NaN never wins).
-inline int64_t argmax(const float* x, int64_t n) {
-  float best = -std::numeric_limits<float>::infinity();
-#if defined(__AVX512F__)
-  int64_t i = 0;
-  __m512 lanes = _mm512_set1_ps(best);
-  for (; i + 16 <= n; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(x + i));
-  best = _mm512_reduce_max_ps(lanes);
-  for (; i < n; ++i) best = std::max(best, x[i]);
-  const __m512 target = _mm512_set1_ps(best);
-  for (i = 0; i + 16 <= n; i += 16) {
-    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), target, _CMP_EQ_OQ);
-    if (hit) return i + __builtin_ctz(hit);
-  }
-  for (; i < n; ++i)
-    if (x[i] == best) return i;
-  return 0;  // every entry NaN or -inf
-#elif LC_EXP256
-  int64_t i = 0;
-  __m256 lanes = _mm256_set1_ps(best);
-  for (; i + 8 <= n; i += 8) lanes = _mm256_max_ps(lanes, _mm256_loadu_ps(x + i));
-  alignas(32) float values[8];
-  _mm256_store_ps(values, lanes);
-  for (float v : values) best = std::max(best, v);
-  for (; i < n; ++i) best = std::max(best, x[i]);
-  const __m256 target = _mm256_set1_ps(best);
-  for (i = 0; i + 8 <= n; i += 8) {
-    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
-    if (hit) return i + __builtin_ctz(hit);
-  }
-  for (; i < n; ++i)
-    if (x[i] == best) return i;
-  return 0;  // every entry NaN or -inf
-#else
-  int64_t index = 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (x[i] > best) best = x[i], index = i;
-  return index;
-#endif
-}
-
-// weights[i] = exp((x[i] - max) * inv_t) (0 far below the maximum); returns their sum and puts the ids of
-// those at least `floor` in ids[0, count).
-inline double weigh(const float* x, int64_t n, float max, float inv_t, float floor, float* weights, int32_t* ids,
-                    int64_t& count) {
-  int64_t i = 0, found = 0;
-  double total = 0.0;
-#if defined(__AVX512F__)
-  const __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_t), vfloor = _mm512_set1_ps(floor);
-  const __m512 vzero_below = _mm512_set1_ps(kZeroBelow);
-  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
-  __m512 sum = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax), vinv);
-    const __m512 w = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, vzero_below, _CMP_GT_OQ), exp_ps(d));
-    _mm512_storeu_ps(weights + i, w);
-    sum = _mm512_add_ps(sum, w);
-    const __mmask16 likely = _mm512_cmp_ps_mask(w, vfloor, _CMP_GE_OQ);
-    _mm512_mask_compressstoreu_epi32(ids + found, likely, index);
-    found += __builtin_popcount(likely);
-    index = _mm512_add_epi32(index, step);
-  }
-  total = _mm512_reduce_add_ps(sum);
-#elif LC_EXP256
-  const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_t), vfloor = _mm256_set1_ps(floor);
-  const __m256 vzero_below = _mm256_set1_ps(kZeroBelow);
-  __m256 sum = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax), vinv);
-    const __m256 w = _mm256_and_ps(_mm256_cmp_ps(d, vzero_below, _CMP_GT_OQ), exp256_ps(d));
-    _mm256_storeu_ps(weights + i, w);
-    sum = _mm256_add_ps(sum, w);
-    for (int likely = _mm256_movemask_ps(_mm256_cmp_ps(w, vfloor, _CMP_GE_OQ)); likely; likely &= likely - 1) {
-      ids[found++] = static_cast<int32_t>(i + __builtin_ctz(likely));
-    }
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  for (float lane : lanes) total += lane;
-#endif
-  for (; i < n; ++i) {
-    const float d = (x[i] - max) * inv_t;
-    const float w = d > kZeroBelow ? std::exp(d) : 0.f;
-    weights[i] = w;
-    total += w;
-    if (w >= floor) ids[found++] = static_cast<int32_t>(i);
-  }
-  count = found;
-  return total;
-}
+// The row's two vectorized passes, this build's ISA's (quant/sampling.h): the index of the first largest logit, and
+// the weights exp((l - max) / T) with their sum and the ids of those at least a floor.
+using sampling_rows::argmax;
+using sampling_rows::weigh;
 
 inline bool heavier(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);

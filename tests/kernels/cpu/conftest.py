@@ -5,7 +5,7 @@ AVX-512 machine the AVX2 kernels (the same sources built with -mno-avx512f), whi
 and which would otherwise go untested here, and the generic kernels (LOCALCHAT_CPU_ISA=generic:
 what runs where an ISA has no kernel). A module opts in with
 `pytestmark = pytest.mark.usefixtures("each_isa")`, and to the generic build with
-`GENERIC_KERNELS = True` (only the quantized projections' kernels differ there).
+`GENERIC_KERNELS = True` (where the kernels it tests have ISA versions: quant/arch/<isa>/).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def each_isa(request, monkeypatch):
         if request.param == "generic" and not native.simd_isa():
             pytest.skip("the native build already is the generic one")
         if request.param == "generic" and not getattr(request.module, "GENERIC_KERNELS", False):
-            pytest.skip("only the quantized projections' kernels differ on the generic build")
+            pytest.skip("its kernels have no ISA versions: the generic build is the same")
         module = _build(request.param)
         monkeypatch.setattr(cpu_extension, "_module", module)
         # the block cache goes under torch's allocator once per process, from the native build

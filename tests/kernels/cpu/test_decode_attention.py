@@ -14,6 +14,7 @@ from localchat.kernels.rotary import rotary_embedding_ref
 from tests.cpu_kernels import kernels_or_skip
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16, torch.bfloat16])

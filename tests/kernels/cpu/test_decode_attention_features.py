@@ -18,6 +18,7 @@ from localchat.kernels.rotary import rotary_embedding_ref
 from tests.kernels.naive_attention import OPTION_CASES, naive_attention, poison_outside_windows
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 BLOCK_SIZE = 16
 SEQ_LENS = [1, 5, 16, 17, 33, 70]  # a first token, a block's edges, several blocks

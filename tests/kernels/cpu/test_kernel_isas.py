@@ -64,3 +64,7 @@ def test_the_arm_neon_kernels_agree_with_the_generic_ones_under_qemu(tmp_path):
     generic_only = {line.split()[1] for line in out.splitlines() if "generic only" in line}
     assert generic_only == {"u6"}, generic_only
     assert "within rounding" not in out  # NEON keeps the generic order: the same bits
+    # the KV rows, SiLU / softmax exp and the sampler's passes have NEON versions too
+    for job in ("float16  KV rows", "bfloat16 KV rows", "SiLU and softmax exp", "sampling argmax"):
+        lines = [line for line in out.splitlines() if job in line]
+        assert lines and all("the ISA's" in line for line in lines), job

@@ -14,6 +14,7 @@ from localchat.engine.sampling.sampling_params import SamplingParams
 from tests.cpu_kernels import kernels_or_skip
 
 pytestmark = pytest.mark.usefixtures("each_isa")  # each build of the kernels (conftest.py)
+GENERIC_KERNELS = True  # the generic build too (conftest.py)
 
 SETTINGS = [
     {"temperature": 0.7, "top_p": 0.95},  # the chat's defaults

@@ -16,6 +16,10 @@
 // - the row restore (unpack_row) and float_to_half give the generic values;
 // - the q8_0 KV rows (quant/kv_q8.h): the ISA's quantize gives the generic codes and scales bit for bit, its key dot
 //   products and value sums the generic ones within float rounding.
+// - the float32, float16 and bfloat16 KV rows (quant/kv_rows.h): the ISA's store gives the generic bits, its key dot
+//   products and value sums the generic ones within float rounding;
+// - the decode path's SiLU and softmax exp (quant/vector_math.h) and the sampler's passes (quant/sampling.h): the
+//   ISA's exp within 2e-6 of std::exp's, the same argmax, the likely ids of its own weights.
 // Prints a line per layout and exits non-zero on any difference.
 #include <cstdio>
 #include <random>
@@ -23,7 +27,10 @@
 
 #include "../quant/dispatch.h"
 #include "../quant/kv_q8.h"
+#include "../quant/kv_rows.h"
 #include "../quant/restore.h"
+#include "../quant/sampling.h"
+#include "../quant/vector_math.h"
 
 namespace {
 
@@ -350,12 +357,136 @@ void check_kv_q8() {
   }
 }
 
+// |got - want| within tol of magnitude (the sum of the terms' sizes)
+bool near(float got, float want, float tol, float magnitude) {
+  return std::fabs(got - want) <= tol * (1.f + magnitude);
+}
+
+const char* row_type_name(RowType R) {
+  return R == RowType::kFloat ? "float32" : R == RowType::kHalf ? "float16" : "bfloat16";
+}
+
+// The KV row functions of this build (kv_rows::, the ISA's where it has them) for G heads against the generic ones.
+template <int G, RowType R>
+int check_kv_rows_group(const std::vector<RowElement<R>>& rows, int64_t D, int64_t count, int64_t row) {
+  int bad = 0;
+  std::vector<float> q(G * D), w(G * count);
+  for (auto& x : q) x = uniform(-2.f, 2.f);
+  for (auto& x : w) x = uniform(0.f, 1.f);
+  for (int64_t j = 0; j < count; ++j) {
+    const RowElement<R>* k = rows.data() + j * row;
+    float got[G], want[G];
+    kv_rows::dot_heads<G, R>(q.data(), k, D, 0.125f, got, 1);
+    generic::dot_heads<G, R>(q.data(), k, D, 0.125f, want, 1);
+    for (int g = 0; g < G; ++g) {
+      float magnitude = 0.f;
+      for (int64_t i = 0; i < D; ++i) magnitude += std::fabs(q[g * D + i] * widen<R>(k[i]));
+      bad += !near(got[g], want[g], 1e-5f, 0.125f * magnitude);
+      bad += !near(kv_rows::dot_row<R>(q.data() + g * D, k, D), generic::dot_row<R>(q.data() + g * D, k, D), 1e-5f,
+                   magnitude);
+    }
+  }
+  std::vector<float> got(G * D, 0.5f), want(G * D, 0.5f), magnitude(G * D, 0.5f);
+  kv_rows::add_rows<G, R>(rows.data(), row, count, w.data(), count, D, got.data(), D);
+  generic::add_rows<G, R>(rows.data(), row, count, w.data(), count, D, want.data(), D);
+  for (int g = 0; g < G; ++g) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t i = 0; i < D; ++i) magnitude[g * D + i] += std::fabs(w[g * count + j] * widen<R>(rows[j * row + i]));
+    }
+  }
+  for (int64_t i = 0; i < G * D; ++i) bad += !near(got[i], want[i], 1e-5f, magnitude[i]);
+  std::vector<float> acc(D, 0.25f), ref(D, 0.25f);
+  kv_rows::add_scaled_row<R>(acc.data(), w[0], rows.data(), D);
+  generic::add_scaled_row<R>(ref.data(), w[0], rows.data(), D);
+  for (int64_t i = 0; i < D; ++i) bad += !near(acc[i], ref[i], 1e-6f, 0.25f + std::fabs(widen<R>(rows[i])));
+  return bad;
+}
+
+template <RowType R>
+void check_kv_rows() {
+  for (int64_t D : {int64_t{16}, int64_t{64}, int64_t{72}, int64_t{80}, int64_t{128}, int64_t{256}}) {
+    const int64_t count = 13, heads = 3, row = heads * D;  // a run of 13 tokens' rows, 3 KV heads each
+    std::vector<float> x(count * row);
+    for (auto& v : x) v = uniform(-1.f, 1.f) * (integer(0, 9) == 0 ? 40.f : 1.f);
+    x[1] = 1e-6f, x[2] = -70000.f, x[3] = 1.00048828125f, x[4] = 1.000732421875f;  // subnormal, inf, ties to even
+    std::vector<RowElement<R>> got(x.size()), want(x.size());
+    kv_rows::store_row<R>(got.data(), x.data(), static_cast<int64_t>(x.size()));
+    generic::store_row<R>(want.data(), x.data(), static_cast<int64_t>(x.size()));
+    int bad = std::memcmp(got.data(), want.data(), got.size() * sizeof(RowElement<R>)) != 0;
+    if (R != RowType::kFloat) want[2] = narrow<R>(-1.f);  // (no inf in the sums)
+    bad += check_kv_rows_group<1, R>(want, D, count, row) + check_kv_rows_group<2, R>(want, D, count, row) +
+           check_kv_rows_group<3, R>(want, D, count, row) + check_kv_rows_group<4, R>(want, D, count, row);
+    std::printf("%s %-8s KV rows, head_dim %-3lld %s\n", bad ? "FAIL" : "ok  ", row_type_name(R),
+                static_cast<long long>(D),
+                LC_ISA_DOT_HEADS ? "the ISA's store (the same bits), dots and sums (within 1e-5)" : "generic only");
+    failures += bad != 0;
+  }
+}
+
+// The decode path's SiLU and exp, and the sampler's passes, of this build against the generic ones.
+void check_vector_math_and_sampling() {
+  int bad = 0;
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{77}, int64_t{256}}) {
+    std::vector<float> gate(n), up(n), got(n), want(n);
+    for (auto& v : gate) v = uniform(-20.f, 20.f);
+    for (auto& v : up) v = uniform(-1.f, 1.f);
+    vector_math::silu_and_mul(gate.data(), up.data(), got.data(), n);
+    generic::silu_and_mul(gate.data(), up.data(), want.data(), n);
+    for (int64_t i = 0; i < n; ++i) bad += std::fabs(got[i] - want[i]) > 2e-6f * std::fabs(want[i]);
+    std::vector<float> scores(n);
+    for (auto& v : scores) v = uniform(-30.f, 5.f);
+    scores[0] = -200.f;  // (underflows to 0)
+    float top = -INFINITY;
+    for (float v : scores) top = std::max(top, v);
+    std::vector<float> e = scores, ref = scores;
+    const float total = vector_math::exp_shifted(e.data(), n, top);
+    const float ref_total = generic::exp_shifted(ref.data(), n, top);
+    for (int64_t i = 0; i < n; ++i) bad += std::fabs(e[i] - ref[i]) > 2e-6f * ref[i] + 1e-37f;
+    bad += std::fabs(total - ref_total) > 1e-5f * ref_total;
+  }
+  std::printf("%s SiLU and softmax exp: %s\n", bad ? "FAIL" : "ok  ",
+              LC_ISA_SILU_AND_MUL ? "the ISA's, within 2e-6 of std::exp" : "generic only");
+  failures += bad != 0;
+  bad = 0;
+  for (int64_t n : {int64_t{5}, int64_t{16}, int64_t{1000}, int64_t{4099}}) {
+    std::vector<float> logits(n);
+    for (auto& v : logits) v = uniform(-10.f, 10.f);
+    logits[n / 3] = -INFINITY;
+    logits[n - 1] = 12.f;
+    if (n > 100) logits[n / 2] = 12.f;  // a tie: the first wins
+    bad += sampling_rows::argmax(logits.data(), n) != generic::argmax(logits.data(), n);
+    std::vector<float> minus_inf(n, -INFINITY);
+    bad += sampling_rows::argmax(minus_inf.data(), n) != generic::argmax(minus_inf.data(), n);
+    std::vector<float> w(n), ref_w(n);
+    std::vector<int32_t> ids(n), ref_ids(n);
+    int64_t count = 0, ref_count = 0;
+    const float floor = 0x1p-20f, inv_t = 1.f / 0.7f;
+    const double total = sampling_rows::weigh(logits.data(), n, 12.f, inv_t, floor, w.data(), ids.data(), count);
+    const double ref_total = generic::weigh(logits.data(), n, 12.f, inv_t, floor, ref_w.data(), ref_ids.data(),
+                                            ref_count);
+    for (int64_t i = 0; i < n; ++i) bad += std::fabs(w[i] - ref_w[i]) > 2e-6f * ref_w[i];
+    bad += std::fabs(total - ref_total) > 1e-6 * ref_total;
+    int64_t expected = 0;  // the ids of its own weights at least the floor, in order
+    for (int64_t i = 0; i < n; ++i) {
+      if (w[i] >= floor) bad += expected >= count || ids[expected++] != i;
+    }
+    bad += expected != count;
+  }
+  std::printf("%s sampling argmax and weights: %s\n", bad ? "FAIL" : "ok  ",
+              LC_ISA_WEIGH ? "the ISA's, the same argmax, weights within 2e-6" : "generic only");
+  failures += bad != 0;
+}
+
 }  // namespace
 
 int main() {
   std::printf("kernels: %s\n", LC_ISA_NAME[0] ? LC_ISA_NAME : "generic only");
   check_half_conversion();
   check_kv_q8();
+  check_kv_rows<RowType::kFloat>();
+  check_kv_rows<RowType::kHalf>();
+  check_kv_rows<RowType::kBFloat16>();
+  check_vector_math_and_sampling();
   // rows: two whole passes and a short one; inputs: whole and short chunks and blocks of 16 groups
   for (bool exact : {false, true}) {
     for (int64_t K : {int64_t{256}, int64_t{1280}}) {
