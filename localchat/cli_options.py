@@ -169,7 +169,9 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
                 _PANEL,
                 "--speculative-config",
                 help="Speculative decoding as vLLM takes it, a JSON object: "
-                '\'{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}\'',
+                '\'{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}\' '
+                '(methods ngram, suffix, draft_model with "model": a small model with the same '
+                "tokenizer)",
             ),
         ],
         None,

@@ -35,6 +35,7 @@ from localchat.engine.sampling.logits_processors import attach_grammar
 from localchat.engine.sampling.request_constraints import RequestConstraints
 from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.engine.speculative.config import SpeculativeConfig
+from localchat.engine.speculative.draft_model import DraftModel, draft_key
 from localchat.errors import (
     EmptyPromptError,
     EngineStepError,
@@ -147,7 +148,7 @@ class LLMEngine:
         self.runner.grammar_compiler = self.grammar_compiler
         self.speculator: Speculator | None = None
         self._spec_before = (0, 0)  # drafted and kept tokens under earlier speculative configs
-        self.set_speculative(config.speculative_config)
+        self.set_speculative(config.speculative_config, progress=progress)
         self._compiling: list[Request] = []  # requests whose grammar is compiling
         self.requests: dict[str, Request] = {}
         self._embedded: list[Request] = []  # embedding requests done, until take_embedded()
@@ -165,15 +166,40 @@ class LLMEngine:
                 "scaling (longrope, dynamic NTK)",
                 param="speculative_config",
             )
+        if (
+            speculative is not None
+            and speculative.method == "draft_model"
+            and self.config.tensor_parallel_size > 1
+        ):
+            raise InvalidParameterError(
+                "speculative_config.method: draft_model is not supported with tensor parallelism "
+                "yet",
+                param="speculative_config",
+            )
         return speculative
 
-    def set_speculative(self, value: dict | str | None) -> None:
+    def set_speculative(
+        self, value: dict | str | None, *, progress: Callable[[str], None] | None = None
+    ) -> None:
         """Speculate by `value` (vLLM's speculative config; None: not at all) from the next step;
-        the drafted and kept counts go on."""
+        the drafted and kept counts go on. A draft model is loaded here (kept while the next config
+        names the same one); one that cannot be loaded leaves the config as it was."""
         speculative = self.check_speculative(value)
+        old = self.speculator.draft_model if self.speculator is not None else None
+        draft = None
+        if speculative is not None and speculative.method == "draft_model":
+            if old is not None and old.key == draft_key(speculative):
+                draft = old
+            else:
+                kv_bytes = self.block_manager.num_blocks * self.runner.bytes_per_block()
+                draft = DraftModel.load(
+                    speculative, self.runtime, self.runner.spec.vocab_size, kv_bytes, progress
+                )
+        if old is not None:
+            old.release_all()  # its shadows start again
         self._spec_before = self.spec_counts()
         self.speculator = (
-            None if speculative is None else Speculator(speculative, self.max_model_len)
+            None if speculative is None else Speculator(speculative, self.max_model_len, draft)
         )
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             seq.drafter, seq.draft_token_ids = None, []

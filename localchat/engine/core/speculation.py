@@ -12,6 +12,8 @@ without d, renormalized, which together is p. So greedy output is token for toke
 output follows the same distribution, and a seeded request draws the same numbers in the same order.
 Keys and values computed for rejected drafts are left in the sequence's blocks, past its computed
 tokens, and are overwritten as it goes on; they are never registered in the prefix cache.
+A draft model's drafts are its greedy tokens: certain guesses too
+(engine/speculative/draft_model.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from localchat.engine.core.sequence import Sequence, SequenceStatus
 from localchat.engine.speculative.config import SpeculativeConfig
 from localchat.engine.speculative.draft_length import DraftLength
+from localchat.engine.speculative.draft_model import DraftModel
 from localchat.engine.speculative.ngram import NgramIndex
 from localchat.engine.speculative.suffix import SuffixCache, SuffixDrafter
 
@@ -27,10 +30,10 @@ class _Drafter:
     __slots__ = ("index", "length")
 
     def __init__(self, config: SpeculativeConfig, cache: SuffixCache | None) -> None:
-        self.index: NgramIndex | SuffixDrafter
-        if cache is None:
+        self.index: NgramIndex | SuffixDrafter | None = None  # None: a draft model's
+        if config.method == "ngram":
             self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
-        else:
+        elif cache is not None:
             self.index = SuffixDrafter(
                 cache, config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob
             )
@@ -40,8 +43,11 @@ class _Drafter:
 class Speculator:
     """Drafts tokens for decoding sequences by the configured method and counts how they fare."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, max_model_len: int, draft_model: DraftModel | None = None
+    ) -> None:
         self.config = config
+        self.draft_model = draft_model  # the draft_model method's
         self.max_model_len = max_model_len
         self.num_drafts = 0  # verifications (steps of a sequence with drafts)
         self.num_draft_tokens = 0
@@ -54,7 +60,9 @@ class Speculator:
 
     def draft(self, running: list[Sequence]) -> None:
         """Set each running sequence's `draft_token_ids` for the next step (empty where it is not
-        decoding, has no room left, or its lookup finds nothing)."""
+        decoding, has no room left, or its lookup finds nothing); a draft model drafts for all of
+        them at once."""
+        wanted: list[tuple[Sequence, int]] = []
         for seq in running:
             seq.draft_token_ids = []
             if (
@@ -73,8 +81,12 @@ class Speculator:
             if not isinstance(drafter, _Drafter):
                 drafter = seq.drafter = _Drafter(self.config, self.cache)
             k = min(drafter.length.next(), room)
-            if k > 0:
+            if k > 0 and drafter.index is not None:
                 seq.draft_token_ids = drafter.index.propose(seq.token_ids, k)
+            elif k > 0:
+                wanted.append((seq, k))
+        if self.draft_model is not None:
+            self.draft_model.propose(wanted)
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """The outcome of a sequence's verified drafts: the first `accepted` of `drafted` held."""
@@ -85,6 +97,9 @@ class Speculator:
             seq.drafter.length.record(drafted, accepted)
 
     def finished(self, seq: Sequence) -> None:
-        """A sequence ended: its output joins the suffix method's shared tree."""
+        """A sequence ended: its output joins the suffix method's shared tree, and a draft model
+        frees its blocks."""
+        if self.draft_model is not None:
+            self.draft_model.release(seq)
         if self.cache is not None and seq.request.pooling is None:
             self.cache.add_output(seq.seq_id, seq.output_token_ids)

@@ -23,6 +23,11 @@ def test_config_parses_vllms_json():
     assert SpeculativeConfig.parse({"prompt_lookup_max": 3}).prompt_lookup_min == 2
     assert SpeculativeConfig.parse({"prompt_lookup_min": 3}).prompt_lookup_max == 3
     assert SpeculativeConfig.parse("off") is None
+    # vLLM's draft model: a model without a method is one
+    draft = SpeculativeConfig.parse({"model": "small.gguf", "num_speculative_tokens": 3})
+    assert (draft.method, draft.model) == ("draft_model", "small.gguf")
+    assert draft.num_speculative_tokens == 3
+    assert SpeculativeConfig.parse(draft.to_dict()) == draft
     assert SpeculativeConfig.parse(None) is None
 
 
@@ -31,15 +36,15 @@ def test_config_parses_vllms_json():
     [
         ("{", "not valid JSON"),
         ("[1]", "JSON object"),
-        (
-            {"method": "draft_model"},
-            "speculative_config.method: method 'draft_model' is not supported yet",
-        ),
+        ({"method": "eagle"}, "speculative_config.method: method 'eagle' is not supported yet"),
+        ({"method": "draft_model"}, "speculative_config.model: the draft model's name"),
+        ({"method": "ngram", "model": "x"}, "speculative_config.model: is for method draft_model"),
+        ({"model": "x", "quantization": "q2"}, "speculative_config.quantization"),
         ({"method": "guess"}, "speculative_config.method"),
         ({"num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
         ({"num_speculative_tokens": "5"}, "speculative_config.num_speculative_tokens"),
         ({"prompt_lookup_min": 5, "prompt_lookup_max": 3}, "speculative_config.prompt_lookup_min"),
-        ({"model": "x"}, "speculative_config.model: unknown field"),
+        ({"draft_model": "x"}, "speculative_config.draft_model: unknown field"),
         ({"adaptive": "yes"}, "speculative_config.adaptive"),
     ],
 )
