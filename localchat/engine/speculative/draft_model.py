@@ -1,6 +1,7 @@
 """DraftModel: the draft_model method. A small model with the model's tokenizer, loaded as the
 model is (EngineRuntime), drafts each sequence's next tokens greedily through a ModelRunner of its
-own on the same device, with a paged KV pool and a BlockManager of its own.
+own on the same device, with a paged KV pool and a BlockManager of its own (whose prefix cache
+serves a request's samples and the next turn of a chat).
 
 The draft model follows each sequence with a shadow sequence: the sequence's tokens as the draft
 model has them, and how many of them are in its KV pool (`num_computed_tokens`). Before a step's
@@ -138,7 +139,9 @@ class DraftModel:
             num_blocks,
             format_bytes(num_blocks * per_block),
         )
-        block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        # its prefix cache holds the sequences' own tokens only: a step registers the full blocks
+        # before its drafts, and a shadow is set back to no earlier than that
+        block_manager = BlockManager(num_blocks, block_size)
         return cls(draft_key(config), runtime, runner, block_manager, main.max_num_batched_tokens)
 
     @property
@@ -202,10 +205,14 @@ class DraftModel:
             ):
                 continue
             shadow = self._shadow(seq)
-            own = shadow.num_tokens - shadow.num_computed_tokens
+            # a new shadow starts from the draft's prefix cache (n > 1, the next turn of a chat)
+            cached = None if shadow.block_tables else self.block_manager.find_cached_prefix(shadow)
+            start = len(cached) * self.block_manager.block_size if cached else 0
+            own = shadow.num_tokens - max(shadow.num_computed_tokens, start)
             num_new = min(own, budget)
             # room for its own tokens and all but the last draft (whose keys are never needed)
-            if not self.block_manager.allocate(shadow, num_new + (k - 1 if num_new == own else 0)):
+            extra = k - 1 if num_new == own else 0
+            if not self.block_manager.allocate(shadow, num_new + extra, cached):
                 continue
             batch.seqs.append(shadow)
             batch.num_new_tokens.append(num_new)
