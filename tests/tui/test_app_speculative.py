@@ -57,8 +57,11 @@ async def test_the_status_bar_and_set_speculative(default_gguf):
             await send(pilot, "/set speculative guess")
             await wait_until(pilot, lambda: notes, what="an error note")
             assert "speculative must be ngram, suffix, off" in notes[-1]
-            await send(pilot, '/set speculative {"method": "draft_model"}')
+            await send(pilot, '/set speculative {"method": "eagle"}')
             await wait_until(pilot, lambda: len(notes) > 1, what="a second error note")
             assert "speculative_config.method" in notes[-1]
+            await send(pilot, '/set speculative {"method": "draft_model"}')
+            await wait_until(pilot, lambda: len(notes) > 2, what="a third error note")
+            assert "speculative_config.model" in notes[-1]
     finally:
         await engine.shutdown()
