@@ -77,6 +77,15 @@ WATCH_INTERVAL = 0.5
 RESTART_WINDOW = 600.0  # LOCALCHAT_DP_RESTARTS counts a replica's restarts in this many seconds
 
 
+async def _exited(replica: Replica, within: float) -> int | None:
+    """The replica's exit code once its process has exited, waiting up to `within` seconds (None if
+    it is still running then)."""
+    deadline = time.monotonic() + within
+    while replica.process.exitcode is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return replica.process.exitcode
+
+
 @dataclasses.dataclass
 class _Tracked:
     """A request in flight on a replica: its stream, and its tokens so far (for the router);
@@ -187,10 +196,7 @@ class DataParallelEngine(TextFront, EngineClient):
 
     async def _restart(self, old: Replica) -> None:
         """Replace dead replica `old` with a new process once that one has loaded."""
-        for _ in range(100):  # the old process first exits (killed by _fail)
-            if old.process.exitcode is not None:
-                break
-            await asyncio.sleep(0.05)
+        await _exited(old, 5.0)  # killed by _fail
         old.close_pipes()
         if self._stopping:
             return
@@ -338,11 +344,7 @@ class DataParallelEngine(TextFront, EngineClient):
 
     async def _reap(self, replica: Replica) -> None:
         """The replica's pipe closed: give it a moment to exit, then report its exit code."""
-        for _ in range(40):
-            if replica.process.exitcode is not None:
-                break
-            await asyncio.sleep(0.05)
-        code = replica.process.exitcode
+        code = await _exited(replica, 2.0)
         self._fail(replica, "it exited" + (f" with code {code}" if code is not None else ""))
 
     def _deliver_from(self, replica: Replica, outputs: list[RequestOutput]) -> None:
