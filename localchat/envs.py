@@ -33,6 +33,13 @@ class Setting(Generic[T]):
         except ValueError as exc:
             raise ValueError(f"{self.name}={raw!r}: expected {self.kind}") from exc
 
+    def set(self, raw: str) -> None:
+        """Write the variable for this process and the ones it starts (empty: unset it)."""
+        if raw:
+            os.environ[self.name] = raw
+        else:
+            os.environ.pop(self.name, None)
+
 
 def _is_one(raw: str) -> bool:
     return raw == "1"
@@ -166,19 +173,14 @@ MEDIA_FETCH_TIMEOUT = _seconds(
 )
 
 # --- what one request may carry (engine/sampling/request_limits.py) -------------------------------
-MAX_TOOLS: Setting[int | None] = Setting(
-    "LOCALCHAT_MAX_TOOLS",
-    "count",
-    None,
-    "Most tools one chat, messages or responses request may carry; default: 128.",
-    int,
-)
-MAX_TOOLS_BYTES: Setting[int | None] = Setting(
-    "LOCALCHAT_MAX_TOOLS_BYTES",
-    "bytes",
-    None,
-    "Most bytes a request's tools (names, descriptions, schemas) take as JSON; default: 262144.",
-    int,
+LIMITS: Setting[str] = Setting(
+    "LOCALCHAT_LIMITS",
+    "NAME=VALUE list",
+    "",
+    "Bounds on what one request may carry, comma-separated (serve --limit writes it): stop "
+    "strings, tools, grammars, prompts, embeddings inputs, JSON depth; docs/security.md lists "
+    "the names and defaults.",
+    str,
 )
 
 # --- several processes ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from litestar.openapi import OpenAPIConfig
 from localchat import __version__
 from localchat.server.access_log import access_log
 from localchat.server.anthropic.routes import anthropic_router
+from localchat.server.body_depth import limit_json_depth
 from localchat.server.errors import handle_exception
 from localchat.server.openapi_errors import document_errors
 from localchat.server.request_guard import MAX_BODY_BYTES, guard_hosts, require_json, send_error
@@ -51,7 +52,7 @@ def build_app(
             }
         ),
         exception_handlers={Exception: handle_exception},
-        middleware=[require_json, _docs_need_key(server)],
+        middleware=[require_json, _docs_need_key(server), limit_json_depth],
         cors_config=CORSConfig(allow_origins=cors_origins, allow_headers=["*"])
         if cors_origins
         else None,

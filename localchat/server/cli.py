@@ -18,7 +18,7 @@ import typer
 
 from localchat import envs
 from localchat.cli_options import engine_options, option
-from localchat.engine.sampling.request_limits import tool_bounds
+from localchat.engine.sampling import request_limits
 from localchat.errors import InvalidParameterError
 from localchat.server import request_guard
 from localchat.server.parser_choice import chat_parsers
@@ -96,6 +96,16 @@ def serve(
             help="Hosts whose http(s) image URLs the server fetches (repeatable or "
             "comma-separated; exact names; a private address only where listed itself); default: "
             "none, only data: URLs",
+        ),
+    ] = None,
+    limit: Annotated[
+        list[str] | None,
+        option(
+            _PANEL,
+            "--limit",
+            help="NAME=VALUE: a bound on what one request may carry (repeatable or "
+            "comma-separated), e.g. stop_strings=128, grammar_seconds=30; names and defaults "
+            "in docs/security.md",
         ),
     ] = None,
     max_waiting: Annotated[
@@ -253,10 +263,7 @@ def serve(
             param="data_parallel_size",
         )
     chat_parsers(tool_call_parser, reasoning_parser, None)  # bad names fail before loading
-    try:  # a bad LOCALCHAT_MAX_TOOLS* fails here, not in every request
-        tool_bounds()
-    except ValueError as exc:
-        raise InvalidParameterError(str(exc)) from None
+    _set_limits(limit)
     from localchat.engine.core.llm_engine import POOLING
 
     if pooling not in POOLING:
@@ -336,6 +343,21 @@ def serve(
             data_parallel_size=data_parallel_size,
         )
     )
+
+
+def _set_limits(items: list[str] | None) -> None:
+    """LOCALCHAT_LIMITS with --limit's items over it, checked here (a bad one fails at start-up,
+    not in every request) and written back, so the engine's processes read the same."""
+    try:
+        bounds = request_limits.limits()
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from None
+    given = [part for item in items or () for part in item.split(",") if part.strip()]
+    try:
+        bounds = request_limits.parse_limits(given, bounds)
+    except ValueError as exc:
+        raise InvalidParameterError(f"--limit {exc}", param="limit") from None
+    envs.LIMITS.set(request_limits.as_setting(bounds))
 
 
 def _api_key(given: str | None, path: Path | None) -> str | None:

@@ -33,7 +33,7 @@ ASGIApp = Callable[..., Awaitable[None]]
 MAX_BODY_BYTES = 10_000_000
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 ANTHROPIC_PATH = "/v1/messages"
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def is_loopback(bind_host: str) -> bool:
@@ -125,7 +125,7 @@ def require_json(app: ASGIApp) -> ASGIApp:
     `Content-Type: application/json` (charset and other parameters allowed), else 415."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") in _BODY_METHODS:
+        if scope["type"] == "http" and scope.get("method") in BODY_METHODS:
             content_type = _header(scope, b"content-type") or ""
             if content_type.partition(";")[0].strip().lower() != "application/json":
                 await send_error(

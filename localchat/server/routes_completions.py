@@ -8,6 +8,7 @@ from typing import Annotated
 from litestar import Request, Response, post
 
 from localchat.engine.core.outputs import CompletionOutput, RequestOutput
+from localchat.engine.sampling.request_limits import check_most
 from localchat.errors import InvalidParameterError
 from localchat.server.logprobs import CompletionLogprobs, TokenStrings
 from localchat.server.protocol import JSON_BODY, CompletionRequest
@@ -100,6 +101,7 @@ async def create_completion(
     grammar, grammar_param = await checked_grammar(data) or (None, None)
     params = completion_sampling_params(defaults.fill_request(data), grammar)
     prompts = parse_prompts(data.prompt)
+    check_most("prompt", len(prompts), "prompts", "prompts")
     generation = await start_generation(request, server, "cmpl", params, prompts, grammar_param)
     echoes = []
     if data.echo:

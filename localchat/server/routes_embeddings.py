@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 from litestar import Request, post
 
-from localchat.engine.sampling.request_limits import LIMITS
+from localchat.engine.sampling.request_limits import check_most
 from localchat.errors import InvalidParameterError, LocalchatError
 from localchat.server.generation import until_disconnect
 from localchat.server.protocol import JSON_BODY, EmbeddingRequest
@@ -31,12 +31,10 @@ def _inputs(data: EmbeddingRequest, tokenize) -> list[list[int]]:
         prompts = parse_prompts(data.input)
     except InvalidParameterError as exc:
         raise InvalidParameterError(exc.message.replace("prompt", "input"), param="input") from None
-    if len(prompts) > LIMITS.embedding_inputs:  # before tokenizing any
-        raise InvalidParameterError(
-            f"input holds at most {LIMITS.embedding_inputs} entries, got {len(prompts)}",
-            param="input",
-        )
-    return [tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+    check_most("input", len(prompts), "embedding_inputs")  # before tokenizing any
+    inputs = [tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+    check_most("input", sum(map(len, inputs)), "embedding_tokens", "tokens in all")
+    return inputs
 
 
 @post("/v1/embeddings", status_code=200, guards=[require_api_key], summary="Create embeddings")

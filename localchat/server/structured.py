@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localchat.engine.sampling.guided_decoding import validate_grammar
+from localchat.engine.sampling.request_limits import limits
 from localchat.errors import InvalidParameterError
 from localchat.harmony import final_lark
 from localchat.reasoning import HARMONY
@@ -95,19 +96,15 @@ def _check_all_required(node: dict[str, Any], param: str, path: str) -> None:
         )
 
 
-# how deep a JSON schema may nest (objects and arrays counted together): real schemas stay within
-# a dozen; llguidance's own limits (ParserLimits: grammar size, lexer fuel) bound the rest
-MAX_SCHEMA_DEPTH = 64
-
-
-def _depth(node: Any) -> int:
-    """How deep `node` nests, counted without recursion (a hostile one nests thousands deep)."""
+def _depth(node: Any, most: int) -> int:
+    """How deep `node` nests (objects and arrays counted together), counted without recursion (a
+    hostile one nests thousands deep) and no further than one level past `most`."""
     deepest, stack = 0, [(node, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict | list):
             deepest = max(deepest, depth)
-            if depth <= MAX_SCHEMA_DEPTH:  # deep enough to refuse: no need to walk further
+            if depth <= most:  # deep enough to refuse: no need to walk further
                 stack.extend(
                     (child, depth + 1)
                     for child in (item.values() if isinstance(item, dict) else item)
@@ -130,9 +127,11 @@ def json_grammar(schema: Any, param: str) -> str:
         schema = _loaded(schema, param)
     if not isinstance(schema, dict):
         raise InvalidParameterError(f"{param} must be a JSON schema object", param=param)
-    if _depth(schema) > MAX_SCHEMA_DEPTH:
+    most = limits().schema_depth
+    if _depth(schema, most) > most:
         raise InvalidParameterError(
-            f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param
+            f"{param} nests deeper than {most} levels (the server's --limit schema_depth)",
+            param=param,
         )
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
@@ -247,7 +246,20 @@ def request_grammar(request: SamplingFields) -> tuple[str, str] | None:
         raise InvalidParameterError(
             f"{found[1][1]} cannot be combined with {found[0][1]}", param=found[1][1]
         )
+    if found:
+        check_grammar_size(*found[0])
     return found[0] if found else None
+
+
+def check_grammar_size(grammar: str, param: str) -> None:
+    """A 400 naming `param` when the grammar made of it passes the grammar_bytes bound."""
+    most = limits().grammar_bytes
+    if len(grammar) > most:
+        raise InvalidParameterError(
+            f"{param} makes a grammar of {len(grammar)} bytes; at most {most} are compiled "
+            "(the server's --limit grammar_bytes)",
+            param=param,
+        )
 
 
 _FREE, _WS, _CLOSE = r"(?s:.*)", r"[ \t\r\n]*", r"<\/think>"
@@ -315,5 +327,12 @@ async def checked_grammar(
     grammar, param = found
     if thinking is not None and not (thinking == HARMONY and param == "tool_choice"):
         grammar = after_reasoning(grammar, thinking, token_id)
-    await asyncio.to_thread(validate_grammar, grammar, param)
+    seconds = limits().grammar_seconds
+    try:  # llguidance's fuel bounds the work; this bounds the wait
+        await asyncio.wait_for(asyncio.to_thread(validate_grammar, grammar, param), seconds)
+    except TimeoutError:
+        raise InvalidParameterError(
+            f"{param} did not compile within {seconds:g} s (the server's --limit grammar_seconds)",
+            param=param,
+        ) from None
     return grammar, param

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localchat.engine.sampling.request_limits import tool_bounds
+from localchat.engine.sampling.request_limits import limits
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import ChatCompletionRequest, ChatMessage
 from localchat.server.structured import strict_schema
@@ -77,11 +77,12 @@ def _named(choice: dict[str, Any], functions: list[dict[str, Any]]) -> list[dict
 
 
 def check_tools(tools: list[Any] | None) -> None:
-    """At most tool_bounds() tools, their JSON at most its bytes (before any is rendered or turned
-    into a grammar); past either, a 400 naming `tools`."""
+    """At most limits().tools tools, their JSON at most its tools_bytes (before any is rendered or
+    turned into a grammar); past either, a 400 naming `tools`."""
     if not tools:
         return
-    most, most_bytes = tool_bounds()
+    bounds = limits()
+    most, most_bytes = bounds.tools, bounds.tools_bytes
     if len(tools) > most:
         raise InvalidParameterError(
             f"tools holds at most {most} tools, got {len(tools)}", param="tools"

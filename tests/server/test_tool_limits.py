@@ -1,17 +1,13 @@
 """A request's tools are bounded (engine/sampling/request_limits.py): at most 128 of them and
-256 KiB of JSON by default, LOCALCHAT_MAX_TOOLS and LOCALCHAT_MAX_TOOLS_BYTES otherwise; past
+256 KiB of JSON by default (serve --limit tools=N,tools_bytes=N sets others); past
 either, every API that renders tools answers a 400 naming `tools`, in its own error shape, before
 the chat template sees them."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from localchat.engine.sampling.request_limits import LIMITS, tool_bounds
+from localchat.engine.sampling.request_limits import DEFAULTS as LIMITS
 
 MODEL = "SmolLM2-135M-Instruct"  # the served model
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -85,31 +81,3 @@ def test_the_bound_itself_is_allowed(http):
     tools = [_openai_tool(i) for i in range(LIMITS.tools)]
     response = http.post("/tokenize", json={"messages": ASK, "tools": tools})
     assert response.status_code == 200, response.text
-
-
-def test_the_bounds_are_settings(monkeypatch):
-    assert tool_bounds() == (128, 256 << 10) == (LIMITS.tools, LIMITS.tools_bytes)
-    monkeypatch.setenv("LOCALCHAT_MAX_TOOLS", "4")
-    monkeypatch.setenv("LOCALCHAT_MAX_TOOLS_BYTES", "1000")
-    assert tool_bounds() == (4, 1000)
-    monkeypatch.setenv("LOCALCHAT_MAX_TOOLS", "-1")
-    with pytest.raises(ValueError, match="LOCALCHAT_MAX_TOOLS=-1"):
-        tool_bounds()
-
-
-def test_a_bad_setting_stops_serve_before_it_loads(tmp_path):
-    command = [sys.executable, "-m", "localchat", "serve", str(tmp_path / "none"), "--port", "0"]
-    env = {**os.environ, "LOCALCHAT_MAX_TOOLS_BYTES": "lots"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "LOCALCHAT_MAX_TOOLS_BYTES='lots': expected bytes" in result.stderr
-
-
-def test_the_defaults_are_documented():
-    from pathlib import Path
-
-    docs = Path(__file__).parents[2] / "docs"
-    security, server = (docs / "security.md").read_text(), (docs / "server.md").read_text()
-    for text in (security, server):
-        assert "`tools` at most 128 tools and 256 KiB" in text
-        assert "`LOCALCHAT_MAX_TOOLS`" in text and "`LOCALCHAT_MAX_TOOLS_BYTES`" in text

@@ -284,7 +284,9 @@ class LLMEngine:
 
     def _settle_grammars(self) -> list[RequestOutput]:
         """Give the sequences of requests whose grammar compiled their matchers; a grammar that
-        failed aborts its request."""
+        failed, or ran past the grammar_seconds bound, aborts its request."""
+        if self.grammar_compiler is not None:
+            self.grammar_compiler.expire()
         outputs = []
         still = []
         for request in self._compiling:

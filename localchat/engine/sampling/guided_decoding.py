@@ -13,13 +13,15 @@ import copy
 import logging
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
 import numpy as np
 import torch
 
-from localchat.errors import InvalidParameterError
+from localchat.engine.sampling.request_limits import limits
+from localchat.errors import EngineDeadError, InvalidParameterError
 
 logger = logging.getLogger("localchat.engine")
 
@@ -59,12 +61,15 @@ class GrammarCompiler:
         self._tokenizer_json = ""
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
+        self._pending: dict[Future, float] = {}  # compiles running, and their deadlines
+        self._pending_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._executor: llguidance.LLExecutor | None = None
 
     def compile(self, grammar: str) -> Future:
         """Start compiling (call on the engine thread); the future gives an LLMatcher or raises
-        InvalidParameterError."""
+        InvalidParameterError, also when the compile passes the grammar_seconds bound (checked
+        by `expire`)."""
         if not self._tokenizer_json:
             backend = copy.copy(self._tokenizer.backend_tokenizer)
             backend.no_padding()
@@ -72,7 +77,47 @@ class GrammarCompiler:
             self._tokenizer_json = backend.to_str()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="localchat-grammar")
-        return self._pool.submit(self._build, grammar)
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+        with self._pending_lock:
+            self._pending[future] = time.monotonic() + limits().grammar_seconds
+        self._pool.submit(self._settle, future, grammar)
+        return future
+
+    def _settle(self, future: Future, grammar: str) -> None:
+        try:
+            matcher = self._build(grammar)
+        except BaseException as exc:  # the request's error, whatever the compile raised
+            self._finish(future, exc)
+            return
+        self._finish(future, matcher)
+
+    def _finish(self, future: Future, outcome: object) -> None:
+        """Give `future` its matcher or exception, unless `expire` or `shutdown` ended it."""
+        with self._pending_lock:
+            if self._pending.pop(future, None) is None:
+                return
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def expire(self) -> None:
+        """Fail the compiles that have run past their deadline (call on the engine thread, each
+        step while any runs): their requests end with a 400; llguidance's fuel limits end the
+        compile itself."""
+        now = time.monotonic()
+        with self._pending_lock:
+            late = [future for future, deadline in self._pending.items() if deadline <= now]
+            for future in late:
+                del self._pending[future]
+                future.set_exception(
+                    InvalidParameterError(
+                        f"the grammar did not compile within {limits().grammar_seconds:g} s "
+                        "(the server's --limit grammar_seconds)",
+                        param="grammar",
+                    )
+                )
 
     def _build(self, grammar: str) -> llguidance.LLMatcher:
         with self._lock:
@@ -102,6 +147,10 @@ class GrammarCompiler:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._pending_lock:
+            for future in self._pending:
+                future.set_exception(EngineDeadError("the engine shut down"))
+            self._pending.clear()
 
 
 class GrammarState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localchat.engine.sampling.request_limits import LIMITS
+from localchat.engine.sampling.request_limits import check_most
 from localchat.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
@@ -144,24 +144,17 @@ class SamplingParams:
     def _check_sizes(self, stop: list[str], stop_token_ids: list[int]) -> None:
         """Each list within its RequestLimits bound (engine/sampling/request_limits.py)."""
 
-        def most(name: str, items, count: int, chars: int | None = None) -> None:
-            if len(items) > count:
-                raise InvalidParameterError(
-                    f"{name} holds at most {count} entries, got {len(items)}", param=name
-                )
+        def most(name: str, items, limit: str, chars: str | None = None) -> None:
+            check_most(name, len(items), limit)
             if chars is not None:
                 longest = max((len(i) for i in items if isinstance(i, str)), default=0)
-                if longest > chars:
-                    raise InvalidParameterError(
-                        f"{name}: each entry holds at most {chars} characters, got {longest}",
-                        param=name,
-                    )
+                check_most(name, longest, chars, "characters in each entry")
 
-        most("stop", stop, LIMITS.stop_strings, LIMITS.stop_string_chars)
-        most("stop_token_ids", stop_token_ids, LIMITS.stop_token_ids)
-        most("bad_words", self.bad_words or [], LIMITS.bad_words, LIMITS.bad_word_chars)
-        most("logit_bias", self.logit_bias or {}, LIMITS.logit_bias)
-        most("allowed_token_ids", self.allowed_token_ids or [], LIMITS.allowed_token_ids)
+        most("stop", stop, "stop_strings", "stop_string_chars")
+        most("stop_token_ids", stop_token_ids, "stop_token_ids")
+        most("bad_words", self.bad_words or [], "bad_words", "bad_word_chars")
+        most("logit_bias", self.logit_bias or {}, "logit_bias")
+        most("allowed_token_ids", self.allowed_token_ids or [], "allowed_token_ids")
 
     @property
     def greedy(self) -> bool:

@@ -132,6 +132,32 @@ async def test_a_grammar_that_fails_to_compile_raises_at_add_request(engine):
     await wait_idle(engine)
 
 
+async def test_a_grammar_past_its_compile_time_is_the_requests_400(engine, monkeypatch):
+    """A compile for the tokenizer that runs past grammar_seconds ends its request with a 400
+    (named `grammar`, which the server renames to its field); the engine serves on."""
+    import threading
+
+    import llguidance
+
+    compiler = engine.engine.grammar_compiler
+    release, build = threading.Event(), compiler._build
+    monkeypatch.setattr(compiler, "_build", lambda g: release.wait(60) and build(g))
+    monkeypatch.setenv("LOCALCHAT_LIMITS", "grammar_seconds=0.3")
+    grammar = llguidance.LLMatcher.grammar_from_lark('start: "ok"')
+    try:
+        async with asyncio.timeout(30):
+            with pytest.raises(InvalidParameterError) as error:
+                await engine.add_request("x", SamplingParams(max_tokens=4, grammar=grammar))
+    finally:
+        release.set()
+    assert error.value.param == "grammar"
+    assert "did not compile within 0.3 s" in error.value.message
+    monkeypatch.undo()
+    text, _, finish = await collect(engine, "x", SamplingParams(max_tokens=4, grammar=grammar))
+    assert (text, finish) == ("ok", "stop")
+    await wait_idle(engine)
+
+
 async def test_cancelling_an_add_that_waits_for_its_grammar_aborts_it(engine, monkeypatch):
     import threading
 
