@@ -32,14 +32,24 @@ def _refuse(field: str, why: str) -> InvalidParameterError:
     return InvalidParameterError(f"{field}: {why}", param=field)
 
 
+def is_remote(url: str) -> bool:
+    """Whether an image URL is http(s) (fetched by server/media_fetch.py, or refused)."""
+    return re.match(r"^https?://", url, re.I) is not None
+
+
+def fetch_refused(field: str) -> InvalidParameterError:
+    """The 400 of an http(s) image URL sent to a server that fetches none."""
+    return _refuse(
+        field,
+        "this server fetches no image URLs (serve --allowed-media-domains lists the hosts it "
+        "may fetch from); send the image inline as a data: URL (data:image/png;base64,...)",
+    )
+
+
 def image_bytes(url: str, field: str) -> bytes:
     """The file a `data:` URL holds; `field` names the part in the error."""
-    if re.match(r"^https?://", url, re.I):
-        raise _refuse(
-            field,
-            "this server fetches no image URLs (serve --allowed-media-domains lists the hosts it "
-            "may fetch from); send the image inline as a data: URL (data:image/png;base64,...)",
-        )
+    if is_remote(url):
+        raise fetch_refused(field)
     match = _DATA_URL.match(url)
     if match is None:
         raise _refuse(field, "an image URL must be a data: URL (data:image/png;base64,...)")

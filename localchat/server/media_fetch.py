@@ -3,8 +3,11 @@ server fetches nothing and such a URL is a 400 (server/images.py says so).
 
 With it, an `image_url` part whose URL's host is one of the listed names (exactly, case aside) is
 fetched with httpx, on the event loop without blocking it, before the prompt is rendered; the part
-then holds the file as a data: URL, so the picture goes the way of an inline one. Each fetch is
-guarded, every refusal a 400 naming the part (`messages[0].content[1].image_url`) and why:
+then holds the file as a data: URL, so the picture goes the way of an inline one. The Responses
+API's `input_image` and Anthropic's URL image sources are fetched the same way (fetched_data_url,
+called by their translate.py's fetch_images). Each fetch is guarded, every refusal a 400 naming
+the part (`messages[0].content[1].image_url`, `input[0].content[1].image_url`,
+`messages[0].content[1].source.url`) and why:
 
 - only http and https;
 - the host must be listed, and so must every redirect's (followed by hand, at most MAX_REDIRECTS);
@@ -26,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
-import re
 import socket
 from collections.abc import Iterable
 
@@ -35,11 +37,10 @@ import msgspec
 
 from localchat import envs
 from localchat.errors import InvalidParameterError
-from localchat.server.images import MAX_IMAGE_BYTES
+from localchat.server.images import MAX_IMAGE_BYTES, fetch_refused, is_remote
 from localchat.server.protocol import ChatCompletionRequest
 
 MAX_REDIRECTS = 3
-_REMOTE = re.compile(r"^https?://", re.I)
 
 
 def media_domains(values: Iterable[str] | None) -> frozenset[str]:
@@ -67,16 +68,25 @@ async def fetch_remote_images(
             continue
         content = list(message.content)
         for j, part in enumerate(content):
-            if part.image_url is None or not _REMOTE.match(part.image_url.url):
+            if part.image_url is None or not is_remote(part.image_url.url):
                 continue
             field = f"messages[{i}].content[{j}].image_url"
-            file = await fetch_image(part.image_url.url, field, allowed)
-            url = "data:application/octet-stream;base64," + base64.b64encode(file).decode()
+            url = await fetched_data_url(part.image_url.url, field, allowed)
             image_url = msgspec.structs.replace(part.image_url, url=url)
             content[j] = msgspec.structs.replace(part, image_url=image_url)
             changed = True
         messages[i] = msgspec.structs.replace(message, content=content)
     return msgspec.structs.replace(data, messages=messages) if changed else data
+
+
+async def fetched_data_url(url: str, field: str, allowed: frozenset[str]) -> str:
+    """The file at the http(s) `url` as a data: URL (each API's image, whatever the shape it comes
+    in, goes this way), fetched under the rules in the module's doc; a 400 naming `field` when it
+    is refused, and when `allowed` is empty (the server fetches nothing)."""
+    if not allowed:
+        raise fetch_refused(field)
+    file = await fetch_image(url, field, allowed)
+    return "data:application/octet-stream;base64," + base64.b64encode(file).decode()
 
 
 async def fetch_image(url: str, field: str, allowed: frozenset[str]) -> bytes:

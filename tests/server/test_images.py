@@ -265,3 +265,34 @@ def test_responses_input_image_equals_transformers(served_vlm):
     with pytest.raises(openai.BadRequestError) as error:
         client.responses.create(model="vlm", input=[{"role": "user", "content": bad}])
     assert error.value.body["param"] == "input[0].content[1]"
+
+
+def test_responses_and_messages_image_urls_are_400s_without_allowed_media_domains(served_vlm):
+    """This server fetches nothing (no --allowed-media-domains): an http(s) URL is a 400 naming
+    the field, in each API's error shape; so is an input_image's file_id (no Files API)."""
+    import anthropic
+    import openai
+
+    server, _, _ = served_vlm
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    for image, param in (
+        ({"image_url": "https://example.com/cat.png", "detail": "auto"}, "image_url"),
+        ({"file_id": "file-123"}, "file_id"),
+    ):
+        content = [{"type": "input_text", "text": "a"}, {"type": "input_image", **image}]
+        with pytest.raises(openai.BadRequestError) as error:
+            client.responses.create(model="vlm", input=[{"role": "user", "content": content}])
+        assert error.value.body["param"] == f"input[0].content[1].{param}"
+        words = "fetches no image URLs" if param == "image_url" else "file ids are not supported"
+        assert words in error.value.body["message"]
+
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    source = {"type": "url", "url": "https://example.com/cat.png"}
+    content = [{"type": "text", "text": "a"}, {"type": "image", "source": source}]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(
+            model="vlm", max_tokens=8, messages=[{"role": "user", "content": content}]
+        )
+    message = refused.value.body["error"]["message"]
+    assert message.startswith("messages[0].content[1].source.url: ")
+    assert "fetches no image URLs" in message

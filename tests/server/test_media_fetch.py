@@ -2,8 +2,10 @@
 `localchat serve` of the tiny Gemma 3 VLM and a local http.server on a free port: a listed host's
 picture is answered as the same picture inline is; an unlisted host, a redirect to one, a file
 over the size cap, a page that is not an image, an HTTP error and a server slower than
-LOCALCHAT_MEDIA_FETCH_TIMEOUT are each a 400 naming the part and why. The SSRF guard (a listed name
-that resolves to a loopback address) is held in-process."""
+LOCALCHAT_MEDIA_FETCH_TIMEOUT are each a 400 naming the part and why. The Responses API's
+input_image and Anthropic's URL image sources go the same way, through the openai and anthropic
+clients, each refusal named in that API's error shape. The SSRF guard (a listed name that resolves
+to a loopback address) is held in-process: the server lists 127.0.0.1, where the images are."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest import mock
 
+import msgspec
 import pytest
 
 from localchat.errors import InvalidParameterError
@@ -192,3 +195,120 @@ def test_a_refused_url_is_a_400_naming_the_part(served, image_host, where, words
         _chat(served, where.format(port=image_host))
     assert error.value.body["param"] == FIELD
     assert words in error.value.body["message"], error.value.body["message"]
+
+
+# --- the Responses API's input_image and Anthropic's URL image sources ----------------------------
+
+
+def _fetch_items(items: list[dict], allowed: set[str]) -> list[dict]:
+    from localchat.server.responses.translate import fetch_images
+
+    return asyncio.run(fetch_images(items, frozenset(allowed)))
+
+
+def test_responses_and_messages_fetch_through_the_chat_paths_guard(image_host):
+    from localchat.server.anthropic.protocol import MessagesInput
+    from localchat.server.anthropic.translate import fetch_images
+
+    url = f"http://localhost:{image_host}/cat.png"
+    inline = "data:application/octet-stream;base64," + base64.b64encode(_Handler.png).decode()
+    part = {"type": "input_image", "image_url": url, "detail": "auto"}
+    item = {"type": "message", "role": "user", "content": [part], "id": "msg_1"}
+    assert _fetch_items([item], {"localhost", "127.0.0.1"}) == [
+        {**item, "content": [{**part, "image_url": inline}]}
+    ]
+    with pytest.raises(InvalidParameterError) as error:  # a listed name at a loopback address
+        _fetch_items([item], {"localhost"})
+    assert error.value.param == "input[0].content[0].image_url"
+    assert "private, loopback or link-local" in str(error.value)
+
+    block = {"type": "image", "source": {"type": "url", "url": url}}
+    data = msgspec.convert(
+        {"model": "vlm", "messages": [{"role": "user", "content": [block]}]}, MessagesInput
+    )
+    fetched = asyncio.run(fetch_images(data, frozenset({"localhost", "127.0.0.1"})))
+    assert fetched.messages[0].content[0].source == {"type": "url", "url": inline}
+    for allowed, words in (({"localhost"}, "private, loopback"), (set(), "fetches no image")):
+        with pytest.raises(InvalidParameterError) as error:
+            asyncio.run(fetch_images(data, frozenset(allowed)))
+        assert error.value.param == "messages[0].content[0].source.url"
+        assert words in str(error.value)
+
+
+def _respond(server, image_url: str):
+    content = [
+        {"type": "input_image", "image_url": image_url, "detail": "high"},  # detail is ignored
+        {"type": "input_text", "text": "What do you see?"},
+    ]
+    return _client(server).responses.create(
+        model="vlm",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+
+
+def _message(server, source: dict):
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    content = [{"type": "image", "source": source}, {"type": "text", "text": "What do you see?"}]
+    return claude.messages.create(
+        model="vlm",
+        max_tokens=8,
+        messages=[{"role": "user", "content": content}],
+        extra_body={"ignore_eos": True, "temperature": 0},
+    )
+
+
+@pytest.mark.slow
+def test_responses_and_messages_fetch_a_listed_host_as_the_picture_inline(served, image_host):
+    url = f"http://127.0.0.1:{image_host}/hop"  # a redirect to /cat.png on the same host
+    data = base64.b64encode(_Handler.png).decode()
+    client = _client(served)
+
+    inline = _respond(served, f"data:image/png;base64,{data}")
+    response = _respond(served, url)
+    assert response.output_text and response.output_text == inline.output_text
+    assert response.usage.input_tokens == inline.usage.input_tokens  # the picture's tokens too
+    # the stored input keeps the URL; a response continuing it reads the picture fetched then
+    assert client.responses.input_items.list(response.id).data[0].content[0].image_url == url
+    more = client.responses.create(
+        model="vlm", previous_response_id=response.id, input="And?", max_output_tokens=2
+    )
+    assert more.usage.input_tokens > response.usage.input_tokens
+
+    base64_source = {"type": "base64", "media_type": "image/png", "data": data}
+    expected = _message(served, base64_source)
+    reply = _message(served, {"type": "url", "url": url})
+    assert reply.content and reply.content == expected.content
+    assert reply.usage.input_tokens == expected.usage.input_tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("http://localhost:{port}/cat.png", "the host localhost is not one of"),
+        ("http://10.0.0.1/cat.png", "the host 10.0.0.1 is not one of"),  # a private address
+        ("http://127.0.0.1:{port}/away", "the host localhost is not one of"),  # redirected
+        ("http://127.0.0.1:{port}/page.png", "not an image"),
+    ],
+)
+def test_responses_and_messages_refuse_a_url_naming_the_field(served, image_host, where, words):
+    import anthropic
+    import openai
+
+    url = where.format(port=image_host)
+    with pytest.raises(openai.BadRequestError) as error:
+        _respond(served, url)
+    assert error.value.body["param"] == "input[0].content[0].image_url"
+    assert words in error.value.body["message"], error.value.body["message"]
+
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        _message(served, {"type": "url", "url": url})
+    body = refused.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    message = body["error"]["message"]
+    assert message.startswith("messages[0].content[0].source.url: ") and words in message

@@ -10,7 +10,9 @@ turns the chat template's enable_thinking on or off (left to the template when a
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from localchat.errors import InvalidParameterError
 from localchat.server.anthropic.protocol import (
@@ -24,13 +26,15 @@ from localchat.server.anthropic.protocol import (
     ToolUseBlock,
 )
 from localchat.server.field_names import api_field_names
-from localchat.server.images import image_from_url
+from localchat.server.images import image_from_url, is_remote
+from localchat.server.media_fetch import fetched_data_url
 from localchat.server.protocol import ChatCompletionRequest, ChatMessage, ContentPart, ImageURL
 
 # the chat path's fields that have other names here (see api_field_names)
 FIELDS = {"stop": "stop_sequences", "chat_template_kwargs": "thinking"}
 PATHS = ((r"(tools\[\d+\])\.function\.parameters", r"\1.input_schema"),)
 MIN_THINKING_BUDGET = 1024  # Anthropic's
+Input = TypeVar("Input", bound=MessagesInput)
 
 
 def field_names():
@@ -60,8 +64,8 @@ def _text(blocks: str | list | None, where: str) -> str:
 
 
 def _image_part(block: ImageBlock, where: str, takes_images: bool) -> ContentPart:
-    """A base64 image block as the chat path's image_url part (checked here, so that a bad
-    image is named by this API's field)."""
+    """A base64 image block, or a URL one fetched (fetch_images), as the chat path's image_url
+    part (checked here, so that a bad image is named by this API's field)."""
     if not takes_images:
         raise InvalidParameterError(
             f"{where}: the served model takes no images (image blocks need a vision-language "
@@ -69,15 +73,45 @@ def _image_part(block: ImageBlock, where: str, takes_images: bool) -> ContentPar
             param=where,
         )
     source = block.source or {}
-    if source.get("type") != "base64" or not isinstance(source.get("data"), str):
+    field = where
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        url, field = source["url"], f"{where}.source.url"  # a data: URL, what fetch_images fetched
+    elif source.get("type") == "base64" and isinstance(source.get("data"), str):
+        url = f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    else:
         raise InvalidParameterError(
-            f"{where}: an image block's source must be base64 (type, media_type, data); URL "
-            "sources are not fetched",
+            f"{where}: an image block's source must be base64 (type, media_type, data) or url "
+            "(type, url)",
             param=where,
         )
-    url = f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
-    image_from_url(url, where)
+    image_from_url(url, field)
     return ContentPart(type="image_url", image_url=ImageURL(url=url))
+
+
+async def fetch_images(data: Input, allowed: frozenset[str]) -> Input:
+    """`data` with each user image block's URL source (`{"type": "url", "url": "https://..."}`)
+    holding the file it names, fetched as the chat path's image URLs are (server/media_fetch.py:
+    only from the hosts `allowed`), each refusal a 400 naming the URL
+    (`messages[0].content[1].source.url`)."""
+    messages = list(data.messages)
+    for position, message in enumerate(messages):
+        if message.role != "user" or isinstance(message.content, str):
+            continue
+        content = list(message.content)
+        for index, block in enumerate(content):
+            source = block.source if isinstance(block, ImageBlock) else None
+            if not source or source.get("type") != "url":
+                continue
+            field = f"messages[{position}].content[{index}].source.url"
+            url = source.get("url")
+            if not isinstance(url, str) or not is_remote(url):
+                raise InvalidParameterError(
+                    f"{field}: a URL source's url must be an http(s) URL", param=field
+                )
+            source = {**source, "url": await fetched_data_url(url, field, allowed)}
+            content[index] = msgspec.structs.replace(block, source=source)
+        messages[position] = msgspec.structs.replace(message, content=content)
+    return msgspec.structs.replace(data, messages=messages)
 
 
 def _user_content(parts: list[ContentPart]) -> str | list[ContentPart]:

@@ -21,7 +21,12 @@ from localchat.server.reply_blocks import ReplyBlocks, whole_reply
 from localchat.server.responses.protocol import ResponsesRequest
 from localchat.server.responses.reply import ResponseReply, echo_fields, new_response_id
 from localchat.server.responses.store import ResponseStore
-from localchat.server.responses.translate import chat_request, field_names, input_items
+from localchat.server.responses.translate import (
+    chat_request,
+    fetch_images,
+    field_names,
+    input_items,
+)
 from localchat.server.state import require_api_key, server_for
 from localchat.server.streaming import sse_response
 
@@ -65,12 +70,15 @@ async def create_response(
     with field_names():
         takes_images = server.engine.model_info.takes_images
         items = input_items(data, takes_images)
-        chat = chat_request(data, history, items, takes_images)
+        # http(s) images fetched (--allowed-media-domains): input_items keeps their URLs, the
+        # conversation their files, which a response continuing it is about
+        fetched = await fetch_images(items, server.media_domains)
+        chat = chat_request(data, history, fetched, takes_images)
         run = await start_chat(request, server, chat, response_id, max_tokens_ceiling=True)
 
     async def keep(response: dict[str, Any]) -> None:
         if data.store:
-            conversation = [*history, *items, *response["output"]]
+            conversation = [*history, *fetched, *response["output"]]
             record = {"response": response, "input_items": items, "history": conversation}
             await asyncio.to_thread(store.put, response_id, record)
 

@@ -19,7 +19,8 @@ import msgspec
 
 from localchat.errors import InvalidParameterError
 from localchat.server.field_names import api_field_names
-from localchat.server.images import image_from_url
+from localchat.server.images import image_from_url, is_remote
+from localchat.server.media_fetch import fetched_data_url
 from localchat.server.protocol import ChatCompletionRequest, ChatMessage, ContentPart, ImageURL
 from localchat.server.responses.protocol import ResponsesRequest
 
@@ -56,8 +57,9 @@ class _Text(msgspec.Struct, kw_only=True):
     type: Literal["input_text", "output_text", "refusal", "input_image", "input_file"]
     text: str | None = None
     refusal: str | None = None
-    image_url: str | None = None  # an input_image's (a data: URL)
-    detail: str | None = None
+    image_url: str | None = None  # an input_image's (a data: URL, or an http(s) one fetched)
+    file_id: str | None = None  # an input_image's other source, refused (no Files API here)
+    detail: str | None = None  # an input_image's (low, high, auto): ignored
 
 
 class _Message(msgspec.Struct, kw_only=True):
@@ -130,12 +132,20 @@ def _item(item: Any, where: str, takes_images: bool = False) -> Any:
 
 
 def _check_image(part: _Text, where: str) -> None:
-    if not isinstance(part.image_url, str):
-        raise InvalidParameterError(
-            f"{where}: an input_image needs its image_url (a data: URL); file ids are not read",
-            param=where,
+    if part.image_url is None:
+        field = f"{where}.{'file_id' if part.file_id is not None else 'image_url'}"
+        why = (
+            "file ids are not supported (this server has no Files API)"
+            if part.file_id is not None
+            else "an input_image needs its image_url"
         )
-    image_from_url(part.image_url, where)  # a bad image is named by this API's field
+        raise InvalidParameterError(
+            f"{field}: {why}; send the image as image_url, a data: URL "
+            "(data:image/png;base64,...) or an http(s) URL of a host in --allowed-media-domains",
+            param=field,
+        )
+    if not is_remote(part.image_url):  # an http(s) one is checked once fetched (fetch_images)
+        image_from_url(part.image_url, where)  # a bad image is named by this API's field
 
 
 def _user_content(content: str | list[_Text]) -> str | list[ContentPart]:
@@ -182,6 +192,30 @@ def input_items(data: ResponsesRequest, takes_images: bool = False) -> list[dict
         kind = item.get("type", "message")
         items.append({"type": kind, **item, "id": item.get("id") or new_item_id(kind)})
     return items
+
+
+async def fetch_images(
+    items: list[dict[str, Any]], allowed: frozenset[str]
+) -> list[dict[str, Any]]:
+    """`items` (checked ones, from `input_items`) with each user input_image's http(s) image_url
+    replaced by the data: URL of the file it names, fetched as the chat path's are
+    (server/media_fetch.py: only from the hosts `allowed`), each refusal, and a file that is not
+    an image, a 400 naming the part's image_url (`input[0].content[1].image_url`)."""
+    fetched = []
+    for position, item in enumerate(items):
+        content = item.get("content")
+        if item.get("type") == "message" and item["role"] == "user" and isinstance(content, list):
+            content = list(content)
+            for index, part in enumerate(content):
+                url = part.get("image_url")
+                if part["type"] == "input_image" and isinstance(url, str) and is_remote(url):
+                    field = f"input[{position}].content[{index}].image_url"
+                    url = await fetched_data_url(url, field, allowed)
+                    image_from_url(url, field)
+                    content[index] = {**part, "image_url": url}
+            item = {**item, "content": content}
+        fetched.append(item)
+    return fetched
 
 
 class _Turns:
