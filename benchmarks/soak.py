@@ -8,7 +8,8 @@ seconds a line gives the RSS and the requests done. At the end, requests still r
 `--grace` seconds, then are cut (counted apart, not as errors); the RSS at ready, at two minutes,
 the peak and the last, the error and 5xx counts and the p99 TTFT of the streams of the first and
 the last five minutes are printed, with a verdict against issue 42's bounds (RSS within +300 MB of
-the two-minute mark, no 5xx, the last p99 TTFT within 1.5x of the first). With
+the two-minute mark, no 5xx, the last p99 TTFT within 1.5x of the first, every answered Responses
+call read back unchanged from the server at the end: nothing answered is lost). With
 `--kill-replica-at S` (a data-parallel server: `-- -dp 2`), replica 0 gets SIGKILL after S seconds:
 the requests running there end with an error naming it (counted apart), and the time until
 /health is 200 again (the replica started again) is printed. It stops by itself.
@@ -99,6 +100,8 @@ class Counts:
     server_errors: int = 0  # 5xx answers (a killed replica's 503s apart)
     killed: int = 0  # requests that ended with the killed replica's error
     ttfts: list[tuple[float, float]] = field(default_factory=list)  # (start, TTFT) of streams
+    # the Responses answered (stored by the server): id -> their output, read back at the end
+    answered: dict[str, list] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -236,8 +239,10 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, counts:
         }
         response = await client.post("/v1/responses", json=body)
         _check(kind, response, counts)
-        if response.json()["status"] not in ("completed", "incomplete"):
-            raise RuntimeError(f"responses: status {response.json()['status']}")
+        answer = response.json()
+        if answer["status"] not in ("completed", "incomplete"):
+            raise RuntimeError(f"responses: status {answer['status']}")
+        counts.answered[answer["id"]] = answer["output"]
     elif kind == "malformed":
         bad = rng.choice(
             [
@@ -311,6 +316,18 @@ async def _kill_replica(base_url: str, log_path: Path | None, at: float, report:
         f"{time.monotonic() - killed:.1f} s (pid {_replica_pid(log_path, 0)})"
     )
     print(report["kill"], flush=True)
+
+
+async def _lost(base_url: str, answered: dict[str, list]) -> list[str]:
+    """The answered Responses the server no longer gives back as they were answered (GET
+    /v1/responses/{id}): answered work must outlive a killed replica."""
+    lost = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        for response_id, output in answered.items():
+            got = await client.get(f"/v1/responses/{response_id}")
+            if got.status_code != 200 or got.json().get("output") != output:
+                lost.append(f"{response_id}: HTTP {got.status_code}")
+    return lost
 
 
 async def soak(
@@ -397,10 +414,22 @@ async def soak(
     )
     if "kill" in report:
         print(report["kill"])
-    held = (
-        final - at_two <= 300 and counts.server_errors == 0 and ratio is not None and ratio <= 1.5
+    lost = await _lost(base_url, counts.answered)
+    print(
+        f"answered Responses read back at the end: {len(counts.answered) - len(lost)} of "
+        f"{len(counts.answered)} as answered" + (f"; lost: {lost[:5]}" if lost else "")
     )
-    print(f"issue 42's bounds (+300 MB, 0 5xx, TTFT 1.5x): {'held' if held else 'NOT held'}")
+    held = (
+        final - at_two <= 300
+        and counts.server_errors == 0
+        and ratio is not None
+        and ratio <= 1.5
+        and not lost
+    )
+    print(
+        f"issue 42's bounds (+300 MB, 0 5xx, TTFT 1.5x, nothing answered lost): "
+        f"{'held' if held else 'NOT held'}"
+    )
     for error in sorted(set(counts.errors))[:10]:
         print("  error:", error)
     return 1 if counts.errors or not held else 0
