@@ -19,6 +19,10 @@ from tests.family_models import _BASE, FAMILIES, VOCAB
 IMAGE_SIZE = 32
 PATCH = 8
 IMAGE_TOKENS = 4
+# the vision towers' sizes (tests/idefics3_models.py's too)
+VISION_SIZES = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+)
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 TEMPLATE = (
     "{{- bos_token -}}"
@@ -35,8 +39,9 @@ TEMPLATE = (
 )
 
 
-def tokenizer():
-    """Byte-level BPE over the 256 byte symbols, then Gemma's and the image's special tokens."""
+def byte_tokenizer(specials: list[str], **options):
+    """Byte-level BPE over the 256 byte symbols (ids 0-255), then `specials` (ids from 256 on);
+    `options` go to PreTrainedTokenizerFast (the special tokens' roles, the chat template)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -44,10 +49,15 @@ def tokenizer():
     backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", BOI, EOI, IMAGE]
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **options)
+
+
+def tokenizer():
+    """Byte-level BPE over the 256 byte symbols, then Gemma's and the image's special tokens."""
+    specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", BOI, EOI, IMAGE]
+    return byte_tokenizer(
+        specials,
         eos_token="<eos>",
         bos_token="<bos>",
         pad_token="<pad>",
@@ -74,13 +84,7 @@ def config(tok, **text_changes):
         }
     )
     vision = transformers.SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH,
-        layer_norm_eps=1e-6,
+        **VISION_SIZES, image_size=IMAGE_SIZE, patch_size=PATCH, layer_norm_eps=1e-6
     )
     return transformers.Gemma3Config(
         text_config=text.to_dict(),
@@ -93,6 +97,20 @@ def config(tok, **text_changes):
     )
 
 
+def draw_weights(model, vision: str, text_norm: float):
+    """`model` with its weights drawn wide: the norms of the vision tower (parameters named with
+    `vision`) around 1, the text model's around `text_norm` (0 for Gemma's (1 + weight) norms)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0 if vision in name else text_norm, 0.3)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            else:
+                param.normal_(0.0, 0.1)
+    return model
+
+
 def build(seed: int = 0, **text_changes):
     """The tiny Gemma 3 VLM (float32, eval) with weights drawn wide (tests/family_models.py) and
     its processor."""
@@ -101,17 +119,7 @@ def build(seed: int = 0, **text_changes):
     tok = tokenizer()
     torch.manual_seed(seed)
     model = transformers.Gemma3ForConditionalGeneration(config(tok, **text_changes))
-    model = model.to(torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and "vision_tower" not in name:
-                param.normal_(0.0, 0.3)  # Gemma's (1 + weight) norms
-            elif "norm" in name:
-                param.normal_(1.0, 0.3)  # SigLIP's LayerNorms
-            elif name.endswith("bias"):
-                param.normal_(0.0, 0.2)
-            else:
-                param.normal_(0.0, 0.1)
+    model = draw_weights(model.to(torch.float32).eval(), "vision_tower", text_norm=0.0)
     image_processor = transformers.Gemma3ImageProcessor(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
@@ -145,3 +153,49 @@ def images(count: int, seed: int = 0):
         )
         out.append(Image.fromarray(pixels.numpy(), "RGB"))
     return out
+
+
+def chat_inputs(processor, text: str, pictures: list, **options) -> dict:
+    """The processor's tensors for one user message of `pictures` then `text`, rendered with its
+    chat template; `options` go to the processor (its image processor's settings)."""
+    parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": text}]
+    messages = [{"role": "user", "content": parts}]
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return processor(text=rendered, images=pictures or None, return_tensors="pt", **options)
+
+
+def hf_greedy(model, inputs, new_tokens: int) -> list[int]:
+    """transformers' greedy tokens after the prompt, EOS not stopping them."""
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def tiny_llm(directory, **kwargs):
+    """Our engine on a tiny VLM's directory (256 tokens of context)."""
+    from localchat import LLM
+
+    return LLM(str(directory), max_model_len=256, kv_cache_memory="16MiB", **kwargs)
+
+
+def run_engine(llm, requests: list[tuple[list[int], tuple]], new_tokens: int) -> list[list[int]]:
+    """Our greedy tokens for each (prompt ids, images) request, all added at once, EOS ignored."""
+    from localchat import SamplingParams
+
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    ids = [
+        f"r{id(llm)}-{i}-{len(engine.requests)}-{engine.stats().prompt_tokens_total}"
+        for i in range(len(requests))
+    ]
+    handles = [
+        engine.add_request(rid, prompt, params, images=pictures)
+        for rid, (prompt, pictures) in zip(ids, requests, strict=True)
+    ]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for output in engine.step():
+            tokens[output.request_id].extend(output.outputs[0].token_ids)
+    assert all(h.is_finished for h in handles)
+    return [tokens[rid] for rid in ids]

@@ -14,6 +14,8 @@ FAMILY_NAMES = {
     "gemma2": "Gemma 2",
     "gemma3": "Gemma 3",  # the multimodal checkpoint: its text model
     "gemma3_text": "Gemma 3",
+    "smolvlm": "SmolVLM",  # the multimodal checkpoints: their Llama text model
+    "idefics3": "Idefics3",
     "phi3": "Phi-3",
     "olmo2": "OLMo 2",
     "granite": "Granite",

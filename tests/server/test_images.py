@@ -98,7 +98,50 @@ def test_urls_other_than_base64_data_urls_are_refused(url, words):
     assert words in _refused(url)
 
 
-# --- through a real server on a tiny Gemma 3 VLM and the openai client ---------------------------
+def test_tiles_the_vision_tower_does_not_take_are_refused_by_name():
+    import numpy as np
+
+    from localchat.errors import UnsupportedModelError
+    from localchat.server.vision_prompt import _tiles
+
+    pixels = np.zeros((1, 2, 3, 48, 48), np.float32)  # [prompts, tiles, ...]
+    with pytest.raises(UnsupportedModelError, match=r"48 x 48 pixel .* tower takes 32 x 32"):
+        _tiles({"pixel_values": pixels}, 32)
+    mask = np.ones((1, 2, 48, 48), np.int64)
+    mask[0, 1, 40:] = 0
+    with pytest.raises(UnsupportedModelError, match="padded an image tile"):
+        _tiles({"pixel_values": pixels, "pixel_attention_mask": mask}, 48)
+    assert _tiles({"pixel_values": pixels}, 48).shape == (2, 3, 48, 48)
+
+
+def test_a_processor_that_cannot_be_built_is_refused_by_name(tmp_path, monkeypatch):
+    """An ImportError (a package it wants) is a clear refusal; SmolVLM's gets its stand-in."""
+    import transformers
+
+    from localchat.errors import UnsupportedModelError
+    from localchat.server.vision_prompt import load_processor
+
+    def missing(*args, **kwargs):
+        raise ImportError("FooProcessor requires the Torchvision library")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", missing)
+    transformers.Idefics3Config().save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="processor cannot be loaded: FooProcessor"):
+        load_processor(str(tmp_path))
+
+
+# --- through a real server on a tiny Gemma 3 VLM (and SmolVLM) and the openai client -------------
+
+
+def _saved(tmp_path_factory, name: str, save):
+    """The tiny VLM `save(directory)` writes: (model, processor, the serve log, serve's args for
+    it as "vlm")."""
+    directory = tmp_path_factory.mktemp(name)
+    model, processor = save(directory)
+    log = tmp_path_factory.mktemp("vlm") / "serve.log"
+    args = [str(directory), "--served-model-name", "vlm", "--max-model-len", "256"]
+    args += ["--kv-cache-memory", "16MiB", "--threads", "1"]
+    return model, processor, log, args
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +149,21 @@ def served_vlm(tmp_path_factory):
     from tests.serve_process import serve_process
     from tests.vision_models import save
 
-    directory = tmp_path_factory.mktemp("gemma3-vlm")
-    model, processor = save(directory)
-    log = tmp_path_factory.mktemp("vlm") / "serve.log"
-    args = [str(directory), "--served-model-name", "vlm", "--max-model-len", "256"]
-    args += ["--kv-cache-memory", "16MiB", "--threads", "1"]
+    model, processor, log, args = _saved(tmp_path_factory, "gemma3-vlm", save)
+    with serve_process(log, *args, timeout=180) as server:
+        yield server, model, processor
+
+
+@pytest.fixture(scope="module")
+def served_smolvlm(tmp_path_factory):
+    import functools
+
+    from tests.idefics3_models import save
+    from tests.serve_process import serve_process
+
+    model, processor, log, args = _saved(
+        tmp_path_factory, "smolvlm", functools.partial(save, "smolvlm")
+    )
     with serve_process(log, *args, timeout=180) as server:
         yield server, model, processor
 
@@ -122,18 +175,20 @@ def _png(picture) -> str:
 
 
 def _expected_text(model, processor, text: str, pictures: list) -> str:
-    import torch
+    tokens = _expected_tokens(model, processor, text, pictures)
+    return processor.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": text}]
-    messages = [{"role": "user", "content": parts}]
-    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=rendered, images=pictures, return_tensors="pt")
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
-    return processor.tokenizer.decode(
-        out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True
-    )
+
+def _expected_tokens(model, processor, text: str, pictures: list) -> list[int]:
+    from tests.vision_models import chat_inputs, hf_greedy
+
+    return hf_greedy(model, chat_inputs(processor, text, pictures), 8)
+
+
+def _content(pictures: list, text: str) -> list[dict]:
+    """A user message's content: `pictures` as image_url data: URL parts, then `text`."""
+    parts = [{"type": "image_url", "image_url": {"url": _png(p)}} for p in pictures]
+    return [*parts, {"type": "text", "text": text}]
 
 
 def _chat(client, content: list, **extra):
@@ -156,8 +211,7 @@ def test_openai_client_image_url_parts_equal_transformers(served_vlm):
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
     pictures = images(2, seed=11)
     for count in (1, 2):
-        content = [{"type": "image_url", "image_url": {"url": _png(p)}} for p in pictures[:count]]
-        content.append({"type": "text", "text": "What do you see?"})
+        content = _content(pictures[:count], "What do you see?")
         reply = _chat(client, content)
         assert reply.choices[0].message.content == _expected_text(
             model, processor, "What do you see?", pictures[:count]
@@ -165,6 +219,25 @@ def test_openai_client_image_url_parts_equal_transformers(served_vlm):
     # the same picture again: its image blocks come from the prefix cache
     again = _chat(client, content)
     assert again.usage.prompt_tokens_details.cached_tokens >= 16
+
+
+def test_smolvlm_tiled_pictures_through_the_openai_client_equal_transformers(served_smolvlm):
+    """SmolVLM's processor (built here without its video processor) cuts each picture into 2 x 2
+    tiles and the whole picture, each a run of placeholder tokens encoded on its own."""
+    import openai
+
+    from tests.vision_models import images
+
+    server, model, processor = served_smolvlm
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    pictures = images(2, seed=11)
+    for count in (1, 2):
+        reply = _chat(client, _content(pictures[:count], "What do you see?"), logprobs=True)
+        # each token's text: the tiny model's bytes are seldom UTF-8 as a whole
+        expected = _expected_tokens(model, processor, "What do you see?", pictures[:count])
+        tokens = [entry.token for entry in reply.choices[0].logprobs.content]
+        assert tokens == [processor.tokenizer.decode([token]) for token in expected]
+        assert reply.usage.prompt_tokens > count * 5 * 4  # five tiles of four tokens a picture
 
 
 @pytest.mark.parametrize(

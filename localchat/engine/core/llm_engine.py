@@ -354,6 +354,13 @@ class LLMEngine:
                     f"an image takes {encoder.tokens_per_image} tokens, not {image.length}",
                     param="images",
                 )
+            size, shape = encoder.image_size, tuple(image.pixel_values.shape)
+            if len(shape) != 3 or shape[1:] != (size, size):
+                raise InvalidParameterError(
+                    f"an image's pixel values are {list(shape)}, not the "
+                    f"[channels, {size}, {size}] this model's image encoder takes",
+                    param="images",
+                )
             if self.scheduler.whole_images and image.length > budget:
                 raise InvalidParameterError(
                     f"an image's {image.length} tokens exceed --max-num-batched-tokens {budget}",

@@ -308,5 +308,10 @@ BY_MODEL_TYPE = {
     "gpt_oss": "GptOssForCausalLM",
 }
 
-# multimodal checkpoints whose text model we run: architecture -> the text model's architecture
-TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+# multimodal checkpoints whose text model we run: architecture -> the text model's architecture,
+# or None where its text_config's model_type names it (a Llama in SmolVLM's and Idefics3's)
+TEXT_MODELS: dict[str, str | None] = {
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "Idefics3ForConditionalGeneration": None,
+    "SmolVLMForConditionalGeneration": None,
+}

@@ -29,20 +29,29 @@ def architecture_of(config) -> str:
 def family_name(config) -> str:
     """The family's name ("Gemma 3", "Qwen3-MoE"), or "" where we do not run it."""
     try:
-        architecture_of(text_config(config))
+        inner = text_config(config)
+        architecture_of(inner)
     except UnsupportedModelError:
         return ""
-    return family_of_model_type(getattr(text_config(config), "model_type", None)) or ""
+    return family_of_model_type(getattr(inner, "model_type", None)) or ""
 
 
 def text_config(config):
     """The config of the model we run: the text model inside a multimodal checkpoint we run the text
-    part of (Gemma 3 4B and up), with the outer config's token ids; else the config itself."""
+    part of (Gemma 3 4B and up, SmolVLM, Idefics3), with the outer config's token ids; else the
+    config itself. UnsupportedModelError where we do not run the checkpoint's text model."""
     names = list(getattr(config, "architectures", None) or [])
     inner = getattr(config, "text_config", None)
-    wrapped = next((TEXT_MODELS[n] for n in names if n in TEXT_MODELS), None)
-    if wrapped is None or inner is None:
+    outer = next((n for n in names if n in TEXT_MODELS), None)
+    if outer is None or inner is None:
         return config
+    model_type = getattr(inner, "model_type", None)
+    wrapped = TEXT_MODELS[outer] or BY_MODEL_TYPE.get(model_type or "")
+    if wrapped is None or wrapped not in FAMILIES:
+        raise UnsupportedModelError(
+            f"{outer}'s text model ({model_type or 'no model_type in its text_config'}) is not "
+            f"supported; supported text models: {', '.join(sorted(BY_MODEL_TYPE))}"
+        )
     inner = copy.deepcopy(inner)
     inner.architectures = [wrapped]
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

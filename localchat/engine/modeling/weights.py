@@ -79,6 +79,7 @@ _PREFIXES = (
     ("model.language_model.", "model."),  # a multimodal checkpoint's text model (transformers 5)
     ("language_model.model.", "model."),  # ... (transformers 4)
     ("language_model.lm_head.", "lm_head."),
+    ("model.text_model.", "model."),  # ... (SmolVLM's and Idefics3's)
 )
 _MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MIXTRAL_NAME = re.compile(r"^(model\.layers\.\d+\.)block_sparse_moe\.(.+)$")

@@ -13,7 +13,15 @@ import torch
 from localchat import LLM, SamplingParams
 from localchat.engine.core.multimodal import EncoderCache, ImageInput, images_of_prompt
 from localchat.errors import InvalidParameterError
-from tests.vision_models import IMAGE_TOKENS, images, save
+from tests.vision_models import (
+    IMAGE_TOKENS,
+    chat_inputs,
+    hf_greedy,
+    images,
+    run_engine,
+    save,
+    tiny_llm,
+)
 
 NEW_TOKENS = 8
 
@@ -26,17 +34,11 @@ def vlm(tmp_path_factory):
 
 
 def _inputs(processor, text: str, pictures: list) -> dict:
-    parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": text}]
-    messages = [{"role": "user", "content": parts}]
-    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return processor(text=rendered, images=pictures or None, return_tensors="pt")
+    return chat_inputs(processor, text, pictures)
 
 
 def _hf_greedy(model, inputs) -> list[int]:
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, inputs["input_ids"].shape[1] :].tolist()
+    return hf_greedy(model, inputs, NEW_TOKENS)
 
 
 def _request(model, inputs) -> tuple[list[int], tuple[ImageInput, ...]]:
@@ -49,26 +51,7 @@ def _request(model, inputs) -> tuple[list[int], tuple[ImageInput, ...]]:
 
 
 def _run(llm: LLM, requests: list[tuple[list[int], tuple]]) -> list[list[int]]:
-    engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    ids = [
-        f"r{id(llm)}-{i}-{len(engine.requests)}-{engine.stats().prompt_tokens_total}"
-        for i in range(len(requests))
-    ]
-    handles = [
-        engine.add_request(rid, prompt, params, images=pictures)
-        for rid, (prompt, pictures) in zip(ids, requests, strict=True)
-    ]
-    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
-    while engine.has_unfinished():
-        for output in engine.step():
-            tokens[output.request_id].extend(output.outputs[0].token_ids)
-    assert all(h.is_finished for h in handles)
-    return [tokens[rid] for rid in ids]
-
-
-def _llm(directory, **kwargs) -> LLM:
-    return LLM(str(directory), max_model_len=256, kv_cache_memory="16MiB", **kwargs)
+    return run_engine(llm, requests, NEW_TOKENS)
 
 
 def test_one_and_two_images_batched_with_text_equal_transformers(vlm):
@@ -80,7 +63,7 @@ def test_one_and_two_images_batched_with_text_equal_transformers(vlm):
         _inputs(processor, "Compare the two pictures, please.", pictures[1:]),
     ]
     expected = [_hf_greedy(model, inputs) for inputs in batch]
-    llm = _llm(directory)
+    llm = tiny_llm(directory)
     assert _run(llm, [_request(model, inputs) for inputs in batch]) == expected
     assert llm.engine.runner.encoder_cache.num_encoded == 3
     assert llm.engine.model_info.takes_images
@@ -95,7 +78,7 @@ def test_prompt_logprobs_equal_transformers_with_image_tokens_seeing_their_whole
         logits = model(**inputs).logits[0].float()
     ids = inputs["input_ids"][0]
     expected = logits.log_softmax(-1)[:-1].gather(1, ids[1:, None])[:, 0]
-    llm = _llm(directory, max_num_batched_tokens=9)  # in chunks, each image whole
+    llm = tiny_llm(directory, max_num_batched_tokens=9)  # in chunks, each image whole
     prompt, pictures = _request(model, inputs)
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     llm.engine.add_request("logprobs", prompt, params, images=pictures)
@@ -117,14 +100,14 @@ def test_chunked_prefill_keeps_each_image_whole(vlm):
     ]
     expected = [_hf_greedy(model, inputs) for inputs in batch]
     for budget in (5, 7, 11):  # chunks that would end inside an image shrink to its start
-        llm = _llm(directory, max_num_batched_tokens=budget, max_num_seqs=2)
+        llm = tiny_llm(directory, max_num_batched_tokens=budget, max_num_seqs=2)
         assert _run(llm, [_request(model, inputs) for inputs in batch]) == expected, budget
 
 
 def test_prefix_cache_keys_image_blocks_by_the_picture(vlm):
     directory, model, processor = vlm
     first, other = images(2, seed=5)
-    llm = _llm(directory)
+    llm = tiny_llm(directory)
     cache = llm.engine.runner.encoder_cache
     turn = _inputs(processor, "Describe the picture in detail, please.", [first])
     expected = _hf_greedy(model, turn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from localchat.engine.modeling.vision.base import ImageEncoder
 from localchat.engine.modeling.vision.siglip import SiglipVisionTower
 
 
@@ -43,7 +44,7 @@ class Gemma3Projector(nn.Module):
         return torch.matmul(normed, self.mm_input_projection_weight).type_as(patches)
 
 
-class Gemma3ImageEncoder(nn.Module):
+class Gemma3ImageEncoder(ImageEncoder):
     """pixel values [n, 3, size, size] -> image embeddings [n, mm_tokens_per_image, text hidden]."""
 
     # image tokens attend to each other both ways (transformers' token_type_ids mask)
@@ -55,6 +56,7 @@ class Gemma3ImageEncoder(nn.Module):
         self.multi_modal_projector = Gemma3Projector(config)
         self.image_token_id = int(config.image_token_id)
         self.tokens_per_image = int(config.mm_tokens_per_image)
+        self.image_size = int(config.vision_config.image_size)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.multi_modal_projector(self.vision_tower(pixel_values))

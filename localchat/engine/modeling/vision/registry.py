@@ -9,20 +9,26 @@ from pathlib import Path
 
 import torch
 
+from localchat.engine.modeling.vision.base import ImageEncoder
 from localchat.engine.modeling.vision.gemma3_vision import Gemma3ImageEncoder
+from localchat.engine.modeling.vision.idefics3_vision import Idefics3ImageEncoder
 from localchat.errors import ModelNotFoundError
 
-ENCODERS: dict[str, type[Gemma3ImageEncoder]] = {
-    "Gemma3ForConditionalGeneration": Gemma3ImageEncoder
+ENCODERS: dict[str, type[ImageEncoder]] = {
+    "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
+    "Idefics3ForConditionalGeneration": Idefics3ImageEncoder,  # SmolVLM (v1) too
+    "SmolVLMForConditionalGeneration": Idefics3ImageEncoder,  # SmolVLM2
 }
 # a checkpoint's other spellings of the encoder's names (transformers 4's and 5's)
 _RENAMES = (
     (re.compile(r"^(model\.)?vision_tower\.(vision_model\.)?"), "vision_tower."),
     (re.compile(r"^(model\.)?multi_modal_projector\."), "multi_modal_projector."),
+    (re.compile(r"^(model\.)?vision_model\."), "vision_model."),
+    (re.compile(r"^(model\.)?connector\."), "connector."),
 )
 
 
-def encoder_class(config) -> type[Gemma3ImageEncoder] | None:
+def encoder_class(config) -> type[ImageEncoder] | None:
     """The image encoder of `config` (the checkpoint's outer config), or None for a text model."""
     for name in getattr(config, "architectures", None) or []:
         if name in ENCODERS and getattr(config, "vision_config", None) is not None:
@@ -38,9 +44,6 @@ def encoder_names(names: Iterable[str]) -> dict[str, str]:
             if pattern.match(name):
                 found[name] = pattern.sub(prefix, name, count=1)
     return found
-
-
-ImageEncoder = Gemma3ImageEncoder  # what every encoder has: see Gemma3ImageEncoder
 
 
 def load_image_encoder(

@@ -1,6 +1,7 @@
 """SigLIP's vision transformer (transformers' SiglipVisionModel without its pooling head): patch
 embedding, learned positions, pre-norm encoder layers with full (non-causal) attention, a final
-LayerNorm. Hugging Face's parameter names, so a checkpoint's state dict loads as it is."""
+LayerNorm. Hugging Face's parameter names, so a checkpoint's state dict loads as it is. Idefics3's
+tower (SmolVLM's too) is the same but for the rows of the position table its patches read."""
 
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ class SiglipEncoderLayer(nn.Module):
 
 
 class SiglipEmbeddings(nn.Module):
-    def __init__(self, config):
+    """Patches plus their learned positions: row `positions[i]` of the table for patch i (row i
+    where `positions` is None)."""
+
+    def __init__(self, config, positions: torch.Tensor | None = None):
         super().__init__()
         self.patch_embedding = nn.Conv2d(
             config.num_channels,
@@ -67,11 +71,16 @@ class SiglipEmbeddings(nn.Module):
         )
         self.num_patches = (config.image_size // config.patch_size) ** 2
         self.position_embedding = nn.Embedding(self.num_patches, config.hidden_size)
+        self.positions: torch.Tensor | None
+        self.register_buffer("positions", positions, persistent=False)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         weight = self.patch_embedding.weight
         patches = self.patch_embedding(pixel_values.to(weight.device, weight.dtype))
-        return patches.flatten(2).transpose(1, 2) + self.position_embedding.weight
+        table = self.position_embedding.weight
+        if self.positions is not None:
+            table = table[self.positions]
+        return patches.flatten(2).transpose(1, 2) + table
 
 
 class SiglipEncoder(nn.Module):
@@ -85,9 +94,9 @@ class SiglipEncoder(nn.Module):
 class SiglipVisionTower(nn.Module):
     """pixel values [n, channels, size, size] -> last hidden states [n, patches, hidden]."""
 
-    def __init__(self, config):
+    def __init__(self, config, positions: torch.Tensor | None = None):
         super().__init__()
-        self.embeddings = SiglipEmbeddings(config)
+        self.embeddings = SiglipEmbeddings(config, positions)
         self.encoder = SiglipEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
