@@ -120,6 +120,19 @@ def system_merged(messages: list[dict]) -> list[dict] | None:
     return rest
 
 
+def processor_template(directory: str | Path) -> str | None:
+    """The template of a model directory's chat_template.json (a processor's, `{"chat_template":
+    TEXT}`), which transformers' tokenizers do not read; None without one."""
+    if not directory:
+        return None
+    try:
+        saved = json.loads((Path(directory) / "chat_template.json").read_text())
+    except (OSError, ValueError):
+        return None
+    template = saved.get("chat_template") if isinstance(saved, dict) else None
+    return template if isinstance(template, str) and template else None
+
+
 class ChatTemplate:
     """A model's chat template plus the special tokens it may refer to."""
 
@@ -129,8 +142,12 @@ class ChatTemplate:
 
     @classmethod
     def for_tokenizer(cls, tokenizer, override: str | None = None) -> ChatTemplate | None:
-        """The tokenizer's template, or `override` (a file path or the template text itself)."""
-        source = getattr(tokenizer, "chat_template", None)
+        """The tokenizer's template, or `override` (a file path or the template text itself). A
+        vision-language model that keeps its template in the processor's chat_template.json only
+        (SmolVLM, Idefics3, Gemma 3's older uploads) has that one."""
+        source = getattr(tokenizer, "chat_template", None) or processor_template(
+            getattr(tokenizer, "name_or_path", "")
+        )
         if override is not None:
             path = Path(override).expanduser()
             if path.is_file():

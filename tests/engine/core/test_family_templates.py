@@ -115,3 +115,24 @@ def test_generation_stops_at_each_end_of_turn_token(bigram):
     go_on = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     out = llm.chat(messages, go_on)[0].outputs[0]
     assert (out.text, out.finish_reason) == ("HiLEAKLEAK", "length")
+
+
+def test_a_template_kept_only_in_the_processors_file_is_read(tmp_path):
+    """SmolVLM's and Idefics3's repositories may keep their template only in chat_template.json
+    (the processor's), which transformers' tokenizers do not load: the engine reads it there."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    source = tokenizer("smollm3")
+    source.chat_template = None
+    source.save_pretrained(tmp_path)
+    template = FORMATS["smollm3"]
+    (tmp_path / "chat_template.json").write_text(
+        json.dumps({"chat_template": tokenizer("smollm3").chat_template})
+    )
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert not loaded.chat_template  # transformers' tokenizer leaves it out
+    found = ChatTemplate.for_tokenizer(loaded)
+    assert found is not None and found.source == tokenizer("smollm3").chat_template
+    assert template.eos in found.render(TURNS[:1], add_generation_prompt=False)
