@@ -19,9 +19,10 @@ the part (`messages[0].content[1].image_url`, `input[0].content[1].image_url`,
 - the whole fetch, redirects included, may take LOCALCHAT_MEDIA_FETCH_TIMEOUT seconds;
 - any status but 200 is refused with it; what comes back must then decode as an image (images.py).
 
-The address is checked when the host is resolved here; httpx resolves it again to connect, so a
-DNS server that answers differently within those milliseconds (rebinding) is not stopped: list
-names whose DNS you trust.
+The host is resolved once, here, and the connection goes to the address that was checked (the URL
+names it, with the name in `Host` and, over https, in the TLS SNI, against which the certificate
+is verified), so a DNS server that answers differently the second time (rebinding) gets no second
+lookup to answer.
 """
 
 from __future__ import annotations
@@ -106,13 +107,15 @@ async def _fetch(url: str, field: str, allowed: frozenset[str], timeout: float) 
         follow_redirects=False, timeout=timeout, trust_env=False
     ) as client:
         for _ in range(MAX_REDIRECTS + 1):
-            await _check_url(url, field, allowed)
-            async with client.stream("GET", url) as response:
+            request = _pinned(url, await _check_url(url, field, allowed))
+            async with client.stream(
+                "GET", request.url, headers=request.headers, extensions=request.extensions
+            ) as response:
                 if response.is_redirect:
                     location = response.headers.get("location")
                     if not location:
                         raise _refuse(field, "the image URL redirects without a Location")
-                    url = str(response.url.join(location))
+                    url = str(httpx.URL(url).join(location))
                     continue
                 if response.status_code != 200:
                     raise _refuse(
@@ -122,6 +125,17 @@ async def _fetch(url: str, field: str, allowed: frozenset[str], timeout: float) 
                     )
                 return await _read_capped(response, field)
     raise _refuse(field, f"the image URL redirects more than {MAX_REDIRECTS} times")
+
+
+def _pinned(url: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> httpx.Request:
+    """A GET of `url` that connects to `address` (checked already): the URL names the address,
+    `Host` the name (with the URL's port, if any), and over https the SNI the name too."""
+    parsed = httpx.URL(url)
+    headers = {"Host": parsed.netloc.decode("ascii").rpartition("@")[2]}
+    extensions = {"sni_hostname": parsed.host} if parsed.scheme == "https" else {}
+    return httpx.Request(
+        "GET", parsed.copy_with(host=str(address)), headers=headers, extensions=extensions
+    )
 
 
 async def _read_capped(response: httpx.Response, field: str) -> bytes:
@@ -137,9 +151,11 @@ async def _read_capped(response: httpx.Response, field: str) -> bytes:
     return bytes(body)
 
 
-async def _check_url(url: str, field: str, allowed: frozenset[str]) -> None:
-    """Refuse a URL that is not http(s), whose host is not listed, or whose host is a private
-    address that is not itself listed."""
+async def _check_url(
+    url: str, field: str, allowed: frozenset[str]
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address to fetch `url` from: refuse a URL that is not http(s), whose host is not
+    listed, or whose host has a private address that is not itself listed."""
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
@@ -149,13 +165,17 @@ async def _check_url(url: str, field: str, allowed: frozenset[str]) -> None:
     host = parsed.host.lower().rstrip(".")
     if host not in allowed:
         raise _refuse(field, f"the host {host or '(none)'} is not one of --allowed-media-domains")
-    for address in await _addresses(host, parsed.port or (443 if parsed.scheme == "https" else 80)):
+    addresses = await _addresses(host, parsed.port or (443 if parsed.scheme == "https" else 80))
+    for address in addresses:
         if not _public(address) and str(address) not in allowed:
             raise _refuse(
                 field,
                 f"the host {host} is at {address}, a private, loopback or link-local address; "
                 "list that address in --allowed-media-domains to fetch from it",
             )
+    if not addresses:
+        raise httpx.ConnectError(f"cannot resolve {host}")
+    return addresses[0]
 
 
 async def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:

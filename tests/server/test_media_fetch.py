@@ -13,10 +13,12 @@ import asyncio
 import base64
 import contextlib
 import io
+import ipaddress
 import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 from unittest import mock
 
 import msgspec
@@ -39,6 +41,7 @@ def _png_bytes() -> bytes:
 
 class _Handler(BaseHTTPRequestHandler):
     png = b""
+    hosts: ClassVar[list[str]] = []  # the Host headers of /named.png's requests
 
     def log_message(self, *args):  # quiet
         pass
@@ -56,6 +59,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         port = self.server.server_address[1]
         if self.path == "/cat.png":
+            self._send(200, self.png)
+        elif self.path == "/named.png":
+            _Handler.hosts.append(self.headers.get("Host", ""))
             self._send(200, self.png)
         elif self.path == "/hop":  # to the same, listed host
             self._send(302, b"", Location="/cat.png")
@@ -127,6 +133,26 @@ def test_a_listed_name_at_a_loopback_address_is_refused_unless_the_address_is_li
 
 
 # --- through a real server ------------------------------------------------------------------------
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(image_host, monkeypatch):
+    """The host is resolved once, by the check: the fetch connects to that address with the name
+    in Host, so a DNS answer that changes after the check (rebinding) is never asked for. Here the
+    name (.test: reserved, resolves nowhere) has an address only in the check's lookup."""
+    from localchat.server import media_fetch
+
+    real = media_fetch._addresses
+
+    async def checked_only(host: str, port: int):
+        if host == "images.test":
+            return [ipaddress.ip_address("127.0.0.1")]
+        return await real(host, port)
+
+    monkeypatch.setattr(media_fetch, "_addresses", checked_only)
+    url = f"http://images.test:{image_host}/named.png"
+    assert _fetch(url, {"images.test", "127.0.0.1"}) == _Handler.png
+    assert _Handler.hosts[-1] == f"images.test:{image_host}"
+    assert "private, loopback" in _refused_here(url, {"images.test"})
 
 
 @pytest.fixture(scope="module")
