@@ -337,10 +337,6 @@ class LLMEngine:
                 "or loaded from GGUF, with random weights or under tensor parallelism)",
                 param="images",
             )
-        if self.runner.kv_cache_dtype == torch.int8:
-            raise InvalidParameterError(
-                "images with --kv-cache-dtype q8_0 are not supported yet", param="images"
-            )
         budget = self.scheduler.max_num_batched_tokens
         for image in images:
             placed = token_ids[image.offset : image.end]

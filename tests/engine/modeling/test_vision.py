@@ -69,25 +69,41 @@ def test_one_and_two_images_batched_with_text_equal_transformers(vlm):
     assert llm.engine.model_info.takes_images
 
 
-def test_prompt_logprobs_equal_transformers_with_image_tokens_seeing_their_whole_image(vlm):
-    """Every prompt position's logprob, the image tokens' own included: where those attended only
-    causally, the text after them would read other keys."""
-    directory, model, processor = vlm
-    inputs = _inputs(processor, "Two pictures; which one is brighter?", images(2, seed=7))
+def _prompt_logprobs(llm: LLM, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ours, transformers') logprob of each prompt token after the first."""
     with torch.no_grad():
         logits = model(**inputs).logits[0].float()
     ids = inputs["input_ids"][0]
     expected = logits.log_softmax(-1)[:-1].gather(1, ids[1:, None])[:, 0]
-    llm = tiny_llm(directory, max_num_batched_tokens=9)  # in chunks, each image whole
     prompt, pictures = _request(model, inputs)
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    llm.engine.add_request("logprobs", prompt, params, images=pictures)
+    llm.engine.add_request(f"logprobs-{id(inputs)}", prompt, params, images=pictures)
     found = None
     while llm.engine.has_unfinished():
         for output in llm.engine.step():
             found = output.prompt_logprobs or found
     assert found is not None and found[0] is None
-    ours = torch.tensor([entry.logprob for entry in found[1:]])
+    return torch.tensor([entry.logprob for entry in found[1:]]), expected
+
+
+def test_images_over_a_q8_0_kv_cache_stay_near_transformers(tmp_path):
+    """The bidirectional image spans read their keys back from a q8_0 pool too, dequantized
+    (head_dim 32, the smallest q8_0 takes): every prompt logprob within q8_0's rounding of
+    transformers', in chunks that read earlier images from the pool."""
+    model, processor = save(tmp_path, head_dim=32)
+    inputs = _inputs(processor, "Two pictures; which one is brighter?", images(2, seed=7))
+    llm = tiny_llm(tmp_path, kv_cache_dtype="q8_0", max_num_batched_tokens=9)
+    ours, expected = _prompt_logprobs(llm, model, inputs)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=0.05)
+
+
+def test_prompt_logprobs_equal_transformers_with_image_tokens_seeing_their_whole_image(vlm):
+    """Every prompt position's logprob, the image tokens' own included: where those attended only
+    causally, the text after them would read other keys."""
+    directory, model, processor = vlm
+    inputs = _inputs(processor, "Two pictures; which one is brighter?", images(2, seed=7))
+    llm = tiny_llm(directory, max_num_batched_tokens=9)  # in chunks, each image whole
+    ours, expected = _prompt_logprobs(llm, model, inputs)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
 
 
