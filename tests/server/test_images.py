@@ -369,3 +369,25 @@ def test_responses_and_messages_image_urls_are_400s_without_allowed_media_domain
     message = refused.value.body["error"]["message"]
     assert message.startswith("messages[0].content[1].source.url: ")
     assert "fetches no image URLs" in message
+
+
+def test_pictures_reach_data_parallel_replicas_and_equal_transformers(tmp_path_factory):
+    """Under `-dp 2` the request's pictures travel with it to the replica its router picks, whose
+    engine encodes them: two chats sent at once equal transformers'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from tests.serve_process import serve_process
+    from tests.vision_models import images, save
+
+    model, processor, log, args = _saved(tmp_path_factory, "gemma3-vlm-dp", save)
+    with serve_process(log, *args, "-dp", "2", timeout=240) as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+        pictures = images(2, seed=5)
+        asks = [(pictures[:1], "What do you see?"), (pictures, "Compare them.")]
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda ask: _chat(client, _content(*ask)), asks))
+        for (shown, text), reply in zip(asks, replies, strict=True):
+            expected = _expected_text(model, processor, text, shown)
+            assert reply.choices[0].message.content == expected

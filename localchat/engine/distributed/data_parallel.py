@@ -97,6 +97,7 @@ class _Tracked:
     tokens: list[int]
     accepted: asyncio.Future | None
     params: SamplingParams
+    images: tuple[ImageInput, ...] = ()  # the prompt's pictures, sent along with it
     resent: bool = False
     aborted: bool = False
 
@@ -446,12 +447,8 @@ class DataParallelEngine(TextFront, EngineClient):
     ) -> RequestStream:
         """Route and queue a request; raises its LocalchatError here, before any output.
         `stream_interval` has no effect here: each delta reaches the event loop as its replica
-        sends it. Images are refused (not under data parallelism yet)."""
+        sends it. Images go along to the replica, whose engine encodes them."""
         self._serving()
-        if images:
-            raise InvalidParameterError(
-                "images are not supported under data parallelism yet", param="images"
-            )
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
@@ -462,7 +459,7 @@ class DataParallelEngine(TextFront, EngineClient):
         stream = StreamState(loop)
         accepted: asyncio.Future = loop.create_future()
         tracked = _Tracked(
-            stream, self.replicas[0], list(tokens), accepted, params or SamplingParams()
+            stream, self.replicas[0], list(tokens), accepted, params or SamplingParams(), images
         )
         if not self._send(request_id, tracked):
             raise QueueFullError(
@@ -492,7 +489,7 @@ class DataParallelEngine(TextFront, EngineClient):
         self.router.record(hashes, index)
         self._requests[request_id] = tracked
         replica.in_flight += 1
-        replica.send(AddRequest(request_id, list(tracked.tokens), tracked.params))
+        replica.send(AddRequest(request_id, list(tracked.tokens), tracked.params, tracked.images))
         return True
 
     def _resend(self, request_id: str, tracked: _Tracked) -> bool:
