@@ -140,6 +140,18 @@ ENGINE_PARAMETERS: dict[str, tuple] = {
         ],
         None,
     ),
+    "mmproj": (
+        Annotated[
+            str | None,
+            option(
+                _PANEL,
+                "--mmproj",
+                help="llama.cpp's image encoder (mmproj GGUF) of a GGUF model (default: the one "
+                "beside it in its directory or pulled repo; none: no images)",
+            ),
+        ],
+        None,
+    ),
     "seed": (
         Annotated[
             int, option(_PANEL, "--seed", help="Seed for random weights and unseeded sampling")

@@ -32,11 +32,14 @@ class EngineConfig:
     weights and a profiling pass. `kv_cache_dtype`: auto stores keys and values in float16 where
     quantized weights run float32 on the CPU (as llama.cpp does: half the bytes per token, twice
     the context per GiB), else in the model's dtype; q8_0 (the CPU) in llama.cpp's Q8_0 blocks,
-    0.53x of float16's bytes; fp8 (CUDA, compute capability 8.9+) in float8 e4m3.
+    0.53x of float16's bytes; fp8 (CUDA, compute capability 8.9+) in float8 e4m3. `mmproj` is
+    llama.cpp's image encoder file of a GGUF model (its mmproj GGUF); None takes the one beside the
+    model in its directory or pulled repo, 'none' none.
     """
 
     model: str | None = None
     tokenizer: str | None = None
+    mmproj: str | None = None
     load_format: str = "auto"
     quantization: str = "auto"
     dtype: str = "auto"

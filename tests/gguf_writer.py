@@ -321,12 +321,13 @@ def quantized_reference(model, family: str, quant: str):
 # --- the file ------------------------------------------------------------------------------------
 
 
-def write_gguf(model, family: str, path: Path, quant: str = "f32") -> Path:
-    """Write `model` as llama.cpp's converter would for the family, its matrices in `quant`."""
+def write_gguf(model, family: str, path: Path, quant: str = "f32", tokenizer=None) -> Path:
+    """Write `model` as llama.cpp's converter would for the family, its matrices in `quant`;
+    `tokenizer(writer, arch)` writes the vocabulary where this module's is not the model's."""
     arch = GGUF_FAMILIES[family][0]
     writer = GGUFWriter(str(path), arch)
     _add_metadata(writer, model.config, arch)
-    _add_tokenizer(writer, arch)
+    (tokenizer or _add_tokenizer)(writer, arch)
     for _, gguf, tensor in _arch_tensors(model, arch):
         qtype = gguf_type(gguf, tensor, quant)
         array = tensor.contiguous().numpy().astype(np.float32)
@@ -338,6 +339,11 @@ def write_gguf(model, family: str, path: Path, quant: str = "f32") -> Path:
             writer.add_tensor(gguf, quantize_blocks(array, qtype), raw_dtype=qtype)
     for name, values in _extra_tensors(model.config, arch):
         writer.add_tensor(name, values)
+    return finish(writer, path)
+
+
+def finish(writer: GGUFWriter, path: Path) -> Path:
+    """Write what `writer` holds (header, metadata, tensors) to its file, `path`."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -83,3 +83,28 @@ def check_alias_name(name: str) -> str:
             param="name",
         )
     return name
+
+
+def is_mmproj(filename: str) -> bool:
+    """Whether a GGUF file is llama.cpp's image encoder of a model (`mmproj*.gguf`), not a model
+    of its own."""
+    name = filename.rsplit("/", 1)[-1].lower()
+    return name.startswith("mmproj") and name.endswith(".gguf")
+
+
+# the mmproj precisions taken when none matches the text model's, best first
+_MMPROJ_FALLBACKS = ("f16", "bf16", "f32", "q8_0")
+
+
+def choose_mmproj(names: list[str], model_file: str) -> str | None:
+    """The image encoder (`mmproj*.gguf`) among `names` to go with the GGUF file `model_file`: the
+    only one, else the one of the model's precision (its quantization tag), else the f16 one (bf16,
+    f32, q8_0 after it); None where there is none, or no rule picks one."""
+    found = sorted(n for n in names if is_mmproj(n))
+    if len(found) <= 1:
+        return found[0] if found else None
+    for wanted in (quant_of_filename(model_file), *_MMPROJ_FALLBACKS):
+        matches = [n for n in found if wanted and quant_of_filename(n) == wanted]
+        if len(matches) == 1:
+            return matches[0]
+    return None

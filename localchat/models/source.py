@@ -14,18 +14,21 @@ from localchat.models.default_model import (
     find_default_gguf,
     pull_default_model,
 )
-from localchat.models.names import looks_like_hub_ref
+from localchat.models.names import choose_mmproj, is_mmproj, looks_like_hub_ref
 from localchat.models.notice import Progress, say
 from localchat.models.registry import find
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model's files are: `kind` is 'hf_dir' (config.json, weights, tokenizer) or 'gguf'."""
+    """Where a model's files are: `kind` is 'hf_dir' (config.json, weights, tokenizer) or 'gguf';
+    for a GGUF file in a model directory or a pulled repo, `mmproj` is llama.cpp's image encoder
+    found beside it (models/names.choose_mmproj), if any."""
 
     kind: str
     path: Path
     name: str
+    mmproj: Path | None = None
 
 
 def resolve_model(
@@ -42,9 +45,11 @@ def resolve_model(
         return ModelSource("gguf", path.resolve(), path.stem)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            ggufs = sorted(path.glob("*.gguf"))
+            ggufs = sorted(p for p in path.glob("*.gguf") if not is_mmproj(p.name))
             if len(ggufs) == 1:
-                return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem)
+                return ModelSource(
+                    "gguf", ggufs[0].resolve(), ggufs[0].stem, mmproj_beside(ggufs[0])
+                )
             raise ModelNotFoundError(
                 f"{model}: no config.json (nor a single .gguf file) in this directory"
             )
@@ -67,12 +72,25 @@ def _from_registry(model: str) -> ModelSource | None:
     `OWNER/REPO:QUANT`), served under the name as typed; None for anything else."""
     entry = find(model)
     if entry is not None:
-        return ModelSource(entry.kind, entry.path, model)
+        pulled = entry.kind == "gguf" and _in_hub_cache(entry.path)  # an alias of one too
+        mmproj = mmproj_beside(entry.path) if pulled else None
+        return ModelSource(entry.kind, entry.path, model, mmproj)
     if ":" in model and looks_like_hub_ref(model):
         raise ModelNotFoundError(
             f"model {model!r} is not pulled yet; run `localchat pull {model}` first"
         )
     return None
+
+
+def mmproj_beside(gguf: Path) -> Path | None:
+    """The image encoder (`mmproj*.gguf`) in the GGUF file's folder that goes with it, if any."""
+    chosen = choose_mmproj([p.name for p in gguf.parent.glob("*.gguf")], gguf.name)
+    return None if chosen is None else (gguf.parent / chosen).absolute()
+
+
+def _in_hub_cache(path: Path) -> bool:
+    """Whether `path` is a file of a pulled repo (in the hub cache's snapshots)."""
+    return path.absolute().is_relative_to(hub.cache_dir().absolute())
 
 
 def _looks_like_hub_id(model: str) -> bool:

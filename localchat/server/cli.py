@@ -278,6 +278,12 @@ def serve(
                 "--data-parallel-size serves one model; it does not go with --models/--models-dir",
                 param="data_parallel_size",
             )
+        if engine_config.mmproj not in (None, "none"):
+            raise InvalidParameterError(
+                "--mmproj names one model's image encoder; with --models/--models-dir each GGUF "
+                "model takes the mmproj*.gguf beside it in its directory or pulled repo",
+                param="mmproj",
+            )
         from localchat.server.multimodel import serve as multi
 
         served = multi.models_to_serve(models, models_dir)

@@ -1,7 +1,8 @@
 """A chat request with pictures (OpenAI `image_url` parts), for a vision-language model: the
 messages rendered with the chat template, an image part standing where the template puts the
-model's image marker; then the model's own processor (transformers' AutoProcessor) expands each
-marker into the image's placeholder tokens and makes its pixel values. A model that takes no
+model's image marker; then the model's own processor (transformers' AutoProcessor; for a GGUF
+model, the one made from its mmproj file's metadata, engine/loading/mmproj.py) expands each marker
+into the image's placeholder tokens and makes its pixel values. A model that takes no
 images, and every bad picture, is a 400 naming the part (`messages[0].content[1].image_url`).
 
 SmolVLM's and Idefics3's processors cut a picture into tiles plus the whole picture scaled down,
@@ -127,7 +128,7 @@ def render_images_with(
     # the template sees {"type": "image"} where the request has its image_url part
     marked = render(_with_image_markers(data))
     text = engine.detokenize(marked, skip_special_tokens=False)
-    directory = str(info.config_dir)
+    directory = str(info.processor_dir or info.config_dir)
     processor = load_processor(directory)
     try:
         inputs = processor(text=text, images=pictures, add_special_tokens=False)

@@ -222,7 +222,9 @@ class EngineBackend(ChatBackend):
         """An engine of its own for `name` (a registry name or a path), with this one's flags."""
         # Looked up on the module when called, so a patched resolve_model (the tests' guard) holds.
         source.resolve_model(name, pull=False)  # an unknown name fails now, before anything unloads
-        return EngineBackend(replace(self.engine.config, model=name))
+        # an --mmproj file is this model's image encoder; the next takes the one beside it
+        mmproj = "none" if self.engine.config.mmproj == "none" else None
+        return EngineBackend(replace(self.engine.config, model=name, mmproj=mmproj))
 
     async def model_choices(self) -> list[tuple[str, str]]:
         """The installed models, as `localchat list` shows them."""

@@ -128,18 +128,25 @@ class LLMEngine:
             self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
         )
         # a vision-language model's image encoder (engine/core/multimodal.py), behind a cache
-        self.image_encoder = load_vision_encoder(
+        vision = load_vision_encoder(
             runtime.files,
             dtype=runtime.dtype,
             device=runtime.device,
             load_format=config.load_format,
             tensor_parallel_size=config.tensor_parallel_size,
+            mmproj=config.mmproj,
+            text_config=runtime.hf_config,
+            tokenizer=runtime.tokenizer,
+            progress=progress,
         )
-        if self.image_encoder is not None:
-            self.runner.encoder_cache = EncoderCache(self.image_encoder)
-            self.runner.bidirectional_images = self.image_encoder.bidirectional
-            self.scheduler.whole_images = self.image_encoder.bidirectional
-            self.model_info = dataclasses.replace(self.model_info, takes_images=True)
+        self.image_encoder = None if vision is None else vision.encoder
+        if vision is not None:
+            self.runner.encoder_cache = EncoderCache(vision.encoder)
+            self.runner.bidirectional_images = vision.encoder.bidirectional
+            self.scheduler.whole_images = vision.encoder.bidirectional
+            self.model_info = dataclasses.replace(
+                self.model_info, takes_images=True, processor_dir=vision.processor_dir
+            )
         self.grammar_compiler: GrammarCompiler | None = None
         if self.tokenizer is not None:
             self.grammar_compiler = GrammarCompiler(

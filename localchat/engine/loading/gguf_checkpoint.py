@@ -32,27 +32,14 @@ class GGUFCheckpoint:
     """A memory-mapped GGUF file."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
-
-        from localchat.models.gguf_header import read_header
-
         self.path = Path(path)
-        # our bounded check first: gguf-py's reader trusts the header's counts and offsets (an
-        # array claiming 2^63 elements hangs it)
-        self.header = read_header(self.path)
-        try:
-            self.reader = GGUFReader(str(self.path))
-        except (
-            ValueError,
-            OSError,
-            IndexError,
-            KeyError,
-        ) as exc:  # a bad magic, a cut-off file, a bad field
-            raise InvalidModelFileError(
-                f"{self.path.name} is not a readable GGUF file ({exc}); is it complete? "
-                "(compare its size with the original)"
-            ) from None
+        self.header, self.reader = open_gguf(self.path)
         self.arch = self.field("general.architecture")
+        if self.arch == "clip":
+            raise UnsupportedModelError(
+                f"{self.path.name} is llama.cpp's image encoder of a model (an mmproj file), not "
+                "a model: pass it with --mmproj beside the model's GGUF file"
+            )
         if self.arch not in ARCHES:
             raise UnsupportedModelError(
                 f"{self.path.name}: GGUF architecture {self.arch!r} is not supported; "
@@ -142,21 +129,71 @@ class GGUFCheckpoint:
             "arch": self.arch,
             "num_heads": num_heads,
             "num_kv_heads": self.meta.get("attention.head_count_kv", num_heads),
-            "tensors": [
-                {
-                    "name": t.name,
-                    "type": int(t.tensor_type),
-                    "shape": [int(d) for d in reversed(t.shape)],
-                    "offset": int(t.data_offset),
-                    "nbytes": int(t.n_bytes),
-                }
-                for t in self.reader.tensors
-            ],
+            "tensors": tensor_entries(self.reader),
         }
         for entry in index["tensors"]:
             if tensor_target(self.arch, entry["name"], self.path) is not None:
                 _check_type(entry, self.path)
         return index
+
+
+def open_gguf(path: Path):
+    """(header, gguf-py's GGUFReader) of the GGUF file at `path`; InvalidModelFileError naming the
+    file where it cannot be read."""
+    from gguf import GGUFReader
+
+    from localchat.models.gguf_header import read_header
+
+    # our bounded check first: gguf-py's reader trusts the header's counts and offsets (an array
+    # claiming 2^63 elements hangs it)
+    header = read_header(path)
+    try:
+        return header, GGUFReader(str(path))
+    except (ValueError, OSError, IndexError, KeyError) as exc:  # a bad magic, cut off, a bad field
+        raise InvalidModelFileError(
+            f"{path.name} is not a readable GGUF file ({exc}); is it complete? "
+            "(compare its size with the original)"
+        ) from None
+
+
+def tensor_entries(reader) -> list[dict]:
+    """Each tensor of a GGUF file (gguf-py's reader): its name, type, shape (rows first) and byte
+    range."""
+    return [
+        {
+            "name": t.name,
+            "type": int(t.tensor_type),
+            "shape": [int(d) for d in reversed(t.shape)],
+            "offset": int(t.data_offset),
+            "nbytes": int(t.n_bytes),
+        }
+        for t in reader.tensors
+    ]
+
+
+def float_tensors(path: Path, entries: list[dict]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, float32 tensor) of each of the file's `entries` (tensor_entries), whatever its type
+    (a type we cannot read refused by name), read through a memory map of the file."""
+    data = _mapped(path, entries)
+    for entry in entries:
+        _check_type(entry, path)
+        raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
+        shape = tuple(entry["shape"])
+        weight = _weight(
+            raw, entry["type"], shape, TensorTarget(entry["name"]), {}, True, False, False
+        )
+        assert isinstance(weight, torch.Tensor)  # dequantized: a float32 tensor
+        yield entry["name"], weight
+
+
+def _mapped(path: Path, entries: list[dict]) -> np.memmap:
+    """The file's bytes, memory-mapped; InvalidModelFileError where they end before a tensor."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if data.size < max((t["offset"] + t["nbytes"] for t in entries), default=0):
+        raise InvalidModelFileError(
+            f"{path.name}: the file is shorter than its tensor table says (cut off?)"
+        )
+    return data
 
 
 def tensor_target(arch: str, name: str, path: Path) -> TensorTarget | None:
@@ -188,11 +225,7 @@ def gguf_weights(
     up), F32/F16/BF16 as tensors; with `dequantize`, all as float32 tensors (the reference path).
     A stack of experts comes as one weight per expert. `index` is
     GGUFCheckpoint.tensor_index()."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    if data.size < max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0):
-        raise InvalidModelFileError(
-            f"{path.name}: the file is shorter than its tensor table says (cut off?)"
-        )
+    data = _mapped(path, index["tensors"])
     untied = any(entry["name"] == "output.weight" for entry in index["tensors"])
     for entry in index["tensors"]:
         target = tensor_target(index["arch"], entry["name"], path)

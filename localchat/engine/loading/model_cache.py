@@ -13,7 +13,7 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from localchat.errors import InvalidModelFileError
@@ -28,13 +28,24 @@ MANIFEST = "manifest.json"
 
 
 def ensure_converted(gguf_path: Path, progress: Progress | None = None) -> Path:
-    """The converted directory for `gguf_path`, creating it on first use.
+    """The converted directory for `gguf_path`, creating it on first use (`build_once`)."""
+    return build_once(
+        converted_dir(gguf_path),
+        lambda out: _convert(gguf_path, out),
+        lambda: say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ..."),
+    )
+
+
+def build_once(
+    target: Path, build: Callable[[Path], None], announce: Callable[[], None] | None = None
+) -> Path:
+    """`target`, a cache directory whose files `build` writes (into the directory it is given),
+    built on first use (`announce` called first).
 
     It is built in a staging directory and renamed into place whole, under a file lock, so a
     process killed mid-way leaves no directory that looks finished, and processes preparing the
-    same file at once convert it once and all get the same directory.
+    same directory at once build it once and all get the same one.
     """
-    target = converted_dir(gguf_path)
     if is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -42,10 +53,11 @@ def ensure_converted(gguf_path: Path, progress: Progress | None = None) -> Path:
         if is_complete(target):  # another process built it while this one waited
             return target
         _remove_leftovers(target, staging_too=exclusive)
-        say(progress, f"reading the tokenizer of {gguf_path.name} (first run only) ...")
+        if announce is not None:
+            announce()
         staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
         try:
-            _convert(gguf_path, staging)
+            build(staging)
             _write_manifest(staging)
             try:
                 staging.rename(target)

@@ -28,6 +28,9 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     family: str = ""  # the model family's name ("Gemma 3", "Qwen3-MoE"), from its architecture
     takes_images: bool = False  # a vision-language model whose image encoder is loaded
+    # where its image processor and multimodal config are, when not in config_dir: for a GGUF
+    # model, the directory made with its mmproj file (engine/loading/mmproj.py)
+    processor_dir: Path | None = None
 
     @property
     def gguf_path(self) -> Path | None:

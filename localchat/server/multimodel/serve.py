@@ -17,8 +17,10 @@ logger = logging.getLogger("localchat.server")
 
 def models_to_serve(models: str | None, models_dir: Path | None) -> dict[str, str]:
     """Served name -> what the engine loads: the names given (registry names or paths, served as
-    typed), then every .gguf file (by its stem) and every directory with a config.json (by its
-    name) in `models_dir`. Each one must resolve now, not at its first request."""
+    typed), then every .gguf file (by its stem; an mmproj*.gguf image encoder is none) and every
+    directory with a config.json (by its name) in `models_dir`. Each one must resolve now, not at
+    its first request."""
+    from localchat.models.names import is_mmproj
     from localchat.models.source import resolve_model
 
     served = {n.strip(): n.strip() for n in (models or "").split(",") if n.strip()}
@@ -28,7 +30,8 @@ def models_to_serve(models: str | None, models_dir: Path | None) -> dict[str, st
                 f"--models-dir {models_dir}: not a directory", param="models_dir"
             )
         for path in sorted(models_dir.iterdir()):
-            if (path.is_file() and path.suffix == ".gguf") or (path / "config.json").is_file():
+            gguf = path.is_file() and path.suffix == ".gguf" and not is_mmproj(path.name)
+            if gguf or (path / "config.json").is_file():
                 served.setdefault(path.stem if path.is_file() else path.name, str(path))
         if not served:
             raise ModelNotFoundError(
