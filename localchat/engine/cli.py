@@ -115,4 +115,5 @@ def pull(
         ensure_converted(pulled.path)
     name = next((e.name for e in entries() if e.path == pulled.path), model)
     size = format_bytes(pulled.plan.total_bytes)
-    typer.echo(f"pulled {name} ({ref}, {size}): localchat chat {name}")
+    images = f", its image encoder {pulled.plan.mmproj}" if pulled.plan.mmproj else ""
+    typer.echo(f"pulled {name} ({ref}, {size}{images}): localchat chat {name}")

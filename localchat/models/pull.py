@@ -1,6 +1,6 @@
 """`localchat pull REPO[:FILE_OR_QUANT]`: choose a repo's files (a safetensors checkpoint, or one
-GGUF file by name or quantization tag), then download each into the hub cache, resumed and
-verified."""
+GGUF file by name or quantization tag, with llama.cpp's image encoder of the model, an mmproj file,
+where the repo has one), then download each into the hub cache, resumed and verified."""
 
 from __future__ import annotations
 
@@ -23,7 +23,13 @@ from localchat.models.download import (
     snapshot_path,
     write_ref,
 )
-from localchat.models.names import HubRef, is_split_gguf, quant_of_filename
+from localchat.models.names import (
+    HubRef,
+    choose_mmproj,
+    is_mmproj,
+    is_split_gguf,
+    quant_of_filename,
+)
 from localchat.models.progress import bar_factory, download_progress
 
 HUB_TIMEOUT_S = 5.0  # for the file list and each file's metadata: a silent hub fails fast
@@ -42,7 +48,8 @@ _GGUF_COMPANIONS = ("generation_config.json",)
 
 @dataclass(frozen=True)
 class PullPlan:
-    """What one pull downloads: `kind` 'gguf' (one file, `files[0]`) or 'hf_dir'."""
+    """What one pull downloads: `kind` 'gguf' (one model file, `files[0]`, with its image encoder
+    where the repo has one) or 'hf_dir'."""
 
     ref: HubRef
     commit: str
@@ -52,6 +59,11 @@ class PullPlan:
     @property
     def total_bytes(self) -> int:
         return sum(f.size or 0 for f in self.files)
+
+    @property
+    def mmproj(self) -> str | None:
+        """The image encoder (mmproj*.gguf) pulled with a GGUF model, if any."""
+        return next((f.filename for f in self.files if is_mmproj(f.filename)), None)
 
 
 @dataclass(frozen=True)
@@ -94,9 +106,15 @@ def plan_pull(ref: HubRef, *, endpoint: str, token: str | None) -> PullPlan:
 
 
 def _choose(ref: HubRef, names: list[str]) -> tuple[str, list[str]]:
-    """('gguf', [file, companions...]) or ('hf_dir', files), or a clear error listing choices."""
-    ggufs = [n for n in names if n.lower().endswith(".gguf")]
+    """('gguf', [file, its image encoder if the repo has one, companions...]) or ('hf_dir',
+    files), or a clear error listing choices."""
+    ggufs = [n for n in names if n.lower().endswith(".gguf") and not is_mmproj(n)]
     spec = ref.spec.lower() if ref.spec else None
+    if spec is not None and is_mmproj(spec):
+        raise ModelNotFoundError(
+            f"{ref}: {ref.spec} is an image encoder (mmproj), pulled with its model; "
+            f"pull the model ({ref.repo_id}:QUANT) and it comes too"
+        )
     has_weights = "config.json" in names and any(n.endswith(".safetensors") for n in names)
     if spec is None and has_weights:
         chosen = [n for n in names if any(fnmatch.fnmatch(n, p) for p in HF_DIR_PATTERNS)]
@@ -115,7 +133,10 @@ def _choose(ref: HubRef, names: list[str]) -> tuple[str, list[str]]:
     if len(matches) != 1 or is_split_gguf(matches[0]):
         raise ModelNotFoundError(_choice_message(ref, ggufs, matches))
     companions = [n for n in names if n in _GGUF_COMPANIONS]
-    return "gguf", [matches[0], *companions]
+    # llama.cpp's image encoder of the model, in the same folder: of its precision, else f16
+    folder = matches[0].rpartition("/")[0]
+    mmproj = choose_mmproj([n for n in names if n.rpartition("/")[0] == folder], matches[0])
+    return "gguf", [matches[0], *([mmproj] if mmproj else []), *companions]
 
 
 def _choice_message(ref: HubRef, ggufs: list[str], matches: list[str]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from localchat.errors import InvalidModelFileError, InvalidParameterError, ModelNotFoundError
 from localchat.models import hub
 from localchat.models.default_model import find_default_gguf
-from localchat.models.names import check_alias_name, is_split_gguf, model_name
+from localchat.models.names import check_alias_name, is_mmproj, is_split_gguf, model_name
 from localchat.models.paths import cache_root, converted_dir
 from localchat.utils import write_private
 
@@ -161,8 +161,9 @@ def _remove_tree(path: Path) -> None:
 
 def _remove_gguf(repo_path: Path, pointer: Path) -> None:
     """Remove one GGUF file of a repo: its snapshot links and its blob; the whole repo folder
-    when no model is left in it. Nothing outside the repo folder is touched: a snapshot link to
-    a file elsewhere loses the link only, and a snapshot folder that is a link is not entered."""
+    when no model is left in it (an image encoder, mmproj*.gguf, is no model of its own). Nothing
+    outside the repo folder is touched: a snapshot link to a file elsewhere loses the link only,
+    and a snapshot folder that is a link is not entered."""
     if repo_path.is_symlink():
         return _remove_tree(repo_path)
     snapshots = repo_path / "snapshots"
@@ -174,15 +175,19 @@ def _remove_gguf(repo_path: Path, pointer: Path) -> None:
             link.unlink(missing_ok=True)
     if blob.parent == (repo_path / "blobs").resolve():
         blob.unlink(missing_ok=True)
-    if not any(p.suffix == ".gguf" or p.suffix == ".safetensors" for p in snapshots.rglob("*")):
+    models = (p for p in snapshots.rglob("*") if p.suffix in (".gguf", ".safetensors"))
+    if all(is_mmproj(p.name) for p in models):  # an image encoder without its model goes too
         shutil.rmtree(repo_path)
 
 
 def _forget_converted(entry: Entry) -> None:
-    """Delete the tokenizer/config directory localchat made from a GGUF file."""
+    """Delete the tokenizer/config directory localchat made from a GGUF file, and the image
+    processor directories made with it (paths.mmproj_dir)."""
     if entry.kind != "gguf" or not entry.path.exists():
         return
-    shutil.rmtree(converted_dir(entry.path), ignore_errors=True)
+    converted = converted_dir(entry.path)
+    for made in [converted, *(cache_root() / "mmproj").glob(f"{converted.name}+*")]:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def _resolve_target(target: str, known: list[Entry]) -> Entry | None:
@@ -219,7 +224,8 @@ def _hub_entries(cache: Path) -> list[Entry]:
         revision = max(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
         snapshot = Path(revision.snapshot_path)
         for file in sorted(snapshot.rglob("*.gguf")):
-            if file.exists() and not is_split_gguf(file.name):
+            # an mmproj file is a model's image encoder, loaded beside it (models/source.py)
+            if file.exists() and not is_split_gguf(file.name) and not is_mmproj(file.name):
                 found.append((repo.repo_id, _quant(file), "gguf", file, Path(repo.repo_path)))
         if (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors")):
             found.append((repo.repo_id, None, "hf_dir", snapshot, Path(repo.repo_path)))
