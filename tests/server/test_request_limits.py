@@ -47,9 +47,10 @@ def http(default_gguf, tmp_path_factory):
     args = ["--max-model-len", "512", "--kv-cache-memory", "64MiB", "--threads", "1"]
     for bound in BOUNDS:
         args += ["--limit", bound]
-    with serve_process(log, *args) as server, httpx.Client(
-        base_url=server.base_url, timeout=120
-    ) as client:
+    with (
+        serve_process(log, *args) as server,
+        httpx.Client(base_url=server.base_url, timeout=120) as client,
+    ):
         yield client
 
 
