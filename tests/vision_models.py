@@ -172,6 +172,38 @@ def hf_greedy(model, inputs, new_tokens: int) -> list[int]:
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
+def image_request(model, inputs, tokens_per_image: int = IMAGE_TOKENS) -> tuple[list[int], tuple]:
+    """Our (prompt ids, ImageInputs) request of the processor's `inputs` (an Idefics3 processor's
+    tiles, [1, tiles, 3, H, W], each an image of `tokens_per_image` tokens)."""
+    from localchat.engine.core.multimodal import images_of_prompt
+
+    ids = inputs["input_ids"][0].tolist()
+    if "pixel_values" not in inputs:
+        return ids, ()
+    pixels = inputs["pixel_values"]
+    pixels = pixels[0] if pixels.dim() == 5 else pixels
+    return ids, images_of_prompt(ids, pixels, model.config.image_token_id, tokens_per_image)
+
+
+def prompt_logprobs(llm, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ours, transformers') logprob of each prompt token after the first."""
+    from localchat import SamplingParams
+
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].float()
+    ids = inputs["input_ids"][0]
+    expected = logits.log_softmax(-1)[:-1].gather(1, ids[1:, None])[:, 0]
+    prompt, pictures = image_request(model, inputs)
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    llm.engine.add_request(f"logprobs-{id(inputs)}", prompt, params, images=pictures)
+    found = None
+    while llm.engine.has_unfinished():
+        for output in llm.engine.step():
+            found = output.prompt_logprobs or found
+    assert found is not None and found[0] is None
+    return torch.tensor([entry.logprob for entry in found[1:]]), expected
+
+
 def tiny_llm(directory, **kwargs):
     """Our engine on a tiny VLM's directory (256 tokens of context)."""
     from localchat import LLM

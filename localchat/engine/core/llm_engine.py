@@ -127,13 +127,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, runtime.max_num_seqs, runtime.max_num_batched_tokens
         )
-        # a vision-language model's image encoder (engine/core/multimodal.py), behind a cache
+        # a vision-language model's image encoder (engine/core/multimodal.py), behind a cache;
+        # under tensor parallelism here on rank 0 only (engine/distributed/step_transfer.py)
         vision = load_vision_encoder(
             runtime.files,
             dtype=runtime.dtype,
             device=runtime.device,
             load_format=config.load_format,
-            tensor_parallel_size=config.tensor_parallel_size,
             mmproj=config.mmproj,
             text_config=runtime.hf_config,
             tokenizer=runtime.tokenizer,
@@ -341,7 +341,7 @@ class LLMEngine:
         if encoder is None:
             raise InvalidParameterError(
                 f"{self.model_info.name} takes no images (not a vision-language model we run, "
-                "or loaded from GGUF, with random weights or under tensor parallelism)",
+                "a GGUF without its mmproj file, or random weights)",
                 param="images",
             )
         budget = self.scheduler.max_num_batched_tokens

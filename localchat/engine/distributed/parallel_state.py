@@ -20,8 +20,8 @@ import torch.distributed as dist
 from localchat import envs
 
 # a command rank 0 broadcasts under torchrun: its code and up to COMMAND_WIDTH - 1 integers
-# (rank_messages.to_ints)
-COMMAND_WIDTH = 8
+# (rank_messages.to_ints: a forward's BatchHeader is the longest, 8)
+COMMAND_WIDTH = 9
 _state: dict[str, object] = {}  # "control": the gloo control group; "from_env": joined by torchrun
 
 

@@ -1,6 +1,7 @@
 """TensorParallelRunner: rank 0's ModelRunner. It schedules, prepares and samples as the
 single-device runner does; each forward pass and logits projection is announced to the other ranks
-(a header over their pipes, then the inputs by one broadcast), and each rank runs it on its shard.
+(a header over their pipes, then the inputs by one broadcast, and a step's image embeddings by
+another), and each rank runs it on its shard. The image encoder, if any, runs here only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from localchat.engine.core.runtime import EngineRuntime
 from localchat.engine.distributed import parallel_state
 from localchat.engine.distributed.parallel_layers import TensorParallelDecoder
 from localchat.engine.distributed.rank_messages import AllocateKV, ComputeLogits, Forward
-from localchat.engine.distributed.step_transfer import batch_payload
+from localchat.engine.distributed.step_transfer import batch_payload, broadcast_images
 from localchat.engine.distributed.torchrun import TorchrunGroup
 from localchat.engine.distributed.worker import WorkerArgs
 from localchat.engine.distributed.worker_pool import WorkerPool
@@ -98,9 +99,12 @@ class TensorParallelRunner(ModelRunner):
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
-        header, payload = batch_payload(input_ids, positions, md)
+        images = self._step_images  # _prepare's, from rank 0's image encoder
+        header, payload = batch_payload(input_ids, positions, md, images)
         self.pool.send(Forward(header))
         parallel_state.broadcast(payload)
+        if images is not None:
+            self._step_images = broadcast_images(images, self.dtype)
         return super()._forward(input_ids, positions, md)
 
     def _announce_logits(self, hidden: torch.Tensor) -> None:

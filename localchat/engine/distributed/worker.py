@@ -4,7 +4,8 @@ announces. A worker never sees a tokenizer, a scheduler or a sampler.
 Spawned ranks get their commands (rank_messages.py) over a pipe from rank 0 (so an idle worker
 waits without a collective that could time out, and rank 0's exit closes the pipe, which ends the
 worker); ranks torchrun started get them by broadcast over the control group (torchrun.py). The
-tensors they need arrive by broadcast either way.
+tensors they need arrive by broadcast either way, a step's image embeddings too (rank 0 alone
+runs the image encoder).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from localchat.engine.distributed.rank_messages import (
     RankReady,
     RankStarted,
 )
-from localchat.engine.distributed.step_transfer import receive_batch
+from localchat.engine.distributed.step_transfer import receive_batch, receive_images
 from localchat.engine.loading.loader import ModelFiles, load_hf_config, load_model
 from localchat.engine.modeling.model_runner import ModelRunner
 from localchat.errors import InvalidParameterError
@@ -175,7 +176,9 @@ def serve_commands(runner: ModelRunner, receive: Callable[[], RankCommand]) -> N
     while True:
         match receive():
             case Forward(header):
-                input_ids, positions, md = receive_batch(header, runner.device)
+                input_ids, positions, md, rows, spans = receive_batch(header, runner.device)
+                hidden_size = runner.spec.hidden_size
+                runner._step_images = receive_images(header, rows, spans, hidden_size, runner.dtype)
                 runner._forward(input_ids, positions, md)
             case ComputeLogits(shape):
                 hidden = torch.empty(shape, dtype=runner.dtype, device=runner.device)

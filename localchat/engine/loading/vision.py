@@ -2,9 +2,10 @@
 safetensors directory whose config.json names an architecture with an encoder we run
 (engine/modeling/vision/registry.py), or for a GGUF model from llama.cpp's image encoder file of it
 (an mmproj GGUF, engine/loading/mmproj.py): the one named by the engine's `mmproj` option, else the
-one found beside the model in its directory or pulled repo (models/source.py). Random weights and
-tensor parallelism load none (an mmproj named for them is refused), nor does `mmproj='none'`: such
-an engine takes no images."""
+one found beside the model in its directory or pulled repo (models/source.py). Random weights load
+none (an mmproj named for them is refused), nor does `mmproj='none'`: such an engine takes no
+images. Under tensor parallelism the encoder loads whole on rank 0 (this process) alone, which
+broadcasts each step's image embeddings to the other ranks (engine/distributed/step_transfer.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ def load_vision_encoder(
     dtype: torch.dtype,
     device: torch.device,
     load_format: str,
-    tensor_parallel_size: int,
     mmproj: str | None = None,
     text_config=None,
     tokenizer=None,
@@ -60,7 +60,7 @@ def load_vision_encoder(
             tokenizer,
             dtype=dtype,
             device=device,
-            unsupported=_no_encoder_with(load_format, tensor_parallel_size),
+            unsupported=_no_encoder_with(load_format),
             progress=progress,
         )
     if mmproj is not None:
@@ -69,7 +69,7 @@ def load_vision_encoder(
             "checkpoint, whose image encoder (if any) loads from its own weights",
             param="mmproj",
         )
-    if _no_encoder_with(load_format, tensor_parallel_size):
+    if _no_encoder_with(load_format):
         return None
     from transformers import AutoConfig
 
@@ -84,12 +84,10 @@ def load_vision_encoder(
     return None if encoder is None else Vision(encoder)
 
 
-def _no_encoder_with(load_format: str, tensor_parallel_size: int) -> str | None:
+def _no_encoder_with(load_format: str) -> str | None:
     """Why an engine of these settings loads no image encoder, None where it does."""
     if load_format == "dummy":
         return "random weights (--load-format dummy)"
-    if tensor_parallel_size > 1:
-        return "tensor parallelism"
     return None
 
 

@@ -19,16 +19,21 @@ from localchat.engine.distributed.rank_messages import (
 from localchat.engine.distributed.step_transfer import BatchHeader
 
 
+def _has_images(command: RankCommand) -> bool:
+    return isinstance(command, Forward) and command.header.image_rows > 0
+
+
 @pytest.mark.parametrize(
     "command",
     [
         Forward(BatchHeader(37, 3, 5, 2, 16, 200)),
+        Forward(BatchHeader(37, 3, 5, 2, 16, 200, image_rows=12, image_spans=3)),
         ComputeLogits((3, 576)),
         AllocateKV(364),
         Ping(),
         Exit(),
     ],
-    ids=lambda command: type(command).__name__,
+    ids=lambda command: type(command).__name__ + ("+images" if _has_images(command) else ""),
 )
 def test_a_command_survives_its_broadcast(command: RankCommand):
     code, values = to_ints(command)

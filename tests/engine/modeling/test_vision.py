@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
-from localchat.engine.core.multimodal import EncoderCache, ImageInput, images_of_prompt
+from localchat.engine.core.multimodal import EncoderCache, ImageInput
 from localchat.errors import InvalidParameterError
 from tests.vision_models import (
     IMAGE_TOKENS,
     chat_inputs,
     hf_greedy,
+    image_request,
     images,
+    prompt_logprobs,
     run_engine,
     save,
     tiny_llm,
@@ -41,15 +43,6 @@ def _hf_greedy(model, inputs) -> list[int]:
     return hf_greedy(model, inputs, NEW_TOKENS)
 
 
-def _request(model, inputs) -> tuple[list[int], tuple[ImageInput, ...]]:
-    ids = inputs["input_ids"][0].tolist()
-    if "pixel_values" not in inputs:
-        return ids, ()
-    return ids, images_of_prompt(
-        ids, inputs["pixel_values"], model.config.image_token_id, IMAGE_TOKENS
-    )
-
-
 def _run(llm: LLM, requests: list[tuple[list[int], tuple]]) -> list[list[int]]:
     return run_engine(llm, requests, NEW_TOKENS)
 
@@ -64,26 +57,9 @@ def test_one_and_two_images_batched_with_text_equal_transformers(vlm):
     ]
     expected = [_hf_greedy(model, inputs) for inputs in batch]
     llm = tiny_llm(directory)
-    assert _run(llm, [_request(model, inputs) for inputs in batch]) == expected
+    assert _run(llm, [image_request(model, inputs) for inputs in batch]) == expected
     assert llm.engine.runner.encoder_cache.num_encoded == 3
     assert llm.engine.model_info.takes_images
-
-
-def _prompt_logprobs(llm: LLM, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ours, transformers') logprob of each prompt token after the first."""
-    with torch.no_grad():
-        logits = model(**inputs).logits[0].float()
-    ids = inputs["input_ids"][0]
-    expected = logits.log_softmax(-1)[:-1].gather(1, ids[1:, None])[:, 0]
-    prompt, pictures = _request(model, inputs)
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    llm.engine.add_request(f"logprobs-{id(inputs)}", prompt, params, images=pictures)
-    found = None
-    while llm.engine.has_unfinished():
-        for output in llm.engine.step():
-            found = output.prompt_logprobs or found
-    assert found is not None and found[0] is None
-    return torch.tensor([entry.logprob for entry in found[1:]]), expected
 
 
 def test_images_over_a_q8_0_kv_cache_stay_near_transformers(tmp_path):
@@ -93,7 +69,7 @@ def test_images_over_a_q8_0_kv_cache_stay_near_transformers(tmp_path):
     model, processor = save(tmp_path, head_dim=32)
     inputs = _inputs(processor, "Two pictures; which one is brighter?", images(2, seed=7))
     llm = tiny_llm(tmp_path, kv_cache_dtype="q8_0", max_num_batched_tokens=9)
-    ours, expected = _prompt_logprobs(llm, model, inputs)
+    ours, expected = prompt_logprobs(llm, model, inputs)
     torch.testing.assert_close(ours, expected, rtol=0, atol=0.05)
 
 
@@ -103,7 +79,7 @@ def test_prompt_logprobs_equal_transformers_with_image_tokens_seeing_their_whole
     directory, model, processor = vlm
     inputs = _inputs(processor, "Two pictures; which one is brighter?", images(2, seed=7))
     llm = tiny_llm(directory, max_num_batched_tokens=9)  # in chunks, each image whole
-    ours, expected = _prompt_logprobs(llm, model, inputs)
+    ours, expected = prompt_logprobs(llm, model, inputs)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -117,7 +93,7 @@ def test_chunked_prefill_keeps_each_image_whole(vlm):
     expected = [_hf_greedy(model, inputs) for inputs in batch]
     for budget in (5, 7, 11):  # chunks that would end inside an image shrink to its start
         llm = tiny_llm(directory, max_num_batched_tokens=budget, max_num_seqs=2)
-        assert _run(llm, [_request(model, inputs) for inputs in batch]) == expected, budget
+        assert _run(llm, [image_request(model, inputs) for inputs in batch]) == expected, budget
 
 
 def test_prefix_cache_keys_image_blocks_by_the_picture(vlm):
@@ -127,10 +103,10 @@ def test_prefix_cache_keys_image_blocks_by_the_picture(vlm):
     cache = llm.engine.runner.encoder_cache
     turn = _inputs(processor, "Describe the picture in detail, please.", [first])
     expected = _hf_greedy(model, turn)
-    assert _run(llm, [_request(model, turn)]) == [expected]
+    assert _run(llm, [image_request(model, turn)]) == [expected]
     assert cache.num_encoded == 1
     # the same picture again: its blocks come from the cache, and it is not encoded again
-    request = _request(model, turn)
+    request = image_request(model, turn)
     hits_before = llm.engine.block_manager.prefix_cache_hits
     assert _run(llm, [request]) == [expected]
     assert llm.engine.block_manager.prefix_cache_hits - hits_before >= request[1][0].end
@@ -139,7 +115,7 @@ def test_prefix_cache_keys_image_blocks_by_the_picture(vlm):
     # another picture behind the same placeholder tokens: no block holding its tokens is served
     swapped = _inputs(processor, "Describe the picture in detail, please.", [other])
     assert swapped["input_ids"].tolist() == turn["input_ids"].tolist()
-    ids, pictures = _request(model, swapped)
+    ids, pictures = image_request(model, swapped)
     hits_before = llm.engine.block_manager.prefix_cache_hits
     assert _run(llm, [(ids, pictures)]) == [_hf_greedy(model, swapped)]
     hit = llm.engine.block_manager.prefix_cache_hits - hits_before
