@@ -1,8 +1,9 @@
 """Every ISA's quantized-projection kernels against the generic ones, through the standalone C++
-test (kernels/csrc/tests/kernel_test.cpp, no torch): natively (this CPU's ISA, and AVX2 on an
-AVX-512 machine), and the ARM NEON kernels cross-compiled with Debian's g++-aarch64-linux-gnu and
-run under qemu-user (`apt-get install g++-aarch64-linux-gnu qemu-user`; .ci/run installs them
-where it can)."""
+test (kernels/csrc/tests/kernel_test.cpp, no torch): natively (this CPU's ISA, AVX2 on an AVX-512
+machine, and the generic build, where the loops written once against the vector API run on one
+lane), and the ARM NEON kernels cross-compiled with Debian's g++-aarch64-linux-gnu and run under
+qemu-user (`apt-get install g++-aarch64-linux-gnu qemu-user`; .ci/run installs them where it
+can)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from localchat.kernels import cpu_extension
 
 CSRC = Path(cpu_extension.__file__).parent / "csrc"
 TEST = CSRC / "tests" / "kernel_test.cpp"
+JOBS = ("KV rows", "SiLU and softmax exp", "sampling argmax")  # the vector API's loops' lines
 TIMEOUT = 300  # seconds for a build or a run (qemu runs the ARM one in about a second)
 
 
@@ -33,8 +35,11 @@ def build_and_run(compiler: str, flags: list[str], out: Path, runner: list[str])
     return run.stdout
 
 
-# the native build in the fast subset; the AVX2 and ARM builds (15-20 s each) in the full run
-@pytest.mark.parametrize("isa", ["native", pytest.param("avx2", marks=pytest.mark.slow)])
+# the native build in the fast subset; AVX2, generic and ARM (15-20 s each) in the full run
+@pytest.mark.parametrize(
+    "isa",
+    ["native", *(pytest.param(isa, marks=pytest.mark.slow) for isa in ("avx2", "generic"))],
+)
 def test_this_cpus_kernels_agree_with_the_generic_ones(isa, tmp_path):
     compiler = cpu_extension.compiler()
     if compiler is None:
@@ -44,9 +49,14 @@ def test_this_cpus_kernels_agree_with_the_generic_ones(isa, tmp_path):
         if "avx512_vnni" not in cpu_extension._cpu_signature().split():
             pytest.skip("the native build already is what this CPU runs")
         flags.append("-mno-avx512f")
+    if isa == "generic":
+        flags.append("-DLC_ISA_GENERIC")
     out = build_and_run(compiler, flags, tmp_path / "kernel_test", [])
-    expected = {"native": None, "avx2": "kernels: avx2"}[isa]
+    expected = {"native": None, "avx2": "kernels: avx2", "generic": "kernels: generic only"}[isa]
     assert expected is None or out.startswith(expected), out.splitlines()[0]
+    if isa == "generic":  # the vector API's loops on one lane (quant/generic/vec.h)
+        jobs = [line for line in out.splitlines() if any(job in line for job in JOBS)]
+        assert jobs and all("one lane's" in line for line in jobs), jobs
 
 
 @pytest.mark.slow

@@ -14,12 +14,14 @@
 //   other lanes, within float rounding; and on representable values (power-of-two scales, activations that quantize
 //   to themselves), where every sum is exact, all of them bit for bit;
 // - the row restore (unpack_row) and float_to_half give the generic values;
-// - the q8_0 KV rows (quant/kv_q8.h): the ISA's quantize gives the generic codes and scales bit for bit, its key dot
+// - the loops written once against the vector API (namespace vec: this ISA's quant/arch/<isa>/vec.h, one lane of
+//   quant/generic/vec.h in the generic build) against the plain C++ functions of quant/generic/:
+// - the q8_0 KV rows (quant/kv_q8.h): the quantize gives the generic codes and scales bit for bit, the key dot
 //   products and value sums the generic ones within float rounding.
-// - the float32, float16 and bfloat16 KV rows (quant/kv_rows.h): the ISA's store gives the generic bits, its key dot
+// - the float32, float16 and bfloat16 KV rows (quant/kv_rows.h): the store gives the generic bits, the key dot
 //   products and value sums the generic ones within float rounding;
 // - the decode path's SiLU and softmax exp (quant/vector_math.h) and the sampler's passes (quant/sampling.h): the
-//   ISA's exp within 2e-6 of std::exp's, the same argmax, the likely ids of its own weights.
+//   exp within 2e-6 of std::exp's, the same argmax (NaN never winning), the likely ids of its own weights.
 // Prints a line per layout and exits non-zero on any difference.
 #include <cstdio>
 #include <random>
@@ -316,7 +318,7 @@ void check_half_conversion() {
   failures += bad != 0;
 }
 
-// The q8_0 KV row functions of this build (kv_q8::, the ISA's where it has them) against the generic ones.
+// The q8_0 KV row functions on this build's vector API (vec::, kv_q8:: of an ISA build) against the generic ones.
 template <int G>
 int check_kv_q8_group(const std::vector<KvQ8Block>& rows, int64_t D, int64_t count, int64_t row) {
   int bad = 0;
@@ -325,12 +327,12 @@ int check_kv_q8_group(const std::vector<KvQ8Block>& rows, int64_t D, int64_t cou
   for (auto& x : w) x = uniform(0.f, 1.f);
   for (int64_t j = 0; j < count; ++j) {
     float got[G], want[G];
-    kv_q8::kv_q8_dot<G>(q.data(), rows.data() + j * row, D, 0.125f, got, 1);
+    vec::kv_q8_dot<G>(q.data(), rows.data() + j * row, D, 0.125f, got, 1);
     generic::kv_q8_dot<G>(q.data(), rows.data() + j * row, D, 0.125f, want, 1);
     for (int g = 0; g < G; ++g) bad += std::fabs(got[g] - want[g]) > 1e-5f * (1.f + std::fabs(want[g]));
   }
   std::vector<float> got(G * D, 0.5f), want(G * D, 0.5f);
-  kv_q8::kv_q8_add_rows<G>(rows.data(), row, count, w.data(), count, D, got.data(), D);
+  vec::kv_q8_add_rows<G>(rows.data(), row, count, w.data(), count, D, got.data(), D);
   generic::kv_q8_add_rows<G>(rows.data(), row, count, w.data(), count, D, want.data(), D);
   for (int64_t i = 0; i < G * D; ++i) bad += std::fabs(got[i] - want[i]) > 1e-5f * (1.f + std::fabs(want[i]));
   return bad;
@@ -345,14 +347,14 @@ void check_kv_q8() {
     for (int i = 0; i < 32; ++i) x[32 + i] = 0.5f * static_cast<float>(i - 16);  // ties x / d = k + 0.5
     x[32 + 31] = 127.f;                                                          // (d = 1)
     std::vector<KvQ8Block> got(x.size() / 32), want(x.size() / 32);
-    kv_q8::kv_q8_quantize(x.data(), static_cast<int64_t>(x.size()), got.data());
+    vec::kv_q8_quantize(x.data(), static_cast<int64_t>(x.size()), got.data());
     generic::kv_q8_quantize(x.data(), static_cast<int64_t>(x.size()), want.data());
     int bad = std::memcmp(got.data(), want.data(), got.size() * sizeof(KvQ8Block)) != 0;
     bad += want[1].qs[1] != -8 || want[1].qs[3] != -6 || want[1].qs[31] != 127;  // -7.5, -6.5: to even
     bad += check_kv_q8_group<1>(want, D, count, row) + check_kv_q8_group<2>(want, D, count, row) +
            check_kv_q8_group<3>(want, D, count, row) + check_kv_q8_group<4>(want, D, count, row);
     std::printf("%s q8_0 KV rows, head_dim %-3lld %s\n", bad ? "FAIL" : "ok  ", static_cast<long long>(D),
-                LC_KV_Q8_ISA ? "the ISA's quantize, dot and sums" : "generic only");
+                LC_VEC ? "the ISA's quantize, dot and sums" : "one lane's quantize, dot and sums");
     failures += bad != 0;
   }
 }
@@ -366,7 +368,8 @@ const char* row_type_name(RowType R) {
   return R == RowType::kFloat ? "float32" : R == RowType::kHalf ? "float16" : "bfloat16";
 }
 
-// The KV row functions of this build (kv_rows::, the ISA's where it has them) for G heads against the generic ones.
+// The KV row functions on this build's vector API (vec::, kv_rows:: of an ISA build) for G heads against the
+// generic ones.
 template <int G, RowType R>
 int check_kv_rows_group(const std::vector<RowElement<R>>& rows, int64_t D, int64_t count, int64_t row) {
   int bad = 0;
@@ -376,18 +379,18 @@ int check_kv_rows_group(const std::vector<RowElement<R>>& rows, int64_t D, int64
   for (int64_t j = 0; j < count; ++j) {
     const RowElement<R>* k = rows.data() + j * row;
     float got[G], want[G];
-    kv_rows::dot_heads<G, R>(q.data(), k, D, 0.125f, got, 1);
+    vec::dot_heads<G, R>(q.data(), k, D, 0.125f, got, 1);
     generic::dot_heads<G, R>(q.data(), k, D, 0.125f, want, 1);
     for (int g = 0; g < G; ++g) {
       float magnitude = 0.f;
       for (int64_t i = 0; i < D; ++i) magnitude += std::fabs(q[g * D + i] * widen<R>(k[i]));
       bad += !near(got[g], want[g], 1e-5f, 0.125f * magnitude);
-      bad += !near(kv_rows::dot_row<R>(q.data() + g * D, k, D), generic::dot_row<R>(q.data() + g * D, k, D), 1e-5f,
+      bad += !near(vec::dot_row<R>(q.data() + g * D, k, D), generic::dot_row<R>(q.data() + g * D, k, D), 1e-5f,
                    magnitude);
     }
   }
   std::vector<float> got(G * D, 0.5f), want(G * D, 0.5f), magnitude(G * D, 0.5f);
-  kv_rows::add_rows<G, R>(rows.data(), row, count, w.data(), count, D, got.data(), D);
+  vec::add_rows<G, R>(rows.data(), row, count, w.data(), count, D, got.data(), D);
   generic::add_rows<G, R>(rows.data(), row, count, w.data(), count, D, want.data(), D);
   for (int g = 0; g < G; ++g) {
     for (int64_t j = 0; j < count; ++j) {
@@ -396,7 +399,7 @@ int check_kv_rows_group(const std::vector<RowElement<R>>& rows, int64_t D, int64
   }
   for (int64_t i = 0; i < G * D; ++i) bad += !near(got[i], want[i], 1e-5f, magnitude[i]);
   std::vector<float> acc(D, 0.25f), ref(D, 0.25f);
-  kv_rows::add_scaled_row<R>(acc.data(), w[0], rows.data(), D);
+  vec::add_scaled_row<R>(acc.data(), w[0], rows.data(), D);
   generic::add_scaled_row<R>(ref.data(), w[0], rows.data(), D);
   for (int64_t i = 0; i < D; ++i) bad += !near(acc[i], ref[i], 1e-6f, 0.25f + std::fabs(widen<R>(rows[i])));
   return bad;
@@ -410,7 +413,7 @@ void check_kv_rows() {
     for (auto& v : x) v = uniform(-1.f, 1.f) * (integer(0, 9) == 0 ? 40.f : 1.f);
     x[1] = 1e-6f, x[2] = -70000.f, x[3] = 1.00048828125f, x[4] = 1.000732421875f;  // subnormal, inf, ties to even
     std::vector<RowElement<R>> got(x.size()), want(x.size());
-    kv_rows::store_row<R>(got.data(), x.data(), static_cast<int64_t>(x.size()));
+    vec::store_row<R>(got.data(), x.data(), static_cast<int64_t>(x.size()));
     generic::store_row<R>(want.data(), x.data(), static_cast<int64_t>(x.size()));
     int bad = std::memcmp(got.data(), want.data(), got.size() * sizeof(RowElement<R>)) != 0;
     if (R != RowType::kFloat) want[2] = narrow<R>(-1.f);  // (no inf in the sums)
@@ -418,19 +421,20 @@ void check_kv_rows() {
            check_kv_rows_group<3, R>(want, D, count, row) + check_kv_rows_group<4, R>(want, D, count, row);
     std::printf("%s %-8s KV rows, head_dim %-3lld %s\n", bad ? "FAIL" : "ok  ", row_type_name(R),
                 static_cast<long long>(D),
-                LC_ISA_DOT_HEADS ? "the ISA's store (the same bits), dots and sums (within 1e-5)" : "generic only");
+                LC_VEC ? "the ISA's store (the same bits), dots and sums (within 1e-5)"
+                       : "one lane's store (the same bits), dots and sums (within 1e-5)");
     failures += bad != 0;
   }
 }
 
-// The decode path's SiLU and exp, and the sampler's passes, of this build against the generic ones.
+// The decode path's SiLU and exp, and the sampler's passes, on this build's vector API against the generic ones.
 void check_vector_math_and_sampling() {
   int bad = 0;
   for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{77}, int64_t{256}}) {
     std::vector<float> gate(n), up(n), got(n), want(n);
     for (auto& v : gate) v = uniform(-20.f, 20.f);
     for (auto& v : up) v = uniform(-1.f, 1.f);
-    vector_math::silu_and_mul(gate.data(), up.data(), got.data(), n);
+    vec::silu_and_mul(gate.data(), up.data(), got.data(), n);
     generic::silu_and_mul(gate.data(), up.data(), want.data(), n);
     for (int64_t i = 0; i < n; ++i) bad += std::fabs(got[i] - want[i]) > 2e-6f * std::fabs(want[i]);
     std::vector<float> scores(n);
@@ -439,13 +443,13 @@ void check_vector_math_and_sampling() {
     float top = -INFINITY;
     for (float v : scores) top = std::max(top, v);
     std::vector<float> e = scores, ref = scores;
-    const float total = vector_math::exp_shifted(e.data(), n, top);
+    const float total = vec::exp_shifted(e.data(), n, top);
     const float ref_total = generic::exp_shifted(ref.data(), n, top);
     for (int64_t i = 0; i < n; ++i) bad += std::fabs(e[i] - ref[i]) > 2e-6f * ref[i] + 1e-37f;
     bad += std::fabs(total - ref_total) > 1e-5f * ref_total;
   }
   std::printf("%s SiLU and softmax exp: %s\n", bad ? "FAIL" : "ok  ",
-              LC_ISA_SILU_AND_MUL ? "the ISA's, within 2e-6 of std::exp" : "generic only");
+              LC_VEC ? "the ISA's, within 2e-6 of std::exp" : "one lane's, within 2e-6 of std::exp");
   failures += bad != 0;
   bad = 0;
   for (int64_t n : {int64_t{5}, int64_t{16}, int64_t{1000}, int64_t{4099}}) {
@@ -454,14 +458,19 @@ void check_vector_math_and_sampling() {
     logits[n / 3] = -INFINITY;
     logits[n - 1] = 12.f;
     if (n > 100) logits[n / 2] = 12.f;  // a tie: the first wins
-    bad += sampling_rows::argmax(logits.data(), n) != generic::argmax(logits.data(), n);
+    bad += vec::argmax(logits.data(), n) != generic::argmax(logits.data(), n);
+    if (n > 100) {  // a NaN after the maximum, in its lane (the lanes' maxima must skip it, not restart from it)
+      std::vector<float> with_nan = logits;
+      with_nan[n - 1] = 0.f, with_nan[n / 2 + 32] = NAN;
+      bad += vec::argmax(with_nan.data(), n) != generic::argmax(with_nan.data(), n);
+    }
     std::vector<float> minus_inf(n, -INFINITY);
-    bad += sampling_rows::argmax(minus_inf.data(), n) != generic::argmax(minus_inf.data(), n);
+    bad += vec::argmax(minus_inf.data(), n) != generic::argmax(minus_inf.data(), n);
     std::vector<float> w(n), ref_w(n);
     std::vector<int32_t> ids(n), ref_ids(n);
     int64_t count = 0, ref_count = 0;
     const float floor = 0x1p-20f, inv_t = 1.f / 0.7f;
-    const double total = sampling_rows::weigh(logits.data(), n, 12.f, inv_t, floor, w.data(), ids.data(), count);
+    const double total = vec::weigh(logits.data(), n, 12.f, inv_t, floor, w.data(), ids.data(), count);
     const double ref_total = generic::weigh(logits.data(), n, 12.f, inv_t, floor, ref_w.data(), ref_ids.data(),
                                             ref_count);
     for (int64_t i = 0; i < n; ++i) bad += std::fabs(w[i] - ref_w[i]) > 2e-6f * ref_w[i];
@@ -473,7 +482,8 @@ void check_vector_math_and_sampling() {
     bad += expected != count;
   }
   std::printf("%s sampling argmax and weights: %s\n", bad ? "FAIL" : "ok  ",
-              LC_ISA_WEIGH ? "the ISA's, the same argmax, weights within 2e-6" : "generic only");
+              LC_VEC ? "the ISA's, the same argmax, weights within 2e-6"
+                     : "one lane's, the same argmax, weights within 2e-6");
   failures += bad != 0;
 }
 

@@ -2,8 +2,8 @@
 // (D a multiple of 32) is D / 32 of llama.cpp's Q8_0 blocks, a float16 scale d = max|x| / 127 and 32 int8 codes
 // round(x * (1 / d)) (to nearest even). Attention reads the codes as they are: a key's dot product with a query and
 // a value's weighted sum take each code times its block's scale (exact in float32), never a dequantized copy of a
-// row. Each ISA's versions (quant/arch/<isa>/kv_q8.h) give the same codes bit for bit and the same sums to float
-// rounding (the standalone kernel test checks both); quant/kv_q8.h picks them.
+// row. The vector loops of quant/kv_q8.h (every ISA's, on its vector API) give the same codes bit for bit and the
+// same sums to float rounding (the standalone kernel test checks both); quant/kv_q8.h picks them or these.
 #pragma once
 #include "../common.h"
 
@@ -37,7 +37,7 @@ inline void kv_q8_quantize(const float* x, int64_t n, KvQ8Block* out) {
 }
 
 // out[g * stride] = scale * sum_i q[g * D + i] * k_i for G query heads sharing the key row k (D values), summed in 16
-// lanes (lane i % 16) as the AVX-512 kernel does.
+// lanes (lane i % 16) as the AVX-512 build's vector loop does.
 template <int G>
 void kv_q8_dot(const float* q, const KvQ8Block* k, int64_t D, float scale, float* out, int64_t stride) {
   float acc[G][16] = {};

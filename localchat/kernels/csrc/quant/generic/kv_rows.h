@@ -2,9 +2,9 @@
 // kv_q8.h's): a key row's dot product with a float32 query, the weighted sum of value rows into float32
 // accumulators, and the store of a float32 row. A 16-bit row is read as its bits (RowElement: c10::Half and
 // c10::BFloat16 hold nothing else) and widened to float32 exactly; a row is stored rounded to nearest even, as
-// torch's .to() rounds (float16: float_to_half; bfloat16: c10's round_to_nearest_even, NaN as 0x7FC0). Each ISA's
-// versions (quant/arch/<isa>/kv_rows.h) store the same bits and sum in other lanes (float rounding; the standalone
-// kernel test checks both); quant/kv_rows.h picks them.
+// torch's .to() rounds (float16: float_to_half; bfloat16: c10's round_to_nearest_even, NaN as 0x7FC0). The vector
+// loops of quant/kv_rows.h (every ISA's, on its vector API) store the same bits and sum in other lanes (float
+// rounding; the standalone kernel test checks both); quant/kv_rows.h picks them or these.
 #pragma once
 #include "../common.h"
 

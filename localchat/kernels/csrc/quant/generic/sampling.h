@@ -1,7 +1,7 @@
 // The sampler's two passes over a row of logits in plain C++ (sampling.h uses them; engine/sampling/sampler.py's
 // torch code is the reference): the index of the largest logit, and the weights exp((l - max) / T) with their sum and
-// the ids of the likely tokens. Each ISA's versions (quant/arch/<isa>/sampling.h) vectorize both, finishing the last
-// logits (fewer than a vector) as these do; quant/sampling.h picks them.
+// the ids of the likely tokens. The vector loops of quant/sampling.h (every ISA's, on its vector API) run both a
+// vector at a time, finishing the last logits (fewer than a vector) as these do; quant/sampling.h picks them or these.
 #pragma once
 #include <limits>
 

@@ -1,7 +1,8 @@
 // Element-wise float32 math of the decode path in plain C++ (std::exp): SiLU times up, and the softmax's exp of
-// shifted scores. Each ISA's versions (quant/arch/<isa>/vector_math.h) vectorize the exp with the polynomial below
-// (relative error about 2e-7: the scalar std::exp per value costs a few microseconds per layer at batch 1, which adds
-// up over 30 layers), finishing the last values (fewer than a vector) as these do; quant/vector_math.h picks them.
+// shifted scores. The vector loops of quant/vector_math.h (every ISA's, on its vector API) vectorize the exp with the
+// polynomial below (relative error about 2e-7: the scalar std::exp per value costs a few microseconds per layer at
+// batch 1, which adds up over 30 layers), finishing the last values (fewer than a vector) as these do;
+// quant/vector_math.h picks them or these.
 #pragma once
 #include "../common.h"
 
