@@ -124,10 +124,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument(
+        "--speculative-config", type=json.loads, default=SPEC, help="JSON, as serve takes it"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    plain, spec = LLM(), LLM(speculative_config=SPEC)
+    plain, spec = LLM(), LLM(speculative_config=args.speculative_config)
     work = {
         name: (lambda llm, turns=turns: run_task(llm, turns, args.max_tokens))
         for name, turns in tasks().items()
@@ -165,7 +168,7 @@ def main() -> None:
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),
         },
-        "speculative_config": SPEC,
+        "speculative_config": args.speculative_config,
         "results": results,
         "c6_geomean_ratio": math.exp(sum(map(math.log, grounded)) / len(grounded)),
         "c1_ratio": results["c1"]["median_ratio"],
