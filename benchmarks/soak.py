@@ -231,6 +231,8 @@ async def _one(client: httpx.AsyncClient, kind: str, rng: random.Random, counts:
         response = await client.post("/v1/messages", json=body)
         _check(kind, response, counts)
         if body["stream"] and "event: message_stop" not in response.text:
+            if "event: error" in response.text and "data-parallel replica" in response.text:
+                raise KilledReplica(response.text[-300:])  # its stream's error event names it
             raise RuntimeError("messages: stream without message_stop")
     elif kind == "responses":
         body = {
