@@ -1,6 +1,7 @@
 """Model shapes for random-weight GGUF files: named presets or an HF config.json, and the tensors
 and `{arch}.*` metadata llama.cpp's converter writes for a Llama, Qwen2, Qwen3 or Qwen3-MoE model of
-that shape.
+that shape, or for Gemma 3's text model (a preset only: its five local layers to one global are
+llama.cpp's fixed pattern, the file stores the window).
 
 Shapes here are numpy shapes (rows, columns); GGUF stores them reversed, the writer does that.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from gguf import RopeScalingType
 
 from localchat.errors import InvalidParameterError
 
@@ -21,16 +24,16 @@ _ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3moe",
 }
-_GGUF_ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe")
+_GGUF_ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     """The hyperparameters a decoder's tensors and GGUF metadata follow. `vocab_size` is None until
-    the tokenizer is known (the random files always take the default model's tokenizer)."""
+    the tokenizer is known (a random file takes the default model's, or the one it is given)."""
 
     name: str
-    arch: str  # GGUF architecture: llama, qwen2, qwen3
+    arch: str  # GGUF architecture: llama, qwen2, qwen3, qwen3moe, gemma3
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -49,6 +52,9 @@ class ModelShape:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     expert_intermediate_size: int = 0
+    # gemma3: the local layers' window, and the global layers' linear rope scaling (0: none)
+    sliding_window: int = 0
+    rope_scaling_factor: float = 0.0
 
     def __post_init__(self) -> None:
         if self.arch not in _GGUF_ARCHES:
@@ -157,6 +163,24 @@ PRESETS: dict[str, ModelShape] = {
         context_length=8192,
         tie_word_embeddings=True,
     ),
+    # Gemma 3 4B's text model (the vision benchmark's, benchmarks/vision_ttft.py)
+    "gemma3-4b": ModelShape(
+        "gemma3-4b",
+        "gemma3",
+        2560,
+        34,
+        8,
+        4,
+        10240,
+        head_dim=256,
+        explicit_head_dim=True,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        context_length=131072,
+        tie_word_embeddings=True,
+        sliding_window=1024,
+        rope_scaling_factor=8.0,
+    ),
 }
 
 
@@ -259,10 +283,12 @@ def tensor_specs(shape: ModelShape) -> list[TensorSpec]:
             add("attn_q", (q_rows,), "bias", "bias")
             add("attn_k", (kv_rows,), "bias", "bias")
             add("attn_v", (kv_rows,), "bias", "bias")
-        if shape.arch in ("qwen3", "qwen3moe"):  # per-head q/k RMSNorm
+        if shape.arch in ("qwen3", "qwen3moe", "gemma3"):  # per-head q/k RMSNorm
             add("attn_q_norm", (hd,), "norm")
             add("attn_k_norm", (hd,), "norm")
         add("attn_output", (hidden, q_rows))
+        if shape.arch == "gemma3":  # the norm after attention
+            add("post_attention_norm", (hidden,), "norm")
         add("ffn_norm", (hidden,), "norm")
         if shape.num_experts:  # the router (kept float32, as llama.cpp does) and stacked experts
             experts, width = shape.num_experts, shape.expert_intermediate_size
@@ -274,6 +300,8 @@ def tensor_specs(shape: ModelShape) -> list[TensorSpec]:
         add("ffn_gate", (shape.intermediate_size, hidden))
         add("ffn_up", (shape.intermediate_size, hidden))
         add("ffn_down", (hidden, shape.intermediate_size))
+        if shape.arch == "gemma3":  # the norm after the MLP
+            add("post_ffw_norm", (hidden,), "norm")
     specs.append(TensorSpec("output_norm.weight", (hidden,), "norm"))
     if not shape.tie_word_embeddings:
         specs.append(TensorSpec("output.weight", (shape.vocab_size, hidden), "matrix"))
@@ -297,6 +325,11 @@ def add_arch_metadata(writer, shape: ModelShape) -> None:
     if shape.arch == "llama":
         writer.add_vocab_size(shape.vocab_size)
         writer.add_rope_dimension_count(shape.dim_per_head)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+    if shape.rope_scaling_factor:
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(shape.rope_scaling_factor)
     if shape.num_experts:
         writer.add_expert_count(shape.num_experts)
         writer.add_expert_used_count(shape.num_experts_per_tok)

@@ -56,10 +56,15 @@ class IsolatedSystem:
 
     `start()` loads it, `run(requests)` runs a round as often as asked, `close()` ends the child and
     returns its load time and peak RSS. A failure at any point is kept in `error`, and every later
-    run comes back as a RunResult whose records carry it: never an exception."""
+    run comes back as a RunResult whose records carry it: never an exception.
 
-    def __init__(self, spec: IsolatedSpec, column: str):
+    `child` is the program the child runs (the arguments after the interpreter, before the spec's
+    path and the reply pipe); a bench with systems of its own (benchmarks/vision_ttft.py) names
+    itself, sends its own commands with `call` and loads them with its spec's `load`."""
+
+    def __init__(self, spec: IsolatedSpec, column: str, child: list[str] | None = None):
         self.spec, self.column = spec, column
+        self.child = child or ["-m", "localchat.bench.isolated_child"]
         self.label = f"{spec.system} (failed)"
         self.error: str | None = None
         self.memory: dict[str, Any] = {}  # rss_before_load_bytes, peak_rss_bytes, rss_split_bytes
@@ -78,13 +83,7 @@ class IsolatedSystem:
         read_end, write_end = os.pipe()
         with open(self._log, "wb") as log:
             self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "localchat.bench.isolated_child",
-                    str(spec_path),
-                    str(write_end),
-                ],
+                [sys.executable, *self.child, str(spec_path), str(write_end)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -117,6 +116,13 @@ class IsolatedSystem:
             RequestRecord(len(r.prompt_token_ids), r.output_len, error=self.error) for r in requests
         ]
         return RunResult(self.column, f"{self.spec.system} (failed)", records, 0.0)
+
+    def call(self, command: dict) -> dict | None:
+        """Send the child a command its system answers itself (isolated_child.serve) and return
+        the reply; None (and `error` set) where the child failed."""
+        if self.error is None and self._send(command):
+            return self._wait()
+        return None
 
     def close(self) -> dict:
         """End the child (asking it for its peak RSS first, while it still holds the model) and

@@ -11,6 +11,7 @@ print there):
     (once loaded)                        -> {"event": "ready", label, load_s, rss_before_load_bytes}
     {"run": [[prompt ids, output len]]}  -> {"event": "result", duration, engine, notes, records}
     {"quit": true}                       -> {"event": "bye", peak_rss_bytes, rss_split_bytes}
+    any other command                    -> {"event": "result", **system.call(command)}
 
 A failure replies {"event": "error", "error", "peak_rss_bytes"} and ends the child. The llama.cpp
 child never imports torch, so its RSS is llama.cpp's own plus a bare Python.
@@ -48,6 +49,11 @@ class IsolatedSpec:
     num_threads: int
     n_ctx: int
     config: EngineConfig | None = None
+
+    def load(self) -> _System:
+        """The system, loaded (a bench's own spec may load a system of its own, which answers
+        the commands other than run and quit: benchmarks/vision_ttft.py)."""
+        return _load(self)
 
 
 def peak_rss_bytes() -> int:
@@ -130,7 +136,7 @@ def serve(spec: IsolatedSpec, commands, reply) -> None:
     quit or the commands end."""
     rss_before_load = peak_rss_bytes()
     start = time.perf_counter()
-    system = _load(spec)
+    system = spec.load()
     load_s = time.perf_counter() - start
     system.warm_up()
     reply(
@@ -156,6 +162,8 @@ def serve(spec: IsolatedSpec, commands, reply) -> None:
                 }
             )
             return
+        else:  # a command of the bench's own system
+            reply({"event": "result", **system.call(command)})  # type: ignore[attr-defined]
 
 
 def _terminate(signum, frame) -> None:

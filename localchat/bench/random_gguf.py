@@ -1,7 +1,7 @@
-"""Write a random-weight GGUF of any Llama/Qwen2/Qwen3/Qwen3-MoE shape in a chosen quantization
-mix, with the default model's tokenizer, so tests and benchmarks have 1B-, 8B- and 30B-A3B-shaped
-files without a model hub (`mxfp4`: a MoE's experts in MXFP4, as gpt-oss's files have them, and its
-other matrices in Q8_0).
+"""Write a random-weight GGUF of any Llama/Qwen2/Qwen3/Qwen3-MoE (or Gemma 3) shape in a chosen
+quantization mix, with the default model's tokenizer (or the caller's `tokenizer` fields), so tests
+and benchmarks have 1B-, 8B- and 30B-A3B-shaped files without a model hub (`mxfp4`: a MoE's
+experts in MXFP4, as gpt-oss's files have them, and its other matrices in Q8_0).
 
 Each tensor is written as soon as it is made, so memory stays at about one tensor. Its blocks are
 drawn at random from a pool of 65,536 random blocks of its type: the legacy types (Q4_0 ... Q8_0,
@@ -72,6 +72,8 @@ POOL_BLOCKS = 1 << 16
 _K_MIN_RATIO = {T.Q4_K: 7.5, T.Q5_K: 15.5}
 
 Progress = Callable[[int, int], None]
+# every `tokenizer.*` field (key, value, type, array item type), and the vocabulary's size
+TokenizerFields = tuple[list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int]
 
 
 def _use_more_bits(layer: int, num_layers: int) -> bool:
@@ -124,9 +126,7 @@ def estimated_size(shape: ModelShape, quant: str) -> int:
 
 
 @functools.cache  # parsing the default GGUF takes seconds
-def default_tokenizer() -> tuple[
-    list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int
-]:
+def default_tokenizer() -> TokenizerFields:
     """Every `tokenizer.*` field of the default model's GGUF (key, value, type, array item type),
     and the size of its vocabulary."""
     from localchat.models.default_model import pull_default_model
@@ -205,10 +205,12 @@ def write_random_gguf(
     seed: int = 0,
     std: float = 0.02,
     progress: Progress | None = None,
+    tokenizer: TokenizerFields | None = None,
 ) -> Path:
-    """Write the file (to a temporary name, renamed when complete) and return its path."""
+    """Write the file (to a temporary name, renamed when complete) and return its path. The
+    vocabulary is `tokenizer`'s, else the default model's."""
     path = Path(path)
-    tokenizer_fields, vocab = default_tokenizer()
+    tokenizer_fields, vocab = tokenizer or default_tokenizer()
     shape = replace(shape, vocab_size=vocab)
     tensors = plan(shape, quant)
     total = sum(tensor_nbytes(spec, qtype) for spec, qtype in tensors)
