@@ -345,10 +345,12 @@ class LocalchatVision:
             num_threads=spec.num_threads,
             max_model_len=spec.n_ctx,
         )
-        # a KV pool of n_ctx tokens, as llama.cpp's context (C4 does the same)
+        # a KV pool of n_ctx tokens, as llama.cpp's context (C4 does the same), and a tenth more:
+        # the sliding-window and global layers' blocks come in groups of equal layer counts (34
+        # layers take 7 groups of 5), so the pool holds a layer's worth it never fills
         element_size = kv_row_bytes(pool_dtype(config, "gguf"), 32) / 32
-        config.kv_cache_memory = kv_pool_bytes(
-            Path(spec.gguf_path), spec.n_ctx, config.block_size, element_size
+        config.kv_cache_memory = int(
+            1.1 * kv_pool_bytes(Path(spec.gguf_path), spec.n_ctx, config.block_size, element_size)
         )
         self.llm = LLM(config=config)
         engine = self.llm.engine
