@@ -8,11 +8,12 @@ pooling as the projector scale factor, Idefics3's pixel shuffle and longest edge
 gguf-py's own names for them (TensorNameMap of MODEL_ARCH.MMPROJ, from the Hugging Face names the
 converter reads), SigLIP's pooling head left out, Gemma 3's soft-embedding norm stored as 1 + w, and
 the converter's types: F32 for 1-D tensors and the embeddings, F16 for the other matrices of an f16
-file.
+file (Q8_0 blocks for those of a q8_0 file whose rows hold whole blocks).
 
 The Gemma 3 model has llama.cpp's fixed layer pattern (tests/gguf_writer.GGUF_FAMILIES), the
 SmolVLM and Idefics3 ones a Llama text model, which llama.cpp's converter writes as "llama".
-`reference` is the transformers model with the vision weights an f16 file rounds.
+`reference` is the transformers model with the vision weights the file rounds (f16, or Q8_0's
+blocks read back).
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_ARCH, GGUFWriter, TokenType, get_tensor_name_map
+from gguf import (
+    MODEL_ARCH,
+    GGMLQuantizationType,
+    GGUFWriter,
+    TokenType,
+    get_tensor_name_map,
+    quants,
+)
 
 from tests import gguf_writer, idefics3_models, vision_models
 
@@ -125,6 +133,18 @@ def _f32(gguf: str, tensor: torch.Tensor, ftype: str) -> bool:
     return ftype == "f32" or tensor.dim() < 2 or embedding
 
 
+def _q8_0(tensor: torch.Tensor, ftype: str) -> bool:
+    """Whether a q8_0 file stores the (matrix) tensor as Q8_0 blocks: rows of whole blocks of 32;
+    others stay F16, as the converter falls back."""
+    return ftype == "q8_0" and tensor.dim() == 2 and tensor.shape[-1] % 32 == 0
+
+
+def _rounded(array: np.ndarray) -> np.ndarray:
+    """What a Q8_0 file's blocks of `array` read back as."""
+    blocks = quants.quantize(array, GGMLQuantizationType.Q8_0)
+    return quants.dequantize(blocks, GGMLQuantizationType.Q8_0).reshape(array.shape)
+
+
 def mmproj_tensors(vlm, ftype: str = "f16") -> dict[str, np.ndarray]:
     """llama.cpp's name -> the array an mmproj file of `ftype` stores, in the file's order."""
     names = get_tensor_name_map(MODEL_ARCH.MMPROJ, vlm.config.vision_config.num_hidden_layers)
@@ -139,7 +159,12 @@ def mmproj_tensors(vlm, ftype: str = "f16") -> dict[str, np.ndarray]:
         if "soft_emb_norm" in gguf:
             tensor = tensor + 1  # Gemma3RMSNorm's (1 + w), as the converter stores it
         array = tensor.contiguous().numpy()
-        out[gguf] = array if _f32(gguf, tensor, ftype) else array.astype(np.float16)
+        if _f32(gguf, tensor, ftype):
+            out[gguf] = array
+        elif _q8_0(tensor, ftype):  # its blocks' bytes (uint8), written as Q8_0
+            out[gguf] = quants.quantize(array, GGMLQuantizationType.Q8_0)
+        else:
+            out[gguf] = array.astype(np.float16)
     return out
 
 
@@ -181,8 +206,8 @@ def write_mmproj(
     ftype: str = "f16",
     edit: Callable[[dict, dict], None] | None = None,
 ) -> Path:
-    """The VLM's image encoder as an mmproj GGUF file of `ftype` ('f16' or 'f32'); `edit(metadata,
-    tensors)` changes what is written (a malformed file's)."""
+    """The VLM's image encoder as an mmproj GGUF file of `ftype` ('f16', 'f32' or 'q8_0');
+    `edit(metadata, tensors)` changes what is written (a malformed file's)."""
     metadata = mmproj_metadata(vlm, kind, image_processor)
     tensors = mmproj_tensors(vlm, ftype)
     if edit is not None:
@@ -202,7 +227,10 @@ def write_mmproj(
         else:
             writer.add_array(key, value)
     for name, array in tensors.items():
-        writer.add_tensor(name, array)
+        if array.dtype == np.uint8:  # Q8_0 blocks
+            writer.add_tensor(name, array, raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, array)
     return gguf_writer.finish(writer, path)
 
 
@@ -216,7 +244,11 @@ def reference(vlm, ftype: str = "f16"):
         for name, param in copied.named_parameters():
             source = _hf_name(name)
             gguf = source and names.get_name(source, try_suffixes=(".weight", ".bias"))
-            if gguf and not _f32(gguf, param, ftype):
+            if not gguf or _f32(gguf, param, ftype):
+                continue
+            if _q8_0(param, ftype):
+                param.copy_(torch.from_numpy(_rounded(param.detach().float().numpy())))
+            else:
                 param.copy_(param.half().float())
     return copied.eval()
 

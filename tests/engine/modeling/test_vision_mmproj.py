@@ -85,6 +85,17 @@ def test_an_f32_mmproj_equals_transformers_on_the_same_weights(tmp_path):
     assert got == [hf_greedy(model, inputs, NEW_TOKENS)]
 
 
+def test_a_q8_0_mmproj_equals_transformers_on_the_weights_its_blocks_hold(tmp_path):
+    """A quantized mmproj (the converter's q8_0: matrices as Q8_0 blocks) is read by dequantizing
+    its blocks: tokens equal transformers' with the vision weights those blocks read back as."""
+    model, processor, text, mmproj = mmproj_models.write_pair("gemma3", tmp_path, ftype="q8_0")
+    inputs = chat_inputs(processor, QUESTION, images(2, seed=4))
+    llm = _llm(text, mmproj)
+    got = run_engine(llm, [_request(model, inputs)], NEW_TOKENS)
+    reference = mmproj_models.reference(model, "q8_0")
+    assert got == [hf_greedy(reference, inputs, NEW_TOKENS)]
+
+
 def _url(picture) -> str:
     buffer = io.BytesIO()
     picture.save(buffer, "PNG")
