@@ -15,10 +15,17 @@ import pytest
 import torch
 
 from localchat import SamplingParams
-from localchat.engine.core.multimodal import ImageInput, images_of_prompt
+from localchat.engine.core.multimodal import ImageInput
 from localchat.errors import InvalidParameterError, UnsupportedModelError
 from tests.idefics3_models import KINDS, TILE, TILE_TOKENS, save
-from tests.vision_models import chat_inputs, hf_greedy, images, run_engine, tiny_llm
+from tests.vision_models import (
+    chat_inputs,
+    hf_greedy,
+    image_request,
+    images,
+    run_engine,
+    tiny_llm,
+)
 
 NEW_TOKENS = 8
 ONE_TILE = {"size": {"longest_edge": TILE}}  # the picture scaled to a single tile
@@ -32,11 +39,7 @@ def vlm(request, tmp_path_factory):
 
 
 def _request(model, inputs) -> tuple[list[int], tuple[ImageInput, ...]]:
-    ids = inputs["input_ids"][0].tolist()
-    if "pixel_values" not in inputs:
-        return ids, ()
-    tiles = inputs["pixel_values"][0]  # [tiles, 3, TILE, TILE]: each a run of its own
-    return ids, images_of_prompt(ids, tiles, model.config.image_token_id, TILE_TOKENS)
+    return image_request(model, inputs, TILE_TOKENS)  # each tile a run of its own
 
 
 def test_tiled_and_single_tile_pictures_batched_with_text_equal_transformers(vlm):

@@ -19,10 +19,10 @@ import torch
 from typer.testing import CliRunner
 
 from localchat import LLM
-from localchat.engine.core.multimodal import ImageInput, images_of_prompt
+from localchat.engine.core.multimodal import ImageInput
 from localchat.engine.loading.model_cache import ensure_converted
 from tests import mmproj_models
-from tests.vision_models import chat_inputs, hf_greedy, images, run_engine
+from tests.vision_models import chat_inputs, hf_greedy, image_request, images, run_engine
 
 NEW_TOKENS = 8
 # a GGUF's KV pool is float16 by default; float32 for transformers' tokens exactly
@@ -44,17 +44,12 @@ def _llm(model, mmproj, **options) -> LLM:
 
 
 def _request(model, inputs) -> tuple[list[int], tuple[ImageInput, ...]]:
-    ids = inputs["input_ids"][0].tolist()
-    if "pixel_values" not in inputs:
-        return ids, ()
-    pixels = inputs["pixel_values"]
-    if pixels.dim() == 5:  # SmolVLM's, Idefics3's tiles: (patches a side / pixel shuffle) ** 2
-        pixels = pixels[0]
-        side = model.config.vision_config.image_size // model.config.vision_config.patch_size
-        per_image = (side // model.config.scale_factor) ** 2
-    else:
-        per_image = model.config.mm_tokens_per_image
-    return ids, images_of_prompt(ids, pixels, model.config.image_token_id, per_image)
+    config = model.config
+    if hasattr(config, "mm_tokens_per_image"):  # Gemma 3
+        return image_request(model, inputs, config.mm_tokens_per_image)
+    # SmolVLM's, Idefics3's tiles: (patches a side / pixel shuffle) ** 2 tokens each
+    side = config.vision_config.image_size // config.vision_config.patch_size
+    return image_request(model, inputs, (side // config.scale_factor) ** 2)
 
 
 def test_pictures_batched_with_text_equal_transformers(pair):
