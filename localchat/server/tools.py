@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localchat.engine.sampling.request_limits import limits
+from localchat.engine.sampling.request_limits import check_most
 from localchat.errors import InvalidParameterError
 from localchat.server.protocol import ChatCompletionRequest, ChatMessage
 from localchat.server.structured import strict_schema
@@ -81,17 +81,9 @@ def check_tools(tools: list[Any] | None) -> None:
     turned into a grammar); past either, a 400 naming `tools`."""
     if not tools:
         return
-    bounds = limits()
-    most, most_bytes = bounds.tools, bounds.tools_bytes
-    if len(tools) > most:
-        raise InvalidParameterError(
-            f"tools holds at most {most} tools, got {len(tools)}", param="tools"
-        )
+    check_most("tools", len(tools), "tools", "tools")
     size = len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")).encode())
-    if size > most_bytes:
-        raise InvalidParameterError(
-            f"tools take at most {most_bytes} bytes of JSON, got {size}", param="tools"
-        )
+    check_most("tools", size, "tools_bytes", "bytes of JSON")
 
 
 def plan_tools(
