@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import torch
 
-from localchat.kernels.attention import _attend_explicit
+from localchat.kernels.attention import _attend_explicit, _gather
 from localchat.kernels.attention_metadata import AttentionMetadata
-from localchat.kernels.kv_quant import dequantize_q8_0, is_q8_0
 
 
 def _keys(cache: torch.Tensor, table: torch.Tensor, start: int, end: int, dtype) -> torch.Tensor:
     """The pool's rows of positions [start, end) through a block table: [end - start, Hkv, D]
-    (a q8_0 pool's dequantized)."""
+    (read as the reference attention reads them: float8 by its bytes, q8_0 dequantized)."""
     block_size = cache.shape[1]
     positions = torch.arange(start, end, device=table.device)
     slots = table[positions // block_size].to(torch.int64) * block_size + positions % block_size
     flat = cache.view(-1, *cache.shape[2:])
-    if flat.dtype == torch.float8_e4m3fn:  # index_select takes no float8 on the CPU
-        return flat.view(torch.uint8).index_select(0, slots).view(flat.dtype).to(dtype)
-    rows = flat.index_select(0, slots.to(flat.device))
-    return dequantize_q8_0(rows, dtype) if is_q8_0(rows) else rows.to(dtype)
+    return _gather(flat, slots.to(flat.device), dtype)
 
 
 def attend_image_spans(
