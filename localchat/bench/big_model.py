@@ -1,6 +1,6 @@
-"""C4, a big model on the CPU: localchat and llama.cpp on the same GGUF file (by default a
-random-weight Llama-3.1-8B-shaped Q4_K_M file made once by make_gguf), each loaded in a process of
-its own, then taking turns.
+"""C4, a big model on the CPU (and C7, an agent's long prompt on the same file): localchat and
+llama.cpp on the same GGUF file (by default a random-weight Llama-3.1-8B-shaped Q4_K_M file made
+once by make_gguf), each loaded in a process of its own, then taking turns.
 
 Figures per system: decode tok/s and TTFT (as C1), load time (model construction, from a warm page
 cache) and peak RSS (the child's VmHWM: a bare Python or torch runtime plus the model; memory-mapped
@@ -15,6 +15,9 @@ minute to the next, and the speeds move with it (docs/benchmarks-history.md, 202
 systems measured minutes apart, each in a single run, compare two draws of the host. Before and
 after each run, the round trip of a cache line between two CPUs says where the host put them
 (`host.py`).
+
+C7 adds the KV cache's bytes for the run's context (`kv_bytes.py`): its dtype's, float16's and
+q8_0's.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ from localchat.bench import progress
 from localchat.bench.host import core_round_trip_ns
 from localchat.bench.isolated import IsolatedSystem
 from localchat.bench.isolated_child import IsolatedSpec
+from localchat.bench.kv_bytes import gguf_kv_shape, kv_note, kv_record
 from localchat.bench.records import RunResult, figures, ratio
 from localchat.bench.runner import BenchOutcome
 from localchat.bench.workloads import Workload, random_requests
 from localchat.errors import InvalidParameterError, LocalchatError
-from localchat.models.gguf_header import read_header
 
 DEFAULT_THREADS = 2  # DESIGN.md: C4 runs on 2 threads
 PRIME_EXTRA = 512 << 20  # memory primed beyond the file and the KV pool, for the runtime itself
@@ -98,14 +101,10 @@ def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
 def kv_pool_bytes(path: Path, tokens: int, block_size: int, element_size: float) -> int:
     """The bytes of a KV pool of `tokens` tokens (whole blocks) of `element_size` bytes a value
     (q8_0: 34 / 32) for the GGUF at `path`."""
-    header = read_header(path)
-    layers, heads = header.arch_field("block_count"), header.arch_field("attention.head_count")
-    kv_heads = header.arch_field("attention.head_count_kv") or heads
-    head_dim = (
-        header.arch_field("attention.key_length") or header.arch_field("embedding_length") // heads
-    )
+    shape = gguf_kv_shape(path)
     blocks = -(-tokens // block_size)
-    return int(blocks * block_size * 2 * layers * kv_heads * head_dim * element_size)
+    values = blocks * block_size * 2 * shape.layers * shape.kv_heads * shape.head_dim
+    return int(values * element_size)
 
 
 def _warm_page_cache(path: Path) -> None:
@@ -163,6 +162,7 @@ def run_big_model(
     """localchat, then llama.cpp (whether or not --compare names it), each in its own process.
     `systems` narrows the run (e.g. to llama.cpp alone while localchat cannot hold the model)."""
     from localchat.bench.peer_llama_cpp import INSTALL_HINT, llama_cpp_available
+    from localchat.engine.core.runtime import pool_dtype
 
     del hf_batch_size  # same signature as run_offline; the HF peer has no place here
     if "hf" in peers:
@@ -189,7 +189,8 @@ def run_big_model(
         ]
         _warm_page_cache(path)
     threads = config.num_threads or DEFAULT_THREADS
-    n_ctx = max(len(r.prompt_token_ids) + r.output_len for rs in rounds_requests for r in rs) + 8
+    context = max(len(r.prompt_token_ids) + r.output_len for rs in rounds_requests for r in rs)
+    n_ctx = context + 8
     # the context llama.cpp gets too (n_ctx), so neither system sizes a KV cache for 8k tokens it
     # never uses: the KV pool holds the n_ctx tokens of llama.cpp's (the default 1 GiB would hold
     # 4k, and zeroing the rest costs seconds of load where fresh memory is slow to touch)
@@ -199,16 +200,20 @@ def run_big_model(
         num_threads=threads,
         max_model_len=config.max_model_len or n_ctx,
     )
+    kv_dtype = pool_dtype(engine_config, "gguf")
     if engine_config.kv_cache_memory is None:
-        from localchat.engine.core.runtime import pool_dtype
         from localchat.kernels.kv_quant import kv_row_bytes
 
-        element_size = kv_row_bytes(pool_dtype(engine_config, "gguf"), 32) / 32
+        element_size = kv_row_bytes(kv_dtype, 32) / 32
         engine_config.kv_cache_memory = kv_pool_bytes(path, n_ctx, config.block_size, element_size)
     outcome = BenchOutcome(path.name, notes=notes)
     outcome.notes.append(
         f"file: {path} ({path.stat().st_size / 2**30:.2f} GiB, general.name {name!r})"
     )
+    if workload.kv_bytes:
+        kv = kv_record(gguf_kv_shape(path), context, kv_dtype, config.kv_cache_dtype)
+        outcome.record["kv_cache"] = kv
+        outcome.notes.append(kv_note(kv))
     children = {}
     rounds: dict[str, list[RoundFigures]] = {system: [] for system in systems}
     try:
@@ -311,15 +316,22 @@ def _note_memory(outcome: BenchOutcome, system: str, threads: int) -> None:
 
 
 def _compare(outcome: BenchOutcome, workload: Workload) -> None:
-    """The ratio is the median of the rounds' ratios: each pairs the two systems' runs on the same
-    requests, one right after the other, so both meet the same state of the machine (on a VM, the
-    host may place the two CPUs differently from one minute to the next)."""
+    """The ratios are the medians of the rounds' ratios: each pairs the two systems' runs on the
+    same requests, one right after the other, so both meet the same state of the machine (on a VM,
+    the host may place the two CPUs differently from one minute to the next). Decode: ours / the
+    peer's (above 1, ours is faster), in `ratios`; TTFT: ours / the peer's (below 1, ours is
+    faster), in the record's `ttft_ratios`."""
     ours, peer = outcome.results.get("localchat"), outcome.results.get("llama.cpp")
     if ours is None or peer is None:
         return
-    paired = []
+    paired, ttfts = [], []
     for mine, theirs in zip(ours["rounds"], peer["rounds"], strict=True):
         value = ratio(mine, theirs, workload.kind)
+        ttft = (
+            mine["ttft_ms"] / theirs["ttft_ms"] if mine["ttft_ms"] and theirs["ttft_ms"] else None
+        )
+        if ttft is not None:
+            ttfts.append(ttft)
         trips = [
             f"{trip['before']:.0f}-{trip['after']:.0f}"
             for trip in (mine.get("core_round_trip_ns"), theirs.get("core_round_trip_ns"))
@@ -333,12 +345,16 @@ def _compare(outcome: BenchOutcome, workload: Workload) -> None:
                 if trips
                 else ""
             )
+            ttft_ratio = f" = {ttft:.2f}x" if ttft is not None else ""
             outcome.notes.append(
                 f"round {mine['round']} ({first} first): decode {mine['decode_tok_s']:.2f} / "
                 f"{theirs['decode_tok_s']:.2f} tok/s = {value:.2f}x, TTFT "
-                f"{mine['ttft_ms']:,.0f} / {theirs['ttft_ms']:,.0f} ms{where}"
+                f"{mine['ttft_ms']:,.0f} / {theirs['ttft_ms']:,.0f} ms{ttft_ratio}{where}"
             )
     outcome.ratios["localchat/llama.cpp"] = float(np.median(paired)) if paired else None
+    outcome.record["ttft_ratios"] = {
+        "localchat/llama.cpp": float(np.median(ttfts)) if ttfts else None
+    }
     parts = []
     if len(paired) > 1:
         parts.append(
@@ -347,9 +363,12 @@ def _compare(outcome: BenchOutcome, workload: Workload) -> None:
     for key, name in (("peak_rss_mib", "peak RSS"), ("load_s", "load time")):
         if ours.get(key) and peer.get(key):
             parts.append(f"{name} {ours[key] / peer[key]:.2f}x")
-    ours_ttft = (ours.get("ttft_ms") or {}).get("mean")
-    peer_ttft = (peer.get("ttft_ms") or {}).get("mean")
-    if ours_ttft and peer_ttft:
-        parts.append(f"TTFT {ours_ttft / peer_ttft:.2f}x")
+    if ttfts:
+        spread = (
+            f" (median of {len(ttfts)} rounds' ratios, {min(ttfts):.2f}-{max(ttfts):.2f}x)"
+            if len(ttfts) > 1
+            else ""
+        )
+        parts.append(f"TTFT {float(np.median(ttfts)):.2f}x{spread}")
     if parts:
         outcome.notes.append(f"localchat / llama.cpp: {', '.join(parts)}")

@@ -84,7 +84,8 @@ def bench(
             _W,
             "--workload",
             "-w",
-            help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4, c5",
+            help="Named workload of docs/benchmarks.md: g1, g2, c1, c2, c3, c4, c5, c7 "
+            "(c7: C4's file, an 8,192-token prompt then 256 tokens, KV bytes)",
         ),
     ] = "c2",
     num_requests: Annotated[
@@ -104,8 +105,8 @@ def bench(
         option(
             _W,
             "--rounds",
-            help="c4, c5: rounds in which the systems take turns, each on fresh requests "
-            "(default 4); the ratio is the median of the rounds' ratios",
+            help="c4, c5, c7: rounds in which the systems take turns, each on fresh requests "
+            "(default 4; c7: 2); the ratio is the median of the rounds' ratios",
         ),
     ] = None,
     compare: Annotated[
@@ -129,7 +130,7 @@ def bench(
             _P,
             "--gguf",
             help="GGUF file for the llama.cpp peer (default: MODEL when it is one); "
-            "c4, c5: made there if missing",
+            "c4, c5, c7: made there if missing",
         ),
     ] = None,
     url: Annotated[
@@ -283,7 +284,7 @@ def bench(
         )
         mode, extra = "online", {}
     else:
-        # c4, c5: each system in its own process, taking turns
+        # c4, c5, c7: each system in its own process, taking turns
         run = run_big_model if chosen.isolated else run_offline
         outcome = run(
             config,
@@ -294,6 +295,7 @@ def bench(
             show_progress=show_progress,
         )
         mode, extra = "offline", {"engine_config": dataclasses.asdict(config)}
+    extra = {**extra, **outcome.record}
     title = f"localchat bench ({mode}) - {outcome.model} - {chosen.describe()}"
     print_report(Console(), title, outcome.results, outcome.ratios, chosen.kind, outcome.notes)
     payload = build_payload(

@@ -41,6 +41,9 @@ class BenchOutcome:
     results: dict[str, dict] = field(default_factory=dict)
     ratios: dict[str, float | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # figures for the --json file alone, beside results and ratios (C7's kv_cache, the paired
+    # workloads' ttft_ratios)
+    record: dict[str, Any] = field(default_factory=dict)
 
     def add(self, column: str, result: RunResult, kind: str, why_short: str | None = None) -> dict:
         """`why_short`: why the output may fall short of the requested tokens (a text endpoint

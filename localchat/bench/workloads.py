@@ -38,6 +38,9 @@ class Workload:
     # isolated workloads: the systems take turns on `rounds` sets of requests (fresh ones each
     # round), so that each pair of runs meets the same state of the machine
     rounds: int = 1
+    # C7: the report and the record carry the KV cache's bytes for the run's context (its dtype's,
+    # float16's and q8_0's: kv_bytes.py)
+    kv_bytes: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -122,6 +125,19 @@ WORKLOADS: dict[str, Workload] = {
         isolated=True,
         rounds=4,
     ),
+    # C4's machinery and file on an agent's long prompt: minutes of prefill a round, so 2 rounds
+    "c7": Workload(
+        "c7",
+        "agent prompt, CPU",
+        "decode",
+        1,
+        (8192, 8192),
+        (256, 256),
+        random_gguf=("llama-8b", "q4_k_m"),
+        isolated=True,
+        rounds=2,
+        kv_bytes=True,
+    ),
 }
 
 
@@ -162,9 +178,10 @@ def select_workload(
             changes[field] = parsed
     if rounds is not None:
         if not workload.isolated:
+            isolated = ", ".join(name for name, w in WORKLOADS.items() if w.isolated)
             raise InvalidParameterError(
-                f"--rounds is for workloads that run each system in its own process (c4, c5), "
-                f"not {workload.name}",
+                f"--rounds is for workloads that run each system in its own process "
+                f"({isolated}), not {workload.name}",
                 param="rounds",
             )
         changes["rounds"] = rounds

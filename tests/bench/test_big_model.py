@@ -99,6 +99,64 @@ def test_c4_end_to_end(tiny_file, tmp_path):
         assert any("llama.cpp skipped" in note for note in payload["notes"])
 
 
+def test_c7_end_to_end(tiny_file, tmp_path):
+    """C7 is C4's machinery: two paired rounds by default (here on a short prompt), with the KV
+    figures of the run's context in the report and the JSON, and the TTFT ratio beside decode's."""
+    path = tmp_path / "c7.json"
+    output = run_bench(
+        "--workload",
+        "c7",
+        str(tiny_file),
+        "--input-len",
+        "40",
+        "--output-len",
+        "20",
+        "--kv-cache-dtype",
+        "q8_0",
+        "--json",
+        str(path),
+    )
+    payload = json.loads(path.read_text())
+    systems = ["localchat", "llama.cpp"] if _has_llama_cpp() else ["localchat"]
+    assert list(payload["results"]) == systems and payload["workload"]["rounds"] == 2
+    for fig in payload["results"].values():
+        assert fig["failures"] == 0 and (fig["prompt_tokens"], fig["output_tokens"]) == (80, 40)
+        assert [r["round"] for r in fig["rounds"]] == [1, 2]
+    assert "KV cache q8_0" in payload["results"]["localchat"]["label"]
+    # the tiny file: 2 layers, 2 KV heads of 64; a round's context is 40 + 20 tokens
+    float16 = 2 * 2 * 2 * 64 * 2 * 60
+    assert payload["kv_cache"] == {
+        "tokens": 60,
+        "layers": 2,
+        "kv_heads": 2,
+        "head_dim": 64,
+        "kv_cache_dtype_flag": "q8_0",
+        "run_dtype": "q8_0",
+        "run_bytes": float16 * 34 // 64,
+        "run_over_float16": pytest.approx(34 / 64),
+        "float16_bytes": float16,
+        "q8_0_bytes": float16 * 34 // 64,
+        "q8_0_over_float16": pytest.approx(34 / 64),
+        "q8_0_over_float16_max": 0.55,
+    }
+    flat = " ".join(output.split())
+    assert "2 paired rounds" in flat and "the run used --kv-cache-dtype q8_0" in flat
+    if len(systems) == 2:
+        ours, peer = (payload["results"][s]["rounds"] for s in systems)
+        ttfts = [a["ttft_ms"] / b["ttft_ms"] for a, b in zip(ours, peer, strict=True)]
+        decodes = [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours, peer, strict=True)]
+        # ours / the peer's both: decode above 1 is faster, TTFT below 1 is
+        assert payload["ttft_ratios"]["localchat/llama.cpp"] == pytest.approx(sum(ttfts) / 2)
+        assert payload["ratios"]["localchat/llama.cpp"] == pytest.approx(sum(decodes) / 2)
+        assert "TTFT" in flat and "median of 2 rounds' ratios" in flat
+
+
+def test_the_kv_shape_comes_from_the_gguf_header(tiny_file):
+    from localchat.bench.kv_bytes import KVShape, gguf_kv_shape
+
+    assert gguf_kv_shape(tiny_file) == KVShape(2, 2, 64)
+
+
 def test_rounds_are_for_isolated_workloads_only():
     result = CliRunner().invoke(app, ["bench", "--no-progress", "-w", "c1", "--rounds", "2"])
     assert (

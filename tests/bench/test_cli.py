@@ -69,6 +69,45 @@ def test_offline_flags_and_json(monkeypatch, tmp_path):
     assert "2.00x" in result.output
 
 
+def test_c7_flags_reach_the_paired_runner(monkeypatch, tmp_path):
+    """-w c7 runs C4's paired machinery with its own sizes, --kv-cache-dtype reaches the engine's
+    config, and the outcome's record (the KV figures) lands in the JSON."""
+    from localchat.bench import big_model
+
+    seen = {}
+
+    def fake_run_big_model(config, workload, peers, **kwargs):
+        seen.update(config=config, workload=workload, peers=peers, **kwargs)
+        outcome = _fake_outcome("decode")
+        outcome.record["kv_cache"] = {"run_dtype": "q8_0"}
+        return outcome
+
+    monkeypatch.setattr(big_model, "run_big_model", fake_run_big_model)
+    path = tmp_path / "c7.json"
+    args = ["bench", "--no-progress", "-w", "c7", "--gguf", str(tmp_path / "f.gguf")]
+    args += ["--compare", "llama-cpp", "--kv-cache-dtype", "q8_0", "--json", str(path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    workload = seen["workload"]
+    assert (workload.name, workload.input_len, workload.output_len, workload.rounds) == (
+        "c7",
+        (8192, 8192),
+        (256, 256),
+        2,
+    )
+    assert seen["peers"] == ["llama.cpp"] and seen["gguf"] == str(tmp_path / "f.gguf")
+    assert seen["config"].kv_cache_dtype == "q8_0"
+    payload = json.loads(path.read_text())
+    assert payload["workload"]["name"] == "c7" and payload["workload"]["kv_bytes"] is True
+    assert payload["kv_cache"] == {"run_dtype": "q8_0"}
+    assert "--kv-cache-dtype q8_0" in payload["command"]
+
+
+def test_the_help_lists_c7():
+    result = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "c5, c7" in result.output
+
+
 def test_online_masks_the_api_key(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "run_online_bench", lambda *a, **k: _fake_outcome())
     path = tmp_path / "out.json"

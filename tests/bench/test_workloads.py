@@ -43,6 +43,33 @@ def test_named_workloads_match_design():
     )
 
 
+def test_c7_is_c4_on_an_agent_prompt():
+    """C7 runs C4's file and paired rounds, on an 8,192-token prompt then 256 tokens, 2 rounds."""
+    c4, c7 = WORKLOADS["c4"], select_workload("C7")
+    assert (c7.kind, c7.num_requests, c7.input_len, c7.output_len, c7.rounds) == (
+        "decode",
+        1,
+        (8192, 8192),
+        (256, 256),
+        2,
+    )
+    assert c7.random_gguf == c4.random_gguf and c7.isolated and c7.kv_bytes and not c4.kv_bytes
+    assert c7.describe() == (
+        "C7: agent prompt, CPU: 1 requests, prompt 8192, output 256 tokens, 2 paired rounds"
+    )
+    small = select_workload("c7", input_len="40", output_len="20", rounds=3)
+    assert (small.input_len, small.output_len, small.rounds, small.kv_bytes) == (
+        (40, 40),
+        (20, 20),
+        3,
+        True,
+    )
+    with pytest.raises(InvalidParameterError, match="must be 1"):
+        select_workload("c7", num_requests=2)
+    with pytest.raises(InvalidParameterError, match=r"\(c4, c5, c7\), not c1"):
+        select_workload("c1", rounds=2)
+
+
 def test_overrides_and_ranges():
     assert parse_range("32:256", "input-len") == (32, 256)
     assert parse_range("7", "input-len") == (7, 7)
