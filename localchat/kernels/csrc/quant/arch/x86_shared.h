@@ -1,6 +1,8 @@
 // What the two x86 ISAs (arch/avx512/, arch/avx2/) share: unpacking K-quant sub-scales with SSE, the choice of a
 // kernel instantiation, and the block types' prefetch distances and field offsets.
 #pragma once
+#include <cpuid.h>
+
 #include "../common.h"
 
 #if LC_SIMD
@@ -93,11 +95,20 @@ inline float q6k_super_scale(const uint8_t* block) {
 }
 
 
+// Whether this is an Intel CPU (cpuid's vendor string "GenuineIntel").
+inline bool intel_cpu() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x756e6547 && edx == 0x49656e69 && ecx == 0x6c65746e;
+}
+
 // The GEMV reads a pass's rows one after the other (one stream, as q6k.h's), prefetching this many blocks
 // ahead. Measured on the Zen 5 EPYC (2026-12-05, one process, alternating, 8B-shaped Q4_K weights from DRAM):
-// 36-37 GB/s on one thread and 47 on two, where the interleaved u4 kernel read 29-33 and 42-45; Q5_K 36-38 and
-// 51-68 against u8's 21-23 and 32-41 (docs/benchmarks-history.md).
-constexpr int64_t kKBlocksPrefetch = 32;
+// 32 blocks read 36-37 GB/s on one thread and 47 on two, where the interleaved u4 kernel read 29-33 and 42-45;
+// Q5_K 36-38 and 51-68 against u8's 21-23 and 32-41 (docs/benchmarks-history.md). On the Sapphire Rapids Xeon VM
+// (2026-12-06, one process, the distances taking turns, eight 14336 x 4096 Q4_K copies from DRAM, 2 threads)
+// 32 blocks read 17.1 GB/s and 16 blocks 23.1 (8: 21.3, 24: 20.0, 48: 16.8), and the 8B Q4_K_M decode went from
+// 3.18 to 3.50 tok/s: Intel parts take 16.
+inline const int64_t kKBlocksPrefetch = intel_cpu() ? 16 : 32;
 
 // A K-quant block's bytes, and where its codes start, for 4- or 5-bit codes.
 template <int BITS>
