@@ -407,7 +407,10 @@ class DecodeLayer {
 
   // Several tokens' attention: each token's keys split into ranges as one token's are (attend), so a token's
   // partials, and its output, are the same whatever else the pass holds. The threads share the ranges of all
-  // tokens by their keys: a range goes to the thread whose share of all the pass's keys it starts in.
+  // tokens by their keys: a range goes to the thread whose share of all the pass's keys it starts in. The tokens
+  // of one sequence that follow each other (a speculative verify's drafted rows) go range by range: range c of
+  // each of them on one thread, one token after the other, so the keys and values they share are read from DRAM
+  // once and from the cache for the rest, where token by token each read the whole context again.
   template <typename T>
   void attend_rows(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
     const PoolShape<T> pool = this->pool<T>(rows.half);
@@ -415,20 +418,33 @@ class DecodeLayer {
     const T* current = reinterpret_cast<const T*>(b.current.data());
     int64_t total = 0;
     for (int64_t m = 0; m < rows.count; ++m) total += rows.lengths[m];
-    int64_t before = 0;  // the keys of the tokens before m
-    for (int64_t m = 0; m < rows.count; ++m) {
-      const int64_t length = rows.lengths[m], splits = key_splits(length);
-      const DecodeToken token{nullptr, nullptr, rows.cos + m * rows.half, rows.sin + m * rows.half, rows.slots[m],
-                              rows.tables[m], length};
-      const T* cur = current + m * 2 * row;
-      for (int64_t c = 0; c < splits; ++c) {
-        const int64_t j0 = split_start(length, c, splits);
-        if ((before + j0) * n / total != tid) continue;
-        attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, j0,
-                       split_start(length, c + 1, splits), cur, cur + row, s.scores,
-                       b.partials.data() + (m * kKeySplits + c) * heads_ * (D + 2));
+    int64_t before = 0;  // the keys of the tokens before m0
+    for (int64_t m0 = 0, m1; m0 < rows.count; m0 = m1) {
+      // tokens [m0, m1): each one position on from the one before, in the same blocks (its sequence, or one
+      // sharing its cached prefix: either way only the order of the work changes)
+      for (m1 = m0 + 1; m1 < rows.count && rows.lengths[m1] == rows.lengths[m1 - 1] + 1 &&
+                        rows.tables[m1][0] == rows.tables[m0][0];
+           ++m1) {
       }
-      before += length;
+      int64_t keys = 0, most = 0;
+      for (int64_t m = m0; m < m1; ++m) {
+        keys += rows.lengths[m];
+        most = std::max(most, key_splits(rows.lengths[m]));
+      }
+      for (int64_t c = 0; c < most; ++c) {
+        if ((before + keys * c / most) * n / total != tid) continue;
+        for (int64_t m = m0; m < m1; ++m) {
+          const int64_t length = rows.lengths[m], splits = key_splits(length);
+          if (c >= splits) continue;
+          const DecodeToken token{nullptr, nullptr, rows.cos + m * rows.half, rows.sin + m * rows.half,
+                                  rows.slots[m], rows.tables[m], length};
+          const T* cur = current + m * 2 * row;
+          attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, split_start(length, c, splits),
+                         split_start(length, c + 1, splits), cur, cur + row, s.scores,
+                         b.partials.data() + (m * kKeySplits + c) * heads_ * (D + 2));
+        }
+      }
+      before += keys;
     }
   }
 
