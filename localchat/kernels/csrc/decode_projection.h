@@ -85,33 +85,16 @@ struct PackedRef {
   // Output rows [pass_begin, pass_end) * kRowsPerPass of one activation row (quantized for this weight), the GEMV's.
   void multiply(const ActivationRow& row, int64_t pass_begin, int64_t pass_end, float* out,
                 const float* bias) const {
-    for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
-      const int64_t n = pass * kRowsPerPass;
-      const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-      float dots[kRowsPerPass];
-      gemv(view(n), w_row, groups, chunks, weight_bytes, L, row, count, dots);
-      for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
-    }
+    gemv_passes(gemv, [this](int64_t n) { return view(n); }, N, w_row, groups, chunks, weight_bytes, L, row,
+                pass_begin, pass_end, out, bias);
   }
 
-  // ... of `rows` activation rows, into out[m * out_stride + row]: the panel kernel reads each pass once for up to
-  // kPanelRows of them, with the GEMV's result for each (quant/common.h). scratch: kPanelRows * kPanelScratchPerRow
-  // bytes, 64-byte aligned.
+  // ... of `rows` activation rows, into out[m * out_stride + row] (panel_passes; scratch: kPanelRows *
+  // kPanelScratchPerRow bytes, 64-byte aligned).
   void multiply_rows(const ActivationRow* acts, int64_t rows, int64_t pass_begin, int64_t pass_end, float* out,
                      int64_t out_stride, const float* bias, void* scratch) const {
-    float dots[kPanelRows * kRowsPerPass];
-    for (int64_t m0 = 0; m0 < rows; m0 += kPanelRows) {
-      const int64_t mt = std::min<int64_t>(rows - m0, kPanelRows);
-      for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
-        const int64_t n = pass * kRowsPerPass;
-        const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-        panel(view(n), groups, chunks, weight_bytes, L, acts + m0, mt, count, dots, kRowsPerPass, scratch);
-        for (int64_t t = 0; t < mt; ++t) {
-          float* o = out + (m0 + t) * out_stride + n;
-          for (int r = 0; r < count; ++r) o[r] = bias ? dots[t * kRowsPerPass + r] + bias[n + r] : dots[t * kRowsPerPass + r];
-        }
-      }
-    }
+    panel_passes(panel, [this](int64_t n) { return view(n); }, N, groups, chunks, weight_bytes, L, acts, rows,
+                 pass_begin, pass_end, out, out_stride, bias, scratch);
   }
 };
 

@@ -103,6 +103,43 @@ struct WeightArgs {
   }
 };
 
+// The products of a weight's passes [pass_begin, pass_end) (view(n): the pass whose first row is n), the loops
+// quant_linear and the decode stack's projections (decode_projection.h) share. One activation row: the GEMV a
+// pass at a time, into out[row].
+template <typename View>
+void gemv_passes(GemvFn gemv, View&& view, int64_t N, int64_t w_row, int64_t groups, int64_t chunks,
+                 int64_t weight_bytes, const Layout& L, const ActivationRow& row, int64_t pass_begin, int64_t pass_end,
+                 float* out, const float* bias) {
+  for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
+    const int64_t n = pass * kRowsPerPass;
+    const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+    float dots[kRowsPerPass];
+    gemv(view(n), w_row, groups, chunks, weight_bytes, L, row, count, dots);
+    for (int r = 0; r < count; ++r) out[n + r] = bias ? dots[r] + bias[n + r] : dots[r];
+  }
+}
+
+// ... of `rows` activation rows, into out[m * out_stride + row]: the panel kernel reads each pass once for up to
+// kPanelRows of them (their accumulators in scratch: kPanelRows * kPanelScratchPerRow bytes, 64-byte aligned).
+template <typename View>
+void panel_passes(PanelFn panel, View&& view, int64_t N, int64_t groups, int64_t chunks, int64_t weight_bytes,
+                  const Layout& L, const ActivationRow* acts, int64_t rows, int64_t pass_begin, int64_t pass_end,
+                  float* out, int64_t out_stride, const float* bias, void* scratch) {
+  float dots[kPanelRows * kRowsPerPass];
+  for (int64_t m0 = 0; m0 < rows; m0 += kPanelRows) {
+    const int64_t mt = std::min<int64_t>(rows - m0, kPanelRows);
+    for (int64_t pass = pass_begin; pass < pass_end; ++pass) {
+      const int64_t n = pass * kRowsPerPass;
+      const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
+      panel(view(n), groups, chunks, weight_bytes, L, acts + m0, mt, count, dots, kRowsPerPass, scratch);
+      for (int64_t t = 0; t < mt; ++t) {
+        float* o = out + (m0 + t) * out_stride + n;
+        for (int r = 0; r < count; ++r) o[r] = bias ? dots[t * kRowsPerPass + r] + bias[n + r] : dots[t * kRowsPerPass + r];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // x: [M, K] float32 (other float types are converted); returns float32 [M, N].
@@ -169,17 +206,11 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
   const uint16_t* up = w.view().supers;
   const int64_t weight_bytes = L.code_bytes(K);
   const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
+  const auto view = [&](int64_t n) { return pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved); };
   if (M == 1) {
     const GemvFn gemv = pick_gemv(precise, !has_mins, w.k_scales, L, use_simd);
     at::parallel_for(0, passes, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t pass = begin; pass < end; ++pass) {
-        const int64_t n = pass * kRowsPerPass;
-        const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-        float dots[kRowsPerPass];
-        gemv(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), w_row, groups, chunks,
-             weight_bytes, L, rows[0], count, dots);
-        for (int r = 0; r < count; ++r) op[n + r] = bp ? dots[r] + bp[n + r] : dots[r];
-      }
+      gemv_passes(gemv, view, N, w_row, groups, chunks, weight_bytes, L, rows[0], begin, end, op, bp);
     });
     return out;
   }
@@ -191,22 +222,9 @@ torch::Tensor quant_linear(const torch::Tensor& x_in, const torch::Tensor& qweig
     // 64-byte aligned (new of an over-aligned type): the accumulators are vectors
     struct alignas(64) Line { uint8_t bytes[64]; };
     std::vector<Line> scratch(kPanelRows * kPanelScratchPerRow / sizeof(Line));
-    float dots[kPanelRows * kRowsPerPass];
     for (int64_t band_begin = begin; band_begin < end; band_begin += band) {
-      const int64_t band_end = std::min(end, band_begin + band);
-      for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
-        const int64_t mt = std::min<int64_t>(M - m0, kPanelRows);
-        for (int64_t pass = band_begin; pass < band_end; ++pass) {
-          const int64_t n = pass * kRowsPerPass;
-          const int count = static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n));
-          panel(pass_view(wp, sp, mp, up, n, N, w_row, groups, interleaved), groups, chunks,
-                weight_bytes, L, rows.data() + m0, mt, count, dots, kRowsPerPass, scratch.data());
-          for (int64_t t = 0; t < mt; ++t) {
-            float* o = op + (m0 + t) * N + n;
-            for (int r = 0; r < count; ++r) o[r] = bp ? dots[t * kRowsPerPass + r] + bp[n + r] : dots[t * kRowsPerPass + r];
-          }
-        }
-      }
+      panel_passes(panel, view, N, groups, chunks, weight_bytes, L, rows.data(), M, band_begin,
+                   std::min(end, band_begin + band), op, N, bp, scratch.data());
     }
   });
   return out;
