@@ -1,7 +1,6 @@
 // What the two x86 ISAs (arch/avx512/, arch/avx2/) share: unpacking K-quant sub-scales with SSE, the choice of a
 // kernel instantiation, and the block types' prefetch distances and field offsets.
 #pragma once
-#include <cpuid.h>
 
 #include "../common.h"
 
@@ -95,10 +94,11 @@ inline float q6k_super_scale(const uint8_t* block) {
 }
 
 
-// Whether this is an Intel CPU (cpuid's vendor string "GenuineIntel").
+// Whether this is an Intel CPU (cpuid's vendor, as GCC's and Clang's runtime CPU check reads it; its init first, as
+// a static initializer must).
 inline bool intel_cpu() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x756e6547 && edx == 0x49656e69 && ecx == 0x6c65746e;
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
 }
 
 // The GEMV reads a pass's rows one after the other (one stream, as q6k.h's), prefetching this many blocks
