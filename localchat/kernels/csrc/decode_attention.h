@@ -83,78 +83,139 @@ void softcap_scores(float* s, int64_t n, float cap) {
   }
 }
 
-// Keys ahead of the one in use whose rows are prefetched (see attend_partial).
-constexpr int64_t kPrefetchKeys = 16;
+// Prefetch the cache lines of `bytes` bytes at p. (The empty asm marks each prefetch as wanted: GCC 12 at -O2 deleted
+// a loop nest whose only work was prefetches, as it deletes loops without effects.)
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  const char* start = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) {
+    __builtin_prefetch(start + b);
+    asm volatile("" : : "r"(start + b));
+  }
+}
 
-// The KV heads [h0, h1) of one token (and their query heads; queries: [Hq * D], rotated) over keys [j0, j1), for
-// splitting a sequence's keys between threads or its heads between tasks. The current token's key and value
-// (the last, not read from the pool: another thread may still be storing them) come as cur_k / cur_v (a row of
-// Hkv * D values), rounded to the pool's type. partials: [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top
-// score (scores capped if p.softcap is set), l = sum_j exp(s_j - m), acc = sum_j exp(s_j - m) v_j; an empty range
-// gives m = -inf, l = 0.
+// One token's part in attend_ranges: its rotated queries ([Hq * D]), its view of the pool, its key range [j0, j1),
+// its own key and value (cur_k / cur_v: a row of Hkv * D values rounded to the pool's type, the last key, not read
+// from the pool: another thread may still be storing them), and where its partials go.
+template <typename T>
+struct RangeRow {
+  const float* queries;
+  DecodeToken token;
+  int64_t j0, j1;
+  const T* cur_k;
+  const T* cur_v;
+  float* partials;
+};
+
+// Tokens attend_ranges takes at once.
+constexpr int64_t kRangeRows = 16;
+
+// The KV heads [h0, h1) (and their query heads) of `count` (at most kRangeRows) tokens over their key ranges, for
+// splitting a sequence's keys between threads or its heads between tasks. Each token's partials:
+// [(h1 - h0) * group][D + 2] = (m, l, acc) with m the top score (scores capped if p.softcap is set),
+// l = sum_j exp(s_j - m), acc = sum_j exp(s_j - m) v_j; an empty range gives m = -inf, l = 0.
 //
-// Keys are visited in pool order, each key's row read once for all its query heads. Values go a run at a time
-// (the keys in one block of the pool, whose rows are contiguous), each head group's sums kept in registers over
-// the run (kv_rows.h), while the next run's rows are prefetched: blocks sit anywhere in the pool, where no
-// hardware prefetcher follows.
+// Keys are visited in pool order a chunk of kDotKeys at a time, each chunk's rows read once for all the tokens and
+// query heads while it is in the L1 cache, and each token's dot products of the chunk reduced together (dot_keys).
+// Values go a run at a time (the keys in one block of the pool, whose rows are contiguous), each token's head
+// group's sums kept in registers over its run (kv_rows.h), while the next block's rows are prefetched: blocks sit
+// anywhere in the pool, where no hardware prefetcher follows. Several tokens are a speculative verify's drafted
+// rows, whose ranges nearly coincide: together they read the range from memory once. Each token's partials are
+// the same bits as on its own (the same scores, and the same runs summed in the same order).
+template <typename T>
+void attend_ranges(const PoolShape<T>& p, int64_t h0, int64_t h1, const RangeRow<T>* rows, int64_t count,
+                   std::vector<float>& scores) {
+  const int64_t D = p.head_dim, E = pool_units<T>(D), Hkv = p.num_kv_heads, group = p.num_heads / Hkv;
+  const int64_t heads = (h1 - h0) * group, row = Hkv * E;
+  // each head's scores `stride` floats apart: a multiple of 16 that is not one of 1024, so that the heads' rows
+  // do not all fall into the same sets of the L1 cache, as they do 4 KiB apart
+  int64_t stride[kRangeRows], offset[kRangeRows], total = 0, lo = INT64_MAX, hi = 0;
+  for (int64_t m = 0; m < count; ++m) {
+    const RangeRow<T>& r = rows[m];
+    for (int64_t i = 0; i < heads; ++i) {
+      float* part = r.partials + i * (D + 2);
+      part[0] = -INFINITY;
+      part[1] = 0.f;
+      std::fill(part + 2, part + 2 + D, 0.f);
+    }
+    const int64_t n = std::max<int64_t>(r.j1 - r.j0, 0);
+    stride[m] = (n + 15) / 16 * 16 + 16;
+    offset[m] = total;
+    total += heads * stride[m];
+    if (n > 0) lo = std::min(lo, r.j0), hi = std::max(hi, r.j1);
+  }
+  if (lo >= hi) return;
+  scores.resize(total);
+  auto key_row = [&](const RangeRow<T>& r, int64_t j, const T* pool, const T* current) {
+    if (j >= r.token.length - 1) return current;
+    return pool + (static_cast<int64_t>(r.token.table[j / p.block_size]) * p.block_size + j % p.block_size) * row;
+  };
+  // the pool's rows of keys [j, j + n) within the first token's range, head h's
+  auto prefetch = [&](const T* pool, int64_t j, int64_t n, int64_t h) {
+    const RangeRow<T>& r = rows[0];
+    const int64_t end = std::min({j + n, r.j1, r.token.length - 1});
+    for (j = std::max(j, r.j0); j < end; ++j) prefetch_lines(key_row(r, j, pool, nullptr) + h * E, E * sizeof(T));
+  };
+  // a chunk's keys, head by head: the head's rows of the next chunk prefetched, then its dot products
+  for (int64_t c0 = lo / kDotKeys * kDotKeys; c0 < hi; c0 += kDotKeys) {
+    const T* keys[kRangeRows][kDotKeys];
+    for (int64_t m = 0; m < count; ++m) {
+      const RangeRow<T>& r = rows[m];
+      for (int64_t j = std::max(c0, r.j0); j < std::min(c0 + kDotKeys, r.j1); ++j) {
+        keys[m][j - c0] = key_row(r, j, p.k_cache, r.cur_k);
+      }
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      prefetch(p.k_cache, c0 + kDotKeys, kDotKeys, h);
+      for (int64_t m = 0; m < count; ++m) {
+        const RangeRow<T>& r = rows[m];
+        const int64_t a = std::max(c0, r.j0), b = std::min(c0 + kDotKeys, r.j1);
+        if (a >= b) continue;
+        dot_group_keys(r.queries + h * group * D, keys[m] + (a - c0), h * E, static_cast<int>(b - a), D, group,
+                       p.scale, scores.data() + offset[m] + (h - h0) * group * stride[m] + a - r.j0, stride[m]);
+      }
+    }
+  }
+  for (int64_t m = 0; m < count; ++m) {
+    const int64_t n = std::max<int64_t>(rows[m].j1 - rows[m].j0, 0);
+    for (int64_t i = 0; i < heads && n > 0; ++i) {
+      float* s = scores.data() + offset[m] + i * stride[m];
+      if (p.softcap > 0.f) softcap_scores(s, n, p.softcap);
+      const float top = max_of(s, n);
+      rows[m].partials[i * (D + 2)] = top;
+      rows[m].partials[i * (D + 2) + 1] = exp_shifted(s, n, top);
+    }
+  }
+  // a token's run [a, e) of value rows (from v), head h's
+  auto add_run = [&](int64_t m, int64_t h, const T* v, int64_t a, int64_t e) {
+    const RangeRow<T>& r = rows[m];
+    const int64_t first = (h - h0) * group;
+    add_weighted_rows(v + h * E, row, e - a, scores.data() + offset[m] + first * stride[m] + a - r.j0, stride[m],
+                      group, D, r.partials + first * (D + 2) + 2, D + 2);
+  };
+  // a block's value runs, head by head: the head's rows of the next block prefetched, then each token's run
+  // (the pool's rows, then its own value where its range ends with it)
+  const int64_t bs = p.block_size;
+  for (int64_t b0 = lo / bs * bs; b0 < hi; b0 += bs) {
+    for (int64_t h = h0; h < h1; ++h) {
+      prefetch(p.v_cache, b0 + bs, bs, h);
+      for (int64_t m = 0; m < count; ++m) {
+        const RangeRow<T>& r = rows[m];
+        const int64_t pooled = r.token.length - 1, a = std::max(b0, r.j0), e = std::min(b0 + bs, r.j1);
+        if (a >= e) continue;
+        if (a < std::min(e, pooled)) add_run(m, h, key_row(r, a, p.v_cache, nullptr), a, std::min(e, pooled));
+        if (pooled >= a && pooled < e) add_run(m, h, r.cur_v, pooled, pooled + 1);
+      }
+    }
+  }
+}
+
+// attend_ranges for one token's KV heads [h0, h1) over keys [j0, j1).
 template <typename T>
 void attend_partial(const float* queries, const DecodeToken& t, const PoolShape<T>& p, int64_t h0, int64_t h1,
                     int64_t j0, int64_t j1, const T* cur_k, const T* cur_v, std::vector<float>& scores,
                     float* partials) {
-  const int64_t D = p.head_dim, E = pool_units<T>(D), Hkv = p.num_kv_heads, group = p.num_heads / Hkv;
-  const int64_t heads = (h1 - h0) * group, n = std::max<int64_t>(j1 - j0, 0), pooled = t.length - 1, row = Hkv * E;
-  for (int64_t i = 0; i < heads; ++i) {
-    float* part = partials + i * (D + 2);
-    part[0] = -INFINITY;
-    part[1] = 0.f;
-    std::fill(part + 2, part + 2 + D, 0.f);
-  }
-  if (n == 0) return;
-  // each head's scores `stride` floats apart: a multiple of 16 that is not one of 1024, so that the heads' rows
-  // do not all fall into the same sets of the L1 cache, as they do 4 KiB apart
-  const int64_t stride = (n + 15) / 16 * 16 + 16;
-  scores.resize(heads * stride);
-  auto key_row = [&](int64_t j, const T* pool, const T* current) {
-    if (j >= pooled) return current;
-    return pool + (static_cast<int64_t>(t.table[j / p.block_size]) * p.block_size + j % p.block_size) * row;
-  };
-  auto prefetch = [&](const T* r, int64_t elements) {
-    const char* bytes = reinterpret_cast<const char*>(r);
-    for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(bytes + b);
-  };
-  for (int64_t j = j0; j < j1; ++j) {
-    const int64_t ahead = j + kPrefetchKeys;
-    if (ahead < j1 && ahead < pooled) prefetch(key_row(ahead, p.k_cache, nullptr) + h0 * E, (h1 - h0) * E);
-    const T* k = key_row(j, p.k_cache, cur_k);
-    for (int64_t h = h0; h < h1; ++h) {
-      dot_group(queries + h * group * D, k + h * E, D, group, p.scale,
-                scores.data() + (h - h0) * group * stride + j - j0, stride);
-    }
-  }
-  for (int64_t i = 0; i < heads; ++i) {
-    float* s = scores.data() + i * stride;
-    if (p.softcap > 0.f) softcap_scores(s, n, p.softcap);
-    float top = -INFINITY;
-    for (int64_t m = 0; m < n; ++m) top = std::max(top, s[m]);
-    partials[i * (D + 2)] = top;
-    partials[i * (D + 2) + 1] = exp_shifted(s, n, top);
-  }
-  auto run_from = [&](int64_t j) {
-    return j >= pooled ? 1 : std::min({j1, pooled, j + p.block_size - j % p.block_size}) - j;
-  };
-  for (int64_t j = j0; j < j1;) {
-    const int64_t run = run_from(j), next = j + run;
-    const int64_t next_run = next < j1 && next < pooled ? run_from(next) : 0;
-    const T* v = key_row(j, p.v_cache, cur_v);
-    const T* next_v = next_run ? key_row(next, p.v_cache, nullptr) : nullptr;
-    for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t i = 0; i < next_run; ++i) prefetch(next_v + i * row + h * E, E);
-      const int64_t first = (h - h0) * group;
-      add_weighted_rows(v + h * E, row, run, scores.data() + first * stride + j - j0, stride, group, D,
-                        partials + first * (D + 2) + 2, D + 2);
-    }
-    j = next;
-  }
+  const RangeRow<T> one{queries, t, j0, j1, cur_k, cur_v, partials};
+  attend_ranges(p, h0, h1, &one, 1, scores);
 }
 
 // The attention output [D] of one query head from the partials of `count` key ranges, `stride` floats apart,

@@ -409,8 +409,8 @@ class DecodeLayer {
   // partials, and its output, are the same whatever else the pass holds. The threads share the ranges of all
   // tokens by their keys: a range goes to the thread whose share of all the pass's keys it starts in. The tokens
   // of one sequence that follow each other (a speculative verify's drafted rows) go range by range: range c of
-  // each of them on one thread, one token after the other, so the keys and values they share are read from DRAM
-  // once and from the cache for the rest, where token by token each read the whole context again.
+  // each of them on one thread in one attend_ranges call, which reads each chunk of the keys and values they share
+  // once for all of them, where token by token each read the whole context again.
   template <typename T>
   void attend_rows(int tid, int n, ThreadScratch& s, LayerShared& b, const StackRows& rows) {
     const PoolShape<T> pool = this->pool<T>(rows.half);
@@ -433,16 +433,23 @@ class DecodeLayer {
       }
       for (int64_t c = 0; c < most; ++c) {
         if ((before + keys * c / most) * n / total != tid) continue;
+        RangeRow<T> ranges[kRangeRows];
+        int64_t count = 0;
         for (int64_t m = m0; m < m1; ++m) {
           const int64_t length = rows.lengths[m], splits = key_splits(length);
           if (c >= splits) continue;
           const DecodeToken token{nullptr, nullptr, rows.cos + m * rows.half, rows.sin + m * rows.half,
                                   rows.slots[m], rows.tables[m], length};
           const T* cur = current + m * 2 * row;
-          attend_partial(b.queries.data() + m * heads_ * D, token, pool, 0, kv_heads_, split_start(length, c, splits),
-                         split_start(length, c + 1, splits), cur, cur + row, s.scores,
-                         b.partials.data() + (m * kKeySplits + c) * heads_ * (D + 2));
+          ranges[count++] = {b.queries.data() + m * heads_ * D, token, split_start(length, c, splits),
+                             split_start(length, c + 1, splits), cur, cur + row,
+                             b.partials.data() + (m * kKeySplits + c) * heads_ * (D + 2)};
+          if (count == kRangeRows) {
+            attend_ranges(pool, 0, kv_heads_, ranges, count, s.scores);
+            count = 0;
+          }
         }
+        if (count > 0) attend_ranges(pool, 0, kv_heads_, ranges, count, s.scores);
       }
       before += keys;
     }

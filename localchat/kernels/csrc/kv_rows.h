@@ -70,6 +70,18 @@ void dot_group(const float* q, const T* k, int64_t D, int64_t group, float scale
   });
 }
 
+// dot_group for the `count` (at most kDotKeys) key rows rows[j] + offset, each key's scores out[g * stride + j]: the
+// same bits, the keys' sums reduced together (quant/kv_rows.h).
+template <typename T>
+void dot_group_keys(const float* q, const T* const* rows, int64_t offset, int count, int64_t D, int64_t group,
+                    float scale, float* out, int64_t stride) {
+  const RowElement<row_type<T>()>* k[kDotKeys];
+  for (int j = 0; j < count; ++j) k[j] = elements(rows[j] + offset);
+  for_head_blocks(group, [&](auto heads, int64_t g) {
+    kv_rows::dot_keys<decltype(heads)::value, row_type<T>()>(q + g * D, k, count, D, scale, out + g * stride, stride);
+  });
+}
+
 // dst[i] = src[i], rounded to the pool's type
 template <typename T>
 void store_row(T* dst, const float* src, int64_t n) {
@@ -95,6 +107,11 @@ inline void dot_group(const float* q, const KvQ8Block* k, int64_t D, int64_t gro
   for_head_blocks(group, [&](auto heads, int64_t g) {
     kv_q8::kv_q8_dot<decltype(heads)::value>(q + g * D, k, D, scale, out + g * stride, stride);
   });
+}
+
+inline void dot_group_keys(const float* q, const KvQ8Block* const* rows, int64_t offset, int count, int64_t D,
+                           int64_t group, float scale, float* out, int64_t stride) {
+  for (int j = 0; j < count; ++j) dot_group(q, rows[j] + offset, D, group, scale, out + j, stride);
 }
 
 inline void add_weighted_rows(const KvQ8Block* v, int64_t row, int64_t count, const float* w, int64_t w_stride,

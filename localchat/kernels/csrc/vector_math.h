@@ -12,6 +12,8 @@ namespace {
 using vector_math::silu_and_mul;
 // exp(x - top) in place over n scores; returns their sum
 using vector_math::exp_shifted;
+// the largest of n scores (-inf for none)
+using vector_math::max_of;
 
 // x[i] += y[i]
 inline void add_into(float* x, const float* y, int64_t n) {

@@ -45,6 +45,57 @@ void dot_heads(const float* q, const RowElement<R>* k, int64_t D, float scale, f
   for (int g = 0; g < G; ++g) out[g * stride] = dot_row<R>(q + g * D, k, D) * scale;
 }
 
+// dot_heads for up to kDotKeys keys, each score the same bits: the keys widened once into float32 for the G heads,
+// then each head's dot products over kWidth keys at a time, column by column (kWidth sums in flight, the query's
+// vector loaded once for all of them), and the keys' lane sums reduced together (reduce_add_lanes), where one key
+// at a time spends most of a short dot product on its own reduction. A chunk of fewer keys repeats its first row in
+// the lanes past them (their sums are dropped).
+template <int G, RowType R>
+void dot_keys(const float* q, const RowElement<R>* const* k, int count, int64_t D, float scale, float* out,
+              int64_t stride) {
+  constexpr int64_t kMaxD = 256;
+  static_assert(kDotKeys % kWidth == 0, "a chunk of keys is whole vectors of sums");
+  if (!kChunkDots || D % kWidth != 0 || D > kMaxD) {
+    for (int j = 0; j < count; ++j) dot_heads<G, R>(q, k[j], D, scale, out + j, stride);
+    return;
+  }
+  alignas(64) float widened[R == RowType::kFloat ? 1 : kDotKeys * kMaxD];
+  const float* rows[kDotKeys];
+  for (int j = 0; j < count; ++j) {
+    if constexpr (R == RowType::kFloat) {
+      rows[j] = k[j];
+    } else {
+      float* row = widened + j * D;
+      for (int64_t i = 0; i < D; i += kWidth) store(row + i, load_row<R>(k[j] + i));
+      rows[j] = row;
+    }
+  }
+  for (int j = count; j < kDotKeys; ++j) rows[j] = rows[0];
+  for (int g = 0; g < G; ++g) {
+    const float* qg = q + g * D;
+    for (int j0 = 0; j0 < count; j0 += kWidth) {
+      F32 acc[kWidth];
+      for (int j = 0; j < kWidth; ++j) acc[j] = zero();
+      for (int64_t i = 0; i < D; i += kWidth) {
+        const F32 qi = load(qg + i);
+        for (int j = 0; j < kWidth; ++j) acc[j] = fma(qi, load(rows[j0 + j] + i), acc[j]);
+      }
+      Partial parts[kWidth];
+      for (int j = 0; j < kWidth; ++j) parts[j] = partial_sum(acc[j]);
+      const F32 sums = mul(reduce_add_lanes(parts), splat(scale));
+      float* o = out + g * stride + j0;
+      const int n = std::min(kWidth, count - j0);
+      if (n == kWidth) {
+        store(o, sums);
+      } else {
+        alignas(64) float lanes[kWidth];
+        store(lanes, sums);
+        std::copy(lanes, lanes + n, o);
+      }
+    }
+  }
+}
+
 template <RowType R>
 void add_scaled_row(float* acc, float w, const RowElement<R>* v, int64_t n) {
   int64_t i = 0;
@@ -122,12 +173,14 @@ namespace kv_rows {
 using vec::add_rows;
 using vec::add_scaled_row;
 using vec::dot_heads;
+using vec::dot_keys;
 using vec::dot_row;
 using vec::store_row;
 #else
 using generic::add_rows;
 using generic::add_scaled_row;
 using generic::dot_heads;
+using generic::dot_keys;
 using generic::dot_row;
 using generic::store_row;
 #endif

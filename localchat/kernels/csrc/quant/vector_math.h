@@ -30,6 +30,14 @@ inline void silu_and_mul(const float* gate, const float* up, float* out, int64_t
   generic::silu_and_mul(gate + i, up + i, out + i, n - i);
 }
 
+// (exact in any order: a maximum rounds nothing)
+inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  F32 top = splat(-INFINITY);
+  for (; i + kWidth <= n; i += kWidth) top = max(load(x + i), top);
+  return generic::max_from(i, x, n, reduce_max(top));
+}
+
 inline float exp_shifted(float* x, int64_t n, float top) {
   int64_t i = 0;
   const F32 shift = splat(top);
@@ -47,9 +55,11 @@ inline float exp_shifted(float* x, int64_t n, float top) {
 namespace vector_math {
 #if LC_VEC
 using vec::exp_shifted;
+using vec::max_of;
 using vec::silu_and_mul;
 #else
 using generic::exp_shifted;
+using generic::max_of;
 using generic::silu_and_mul;
 #endif
 }  // namespace vector_math

@@ -368,6 +368,26 @@ const char* row_type_name(RowType R) {
   return R == RowType::kFloat ? "float32" : R == RowType::kHalf ? "float16" : "bfloat16";
 }
 
+// reduce_add_lanes against reduce_add, vector by vector: the same bits (the dot products of a chunk of keys take it
+// where one key at a time takes reduce_add)
+void check_reduce_add_lanes() {
+  int bad = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> x(vec::kWidth * vec::kWidth);
+    for (auto& v : x) v = uniform(-1.f, 1.f) * std::ldexp(1.f, integer(-20, 20));
+    vec::Partial parts[vec::kWidth];
+    for (int i = 0; i < vec::kWidth; ++i) parts[i] = vec::partial_sum(vec::load(x.data() + i * vec::kWidth));
+    float lanes[vec::kWidth];
+    vec::store(lanes, vec::reduce_add_lanes(parts));
+    for (int i = 0; i < vec::kWidth; ++i) {
+      const float want = vec::reduce_add(vec::load(x.data() + i * vec::kWidth));
+      bad += std::memcmp(&lanes[i], &want, sizeof want) != 0;
+    }
+  }
+  std::printf("%s reduce_add_lanes: reduce_add's bits in every lane\n", bad ? "FAIL" : "ok  ");
+  failures += bad != 0;
+}
+
 // The KV row functions on this build's vector API (vec::, kv_rows:: of an ISA build) for G heads against the
 // generic ones.
 template <int G, RowType R>
@@ -388,6 +408,16 @@ int check_kv_rows_group(const std::vector<RowElement<R>>& rows, int64_t D, int64
       bad += !near(vec::dot_row<R>(q.data() + g * D, k, D), generic::dot_row<R>(q.data() + g * D, k, D), 1e-5f,
                    magnitude);
     }
+  }
+  // a chunk of keys at once: dot_heads' bits, key by key
+  const int64_t available = static_cast<int64_t>(rows.size()) / row;
+  for (int count : {1, 5, kDotKeys}) {
+    const RowElement<R>* keys[kDotKeys];
+    for (int j = 0; j < count; ++j) keys[j] = rows.data() + (j * 7 % available) * row;  // (any rows, in any order)
+    std::vector<float> got(G * kDotKeys, -1.f), want(G * kDotKeys, -1.f);
+    vec::dot_keys<G, R>(q.data(), keys, count, D, 0.125f, got.data(), kDotKeys);
+    for (int j = 0; j < count; ++j) vec::dot_heads<G, R>(q.data(), keys[j], D, 0.125f, want.data() + j, kDotKeys);
+    bad += std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0;
   }
   std::vector<float> got(G * D, 0.5f), want(G * D, 0.5f), magnitude(G * D, 0.5f);
   vec::add_rows<G, R>(rows.data(), row, count, w.data(), count, D, got.data(), D);
@@ -421,8 +451,8 @@ void check_kv_rows() {
            check_kv_rows_group<3, R>(want, D, count, row) + check_kv_rows_group<4, R>(want, D, count, row);
     std::printf("%s %-8s KV rows, head_dim %-3lld %s\n", bad ? "FAIL" : "ok  ", row_type_name(R),
                 static_cast<long long>(D),
-                LC_VEC ? "the ISA's store (the same bits), dots and sums (within 1e-5)"
-                       : "one lane's store (the same bits), dots and sums (within 1e-5)");
+                LC_VEC ? "the ISA's store (the same bits), dots and sums (within 1e-5), chunks' dots (the same bits)"
+                       : "one lane's store (the same bits), dots and sums (within 1e-5), chunks' dots (the same bits)");
     failures += bad != 0;
   }
 }
@@ -493,6 +523,7 @@ int main() {
   std::printf("kernels: %s\n", LC_ISA_NAME[0] ? LC_ISA_NAME : "generic only");
   check_half_conversion();
   check_kv_q8();
+  check_reduce_add_lanes();
   check_kv_rows<RowType::kFloat>();
   check_kv_rows<RowType::kHalf>();
   check_kv_rows<RowType::kBFloat16>();

@@ -44,6 +44,9 @@ inline RowElement<R> narrow(float x) {
   else return float_to_bfloat16(x);
 }
 
+// Key rows a dot_keys call takes at most (a chunk of a sequence's keys).
+constexpr int kDotKeys = 16;
+
 namespace generic {
 
 // sum_i q[i] * k[i]
@@ -63,6 +66,14 @@ float dot_row(const float* q, const RowElement<R>* k, int64_t n) {
 template <int G, RowType R>
 void dot_heads(const float* q, const RowElement<R>* k, int64_t D, float scale, float* out, int64_t stride) {
   for (int g = 0; g < G; ++g) out[g * stride] = dot_row<R>(q + g * D, k, D) * scale;
+}
+
+// out[g * stride + j] = scale * sum_i q[g * D + i] * k[j][i] for G query heads and count (at most kDotKeys) key
+// rows k[j]: dot_heads for each key.
+template <int G, RowType R>
+void dot_keys(const float* q, const RowElement<R>* const* k, int count, int64_t D, float scale, float* out,
+              int64_t stride) {
+  for (int j = 0; j < count; ++j) dot_heads<G, R>(q, k[j], D, scale, out + j, stride);
 }
 
 // acc[i] += w * v[i]

@@ -52,6 +52,16 @@ template <typename T>
 inline T total(F32 x) {
   return x;
 }
+// The lanes' sums of kWidth vectors at once, one per lane (lane i: reduce_add(x[i]), the same bits), for the dot
+// products of a chunk of keys (quant/kv_rows.h): the ISAs build the kWidth trees side by side, where one vector at a
+// time spends most of a short dot product's time on its own tree. A vector goes in as its partial sum (partial_sum:
+// what reduce_add adds first, where that is lane-wise: NEON's four registers into one; the vector itself on x86).
+// kChunkDots: whether kv_rows.h's dot_keys keeps a chunk's kWidth sums in registers (not NEON's 16 x 4, which
+// would spill: there it takes one key at a time).
+constexpr bool kChunkDots = true;
+using Partial = F32;
+inline Partial partial_sum(F32 x) { return x; }
+inline F32 reduce_add_lanes(const Partial* x) { return x[0]; }
 
 // lane-wise a > b, a >= b, a == b (false where either is NaN)
 inline Mask greater(F32 a, F32 b) { return a > b; }

@@ -28,6 +28,15 @@ inline float exp_shifted_from(int64_t i, float* x, int64_t n, float top, float t
   return total;
 }
 
+// The largest of x[i, n) and top (a NaN of x never wins).
+inline float max_from(int64_t i, const float* x, int64_t n, float top) {
+  for (; i < n; ++i) top = x[i] > top ? x[i] : top;
+  return top;
+}
+
+// The largest of n scores (-inf for none).
+inline float max_of(const float* x, int64_t n) { return max_from(0, x, n, -INFINITY); }
+
 // exp(x - top) in place over n scores; returns their sum.
 inline float exp_shifted(float* x, int64_t n, float top) { return exp_shifted_from(0, x, n, top, 0.f); }
 

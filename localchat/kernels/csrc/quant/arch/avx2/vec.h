@@ -26,6 +26,26 @@ inline float reduce_add(F32 x) {
   const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
+// reduce_add_lanes (quant/generic/vec.h): the 8 sums' trees side by side, level by level as reduce_add pairs the
+// lanes (l and l + 4, then + 2, + 1)
+constexpr bool kChunkDots = true;
+using Partial = F32;
+inline Partial partial_sum(F32 x) { return x; }
+__attribute__((always_inline)) inline F32 reduce_add_lanes(const Partial* x) {
+  __m256 fours[4], twos[2];
+  for (int i = 0; i < 4; ++i) {  // [x[2i]'s 4 sums | x[2i + 1]'s]
+    fours[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x31));
+  }
+  for (int i = 0; i < 2; ++i) {  // [x[4i]'s 2 sums, x[4i + 2]'s | x[4i + 1]'s, x[4i + 3]'s]
+    const __m256d a = _mm256_castps_pd(fours[2 * i]), b = _mm256_castps_pd(fours[2 * i + 1]);
+    twos[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+  }
+  // [x0, x2, x4, x6 | x1, x3, x5, x7]'s sums
+  const __m256 sums =
+      _mm256_add_ps(_mm256_shuffle_ps(twos[0], twos[1], 0x88), _mm256_shuffle_ps(twos[0], twos[1], 0xDD));
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 inline float reduce_max(F32 x) {
   const __m128 half = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 pairs = _mm_max_ps(half, _mm_movehl_ps(half, half));

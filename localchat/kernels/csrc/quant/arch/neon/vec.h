@@ -81,6 +81,17 @@ template <typename T>
 inline T total(F32 x) {
   return reduce_add(x);
 }
+// reduce_add_lanes (quant/generic/vec.h): each vector's four registers added as reduce_add adds them (its partial
+// sum, one register), then four partial sums' lanes pairwise at once (vpaddq: vaddvq's pairs, in its order)
+constexpr bool kChunkDots = false;
+using Partial = float32x4_t;
+inline Partial partial_sum(F32 x) { return vaddq_f32(vaddq_f32(x.v[0], x.v[1]), vaddq_f32(x.v[2], x.v[3])); }
+__attribute__((always_inline)) inline F32 reduce_add_lanes(const Partial* x) {
+  return each([&](int c) {
+    const Partial* p = x + 4 * c;
+    return vpaddq_f32(vpaddq_f32(p[0], p[1]), vpaddq_f32(p[2], p[3]));
+  });
+}
 
 inline Mask greater(F32 a, F32 b) { return each_mask([&](int c) { return vcgtq_f32(a.v[c], b.v[c]); }); }
 inline Mask greater_equal(F32 a, F32 b) { return each_mask([&](int c) { return vcgeq_f32(a.v[c], b.v[c]); }); }
