@@ -293,6 +293,33 @@ inline void panel_chunk(const HalfCodes w[][2], const __m256 s[][2], const Activ
   }
 }
 
+// The panel (panel_dots) of a pass of rows of file blocks, as every block type's runs it (arch/avx512/common.h's
+// panel_blocks on 256-bit vectors): chunk c of weight row r unpacked by chunk(r, row, c, w, s) (its two halves'
+// codes and lanes' weight scales; r's state across chunks is the hook's), then panel_chunk, and each pair's lanes
+// summed by finish_row with offsets(row, activation row) where the weights have mins (!SYMMETRIC).
+template <bool PRECISE, bool SYMMETRIC, int BITS, typename Chunk, typename Offsets>
+void panel_blocks(const PassView& v, int64_t chunks, const Layout& L, const ActivationRow* acts, int64_t mt, int rows,
+                  float* out, int64_t out_stride, void* scratch, const Chunk& chunk, const Offsets& offsets) {
+  __m256* acc = static_cast<__m256*>(scratch);  // [mt][kRowsPerPass]
+  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm256_setzero_ps();
+  auto row = [&](int r) { return v.w + (r < rows ? r : 0) * v.row_step; };  // a short pass repeats row 0
+  for (int64_t c = 0; c < chunks; ++c) {
+    HalfCodes w[kRowsPerPass][2];
+    __m256 s[kRowsPerPass][2];
+    for (int r = 0; r < kRowsPerPass; ++r) chunk(r, row(r), c, w[r], s[r]);
+    panel_chunk<PRECISE, SYMMETRIC, BITS>(w, s, acts, mt, c, L, acc);
+  }
+  for (int64_t t = 0; t < mt; ++t) {
+    for (int r = 0; r < rows; ++r) {
+      const __m256 extra = SYMMETRIC ? _mm256_setzero_ps() : offsets(row(r), acts[t]);
+      out[t * out_stride + r] = finish_row<SYMMETRIC>(acc[t * kRowsPerPass + r], extra);
+    }
+  }
+}
+
+// panel_blocks' offsets for weights without mins
+constexpr auto kNoOffsets = [](const uint8_t*, const ActivationRow&) { return _mm256_setzero_ps(); };
+
 }  // namespace isa
 }  // namespace
 #endif

@@ -101,32 +101,21 @@ void panel_k_blocks(const PassView& v, int64_t, int64_t chunks, int64_t, const L
                     int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
   const HalfIndex& index = half_index(L.groups_per_chunk);
   const int64_t blocks = chunks / 2;
-  __m256* acc = static_cast<__m256*>(scratch);  // [mt][kRowsPerPass]
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm256_setzero_ps();
   __m256 scales[kRowsPerPass][2];
-  auto row = [&](int r) { return v.w + (r < rows ? r : 0) * v.row_step; };  // a short pass repeats row 0
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int r, const uint8_t* row, int64_t c, HalfCodes* w, __m256* s) {
     const int64_t j = c % 4, b = c / 2;
-    HalfCodes w[kRowsPerPass][2];
-    __m256 s[kRowsPerPass][2];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      const uint8_t* block = row(r) + b * k_block_bytes<BITS>();
-      if (j == 0) k_blocks_scales<BITS>(block, b + 1 < blocks, scales[r]);
-      for (int h = 0; h < 2; ++h) {
-        w[r][h] = k_blocks_half<BITS>(block, static_cast<int>(c % 2), h);
-        s[r][h] = to_lanes(scales[r], index, j, h);
-      }
+    const uint8_t* block = row + b * k_block_bytes<BITS>();
+    if (j == 0) k_blocks_scales<BITS>(block, b + 1 < blocks, scales[r]);
+    for (int h = 0; h < 2; ++h) {
+      w[h] = k_blocks_half<BITS>(block, static_cast<int>(c % 2), h);
+      s[h] = to_lanes(scales[r], index, j, h);
     }
-    panel_chunk<PRECISE, false, 4>(w, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) {
-      const __m256 offsets = k_blocks_offsets<BITS>(row(r), blocks, acts[t].group_terms);
-      out[t * out_stride + r] = finish_row<false>(acc[t * kRowsPerPass + r], offsets);
-    }
-  }
+  };
+  auto offsets = [&](const uint8_t* row, const ActivationRow& a) {
+    return k_blocks_offsets<BITS>(row, blocks, a.group_terms);
+  };
+  panel_blocks<PRECISE, false, 4>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, offsets);
 }
-
 
 }  // namespace isa
 }  // namespace

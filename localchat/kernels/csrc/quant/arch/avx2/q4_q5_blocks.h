@@ -103,34 +103,23 @@ void panel_q4(const PassView& v, int64_t groups, int64_t chunks, int64_t, const 
               int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
   constexpr int64_t kBytes = q4_block_bytes<MINS, FIFTH>();
   const HalfIndex& index = half_index(L.groups_per_chunk);
-  __m256* acc = static_cast<__m256*>(scratch);  // [mt][kRowsPerPass]
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm256_setzero_ps();
   __m256 block[kRowsPerPass][2];
-  auto row = [&](int r) { return v.w + (r < rows ? r : 0) * v.row_step; };  // a short pass repeats row 0
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int r, const uint8_t* row, int64_t c, HalfCodes* w, __m256* s) {
     const int64_t j = c % (kGroupBlock / 4), g0 = (c - j) * 4;
-    HalfCodes w[kRowsPerPass][2];
-    __m256 s[kRowsPerPass][2];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      if (j == 0) {
-        __m256 mins[2];
-        q4_params<MINS, FIFTH>(row(r) + g0 * kBytes, groups - g0, block[r], mins);
-      }
-      for (int h = 0; h < 2; ++h) {
-        w[r][h] = q4_half<MINS, FIFTH>(row(r), c, h, groups - 4 * c);
-        s[r][h] = to_lanes(block[r], index, j, h);
-      }
+    if (j == 0) {
+      __m256 mins[2];
+      q4_params<MINS, FIFTH>(row + g0 * kBytes, groups - g0, block[r], mins);
     }
-    panel_chunk<PRECISE, !MINS, 4>(w, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) {
-      const __m256 offsets = MINS ? q4_1_offsets<FIFTH>(row(r), groups, acts[t].group_terms) : _mm256_setzero_ps();
-      out[t * out_stride + r] = finish_row<!MINS>(acc[t * kRowsPerPass + r], offsets);
+    for (int h = 0; h < 2; ++h) {
+      w[h] = q4_half<MINS, FIFTH>(row, c, h, groups - 4 * c);
+      s[h] = to_lanes(block[r], index, j, h);
     }
-  }
+  };
+  auto offsets = [&](const uint8_t* row, const ActivationRow& a) {
+    return q4_1_offsets<FIFTH>(row, groups, a.group_terms);
+  };
+  panel_blocks<PRECISE, !MINS, 4>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, offsets);
 }
-
 
 }  // namespace isa
 }  // namespace

@@ -72,28 +72,18 @@ template <bool PRECISE>
 void panel_q6k(const PassView& v, int64_t, int64_t chunks, int64_t, const Layout& L, const ActivationRow* acts,
                int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
   const HalfIndex& index = half_index(L.groups_per_chunk);
-  __m256* acc = static_cast<__m256*>(scratch);  // [mt][kRowsPerPass]
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm256_setzero_ps();
   __m256 scales[kRowsPerPass][2];
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int r, const uint8_t* row, int64_t c, HalfCodes* w, __m256* s) {
     const int hc = static_cast<int>(c % 2);
-    HalfCodes w[kRowsPerPass][2];
-    __m256 s[kRowsPerPass][2];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      const uint8_t* block = v.w + (r < rows ? r : 0) * v.row_step + c / 2 * kQ6KBytes;
-      if (hc == 0) q6k_scales(block, scales[r]);
-      for (int h = 0; h < 2; ++h) {
-        w[r][h] = q6k_half(block, hc, h);
-        s[r][h] = to_lanes(scales[r], index, hc, h);
-      }
+    const uint8_t* block = row + c / 2 * kQ6KBytes;
+    if (hc == 0) q6k_scales(block, scales[r]);
+    for (int h = 0; h < 2; ++h) {
+      w[h] = q6k_half(block, hc, h);
+      s[h] = to_lanes(scales[r], index, hc, h);
     }
-    panel_chunk<PRECISE, true, 6>(w, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) out[t * out_stride + r] = finish_row<true>(acc[t * kRowsPerPass + r], _mm256_setzero_ps());
-  }
+  };
+  panel_blocks<PRECISE, true, 6>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, kNoOffsets);
 }
-
 
 }  // namespace isa
 }  // namespace

@@ -56,28 +56,17 @@ template <bool PRECISE>
 void panel_q8_0(const PassView& v, int64_t groups, int64_t chunks, int64_t, const Layout& L, const ActivationRow* acts,
                 int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
   const HalfIndex& index = half_index(L.groups_per_chunk);
-  __m256* acc = static_cast<__m256*>(scratch);  // [mt][kRowsPerPass]
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm256_setzero_ps();
   __m256 block[kRowsPerPass][2];
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int r, const uint8_t* row, int64_t c, HalfCodes* w, __m256* s) {
     const int64_t j = c % (kGroupBlock / 2), g0 = (c - j) * 2;
-    HalfCodes w[kRowsPerPass][2];
-    __m256 s[kRowsPerPass][2];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      const uint8_t* row = v.w + (r < rows ? r : 0) * v.row_step;  // a short pass repeats row 0
-      if (j == 0) q8_0_scales(row + g0 * kQ8_0Bytes, groups - g0, block[r]);
-      for (int h = 0; h < 2; ++h) {
-        w[r][h] = q8_0_half(row, c, h, groups);
-        s[r][h] = to_lanes(block[r], index, j, h);
-      }
+    if (j == 0) q8_0_scales(row + g0 * kQ8_0Bytes, groups - g0, block[r]);
+    for (int h = 0; h < 2; ++h) {
+      w[h] = q8_0_half(row, c, h, groups);
+      s[h] = to_lanes(block[r], index, j, h);
     }
-    panel_chunk<PRECISE, true, 8>(w, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) out[t * out_stride + r] = finish_row<true>(acc[t * kRowsPerPass + r], _mm256_setzero_ps());
-  }
+  };
+  panel_blocks<PRECISE, true, 8>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, kNoOffsets);
 }
-
 
 }  // namespace isa
 }  // namespace

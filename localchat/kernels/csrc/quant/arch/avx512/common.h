@@ -248,6 +248,34 @@ inline void panel_chunk(const __m512i lo[], const __m512i hi[], const __m512 s[]
   }
 }
 
+// The panel (panel_dots) of a pass of rows of file blocks, as every block type's runs it: chunk c of weight row r
+// unpacked by chunk(r, row, c, lo, hi, s) (its codes, 8-bit ones in lo alone, and its lanes' weight scales; r's
+// state across chunks is the hook's), then panel_chunk for the activation rows, and each pair's lanes summed, with
+// offsets(row, activation row) first where the weights have mins (!SYMMETRIC), as its GEMV sums them.
+template <bool PRECISE, bool SYMMETRIC, int BITS, typename Chunk, typename Offsets>
+void panel_blocks(const PassView& v, int64_t chunks, const Layout& L, const ActivationRow* acts, int64_t mt, int rows,
+                  float* out, int64_t out_stride, void* scratch, const Chunk& chunk, const Offsets& offsets) {
+  __m512* acc = static_cast<__m512*>(scratch);  // [mt][kRowsPerPass]
+  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
+  auto row = [&](int r) { return v.w + (r < rows ? r : 0) * v.row_step; };  // a short pass repeats row 0
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m512i lo[kRowsPerPass], hi[kRowsPerPass];
+    __m512 s[kRowsPerPass];
+    for (int r = 0; r < kRowsPerPass; ++r) chunk(r, row(r), c, lo[r], hi[r], s[r]);
+    panel_chunk<PRECISE, SYMMETRIC, BITS>(lo, hi, s, acts, mt, c, L, acc);
+  }
+  for (int64_t t = 0; t < mt; ++t) {
+    for (int r = 0; r < rows; ++r) {
+      __m512 total = acc[t * kRowsPerPass + r];
+      if constexpr (!SYMMETRIC) total = _mm512_add_ps(total, offsets(row(r), acts[t]));
+      out[t * out_stride + r] = _mm512_reduce_add_ps(total);
+    }
+  }
+}
+
+// panel_blocks' offsets for weights without mins
+constexpr auto kNoOffsets = [](const uint8_t*, const ActivationRow&) { return _mm512_setzero_ps(); };
+
 }  // namespace isa
 }  // namespace
 #endif

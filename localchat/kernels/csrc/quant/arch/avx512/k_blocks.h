@@ -90,34 +90,22 @@ template <bool PRECISE, int BITS>
 void panel_k_blocks(const PassView& v, int64_t, int64_t chunks, int64_t, const Layout& L, const ActivationRow* acts,
                     int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
   const int64_t blocks = chunks / 2;
-  __m512* acc = static_cast<__m512*>(scratch);
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   __m512 scales[kRowsPerPass];
-  auto row = [&](int r) { return v.w + (r < rows ? r : 0) * v.row_step; };  // a short pass repeats row 0
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int r, const uint8_t* row, int64_t c, __m512i& lo, __m512i& hi, __m512& s) {
     const int64_t j = c % 4, b = c / 2;
-    const __m512i lanes = _mm512_load_si512(kChunkIndex4.lanes[j]);
-    __m512i lo[kRowsPerPass], hi[kRowsPerPass];
-    __m512 s[kRowsPerPass];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      const uint8_t* block = row(r) + b * k_block_bytes<BITS>();
-      if (j == 0) {
-        __m512 mins;
-        k_blocks_params<BITS>(block, b + 1 < blocks, scales[r], mins);
-      }
-      k_blocks_chunk<BITS>(block, static_cast<int>(c % 2), lo[r], hi[r]);
-      s[r] = _mm512_permutexvar_ps(lanes, scales[r]);
+    const uint8_t* block = row + b * k_block_bytes<BITS>();
+    if (j == 0) {
+      __m512 mins;
+      k_blocks_params<BITS>(block, b + 1 < blocks, scales[r], mins);
     }
-    panel_chunk<PRECISE, false, 4>(lo, hi, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) {
-      const __m512 offsets = k_blocks_offsets<BITS>(row(r), blocks, acts[t].group_terms);
-      out[t * out_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t * kRowsPerPass + r], offsets));
-    }
-  }
+    k_blocks_chunk<BITS>(block, static_cast<int>(c % 2), lo, hi);
+    s = _mm512_permutexvar_ps(_mm512_load_si512(kChunkIndex4.lanes[j]), scales[r]);
+  };
+  auto offsets = [&](const uint8_t* row, const ActivationRow& a) {
+    return k_blocks_offsets<BITS>(row, blocks, a.group_terms);
+  };
+  panel_blocks<PRECISE, false, 4>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, offsets);
 }
-
 
 }  // namespace isa
 }  // namespace

@@ -116,23 +116,13 @@ void gemv_mxfp4(const PassView& v, int64_t, int64_t groups, int64_t chunks, int6
 template <bool PRECISE>
 void panel_mxfp4(const PassView& v, int64_t groups, int64_t chunks, int64_t, const Layout& L,
                  const ActivationRow* acts, int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
-  __m512* acc = static_cast<__m512*>(scratch);
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);  // each lane's group
-  auto row = [&](int r) { return v.w + (r < rows ? r : 0) * v.row_step; };  // a short pass repeats row 0
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int, const uint8_t* row, int64_t c, __m512i& lo, __m512i& hi, __m512& s) {
     const int64_t n = std::min<int64_t>(4, groups - 4 * c);
-    __m512i lo[kRowsPerPass], hi[kRowsPerPass];
-    __m512 s[kRowsPerPass];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      mxfp4_chunk(row(r), c, n, lo[r], hi[r]);
-      s[r] = _mm512_permutexvar_ps(quarters, _mm512_castps128_ps512(mxfp4_chunk_params(row(r) + 4 * c * kMxfp4Bytes, n)));
-    }
-    panel_chunk<PRECISE, true, 4>(lo, hi, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[t * kRowsPerPass + r]);
-  }
+    mxfp4_chunk(row, c, n, lo, hi);
+    s = _mm512_permutexvar_ps(quarters, _mm512_castps128_ps512(mxfp4_chunk_params(row + 4 * c * kMxfp4Bytes, n)));
+  };
+  panel_blocks<PRECISE, true, 4>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, kNoOffsets);
 }
 
 }  // namespace isa

@@ -56,25 +56,15 @@ void gemv_q6k(const PassView& v, int64_t, int64_t, int64_t chunks, int64_t, cons
 template <bool PRECISE>
 void panel_q6k(const PassView& v, int64_t, int64_t chunks, int64_t, const Layout& L, const ActivationRow* acts,
                int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
-  __m512* acc = static_cast<__m512*>(scratch);
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   __m512 scales[kRowsPerPass];
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int r, const uint8_t* row, int64_t c, __m512i& lo, __m512i& hi, __m512& s) {
     const int h = static_cast<int>(c % 2);
-    const __m512i lanes = _mm512_load_si512(kChunkIndex8.lanes[h]);
-    __m512i lo[kRowsPerPass], hi[kRowsPerPass];
-    __m512 s[kRowsPerPass];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      const uint8_t* block = v.w + (r < rows ? r : 0) * v.row_step + c / 2 * kQ6KBytes;  // a short pass repeats row 0
-      if (h == 0) scales[r] = q6k_scales(block);
-      q6k_chunk(block, h, lo[r], hi[r]);
-      s[r] = _mm512_permutexvar_ps(lanes, scales[r]);
-    }
-    panel_chunk<PRECISE, true, 6>(lo, hi, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[t * kRowsPerPass + r]);
-  }
+    const uint8_t* block = row + c / 2 * kQ6KBytes;
+    if (h == 0) scales[r] = q6k_scales(block);
+    q6k_chunk(block, h, lo, hi);
+    s = _mm512_permutexvar_ps(_mm512_load_si512(kChunkIndex8.lanes[h]), scales[r]);
+  };
+  panel_blocks<PRECISE, true, 6>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, kNoOffsets);
 }
 
 // The 128 codes of chunk c (half c % 2 of block c / 2) of a Q6_K row, in natural order (dequantize_row).

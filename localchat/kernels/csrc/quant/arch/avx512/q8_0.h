@@ -55,25 +55,14 @@ void gemv_q8_0(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64
 template <bool PRECISE>
 void panel_q8_0(const PassView& v, int64_t groups, int64_t chunks, int64_t, const Layout& L, const ActivationRow* acts,
                 int64_t mt, int rows, float* out, int64_t out_stride, void* scratch) {
-  __m512* acc = static_cast<__m512*>(scratch);
-  for (int64_t i = 0; i < mt * kRowsPerPass; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);  // each lane's group
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto chunk = [&](int, const uint8_t* row, int64_t c, __m512i& lo, __m512i& hi, __m512& s) {
     const bool two = 2 * c + 1 < groups;
-    __m512i codes[kRowsPerPass];
-    __m512 s[kRowsPerPass];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      const uint8_t* row = v.w + (r < rows ? r : 0) * v.row_step;  // a short pass repeats row 0
-      codes[r] = q8_0_chunk(row, c, two);
-      s[r] = _mm512_permutexvar_ps(halves, q8_0_scales(row + 2 * c * kQ8_0Bytes, two ? 2 : 1));
-    }
-    panel_chunk<PRECISE, true, 8>(codes, codes, s, acts, mt, c, L, acc);
-  }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[t * kRowsPerPass + r]);
-  }
+    lo = hi = q8_0_chunk(row, c, two);
+    s = _mm512_permutexvar_ps(halves, q8_0_scales(row + 2 * c * kQ8_0Bytes, two ? 2 : 1));
+  };
+  panel_blocks<PRECISE, true, 8>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, kNoOffsets);
 }
-
 
 }  // namespace isa
 }  // namespace
