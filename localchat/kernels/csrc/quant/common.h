@@ -188,6 +188,7 @@ constexpr int64_t kQ5KBytes = quant_type(kBlocksQ5_K).block_bytes;
 constexpr int64_t kQ8_0Weights = quant_type(kBlocksQ8_0).block_weights, kQ8_0Bytes = quant_type(kBlocksQ8_0).block_bytes;
 constexpr int64_t kQ4_0Bytes = quant_type(kBlocksQ4_0).block_bytes, kQ4_1Bytes = quant_type(kBlocksQ4_1).block_bytes;
 constexpr int64_t kQ5_0Bytes = quant_type(kBlocksQ5_0).block_bytes, kQ5_1Bytes = quant_type(kBlocksQ5_1).block_bytes;
+constexpr int64_t kMxfp4Bytes = quant_type(kBlocksMXFP4).block_bytes;  // an E8M0 byte and 16 bytes of codes
 // Where a Q6_K block's top bits, int8 sub-scales and float16 d lie; a Q4_K block's 12 bytes of sub-scales and sub-mins
 // and its codes (float16 d and dmin come first); a Q5_K block is the same with 32 bytes of fifth bits before the codes.
 constexpr int64_t kQ6KHighBits = 128, kQ6KSubScales = 192, kQ6KSuperScale = 208;

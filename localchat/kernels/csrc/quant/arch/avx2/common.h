@@ -293,6 +293,37 @@ inline void panel_chunk(const HalfCodes w[][2], const __m256 s[][2], const Activ
   }
 }
 
+// The GEMV of a pass of rows of file blocks whose groups are blocks (Q4_0/Q4_1/Q5_0/Q5_1, Q8_0, MXFP4), as each of
+// those types runs it: a row at a time, each kGroupBlock groups' weight scales (and, where the weights have mins,
+// their terms into offsets) from params(row + g0 blocks, groups left, sd, offsets) after prefetching the stream
+// `ahead` bytes on, times the activation's group scales, then each chunk's halves (half(row, c, h)) through
+// lane_dots, and the row's lanes summed by finish_row.
+template <bool PRECISE, bool SYMMETRIC, int BITS, int GROUPS_PER_CHUNK, typename Params, typename Half>
+void gemv_group_blocks(const PassView& v, int64_t groups, int64_t chunks, const Layout& L, const ActivationRow& a,
+                       int rows, float* out, int64_t block_bytes, int64_t ahead, const Params& params,
+                       const Half& half) {
+  const HalfIndex& index = half_index(L.groups_per_chunk);
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = v.w + r * v.row_step;
+    __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
+    for (int64_t g0 = 0; g0 < groups; g0 += kGroupBlock) {
+      prefetch_ahead(row + g0 * block_bytes, ahead, kGroupBlock * block_bytes);
+      __m256 sd[2];
+      params(row + g0 * block_bytes, groups - g0, g0, sd, offsets);
+      times_activation_scales(sd, a, g0);
+      const int64_t c0 = g0 / GROUPS_PER_CHUNK, c1 = std::min(chunks, c0 + kGroupBlock / GROUPS_PER_CHUNK);
+      for (int64_t c = c0; c < c1; ++c) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(half(row, c, h), h, a, c, L);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, c - c0, h), acc);
+        }
+      }
+    }
+    out[r] = finish_row<SYMMETRIC>(acc, offsets);
+  }
+}
+
 // The panel (panel_dots) of a pass of rows of file blocks, as every block type's runs it (arch/avx512/common.h's
 // panel_blocks on 256-bit vectors): chunk c of weight row r unpacked by chunk(r, row, c, w, s) (its two halves'
 // codes and lanes' weight scales; r's state across chunks is the hook's), then panel_chunk, and each pair's lanes

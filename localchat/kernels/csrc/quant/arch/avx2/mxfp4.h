@@ -10,9 +10,6 @@
 namespace {
 namespace isa {
 
-constexpr int64_t kMxfp4Bytes = 17;
-static_assert(kMxfp4Bytes == quant_type(kBlocksMXFP4).block_bytes, "an E8M0 byte and 16 bytes of codes");
-
 // The scales of groups 0-7 and 8-15 of the blocks from `block` (n of them left), zero past them.
 inline void mxfp4_params(const uint8_t* block, int64_t n, __m256 scales[2]) {
   alignas(32) float s[kGroupBlock] = {};
@@ -43,26 +40,10 @@ inline HalfCodes mxfp4_half(const uint8_t* row, int64_t c, int h, int64_t n) {
 template <bool PRECISE>
 void gemv_mxfp4(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64_t, const Layout& L,
                 const ActivationRow& a, int rows, float* out) {
-  const HalfIndex& index = half_index(L.groups_per_chunk);
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = v.w + r * v.row_step;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t g0 = 0; g0 < groups; g0 += kGroupBlock) {
-      prefetch_ahead(row + g0 * kMxfp4Bytes, kPrefetchBytes, kGroupBlock * kMxfp4Bytes);
-      __m256 sd[2];
-      mxfp4_params(row + g0 * kMxfp4Bytes, groups - g0, sd);
-      times_activation_scales(sd, a, g0);
-      const int64_t c0 = g0 / 4, c1 = std::min(chunks, c0 + kGroupBlock / 4);
-      for (int64_t c = c0; c < c1; ++c) {
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          const __m256i dot = lane_dots<PRECISE, true, 4>(mxfp4_half(row, c, h, groups - 4 * c), h, a, c, L);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, c - c0, h), acc);
-        }
-      }
-    }
-    out[r] = finish_row<true>(acc, _mm256_setzero_ps());
-  }
+  auto params = [](const uint8_t* blocks, int64_t n, int64_t, __m256 sd[2], __m256&) { mxfp4_params(blocks, n, sd); };
+  auto half = [&](const uint8_t* row, int64_t c, int h) { return mxfp4_half(row, c, h, groups - 4 * c); };
+  gemv_group_blocks<PRECISE, true, 4, 4>(v, groups, chunks, L, a, rows, out, kMxfp4Bytes, kPrefetchBytes, params,
+                                         half);
 }
 
 // panel_dots<PRECISE, true, 4, false> for a pass of rows of MXFP4 blocks, in panel_q4's order.

@@ -70,31 +70,17 @@ inline __m256 q4_1_offsets(const uint8_t* row, int64_t groups, const float* term
 template <bool PRECISE, bool MINS, bool FIFTH>
 void gemv_q4(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64_t, const Layout& L,
              const ActivationRow& a, int rows, float* out) {
-  constexpr int64_t kBytes = q4_block_bytes<MINS, FIFTH>();
-  const HalfIndex& index = half_index(L.groups_per_chunk);
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = v.w + r * v.row_step;
-    __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
-    for (int64_t g0 = 0; g0 < groups; g0 += kGroupBlock) {
-      prefetch_ahead(row + g0 * kBytes, kPrefetchBytes, kGroupBlock * kBytes);
-      __m256 sd[2], mins[2];
-      q4_params<MINS, FIFTH>(row + g0 * kBytes, groups - g0, sd, mins);
-      if (MINS) {
-        offsets = _mm256_fmadd_ps(mins[0], _mm256_loadu_ps(a.group_terms + g0), offsets);
-        offsets = _mm256_fmadd_ps(mins[1], _mm256_loadu_ps(a.group_terms + g0 + 8), offsets);
-      }
-      times_activation_scales(sd, a, g0);
-      const int64_t c0 = g0 / 4, c1 = std::min(chunks, c0 + kGroupBlock / 4);
-      for (int64_t c = c0; c < c1; ++c) {
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          const __m256i dot = lane_dots<PRECISE, !MINS, 4>(q4_half<MINS, FIFTH>(row, c, h, groups - 4 * c), h, a, c, L);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, c - c0, h), acc);
-        }
-      }
+  auto params = [&](const uint8_t* blocks, int64_t n, int64_t g0, __m256 sd[2], __m256& offsets) {
+    __m256 mins[2];
+    q4_params<MINS, FIFTH>(blocks, n, sd, mins);
+    if (MINS) {
+      offsets = _mm256_fmadd_ps(mins[0], _mm256_loadu_ps(a.group_terms + g0), offsets);
+      offsets = _mm256_fmadd_ps(mins[1], _mm256_loadu_ps(a.group_terms + g0 + 8), offsets);
     }
-    out[r] = finish_row<!MINS>(acc, offsets);
-  }
+  };
+  auto half = [&](const uint8_t* row, int64_t c, int h) { return q4_half<MINS, FIFTH>(row, c, h, groups - 4 * c); };
+  gemv_group_blocks<PRECISE, !MINS, 4, 4>(v, groups, chunks, L, a, rows, out, q4_block_bytes<MINS, FIFTH>(),
+                                          kPrefetchBytes, params, half);
 }
 
 // panel_dots<PRECISE, !MINS, 4, false> for a pass of rows of blocks, in panel_dots' order.

@@ -29,26 +29,10 @@ inline HalfCodes q8_0_half(const uint8_t* row, int64_t c, int h, int64_t groups)
 template <bool PRECISE>
 void gemv_q8_0(const PassView& v, int64_t, int64_t groups, int64_t chunks, int64_t, const Layout& L,
                const ActivationRow& a, int rows, float* out) {
-  const HalfIndex& index = half_index(L.groups_per_chunk);
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = v.w + r * v.row_step;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t g0 = 0; g0 < groups; g0 += kGroupBlock) {
-      prefetch_ahead(row + g0 * kQ8_0Bytes, kQ8_0PrefetchBytes, kQ8_0StepBytes);
-      __m256 sd[2];
-      q8_0_scales(row + g0 * kQ8_0Bytes, groups - g0, sd);
-      times_activation_scales(sd, a, g0);
-      const int64_t c0 = g0 / 2, c1 = std::min(chunks, c0 + kGroupBlock / 2);
-      for (int64_t c = c0; c < c1; ++c) {
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          const __m256i dot = lane_dots<PRECISE, true, 8>(q8_0_half(row, c, h, groups), h, a, c, L);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, c - c0, h), acc);
-        }
-      }
-    }
-    out[r] = finish_row<true>(acc, _mm256_setzero_ps());
-  }
+  auto params = [](const uint8_t* blocks, int64_t n, int64_t, __m256 sd[2], __m256&) { q8_0_scales(blocks, n, sd); };
+  auto half = [&](const uint8_t* row, int64_t c, int h) { return q8_0_half(row, c, h, groups); };
+  gemv_group_blocks<PRECISE, true, 8, 2>(v, groups, chunks, L, a, rows, out, kQ8_0Bytes, kQ8_0PrefetchBytes, params,
+                                         half);
 }
 
 // panel_dots<PRECISE, true, 8, false> for a pass of Q8_0 rows.

@@ -13,9 +13,6 @@
 namespace {
 namespace isa {
 
-constexpr int64_t kMxfp4Bytes = 17;
-static_assert(kMxfp4Bytes == quant_type(kBlocksMXFP4).block_bytes, "an E8M0 byte and 16 bytes of codes");
-
 // The kernels' codes of each 4-bit code (kMxfp4Values + 12), in each 128-bit lane for the byte shuffle.
 inline __m512i mxfp4_code_table() {
   return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
