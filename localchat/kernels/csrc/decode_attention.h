@@ -83,16 +83,6 @@ void softcap_scores(float* s, int64_t n, float cap) {
   }
 }
 
-// Prefetch the cache lines of `bytes` bytes at p. (The empty asm marks each prefetch as wanted: GCC 12 at -O2 deleted
-// a loop nest whose only work was prefetches, as it deletes loops without effects.)
-inline void prefetch_lines(const void* p, int64_t bytes) {
-  const char* start = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) {
-    __builtin_prefetch(start + b);
-    asm volatile("" : : "r"(start + b));
-  }
-}
-
 // One token's part in attend_ranges: its rotated queries ([Hq * D]), its view of the pool, its key range [j0, j1),
 // its own key and value (cur_k / cur_v: a row of Hkv * D values rounded to the pool's type, the last key, not read
 // from the pool: another thread may still be storing them), and where its partials go.

@@ -69,15 +69,15 @@ int64_t key_splits(int64_t length) {
 // Range c of `splits` over `length` keys: its first key (its end is the next range's first).
 int64_t split_start(int64_t length, int64_t c, int64_t splits) { return length * c / splits; }
 
-// What each thread of the decode region keeps for itself: its copy of the residual stream and the normalized input
-// of the next projection ([rows][hidden] each), SiLU's products, one token's rotated keys and queries, the attention
-// outputs (all heads, merged, [rows][Hq * D]) and attention scores, one token's activation rows, and (when
-// profiling) the cycles it spent in each phase.
 // One task of several tokens' attention: range c of the tokens [m0, m1) of one sequence, following each other.
 struct RangeTask {
   int64_t m0, m1, c;
 };
 
+// What each thread of the decode region keeps for itself: its copy of the residual stream and the normalized input
+// of the next projection ([rows][hidden] each), SiLU's products, one token's rotated keys and queries, the attention
+// outputs (all heads, merged, [rows][Hq * D]) and attention scores, one token's activation rows, and (when
+// profiling) the cycles it spent in each phase.
 struct ThreadScratch {
   std::vector<float> residual, normed, product, keys, queries, attention;
   SharedActivations inputs;      // one token's

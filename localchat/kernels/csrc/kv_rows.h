@@ -60,18 +60,9 @@ void for_head_blocks(int64_t group, F f) {
   }
 }
 
-// out[g * stride] = scale * sum_i q[g * D + i] * k[i] for `group` query heads that share the key row k: G of them
-// at a time, their sums in flight together, each chunk of k loaded (and widened) once for all G (quant/kv_rows.h).
-template <typename T>
-void dot_group(const float* q, const T* k, int64_t D, int64_t group, float scale, float* out, int64_t stride) {
-  for_head_blocks(group, [&](auto heads, int64_t g) {
-    kv_rows::dot_heads<decltype(heads)::value, row_type<T>()>(q + g * D, elements(k), D, scale, out + g * stride,
-                                                              stride);
-  });
-}
-
-// dot_group for the `count` (at most kDotKeys) key rows rows[j] + offset, each key's scores out[g * stride + j]: the
-// same bits, the keys' sums reduced together (quant/kv_rows.h).
+// out[g * stride + j] = scale * sum_i q[g * D + i] * k_j[i] for `group` query heads that share the `count` (at most
+// kDotKeys) key rows k_j = rows[j] + offset: G heads at a time, each key's chunks loaded (and widened) once for all
+// G, the keys' sums reduced together (quant/kv_rows.h: dot_heads' bits, key by key).
 template <typename T>
 void dot_group_keys(const float* q, const T* const* rows, int64_t offset, int count, int64_t D, int64_t group,
                     float scale, float* out, int64_t stride) {
@@ -100,18 +91,15 @@ void add_weighted_rows(const T* v, int64_t row, int64_t count, const float* w, i
   });
 }
 
-// The same three for a q8_0 pool: a key row's dot products, a run of value rows' weighted sums (`row` in blocks) and
-// the store, on the codes and scales (quant/kv_q8.h).
-inline void dot_group(const float* q, const KvQ8Block* k, int64_t D, int64_t group, float scale, float* out,
-                      int64_t stride) {
-  for_head_blocks(group, [&](auto heads, int64_t g) {
-    kv_q8::kv_q8_dot<decltype(heads)::value>(q + g * D, k, D, scale, out + g * stride, stride);
-  });
-}
-
+// The same three for a q8_0 pool: a chunk of key rows' dot products (key by key, on the codes and scales), a run of
+// value rows' weighted sums (`row` in blocks) and the store (quant/kv_q8.h).
 inline void dot_group_keys(const float* q, const KvQ8Block* const* rows, int64_t offset, int count, int64_t D,
                            int64_t group, float scale, float* out, int64_t stride) {
-  for (int j = 0; j < count; ++j) dot_group(q, rows[j] + offset, D, group, scale, out + j, stride);
+  for (int j = 0; j < count; ++j) {
+    for_head_blocks(group, [&](auto heads, int64_t g) {
+      kv_q8::kv_q8_dot<decltype(heads)::value>(q + g * D, rows[j] + offset, D, scale, out + g * stride + j, stride);
+    });
+  }
 }
 
 inline void add_weighted_rows(const KvQ8Block* v, int64_t row, int64_t count, const float* w, int64_t w_stride,

@@ -81,9 +81,7 @@ constexpr int64_t kQ6KPrefetchBlocks = 32;
 
 // Prefetch the cache lines of `bytes` bytes from `distance` bytes past p, in a stream of blocks (past a weight's end:
 // harmless).
-inline void prefetch_ahead(const uint8_t* p, int64_t distance, int64_t bytes) {
-  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + distance + line);
-}
+inline void prefetch_ahead(const uint8_t* p, int64_t distance, int64_t bytes) { prefetch_lines(p + distance, bytes); }
 
 inline void prefetch_q6k_ahead(const uint8_t* block) { prefetch_ahead(block, kQ6KPrefetchBlocks * kQ6KBytes, kQ6KBytes); }
 
