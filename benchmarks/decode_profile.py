@@ -122,8 +122,13 @@ def main() -> None:
         attn, mlp = layer.self_attn, layer.mlp
         weights["qkv"] += _weight_bytes(attn.qkv_weight)
         weights["o"] += _weight_bytes(attn.o_weight)
-        weights["gate_up"] += _weight_bytes(mlp.gate_up_weight)
-        weights["down"] += _weight_bytes(mlp.down_weight)
+        # a mixture of experts reads its top_k experts a token: their mean bytes times top_k
+        experts = getattr(mlp, "experts", None)
+        share = mlp.moe.top_k / len(experts) if experts is not None else 1.0
+        for name in ("gate_up", "down"):
+            parts = experts if experts is not None else [mlp]
+            read = sum(_weight_bytes(getattr(part, f"{name}_weight")) for part in parts)
+            weights[name] += int(read * share)
     print(
         f"decode step {ms['step']:.2f} ms (median over {decodes} steps): stack "
         f"{ms['stack']:.2f}, LM head {ms['lm_head']:.2f}, rest {ms['rest']:.2f}"
