@@ -120,37 +120,43 @@ inline void prefetch_k_blocks_ahead(const uint8_t* pair) {
   prefetch_ahead(pair, kKBlocksPrefetch * k_block_bytes<BITS>(), 2 * k_block_bytes<BITS>());
 }
 
-// The 8 sub-scales and 8 sub-mins of a K-quant block, a byte each (group q in byte q), from its 12 packed bytes:
-// groups 0-3 keep their low 6 bits in bytes 0-3 (scales) and 4-7 (mins), groups 4-7 their low 4 bits in bytes
-// 8-11 and their top 2 bits in the top bits of bytes 0-7.
-inline void k_block_sub_params(const uint8_t* block, uint64_t& scales, uint64_t& mins) {
-  uint32_t w0, w1, w2;
-  std::memcpy(&w0, block + kQ4KSubParams, 4);
-  std::memcpy(&w1, block + kQ4KSubParams + 4, 4);
-  std::memcpy(&w2, block + kQ4KSubParams + 8, 4);
-  const uint32_t scales_hi = (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030);
-  const uint32_t mins_hi = ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030);
-  scales = (w0 & 0x3F3F3F3F) | (uint64_t{scales_hi} << 32);
-  mins = (w1 & 0x3F3F3F3F) | (uint64_t{mins_hi} << 32);
-}
-
-// The sub-scales and sub-mins of block `block` and, when `two`, the next, as 16 bytes each (zero past the
-// blocks' groups), and their d and dmin (as float16 bits: d0 dmin0 d1 dmin1, zeros past them).
+// The sub-scales and sub-mins of block `block` and, when `two`, the next, as 16 bytes each (group q of the second
+// block in byte 8 + q; zero past the blocks' groups), and their d and dmin (as float16 bits: d0 dmin0 d1 dmin1, zeros
+// past them). A block's 12 packed bytes keep groups 0-3's low 6 bits in bytes 0-3 (scales) and 4-7 (mins), groups
+// 4-7's low 4 bits in bytes 8-11 (scales low nibbles, mins high) and their top 2 bits in the top bits of bytes 0-7;
+// both blocks are unpacked at once, a block a 128-bit lane.
 template <int BITS>
 inline void k_pair_params(const uint8_t* block, bool two, __m128i& sub_scales, __m128i& sub_mins, __m128i& supers) {
-  uint64_t s0, m0, s1 = 0, m1 = 0;
-  int32_t first, second = 0;
-  k_block_sub_params(block, s0, m0);
-  std::memcpy(&first, block, 4);
-  if (two) {
-    k_block_sub_params(block + k_block_bytes<BITS>(), s1, m1);
-    std::memcpy(&second, block + k_block_bytes<BITS>(), 4);
-  }
-  sub_scales = _mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0));
-  sub_mins = _mm_set_epi64x(static_cast<int64_t>(m1), static_cast<int64_t>(m0));
-  supers = _mm_set_epi32(0, 0, second, first);
+  // bytes 4-19 of each block: its 12 packed bytes (p0-p11), then codes
+  const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ4KSubParams));
+  const __m128i second = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + k_block_bytes<BITS>() +
+                                                                               kQ4KSubParams))
+                             : _mm_setzero_si128();
+  const __m256i p = _mm256_set_m128i(second, first);
+  // per lane: the low bits' sources (p0-3: scales 0-3; p8-11: scales 4-7, low nibbles; p4-7: mins 0-3; p8-11:
+  // mins 4-7, high nibbles) and the top bits' (p0-3 for scales 4-7, p4-7 for mins 4-7; zero elsewhere)
+  const __m256i low = _mm256_shuffle_epi8(
+      p, _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8,
+                          9, 10, 11));
+  const __m256i top = _mm256_shuffle_epi8(
+      p, _mm256_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 0, 1, 2, 3, -1, -1,
+                          -1, -1, 4, 5, 6, 7));
+  const __m256i keep = _mm256_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0, 63, 63, 63, 63,
+                                        15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+  const __m256i high_nibbles = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0,
+                                                0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+  const __m256i params = _mm256_or_si256(
+      _mm256_or_si256(_mm256_and_si256(low, keep), _mm256_and_si256(_mm256_srli_epi16(low, 4), high_nibbles)),
+      _mm256_and_si256(_mm256_srli_epi16(top, 2), _mm256_set1_epi8(0x30)));
+  // lanes (scales, mins) of each block -> (scales of both, mins of both)
+  const __m256i split = _mm256_permute4x64_epi64(params, 0xD8);
+  sub_scales = _mm256_castsi256_si128(split);
+  sub_mins = _mm256_extracti128_si256(split, 1);
+  int32_t d0, d1 = 0;
+  std::memcpy(&d0, block, 4);
+  if (two) std::memcpy(&d1, block + k_block_bytes<BITS>(), 4);
+  supers = _mm_set_epi32(0, 0, d1, d0);
 }
-
 
 // Bytes ahead of the GEMV's row-by-row stream that it prefetches (about 4 KiB, as kPrefetchBytes), and the bytes
 // of the kGroupBlock groups each step reads.

@@ -85,6 +85,32 @@ inline __m256 halves_to_floats(const uint16_t* p, int64_t n) {
 // (load_low_bytes' masked loads need byte counts in whole 32-bit lanes: weight rows' code bytes are multiples of
 // 16, and an odd count of float16 values is copied.)
 
+// The two float16 values that open each of the n (clamped to 0..kGroupBlock) blocks from `block`, `bytes` apart (a
+// Q4_1 or Q5_1 block's d and m), as floats: groups 0-7 and 8-15, zero past n. Each block's first 4 bytes are
+// gathered into a lane (masked past n). (Copying the values one by one into buffers read back 16 bytes at a time
+// stalled the reads on store forwarding: 60% of a Q4_1 GEMV's time on a Zen 3. Types with one float16 a block
+// measured no faster gathered, and Q8_0 slower.)
+inline void block_half_pairs(const uint8_t* block, int64_t n, int32_t bytes, __m256 first[2], __m256 second[2]) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i offsets = _mm256_mullo_epi32(lane, _mm256_set1_epi32(bytes));
+  auto gather = [&](const uint8_t* from, int64_t left) {  // blocks from .. from + min(left, 8)
+    if (left >= 8) return _mm256_i32gather_epi32(reinterpret_cast<const int*>(from), offsets, 1);
+    if (left <= 0) return _mm256_setzero_si256();
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane);
+    return _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(from), offsets, mask, 1);
+  };
+  const __m256i low = gather(block, n), high = gather(block + 8 * static_cast<int64_t>(bytes), n - 8);
+  // a value of both gathers' lanes packed into groups 0-7 | 8-15, as floats
+  auto floats = [](__m256i a, __m256i b, __m256 out[2]) {
+    const __m256i values = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+    out[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(values));
+    out[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(values, 1));
+  };
+  const __m256i mask = _mm256_set1_epi32(0xFFFF);
+  floats(_mm256_and_si256(low, mask), _mm256_and_si256(high, mask), first);
+  floats(_mm256_srli_epi32(low, 16), _mm256_srli_epi32(high, 16), second);
+}
+
 // The (d, dmin, d, dmin) halves of row r's block b as floats (one super-block's pair at a short end).
 inline void load_supers(const PassView& v, int r, int64_t b, int64_t groups_left, float out[4]) {
   const uint16_t* p = v.supers(r, b);
@@ -239,6 +265,34 @@ inline __m256 to_lanes(const __m256 block[2], const HalfIndex& index, int64_t j,
                                   _mm256_load_si256(reinterpret_cast<const __m256i*>(index.lanes[j][h])));
 }
 
+// to_lanes' values for a GEMV, a lane-crossing shuffle per 8 groups rather than one (and an index load) per half:
+// each half of 8 scales is reordered once so that an in-lane permute gives every half's lanes. With 4 groups a chunk
+// (groups 2k and 2k + 1 of the 8 fill half h of chunk j's low and high lanes, k = 2 * (j % 2) + h) evens go to the
+// low lane and odds to the high one; with 8 (groups 4h .. 4h + 3 of chunk j's 8, two lanes each) groups 0, 1, 4, 5
+// to the low lane. Other chunk sizes keep to_lanes.
+template <int GROUPS_PER_CHUNK>
+struct BlockLanes {
+  static constexpr bool kInLane = GROUPS_PER_CHUNK == 4 || GROUPS_PER_CHUNK == 8;
+  __m256 source[2];
+  const HalfIndex* index;
+
+  BlockLanes(const __m256 block[2], const HalfIndex& halves) : index(&halves) {
+    const __m256i order = GROUPS_PER_CHUNK == 4 ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
+                                                : _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (int i = 0; i < 2; ++i) source[i] = kInLane ? _mm256_permutevar8x32_ps(block[i], order) : block[i];
+  }
+
+  __m256 at(int64_t j, int h) const {
+    if (!kInLane) return to_lanes(source, *index, j, h);
+    alignas(32) static const int32_t picks[4][8] = {
+        {0, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2}, {3, 3, 3, 3, 3, 3, 3, 3}};
+    alignas(32) static const int32_t pairs[2][8] = {{0, 0, 1, 1, 0, 0, 1, 1}, {2, 2, 3, 3, 2, 2, 3, 3}};
+    const int32_t* pick = GROUPS_PER_CHUNK == 4 ? picks[2 * (j % 2) + h] : pairs[h];
+    return _mm256_permutevar_ps(source[GROUPS_PER_CHUNK == 4 ? j / 2 : j],
+                                _mm256_load_si256(reinterpret_cast<const __m256i*>(pick)));
+  }
+};
+
 // The lanes of an asymmetric weight row's mins times the activation group sums (terms), 16 groups at a time
 // (gemv_rows forms a K-quant's in the same order as it goes).
 template <bool SYMMETRIC, bool KQ>
@@ -311,12 +365,13 @@ void gemv_group_blocks(const PassView& v, int64_t groups, int64_t chunks, const 
       __m256 sd[2];
       params(row + g0 * block_bytes, groups - g0, g0, sd, offsets);
       times_activation_scales(sd, a, g0);
+      const BlockLanes<GROUPS_PER_CHUNK> lanes(sd, index);
       const int64_t c0 = g0 / GROUPS_PER_CHUNK, c1 = std::min(chunks, c0 + kGroupBlock / GROUPS_PER_CHUNK);
       for (int64_t c = c0; c < c1; ++c) {
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(half(row, c, h), h, a, c, L);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, c - c0, h), acc);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lanes.at(c - c0, h), acc);
         }
       }
     }

@@ -82,12 +82,13 @@ void gemv_k_blocks(const PassView& v, int64_t, int64_t, int64_t chunks, int64_t,
       __m256 sd[2];
       k_blocks_scales<BITS>(block, two, sd, a.group_terms + g0, &offsets);
       times_activation_scales(sd, a, g0);
+      const BlockLanes<4> lanes(sd, index);
       for (int j = 0; j < (two ? 4 : 2); ++j) {
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           const HalfCodes w = k_blocks_half<BITS>(block + j / 2 * k_block_bytes<BITS>(), j % 2, h);
           const __m256i dot = lane_dots<PRECISE, false, 4>(w, h, a, 2 * b + j, L);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, j, h), acc);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lanes.at(j, h), acc);
         }
       }
     }

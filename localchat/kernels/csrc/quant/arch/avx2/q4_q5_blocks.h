@@ -11,17 +11,16 @@ namespace isa {
 // them, and with MINS their mins likewise.
 template <bool MINS, bool FIFTH>
 inline void q4_params(const uint8_t* block, int64_t n, __m256 scales[2], __m256 mins[2]) {
-  alignas(16) uint16_t d[kGroupBlock] = {}, m[kGroupBlock] = {};
+  if (MINS) {
+    block_half_pairs(block, n, static_cast<int32_t>(q4_block_bytes<MINS, FIFTH>()), scales, mins);
+    return;
+  }
+  alignas(16) uint16_t d[kGroupBlock] = {};
   for (int64_t i = 0; i < std::min<int64_t>(n, kGroupBlock); ++i) {
     std::memcpy(d + i, block + i * q4_block_bytes<MINS, FIFTH>(), 2);
-    if (MINS) std::memcpy(m + i, block + i * q4_block_bytes<MINS, FIFTH>() + 2, 2);
   }
   scales[0] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
   scales[1] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d + 8)));
-  if (MINS) {
-    mins[0] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(m)));
-    mins[1] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(m + 8)));
-  }
 }
 
 // 16 in byte i where bit i of `bits` is set, else 0.

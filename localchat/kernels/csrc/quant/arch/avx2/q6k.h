@@ -55,11 +55,12 @@ void gemv_q6k(const PassView& v, int64_t, int64_t, int64_t chunks, int64_t, cons
       q6k_scales(block, sd);
       sd[0] = _mm256_mul_ps(sd[0], _mm256_loadu_ps(a.group_scales + b * kGroupBlock));
       sd[1] = _mm256_mul_ps(sd[1], _mm256_loadu_ps(a.group_scales + b * kGroupBlock + 8));
+      const BlockLanes<8> lanes(sd, index);
       for (int hc = 0; hc < 2; ++hc) {
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           const __m256i dot = lane_dots<PRECISE, true, 6>(q6k_half(block, hc, h), h, a, 2 * b + hc, L);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), to_lanes(sd, index, hc, h), acc);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lanes.at(hc, h), acc);
         }
       }
     }
