@@ -337,13 +337,17 @@ inline void panel_chunk(const HalfCodes w[][2], const __m256 s[][2], const Activ
   for (int64_t t = 0; t < mt; ++t) {
     const ActivationRow& a = acts[t];
     const __m256 lane_scale[2] = {_mm256_load_ps(a.lane_scales + c * 16), _mm256_load_ps(a.lane_scales + c * 16 + 8)};
-    __m256* row_acc = acc + t * kRowsPerPass;
+    // the row's sums in registers while the chunk's products go in (stores to the accumulators between them would
+    // make the compiler load the activation's codes again for every weight row: they may alias)
+    __m256 sums[kRowsPerPass];
+    for (int r = 0; r < kRowsPerPass; ++r) sums[r] = acc[t * kRowsPerPass + r];
     for (int r = 0; r < kRowsPerPass; ++r) {
       for (int h = 0; h < 2; ++h) {
         const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r][h], h, a, c, L);
-        row_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), row_acc[r]);
+        sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), sums[r]);
       }
     }
+    for (int r = 0; r < kRowsPerPass; ++r) acc[t * kRowsPerPass + r] = sums[r];
   }
 }
 
@@ -382,7 +386,8 @@ void gemv_group_blocks(const PassView& v, int64_t groups, int64_t chunks, const 
 // The panel (panel_dots) of a pass of rows of file blocks, as every block type's runs it (arch/avx512/common.h's
 // panel_blocks on 256-bit vectors): chunk c of weight row r unpacked by chunk(r, row, c, w, s) (its two halves'
 // codes and lanes' weight scales; r's state across chunks is the hook's), then panel_chunk, and each pair's lanes
-// summed by finish_row with offsets(row, activation row) where the weights have mins (!SYMMETRIC).
+// summed by finish_row with the offsets of each weight row against every activation row where the weights have mins
+// (!SYMMETRIC: offsets(row, acts, mt, extra) fills extra[0 .. mt), the row's mins read once for all of them).
 template <bool PRECISE, bool SYMMETRIC, int BITS, typename Chunk, typename Offsets>
 void panel_blocks(const PassView& v, int64_t chunks, const Layout& L, const ActivationRow* acts, int64_t mt, int rows,
                   float* out, int64_t out_stride, void* scratch, const Chunk& chunk, const Offsets& offsets) {
@@ -395,16 +400,19 @@ void panel_blocks(const PassView& v, int64_t chunks, const Layout& L, const Acti
     for (int r = 0; r < kRowsPerPass; ++r) chunk(r, row(r), c, w[r], s[r]);
     panel_chunk<PRECISE, SYMMETRIC, BITS>(w, s, acts, mt, c, L, acc);
   }
-  for (int64_t t = 0; t < mt; ++t) {
-    for (int r = 0; r < rows; ++r) {
-      const __m256 extra = SYMMETRIC ? _mm256_setzero_ps() : offsets(row(r), acts[t]);
-      out[t * out_stride + r] = finish_row<SYMMETRIC>(acc[t * kRowsPerPass + r], extra);
+  __m256 extra[kPanelRows];  // a weight row's offsets against each activation row
+  for (int r = 0; r < rows; ++r) {
+    if (SYMMETRIC) {
+      for (int64_t t = 0; t < mt; ++t) extra[t] = _mm256_setzero_ps();
+    } else {
+      offsets(row(r), acts, mt, extra);
     }
+    for (int64_t t = 0; t < mt; ++t) out[t * out_stride + r] = finish_row<SYMMETRIC>(acc[t * kRowsPerPass + r], extra[t]);
   }
 }
 
 // panel_blocks' offsets for weights without mins
-constexpr auto kNoOffsets = [](const uint8_t*, const ActivationRow&) { return _mm256_setzero_ps(); };
+constexpr auto kNoOffsets = [](const uint8_t*, const ActivationRow*, int64_t, __m256*) {};
 
 }  // namespace isa
 }  // namespace

@@ -7,23 +7,34 @@ namespace {
 namespace isa {
 
 
+// The sub-scales of blocks `block` and (when `two`) the next times their d, and their mins times their dmin, per half
+// of 8 groups.
+template <int BITS>
+inline void k_blocks_params(const uint8_t* block, bool two, __m256 scales[2], __m256 mins[2]) {
+  __m128i sub, min_bytes, halves;
+  k_pair_params<BITS>(block, two, sub, min_bytes, halves);
+  float supers[4];
+  _mm_storeu_ps(supers, _mm_cvtph_ps(halves));
+  scales[0] = _mm256_mul_ps(low_bytes_to_floats(sub), _mm256_set1_ps(supers[0]));
+  scales[1] = _mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(sub, 8)), _mm256_set1_ps(supers[2]));
+  mins[0] = _mm256_mul_ps(low_bytes_to_floats(min_bytes), _mm256_set1_ps(supers[1]));
+  mins[1] = _mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(min_bytes, 8)), _mm256_set1_ps(supers[3]));
+}
+
+// The mins times the activation's group sums (terms: the pair's first group's) taken off `offsets`.
+inline void take_mins(const __m256 mins[2], const float* terms, __m256& offsets) {
+  offsets = _mm256_fnmadd_ps(mins[0], _mm256_loadu_ps(terms), offsets);
+  offsets = _mm256_fnmadd_ps(mins[1], _mm256_loadu_ps(terms + 8), offsets);
+}
+
 // block_scales<true> for the 16 groups of blocks `block` and, when `two`, the next: their scales per half of 8
 // groups, and with `offsets` their mins times the activation's group sums (terms: the first group's) taken off it.
 template <int BITS>
 inline void k_blocks_scales(const uint8_t* block, bool two, __m256 out[2], const float* terms = nullptr,
                             __m256* offsets = nullptr) {
-  __m128i sub, mins, halves;
-  k_pair_params<BITS>(block, two, sub, mins, halves);
-  float supers[4];
-  _mm_storeu_ps(supers, _mm_cvtph_ps(halves));
-  out[0] = _mm256_mul_ps(low_bytes_to_floats(sub), _mm256_set1_ps(supers[0]));
-  out[1] = _mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(sub, 8)), _mm256_set1_ps(supers[2]));
-  if (offsets) {
-    *offsets = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(mins), _mm256_set1_ps(supers[1])),
-                                _mm256_loadu_ps(terms), *offsets);
-    *offsets = _mm256_fnmadd_ps(_mm256_mul_ps(low_bytes_to_floats(_mm_srli_si128(mins, 8)), _mm256_set1_ps(supers[3])),
-                                _mm256_loadu_ps(terms + 8), *offsets);
-  }
+  __m256 mins[2];
+  k_blocks_params<BITS>(block, two, out, mins);
+  if (offsets) take_mins(mins, terms, *offsets);
 }
 
 // Vector half h of half hc of a block as unpack_half<4> gives a u4 chunk's: its 32 bytes hold groups 2h and 2h + 1
@@ -53,15 +64,17 @@ inline HalfCodes k_blocks_half(const uint8_t* block, int hc, int h) {
   return w;
 }
 
-// row_offsets<false, true> of a row of blocks.
+// row_offsets<false, true> of a row of blocks against activation rows acts[0 .. mt), into extra[t]: each pair of
+// blocks' mins formed once, taken off every row's offsets as k_blocks_scales takes them.
 template <int BITS>
-inline __m256 k_blocks_offsets(const uint8_t* row, int64_t blocks, const float* terms) {
-  __m256 acc = _mm256_setzero_ps();
+inline void k_blocks_offsets(const uint8_t* row, int64_t blocks, const ActivationRow* acts, int64_t mt,
+                             __m256* extra) {
+  for (int64_t t = 0; t < mt; ++t) extra[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; b += 2) {
-    __m256 scales[2];
-    k_blocks_scales<BITS>(row + b * k_block_bytes<BITS>(), b + 1 < blocks, scales, terms + 8 * b, &acc);
+    __m256 scales[2], mins[2];
+    k_blocks_params<BITS>(row + b * k_block_bytes<BITS>(), b + 1 < blocks, scales, mins);
+    for (int64_t t = 0; t < mt; ++t) take_mins(mins, acts[t].group_terms + 8 * b, extra[t]);
   }
-  return acc;
 }
 
 // gemv_rows for a pass of rows of blocks (v: row-major, row_step the row's bytes), a row at a time, in gemv_rows'
@@ -112,8 +125,8 @@ void panel_k_blocks(const PassView& v, int64_t, int64_t chunks, int64_t, const L
       s[h] = to_lanes(scales[r], index, j, h);
     }
   };
-  auto offsets = [&](const uint8_t* row, const ActivationRow& a) {
-    return k_blocks_offsets<BITS>(row, blocks, a.group_terms);
+  auto offsets = [&](const uint8_t* row, const ActivationRow* rows_of, int64_t m, __m256* extra) {
+    k_blocks_offsets<BITS>(row, blocks, rows_of, m, extra);
   };
   panel_blocks<PRECISE, false, 4>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, offsets);
 }

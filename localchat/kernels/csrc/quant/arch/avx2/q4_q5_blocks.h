@@ -52,17 +52,20 @@ inline HalfCodes q4_half(const uint8_t* row, int64_t c, int h, int64_t n) {
   return w;
 }
 
-// row_offsets<false, false> of a row of Q4_1 or (FIFTH) Q5_1 blocks: the mins' lanes, in the same order.
+// row_offsets<false, false> of a row of Q4_1 or (FIFTH) Q5_1 blocks against activation rows acts[0 .. mt), into
+// extra[t]: the mins' lanes, in the same order, each 16 blocks' read once.
 template <bool FIFTH>
-inline __m256 q4_1_offsets(const uint8_t* row, int64_t groups, const float* terms) {
-  __m256 acc = _mm256_setzero_ps();
+inline void q4_1_offsets(const uint8_t* row, int64_t groups, const ActivationRow* acts, int64_t mt, __m256* extra) {
+  for (int64_t t = 0; t < mt; ++t) extra[t] = _mm256_setzero_ps();
   for (int64_t g0 = 0; g0 < groups; g0 += kGroupBlock) {
     __m256 scales[2], mins[2];
     q4_params<true, FIFTH>(row + g0 * q4_block_bytes<true, FIFTH>(), groups - g0, scales, mins);
-    acc = _mm256_fmadd_ps(mins[0], _mm256_loadu_ps(terms + g0), acc);
-    acc = _mm256_fmadd_ps(mins[1], _mm256_loadu_ps(terms + g0 + 8), acc);
+    for (int64_t t = 0; t < mt; ++t) {
+      const float* terms = acts[t].group_terms;
+      extra[t] = _mm256_fmadd_ps(mins[0], _mm256_loadu_ps(terms + g0), extra[t]);
+      extra[t] = _mm256_fmadd_ps(mins[1], _mm256_loadu_ps(terms + g0 + 8), extra[t]);
+    }
   }
-  return acc;
 }
 
 // gemv_rows<PRECISE, !MINS, 4, false> for a pass of rows of blocks, a row at a time, in gemv_rows' order.
@@ -100,8 +103,8 @@ void panel_q4(const PassView& v, int64_t groups, int64_t chunks, int64_t, const 
       s[h] = to_lanes(block[r], index, j, h);
     }
   };
-  auto offsets = [&](const uint8_t* row, const ActivationRow& a) {
-    return q4_1_offsets<FIFTH>(row, groups, a.group_terms);
+  auto offsets = [&](const uint8_t* row, const ActivationRow* acts_of, int64_t m, __m256* extra) {
+    q4_1_offsets<FIFTH>(row, groups, acts_of, m, extra);
   };
   panel_blocks<PRECISE, !MINS, 4>(v, chunks, L, acts, mt, rows, out, out_stride, scratch, chunk, offsets);
 }
