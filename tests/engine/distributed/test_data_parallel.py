@@ -21,7 +21,8 @@ from tests.stream_timing import Answered, beside_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-HUNG_AFTER = 8  # LOCALCHAT_DP_TIMEOUT of the server under test
+HUNG_AFTER = 20  # LOCALCHAT_DP_TIMEOUT of the server under test (8 s declared busy replicas
+# hung on a slow 2-vCPU host, where the test workers and both replicas share two cores)
 SUMMED = (
     "num_requests_running",
     "num_requests_waiting",
