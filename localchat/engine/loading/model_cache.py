@@ -9,14 +9,14 @@ blocks kept).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from localchat.errors import InvalidModelFileError
+from localchat.models.file_lock import locked
 from localchat.models.notice import Progress, say
 from localchat.models.paths import CONVERTED_FORMAT, converted_dir
 from localchat.utils import write_private
@@ -49,7 +49,7 @@ def build_once(
     if is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f"{target.name}.lock") as exclusive:
+    with locked(target.parent / f"{target.name}.lock") as exclusive:
         if is_complete(target):  # another process built it while this one waited
             return target
         _remove_leftovers(target, staging_too=exclusive)
@@ -95,24 +95,6 @@ def _remove_leftovers(target: Path, staging_too: bool) -> None:
         staging = staging_too and path.name.startswith(f"{target.name}.")
         if path.is_dir() and (path == target or staging):
             shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[bool]:
-    """An exclusive advisory lock on `path` (POSIX flock) while the block runs, which gets True;
-    where there is none (Windows) it gets False: concurrent first runs each convert and the first
-    rename wins."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield False
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # Tokens that end a turn in chat templates (as llama.cpp, which stops on them by their text too):
