@@ -86,16 +86,14 @@ def bench_file(
 def gguf_vocabulary(path: Path) -> tuple[str, list[int]]:
     """The file's general.name and the ordinary tokens of its vocabulary (control, byte and unused
     tokens excluded)."""
-    from gguf import GGUFReader
+    from localchat.models.gguf_header import read_header
 
-    reader = GGUFReader(str(path))
-    types = reader.fields.get("tokenizer.ggml.token_type")
-    if types is None:
+    metadata = read_header(path, arrays=True).metadata
+    types = metadata.get("tokenizer.ggml.token_type")
+    if not isinstance(types, list):
         raise LocalchatError(f"{path.name}: no tokenizer in the GGUF metadata")
-    name = (
-        reader.fields["general.name"].contents() if "general.name" in reader.fields else path.stem
-    )
-    return name, [i for i, kind in enumerate(types.contents()) if kind == _NORMAL_TOKEN]
+    name = metadata.get("general.name", path.stem)
+    return name, [i for i, kind in enumerate(types) if kind == _NORMAL_TOKEN]
 
 
 def kv_pool_bytes(path: Path, tokens: int, block_size: int, element_size: float) -> int:

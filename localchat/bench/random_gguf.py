@@ -27,7 +27,6 @@ import numpy as np
 from gguf import (
     GGML_QUANT_SIZES,
     GGMLQuantizationType,
-    GGUFReader,
     GGUFValueType,
     GGUFWriter,
     LlamaFileType,
@@ -41,6 +40,7 @@ from localchat.bench.gguf_shapes import (
     tensor_specs,
 )
 from localchat.errors import InvalidParameterError, LocalchatError
+from localchat.models.gguf_header import read_header
 
 T = GGMLQuantizationType
 # quantization name -> (type of most matrices, llama.cpp file type)
@@ -125,21 +125,20 @@ def estimated_size(shape: ModelShape, quant: str) -> int:
     return sum(tensor_nbytes(spec, qtype) for spec, qtype in plan(shape, quant))
 
 
-@functools.cache  # parsing the default GGUF takes seconds
+@functools.cache  # (read once per process)
 def default_tokenizer() -> TokenizerFields:
     """Every `tokenizer.*` field of the default model's GGUF (key, value, type, array item type),
     and the size of its vocabulary."""
     from localchat.models.default_model import pull_default_model
 
-    reader = GGUFReader(str(pull_default_model()))
+    header = read_header(pull_default_model(), arrays=True)
     fields = []
-    for key, field in reader.fields.items():
+    for key, value in header.metadata.items():
         if key.startswith("tokenizer."):
-            array = field.types[0] == GGUFValueType.ARRAY
-            fields.append(
-                (key, field.contents(), field.types[0], field.types[-1] if array else None)
-            )
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+            kind, element = header.types[key]
+            item = None if element is None else GGUFValueType(element)
+            fields.append((key, value, GGUFValueType(kind), item))
+    vocab = len(header.metadata["tokenizer.ggml.tokens"])
     return fields, vocab
 
 

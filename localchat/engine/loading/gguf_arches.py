@@ -17,23 +17,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
+import numpy as np
+
 from localchat.errors import UnsupportedModelError
+from localchat.models.gguf_header import GGUFHeader
 
 
 class GgufMeta:
     """A GGUF file's metadata and tensor table, as the config builders read them."""
 
-    def __init__(self, reader, arch: str, file_name: str):
-        self.reader = reader
+    def __init__(self, header: GGUFHeader, arch: str, path: Path):
+        self.header = header
         self.arch = arch
-        self.file_name = file_name
-        self.tensors = {t.name: t for t in reader.tensors}
+        self.path = path
+        self.file_name = path.name
+        self.tensors = {t.name: t for t in header.tensors}
 
     def field(self, key: str, default: Any = None) -> Any:
-        found = self.reader.fields.get(key)
-        return default if found is None else found.contents()
+        return self.header.metadata.get(key, default)
 
     def get(self, key: str, default: Any = None) -> Any:
         """`{arch}.{key}`; a per-layer array whose layers all agree counts as one value."""
@@ -47,10 +51,16 @@ class GgufMeta:
     def shape(self, name: str) -> tuple[int, ...] | None:
         """A tensor's numpy shape (rows first), None where the file has no such tensor."""
         tensor = self.tensors.get(name)
-        return None if tensor is None else tuple(int(d) for d in reversed(tensor.shape))
+        return None if tensor is None else tuple(reversed(tensor.dims))
 
     def values(self, name: str) -> list[float]:
-        return [float(v) for v in self.tensors[name].data]
+        """A float32 or float16 tensor's values, read from the file (rope factors)."""
+        tensor = self.tensors[name]
+        dtype = {0: "<f4", 1: "<f2"}.get(tensor.type_id)
+        if dtype is None:
+            self.refuse(f"tensor {name} of ggml type {tensor.type_id} (not float32 or float16)")
+        count = tensor.nbytes // np.dtype(dtype).itemsize
+        return np.fromfile(self.path, dtype, count, offset=tensor.offset).astype(float).tolist()
 
     def layers_with(self, base: str) -> set[int]:
         """The blocks that hold tensor `blk.N.{base}.weight`."""

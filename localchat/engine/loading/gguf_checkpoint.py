@@ -1,4 +1,5 @@
-"""Read a GGUF file with the `gguf` package: an HF config from its metadata, and its tensors under
+"""Read a GGUF file (its header with models/gguf_header.py, its blocks through a memory map, the
+`gguf` package's tables of types): an HF config from its metadata, and its tensors under
 Hugging Face names with llama.cpp's conventions undone (engine/loading/gguf_arches.py), quantized
 ones kept as PackedWeights.
 
@@ -24,6 +25,7 @@ from localchat.engine.loading.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, d
 from localchat.engine.loading.gguf_rows import GgufRows
 from localchat.errors import InvalidModelFileError, UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
+from localchat.models.gguf_header import GGUFHeader, read_header
 
 Weight = torch.Tensor | PackedWeight | GgufRows
 
@@ -33,7 +35,7 @@ class GGUFCheckpoint:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.header, self.reader = open_gguf(self.path)
+        self.header = open_gguf(self.path)
         self.arch = self.field("general.architecture")
         if self.arch == "clip":
             raise UnsupportedModelError(
@@ -45,7 +47,7 @@ class GGUFCheckpoint:
                 f"{self.path.name}: GGUF architecture {self.arch!r} is not supported; "
                 f"supported: {', '.join(ARCHES)}"
             )
-        self.meta = GgufMeta(self.reader, self.arch, self.path.name)
+        self.meta = GgufMeta(self.header, self.arch, self.path)
         self._check_sizes()
 
     def _check_sizes(self) -> None:
@@ -66,8 +68,7 @@ class GGUFCheckpoint:
             )
 
     def field(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.header.metadata.get(key, default)
 
     def hf_config(self):
         """The transformers config the file's metadata describes; InvalidModelFileError where its
@@ -122,14 +123,14 @@ class GGUFCheckpoint:
     def tensor_index(self) -> dict:
         """What loading the weights needs, as JSON: the tensors' names, types, shapes and byte
         ranges, and the head counts for un-permuting Q/K. Reading it back skips parsing the file's
-        metadata (the tokenizer's arrays take seconds in gguf-py). Refuses, by name, a tensor we
-        have no place for or a type we cannot read, before anything is loaded."""
+        metadata. Refuses, by name, a tensor we have no place for or a type we cannot read, before
+        anything is loaded."""
         num_heads = self.meta.get("attention.head_count")
         index = {
             "arch": self.arch,
             "num_heads": num_heads,
             "num_kv_heads": self.meta.get("attention.head_count_kv", num_heads),
-            "tensors": tensor_entries(self.reader),
+            "tensors": tensor_entries(self.header),
         }
         for entry in index["tensors"]:
             if tensor_target(self.arch, entry["name"], self.path) is not None:
@@ -137,37 +138,24 @@ class GGUFCheckpoint:
         return index
 
 
-def open_gguf(path: Path):
-    """(header, gguf-py's GGUFReader) of the GGUF file at `path`; InvalidModelFileError naming the
-    file where it cannot be read."""
-    from gguf import GGUFReader
-
-    from localchat.models.gguf_header import read_header
-
-    # our bounded check first: gguf-py's reader trusts the header's counts and offsets (an array
-    # claiming 2^63 elements hangs it)
-    header = read_header(path)
-    try:
-        return header, GGUFReader(str(path))
-    except (ValueError, OSError, IndexError, KeyError) as exc:  # a bad magic, cut off, a bad field
-        raise InvalidModelFileError(
-            f"{path.name} is not a readable GGUF file ({exc}); is it complete? "
-            "(compare its size with the original)"
-        ) from None
+def open_gguf(path: Path) -> GGUFHeader:
+    """The checked header of the GGUF file at `path`, its arrays read too (models/gguf_header.py,
+    bounded by the file's bytes); InvalidModelFileError naming the file where it cannot be read."""
+    return read_header(path, arrays=True)
 
 
-def tensor_entries(reader) -> list[dict]:
-    """Each tensor of a GGUF file (gguf-py's reader): its name, type, shape (rows first) and byte
+def tensor_entries(header: GGUFHeader) -> list[dict]:
+    """Each tensor of a GGUF file (its checked header): its name, type, shape (rows first) and byte
     range."""
     return [
         {
             "name": t.name,
-            "type": int(t.tensor_type),
-            "shape": [int(d) for d in reversed(t.shape)],
-            "offset": int(t.data_offset),
-            "nbytes": int(t.n_bytes),
+            "type": t.type_id,
+            "shape": list(reversed(t.dims)),
+            "offset": t.offset,
+            "nbytes": t.nbytes,
         }
-        for t in reader.tensors
+        for t in header.tensors
     ]
 
 

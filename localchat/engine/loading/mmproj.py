@@ -109,11 +109,10 @@ class Mmproj:
 def read_mmproj(path: Path) -> Mmproj:
     """The image encoder an mmproj file holds, its metadata checked (tensors: `load_encoder`)."""
     path = Path(path)
-    _, reader = open_gguf(path)
+    header = open_gguf(path)
 
     def field(key: str, default=None):
-        found = reader.fields.get(key)
-        return default if found is None else found.contents()
+        return header.metadata.get(key, default)
 
     arch = field("general.architecture")
     if arch != "clip":
@@ -181,7 +180,7 @@ def read_mmproj(path: Path) -> Mmproj:
         longest,
         tuple(float(v) for v in mean),
         tuple(float(v) for v in std),
-        tuple(tensor_entries(reader)),
+        tuple(tensor_entries(header)),
     )
     _check_sizes(mmproj)
     return mmproj

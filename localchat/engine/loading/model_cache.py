@@ -134,16 +134,12 @@ def _eos_ids(checkpoint) -> list[int]:
     """The ids that end a reply: the file's EOS, its end-of-turn and end-of-message ids, and the
     special tokens that end a turn by their text (END_OF_TURN), EOS first."""
     ids = [checkpoint.field(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
-    reader = checkpoint.reader
-    tokens, types = (
-        reader.fields.get("tokenizer.ggml.tokens"),
-        reader.fields.get("tokenizer.ggml.token_type"),
-    )
-    if tokens is not None and types is not None:
-        wanted = {text.encode() for text in END_OF_TURN}
-        for position, part in enumerate(tokens.data):
-            text = bytes(tokens.parts[part])
-            if text in wanted and int(types.parts[types.data[position]][0]) == _CONTROL:
+    tokens = checkpoint.field("tokenizer.ggml.tokens")
+    types = checkpoint.field("tokenizer.ggml.token_type")
+    if isinstance(tokens, list) and isinstance(types, list):
+        wanted = set(END_OF_TURN)
+        for position, (text, kind) in enumerate(zip(tokens, types, strict=False)):
+            if text in wanted and kind == _CONTROL:
                 ids.append(position)
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
