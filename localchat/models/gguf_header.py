@@ -189,11 +189,6 @@ class _Parser:
         except UnicodeDecodeError:
             raise GGUFFormatError(f"{what} is not UTF-8") from None
 
-    def skip_text(self, what: str) -> None:
-        length = self.take("Q", f"the length of {what}")
-        self.need(length, f"{what} ({length} bytes)")
-        self.pos += length
-
     def value_type(self, what: str) -> int:
         kind = self.take("I", f"the type of {what}")
         if kind not in _SCALARS and kind not in (_STRING, _ARRAY):
@@ -229,19 +224,19 @@ class _Parser:
                 values = np.frombuffer(self.data, dtype, count, self.pos).tolist()
             self.pos += count * smallest
         elif kind == _STRING:
-            if self.keep_arrays:
-                values = self.texts(count, what)
-            else:
-                for _ in range(count):
-                    self.skip_text(f"an element of {what}")
+            values = self.texts(count, what)
         else:
-            nested = [self.array(what, depth + 1)[2] for _ in range(count)]
-            values = nested if self.keep_arrays else None
-        return kind, count, values
+            values = []
+            for _ in range(count):
+                nested = self.array(what, depth + 1)[2]
+                if self.keep_arrays:
+                    values.append(nested)
+        return kind, count, values if self.keep_arrays else None
 
     def texts(self, count: int, what: str) -> list[str]:
-        """`count` strings from here (an array's), each bounded by the file's end."""
-        data, pos, size, out = self.data, self.pos, self.size, []
+        """Read past `count` strings (an array's), each bounded by the file's end: decoded where
+        the parser keeps arrays, else skipped (an empty list)."""
+        data, pos, size, out, keep = self.data, self.pos, self.size, [], self.keep_arrays
         unpack = struct.Struct("<Q").unpack_from
         for _ in range(count):
             if pos + 8 > size:
@@ -251,7 +246,8 @@ class _Parser:
             if length > size - pos - 8:
                 self.pos = pos + 8
                 self.need(length, f"an element of {what} ({length} bytes)")
-            out.append(data[pos + 8 : pos + 8 + length].decode("utf-8", "replace"))
+            if keep:
+                out.append(data[pos + 8 : pos + 8 + length].decode("utf-8", "replace"))
             pos += 8 + length
         self.pos = pos
         return out

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from localchat.errors import UnsupportedModelError
 from localchat.models.gguf_header import GGUFHeader
@@ -56,7 +57,9 @@ class GgufMeta:
     def values(self, name: str) -> list[float]:
         """A float32 or float16 tensor's values, read from the file (rope factors)."""
         tensor = self.tensors[name]
-        dtype = {0: "<f4", 1: "<f2"}.get(tensor.type_id)
+        dtype = {GGMLQuantizationType.F32: "<f4", GGMLQuantizationType.F16: "<f2"}.get(
+            GGMLQuantizationType(tensor.type_id)
+        )
         if dtype is None:
             self.refuse(f"tensor {name} of ggml type {tensor.type_id} (not float32 or float16)")
         count = tensor.nbytes // np.dtype(dtype).itemsize
