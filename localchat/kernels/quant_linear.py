@@ -53,6 +53,8 @@ BF16_GEMM_MIN_FEATURES = 2048
 # llama.cpp's (2026-12-03, docs/benchmarks-history.md). Larger projections (a 1B model's and up)
 # take one code, llama.cpp's own precision (its activations are int8 per 256 values): the second
 # code took about a fifth of an 8B model's decode time on AVX2 (240 against 184-196 ms a token).
+# A mixture-of-experts layer's experts take their model's precision, its hidden size's
+# (modeling/cpu_parts.py): a 30B model's 768-wide experts are not a small model's projections.
 # LOCALCHAT_INT8_ACTIVATIONS=1 takes one code everywhere, =0 two everywhere.
 INT8_ACTIVATION_MIN_FEATURES = 2048
 

@@ -44,7 +44,10 @@ def moe_mlp(ext, router: torch.Tensor, experts, top_k: int, normalize: bool):
         return None
     projections = [parts(w) for pair in weights for w in pair]
     described, formats = tensors([p for projection in projections for p in projection])
-    hidden, width = router.shape[1], projections[1][0].shape[1]
+    # Both projections take the model's activation precision, its hidden size's: a fine-grained
+    # expert's narrow input (768 for Qwen3-30B-A3B's down projection) is not a small model's,
+    # and its second code cost a tenth of the prefill (kernels/quant_linear.py).
+    precise = precise_activations(router.shape[1])
     return ext.MoeMlp(
         router.float(),
         described,
@@ -52,5 +55,5 @@ def moe_mlp(ext, router: torch.Tensor, experts, top_k: int, normalize: bool):
         formats,
         top_k,
         normalize,
-        [precise_activations(hidden), precise_activations(width)],
+        [precise, precise],
     )

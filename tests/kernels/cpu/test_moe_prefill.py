@@ -11,7 +11,8 @@ import torch
 from localchat import LLM, SamplingParams
 from localchat.engine.modeling.moe import SparseMoE, route
 from localchat.kernels.packed_weight import quantize_weight
-from tests.family_models import VOCAB, save
+from localchat.kernels.quant_linear import gemm_choices
+from tests.family_models import VOCAB, build, save
 
 pytestmark = pytest.mark.usefixtures("each_isa")
 GENERIC_KERNELS = True  # the generic build too (conftest.py)
@@ -100,6 +101,28 @@ def test_a_prefill_on_the_grouped_experts_keeps_the_greedy_tokens(family, tmp_pa
             moe._cpu_experts = False
     llm.engine.runner.model.cpu_decode = None
     assert [out.outputs[0].token_ids for out in llm.generate(prompts, params)] == tokens
+
+
+def test_a_wide_models_experts_take_one_activation_code(tmp_path, monkeypatch):
+    """A model 2048 wide takes one int8 code per activation (kernels/quant_linear.py), its experts
+    too, though their down projections have only 32 inputs: the grouped call gives the outputs
+    of the one-by-one path taken with one code everywhere, not those of its width's two codes."""
+    model = build("qwen3-moe", 0, hidden_size=2048, num_hidden_layers=1)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    llm = LLM(str(tmp_path), max_model_len=256, kv_cache_memory="16MiB", quantization="int4")
+    moe = _moe_layer(llm)
+    hidden, weights, ids = _routed(moe, 9)
+    grouped = moe._experts_in_turn(hidden, weights, ids)
+    two_codes = _one_by_one(moe, hidden, weights, ids)
+    monkeypatch.setenv("LOCALCHAT_INT8_ACTIVATIONS", "1")
+    gemm_choices.cache_clear()
+    try:
+        one_code = _one_by_one(moe, hidden, weights, ids)
+    finally:
+        monkeypatch.delenv("LOCALCHAT_INT8_ACTIVATIONS")
+        gemm_choices.cache_clear()
+    torch.testing.assert_close(grouped, one_code, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(grouped, two_codes, rtol=1e-4, atol=1e-4)
 
 
 def test_experts_quantized_in_two_forms_run_one_by_one(tmp_path, monkeypatch):
