@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -62,14 +63,18 @@ inline std::vector<MoeItem> moe_items(const std::vector<std::unique_ptr<Projecti
   return items;
 }
 
-// Each item's rows: the activation rows of the pairs of its expert, multiplied into out[pair, :].
+// Each item's rows: the activation rows of the pairs of its expert, multiplied into out[pair, :]. The threads
+// claim the items one at a time: an item's cost follows its expert's rows, which routing spreads unevenly, so
+// halves of the list cut in advance left one thread waiting for the other.
 template <typename ActsOf>
 void run_items(const std::vector<std::unique_ptr<Projection>>& projections, const std::vector<MoeItem>& items,
                const std::vector<int64_t>& offsets, ActsOf&& acts_of, float* out, int64_t out_stride) {
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+  const int64_t count = static_cast<int64_t>(items.size());
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
     std::vector<PanelLine> scratch(kPanelLines);
     std::vector<ActivationRow> acts;
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
       const MoeItem& item = items[i];
       const int64_t first = offsets[item.expert], rows = offsets[item.expert + 1] - first;
       acts.clear();
