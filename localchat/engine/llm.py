@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceABC
 from concurrent.futures import Future
 from typing import cast
@@ -14,6 +15,8 @@ from localchat.engine.sampling.sampling_params import SamplingParams
 from localchat.errors import InvalidParameterError
 
 Prompt = str | list[int]
+# what generate() takes for one prompt: also vLLM's {"prompt": ...} and {"prompt_token_ids": [...]}
+PromptInput = Prompt | Mapping[str, object]
 
 
 class LLM:
@@ -34,7 +37,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | list[Prompt],
+        prompts: PromptInput | SequenceABC[PromptInput],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """One accumulated RequestOutput per prompt, in order."""
@@ -105,16 +108,43 @@ class LLM:
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
+    if isinstance(prompts, str | Mapping):
+        return [_one_prompt(prompts)]
     if isinstance(prompts, SequenceABC) and prompts and all(isinstance(t, int) for t in prompts):
         return [list(prompts)]
     if not isinstance(prompts, SequenceABC) or not prompts:
         raise InvalidParameterError(
-            "prompts must be a string, a list of token ids, or a non-empty list of those",
+            "prompts must be a string, a list of token ids, a {'prompt': ...} or "
+            "{'prompt_token_ids': [...]} dict, or a non-empty list of those",
             param="prompts",
         )
-    return [p if isinstance(p, str) else list(p) for p in prompts]
+    return [_one_prompt(p) for p in prompts]
+
+
+def _one_prompt(prompt) -> Prompt:
+    """A prompt as the engine takes it: a string or token ids, also from vLLM's TextPrompt
+    ({"prompt": str}) and TokensPrompt ({"prompt_token_ids": [int, ...]}) dicts."""
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, Mapping):
+        return list(prompt)
+    unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+    if unknown or len(prompt) != 1:
+        raise InvalidParameterError(
+            "a prompt dict takes one of 'prompt' (a string) or 'prompt_token_ids' (a list of "
+            f"token ids); got the keys {sorted(prompt)}",
+            param="prompts",
+        )
+    if "prompt" in prompt:
+        if not isinstance(prompt["prompt"], str):
+            raise InvalidParameterError("'prompt' must be a string", param="prompts")
+        return prompt["prompt"]
+    ids = prompt["prompt_token_ids"]
+    if isinstance(ids, str) or not isinstance(ids, SequenceABC):
+        raise InvalidParameterError(
+            "'prompt_token_ids' must be a list of token ids", param="prompts"
+        )
+    return list(ids)
 
 
 def _as_params_list(params, count: int) -> list[SamplingParams]:

@@ -202,3 +202,21 @@ def test_prompt_logprobs_come_with_a_single_new_token(llm, max_tokens):
     out = gen(llm, ids, temperature=0, max_tokens=max_tokens, prompt_logprobs=1)
     assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(ids)
     assert out.prompt_logprobs[0] is None and all(e is not None for e in out.prompt_logprobs[1:])
+
+
+def test_vllm_prompt_dicts_are_prompts(llm):
+    """vLLM's TextPrompt and TokensPrompt dicts, alone or in a list, give the same text as the
+    string or the token ids; a dict with other keys is refused, naming them."""
+    ids = chat_ids(llm)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    want = llm.generate([ids, PROMPT], greedy)
+    got = llm.generate([{"prompt_token_ids": ids}, {"prompt": PROMPT}], greedy)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.generate({"prompt_token_ids": ids}, greedy)[0].token_ids == want[0].token_ids
+    with pytest.raises(InvalidParameterError, match="multi_modal_data"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {}}, greedy)
+    with pytest.raises(InvalidParameterError, match="prompt_token_ids"):
+        llm.generate([{"prompt_token_ids": "not ids"}], greedy)
+    with pytest.raises(InvalidParameterError, match="token ids"):
+        llm.generate([{"prompt_token_ids": [10**9]}], greedy)
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
