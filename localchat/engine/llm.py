@@ -35,12 +35,19 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's name for it)."""
+        return self.engine.tokenizer
+
     def generate(
         self,
         prompts: PromptInput | SequenceABC[PromptInput],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """One accumulated RequestOutput per prompt, in order."""
+        """One accumulated RequestOutput per prompt, in order; `use_tqdm`: a progress bar of the
+        prompts done, on stderr."""
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
         request_ids = []
@@ -56,7 +63,7 @@ class LLM:
             for future in grammars:
                 if future is not None:
                     future.result()
-            return self._run(request_ids)
+            return self._run(request_ids, use_tqdm)
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort(request_id)
@@ -70,6 +77,7 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Generate a reply for one conversation (a list of messages) or each of several."""
         # one conversation or several, told by the first item
@@ -86,24 +94,35 @@ class LLM:
             )
             for c in batch
         ]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def render_chat(self, messages: list[dict], **kwargs) -> list[int]:
         """Token ids of a conversation rendered with the chat template (see
         LLMEngine.render_chat)."""
         return self.engine.render_chat(messages, **kwargs)
 
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: bool = False) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         pending = set(request_ids)
-        while pending:
-            for delta in self.engine.step():
-                if delta.request_id in results:
-                    results[delta.request_id].merge(delta)
-                else:
-                    results[delta.request_id] = delta
-                if delta.finished:
-                    pending.discard(delta.request_id)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(request_ids), desc="Processed prompts", unit="prompt")
+        try:
+            while pending:
+                for delta in self.engine.step():
+                    if delta.request_id in results:
+                        results[delta.request_id].merge(delta)
+                    else:
+                        results[delta.request_id] = delta
+                    if delta.finished and delta.request_id in pending:
+                        pending.discard(delta.request_id)
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         return [results[request_id] for request_id in request_ids]
 
 

@@ -220,3 +220,18 @@ def test_vllm_prompt_dicts_are_prompts(llm):
     with pytest.raises(InvalidParameterError, match="token ids"):
         llm.generate([{"prompt_token_ids": [10**9]}], greedy)
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_vllm_idioms_get_tokenizer_and_a_progress_bar(llm, capsys):
+    """vLLM's llm.get_tokenizer() and generate(..., use_tqdm=True): the bar counts the prompts done,
+    on stderr, and the outputs are those without it."""
+    assert llm.get_tokenizer() is llm.tokenizer
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    prompts = [PROMPT, "Name three colours."]
+    quiet = llm.generate(prompts, greedy)
+    assert capsys.readouterr().err == ""
+    shown = llm.generate(prompts, greedy, use_tqdm=True)
+    assert "Processed prompts" in capsys.readouterr().err
+    assert [o.token_ids for o in shown] == [o.token_ids for o in quiet]
+    chat = llm.chat([{"role": "user", "content": PROMPT}], greedy, use_tqdm=True)
+    assert "1/1" in capsys.readouterr().err and chat[0].token_ids
