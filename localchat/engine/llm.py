@@ -77,9 +77,11 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: list[dict] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate a reply for one conversation (a list of messages) or each of several."""
+        """Generate a reply for one conversation (a list of messages) or each of several; `tools`:
+        OpenAI-style function definitions, rendered by the chat template as the server does."""
         # one conversation or several, told by the first item
         if conversations and isinstance(conversations[0], dict):
             batch = [conversations]
@@ -91,6 +93,7 @@ class LLM:
                 chat_template_kwargs=chat_template_kwargs,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                tools=tools,
             )
             for c in batch
         ]

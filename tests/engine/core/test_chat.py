@@ -88,3 +88,22 @@ def test_second_turn_reuses_the_first_turns_blocks(llm):
 
     uncached = LLM(enable_prefix_caching=False)
     assert uncached.chat(turn2, params)[0].token_ids == second.token_ids
+
+
+def test_chat_renders_the_tools_it_is_given(llm, tmp_path, monkeypatch):
+    """LLM.chat(tools=...) as vLLM's: the functions reach the chat template (one listing them)."""
+    path = tmp_path / "tools.jinja"
+    path.write_text(
+        "{% for t in tools or [] %}<tool:{{ t['function']['name'] }}>{% endfor %}"
+        "{% for m in messages %}[{{ m['role'] }}|{{ m['content'] }}]{% endfor %}"
+    )
+    monkeypatch.setattr(
+        llm.engine.codec, "chat_template", ChatTemplate.for_tokenizer(llm.tokenizer, str(path))
+    )
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    params = SamplingParams(temperature=0, max_tokens=2)
+    out = llm.chat(messages, params, tools=tools)[0]
+    assert llm.tokenizer.decode(out.prompt_token_ids).startswith("<tool:get_weather>[user|")
+    plain = llm.chat(messages, params)[0]
+    assert llm.tokenizer.decode(plain.prompt_token_ids).startswith("[user|")
