@@ -120,6 +120,8 @@ def test_logprobs_with_alternatives(llm):
     for token, lp in zip(out.token_ids, logprobs, strict=True):
         assert lp.token_id == token and lp.rank == 1 and len(lp.top) == 5
         assert lp.top[0][0] == token and abs(lp.top[0][1] - lp.logprob) < 1e-5 and lp.logprob <= 0
+    assert out.outputs[0].cumulative_logprob == pytest.approx(sum(lp.logprob for lp in logprobs))
+    assert gen(llm, chat_ids(llm), max_tokens=2).outputs[0].cumulative_logprob is None
 
 
 def test_n_samples_share_the_prompt(llm):

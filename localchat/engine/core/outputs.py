@@ -28,6 +28,11 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the sampled tokens' logprobs (vLLM's field), where logprobs were asked for."""
+        return None if self.logprobs is None else sum(t.logprob for t in self.logprobs)
+
     def merge(self, delta: CompletionOutput) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
