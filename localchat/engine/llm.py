@@ -149,6 +149,12 @@ def _one_prompt(prompt) -> Prompt:
     if isinstance(prompt, str):
         return prompt
     if not isinstance(prompt, Mapping):
+        if not isinstance(prompt, SequenceABC):
+            raise InvalidParameterError(
+                f"each prompt must be a string, a list of token ids or a prompt dict, got "
+                f"{type(prompt).__name__}",
+                param="prompts",
+            )
         return list(prompt)
     unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
     if unknown or len(prompt) != 1:

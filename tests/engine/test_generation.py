@@ -221,6 +221,8 @@ def test_vllm_prompt_dicts_are_prompts(llm):
         llm.generate([{"prompt_token_ids": "not ids"}], greedy)
     with pytest.raises(InvalidParameterError, match="token ids"):
         llm.generate([{"prompt_token_ids": [10**9]}], greedy)
+    with pytest.raises(InvalidParameterError, match="got int"):
+        llm.generate([PROMPT, 7], greedy)
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
