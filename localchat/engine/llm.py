@@ -82,11 +82,20 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate a reply for one conversation (a list of messages) or each of several; `tools`:
         OpenAI-style function definitions, rendered by the chat template as the server does."""
+        if isinstance(conversations, str) or not isinstance(conversations, SequenceABC):
+            raise InvalidParameterError(
+                "conversations must be a list of messages or a list of such lists",
+                param="conversations",
+            )
         # one conversation or several, told by the first item
         if conversations and isinstance(conversations[0], dict):
             batch = [conversations]
         else:  # mypy narrows only the positive isinstance test on an item
             batch = cast(list[list[dict]], conversations)
+        if not batch or any(not conversation for conversation in batch):
+            raise InvalidParameterError(
+                "a conversation must hold at least one message", param="conversations"
+            )
         prompts: list[Prompt] = [
             self.render_chat(
                 c,

@@ -239,3 +239,12 @@ def test_vllm_idioms_get_tokenizer_and_a_progress_bar(llm, capsys):
     assert [o.token_ids for o in shown] == [o.token_ids for o in quiet]
     chat = llm.chat([{"role": "user", "content": PROMPT}], greedy, use_tqdm=True)
     assert "1/1" in capsys.readouterr().err and chat[0].token_ids
+
+
+@pytest.mark.parametrize(
+    "conversations", [None, "hello", [], [[]], [[{"role": "user", "content": "x"}], []]]
+)
+def test_chat_names_conversations_it_cannot_take(llm, conversations):
+    with pytest.raises(InvalidParameterError, match="conversation") as raised:
+        llm.chat(conversations, SamplingParams(max_tokens=2))
+    assert raised.value.param == "conversations"
