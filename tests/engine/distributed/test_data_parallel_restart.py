@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,9 +48,12 @@ def _health_until(server: ServeProcess, status: int, within: float) -> httpx.Res
 
 def _two_streams_in_flight(server: ServeProcess) -> dict[str, float]:
     """Two long streams at once (the router sends each to the replica with less in flight), and
-    the replicas' requests in flight once both have tokens."""
-    body = {"prompt": "1, 2, 3,", "max_tokens": 40, "ignore_eos": True, "stream": True}
+    the replicas' requests in flight once both have tokens: the first stream reads the metrics
+    when both have 5 events, long before either can end (on a loaded host a short stream could
+    end before the other began)."""
+    body = {"prompt": "1, 2, 3,", "max_tokens": 200, "ignore_eos": True, "stream": True}
     flights: list[dict[str, float]] = []
+    both_streaming = threading.Barrier(2, timeout=60)
 
     def stream(index: int) -> list[str]:
         lines = []
@@ -58,11 +62,13 @@ def _two_streams_in_flight(server: ServeProcess) -> dict[str, float]:
         ) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
-                if line:
-                    lines.append(line)
-                if index == 0 and len(lines) == 5:
-                    time.sleep(0.3)
-                    flights.append(_per_replica(_metrics(server), "requests_in_flight"))
+                if not line:
+                    continue
+                lines.append(line)
+                if len(lines) == 5:
+                    both_streaming.wait()
+                    if index == 0:
+                        flights.append(_per_replica(_metrics(server), "requests_in_flight"))
         return lines
 
     with ThreadPoolExecutor(2) as pool:
