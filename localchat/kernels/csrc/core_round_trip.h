@@ -3,7 +3,7 @@
 // about 400. The host of a VM may place its CPUs either way from one process to the next, and the prefill and
 // decode speeds follow (docs/benchmarks-history.md, 2026-12-05), so `localchat bench` reports it per run.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <atomic>
 #include <chrono>

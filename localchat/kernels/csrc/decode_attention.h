@@ -4,7 +4,7 @@
 // costing more in dispatch than in arithmetic at batch 1. Options as kernels/attention.py has them: a
 // sliding window (only its keys are read), a softcap on the scores, and a sink logit per query head.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

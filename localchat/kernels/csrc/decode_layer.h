@@ -11,7 +11,7 @@
 #if defined(__x86_64__)
 #include <x86intrin.h>
 #endif
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,6 +1,6 @@
 // A mixture-of-experts MLP in the CPU decode stack (decode_layer.h).
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <algorithm>
 #include <cmath>

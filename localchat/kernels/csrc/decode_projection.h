@@ -3,7 +3,7 @@
 // rows of an input that the weights reading it in the same layout share: a thread's own of one token's
 // (SharedActivations), or those of several tokens the threads quantize together (TokenActivations).
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <algorithm>
 #include <atomic>

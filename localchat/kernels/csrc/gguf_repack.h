@@ -3,7 +3,7 @@
 // memory-mapped file per tensor, rows shared between threads: an 8B Q4_K_M file repacks in about a second
 // where the torch ops took most of a minute.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 // of float16's: its rows are blocks of int8 codes and a scale (quant/kv_q8.h), quantized when stored and read as
 // codes times their scale; pointers into it count blocks (pool_units), not values.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <algorithm>
 #include <cstdint>

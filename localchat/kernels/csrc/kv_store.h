@@ -1,7 +1,7 @@
 // The per-op path's KV store into a q8_0 pool (kernels/kv_cache.py; the fused decode stores its own): each token's
 // key and value rows quantized into their slot, as kernels/kv_quant.quantize_q8_0 does, bit for bit.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include "kv_rows.h"

@@ -3,7 +3,7 @@
 // where running the experts one after the other from Python paid a call, a gather, a scatter and a fork/join of
 // the threads per expert and projection.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // the layouts, docs/kernels.md how they are organized): this file checks a weight's tensors, quantizes the
 // activations, and runs the kernel dispatch.h picks, a pass of rows at a time (a decode) or in panels (a batch).
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -2,7 +2,7 @@
 // lookup (dequantize_rows), the dense weight (dequantize), and the bfloat16 GEMM of a prefill chunk
 // (dense_linear_bf16).
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include "quant/restore.h"

@@ -1,7 +1,7 @@
 // RMSNorm with the residual add that precedes it, in one pass per row (float32, CPU). The torch op
 // decomposes into about ten small ops, which at batch 1 cost more in dispatch than in arithmetic.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -13,7 +13,7 @@
 // A token is kept by top-p when the mass of the tokens ranked before it is below top_p (after top-k, over
 // the top k), and by min-p when its weight is at least min_p times the most likely token's.
 #pragma once
-#include <torch/extension.h>
+#include "torch_api.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
