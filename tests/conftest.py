@@ -7,9 +7,12 @@ import atexit
 import inspect
 import os
 import shutil
+import subprocess
 import tempfile
 
 import pytest
+
+from tests import prebuild_kernels
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # model hubs are unreachable here; never wait on them
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -35,6 +38,20 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 # the environment the session started with, which no test may leave changed (test_isolation.py)
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+
+_PREBUILD: subprocess.Popen | None = None
+
+
+def pytest_configure(config):
+    """A parallel session builds the kernel tests' extra kernel builds on the side from the start
+    (tests/prebuild_kernels.py)."""
+    global _PREBUILD
+    _PREBUILD = prebuild_kernels.start(config)
+
+
+def pytest_unconfigure(config):
+    prebuild_kernels.finish(_PREBUILD)
 
 
 def _starts_a_server(item) -> bool:
