@@ -73,6 +73,32 @@ def tokenizer_fields(default_gguf):
     return default_tokenizer()
 
 
+SMALL_VOCAB = 1024
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tokenizer_fields):
+    """The default tokenizer's first SMALL_VOCAB tokens (and as many of its merges): the types'
+    round trips read a 1,024-token vocabulary, not 49,152 tokens and their merges each time."""
+    fields, _ = tokenizer_fields
+    cut = [
+        (key, value[:SMALL_VOCAB] if isinstance(value, list) else value, kind, item)
+        for key, value, kind, item in fields
+    ]
+    return cut, SMALL_VOCAB
+
+
+def test_the_default_tokenizer_is_written_field_for_field(tokenizer_fields, tiny_config, tmp_path):
+    fields, vocab = tokenizer_fields
+    path = write_random_gguf(tmp_path / "tiny.gguf", resolve_shape(str(tiny_config)), "q8_0")
+    reader = GGUFReader(str(path))
+    meta = {key: field.contents() for key, field in reader.fields.items()}
+    for key, value, _, _ in fields:
+        assert meta[key] == value, key
+    assert len(meta["tokenizer.ggml.tokens"]) == meta["llama.vocab_size"] == vocab
+    assert [t.shape[1] for t in reader.tensors if t.name == "token_embd.weight"] == [vocab]
+
+
 def _expected_type(name: str, quant: str) -> str:
     """The mix written out by hand: for 2 layers, llama.cpp's *_K_M rule gives layer 1 (the last
     eighth) Q6_K for attn_v and ffn_down; the output is Q6_K; 1-D tensors are F32."""
@@ -86,10 +112,14 @@ def _expected_type(name: str, quant: str) -> str:
 
 
 @pytest.mark.parametrize("quant", list(QUANTS))
-def test_every_quantization_round_trips(quant, tiny_config, tokenizer_fields, tmp_path):
-    fields, vocab = tokenizer_fields
+def test_every_quantization_round_trips(quant, tiny_config, small_tokenizer, tmp_path):
+    fields, vocab = small_tokenizer
     path = write_random_gguf(
-        tmp_path / f"tiny-{quant}.gguf", resolve_shape(str(tiny_config)), quant, seed=1
+        tmp_path / f"tiny-{quant}.gguf",
+        resolve_shape(str(tiny_config)),
+        quant,
+        seed=1,
+        tokenizer=small_tokenizer,
     )
     reader = GGUFReader(str(path))
     meta = {key: field.contents() for key, field in reader.fields.items()}
@@ -105,7 +135,7 @@ def test_every_quantization_round_trips(quant, tiny_config, tokenizer_fields, tm
     assert meta["llama.context_length"] == 1024 and meta["llama.rope.freq_base"] == 50000.0
     assert meta["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
     assert meta["llama.vocab_size"] == vocab and meta["llama.rope.dimension_count"] == 64
-    for key, value, _, _ in fields:  # the default model's tokenizer, field for field
+    for key, value, _, _ in fields:  # the tokenizer given, field for field
         assert meta[key] == value, key
     assert len(meta["tokenizer.ggml.tokens"]) == vocab
     tensors = {t.name: t for t in reader.tensors}

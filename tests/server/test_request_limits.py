@@ -167,11 +167,15 @@ def test_a_grammar_past_its_validation_time_is_a_400(monkeypatch):
     monkeypatch.setattr(structured, "validate_grammar", lambda grammar, param: release.wait(30))
     monkeypatch.setenv("LOCALCHAT_LIMITS", "grammar_seconds=0.2")
     request = CompletionRequest(prompt="x", structured_outputs={"regex": "a+"})
-    try:
-        with pytest.raises(InvalidParameterError) as error:
-            asyncio.run(structured.checked_grammar(request))
-    finally:
-        release.set()
+
+    async def check():
+        try:
+            await structured.checked_grammar(request)
+        finally:  # before asyncio.run waits for its executor's threads: the stuck check's too
+            release.set()
+
+    with pytest.raises(InvalidParameterError) as error:
+        asyncio.run(check())
     assert error.value.param == "structured_outputs"
     assert "did not compile within 0.2 s" in error.value.message
 
