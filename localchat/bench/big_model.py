@@ -77,7 +77,7 @@ def bench_file(
         with progress.status(
             show_progress,
             f"writing a random-weight {preset} {quant} GGUF to {path} "
-            "(first run only, about a minute) ...",
+            "(first run only, one to two minutes) ...",
         ):
             write_random_gguf(path, resolve_shape(preset), quant)
     return path

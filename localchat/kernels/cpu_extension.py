@@ -1,6 +1,6 @@
 """Build and load our C++ CPU kernels (kernels/csrc/) once per machine, at first use.
 
-The build takes about a minute on 2 cores and is cached by torch (keyed by the sources and the
+The build takes one to two minutes on 2 cores and is cached by torch (keyed by the sources and the
 flags), so later starts load it in milliseconds. It compiles for this CPU (-march=native), with the
 vector kernels of its ISA (docs/kernels.md: AVX-512 VNNI, AVX2 or NEON, the generic ones for the
 rest); LOCALCHAT_CPU_ISA=generic|avx2|avx512|neon builds one ISA's kernels instead (generic: none).
@@ -136,7 +136,7 @@ def build_kernels(extra_flags: tuple[str, ...] = (), progress=None) -> ModuleTyp
     name = f"localchat_cpu_{digest.hexdigest()[:12]}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     if progress is not None and not (build_dir / f"{name}.so").exists():
-        progress("compiling the CPU kernels for this machine (first run only, about a minute)")
+        progress("compiling the CPU kernels for this machine (first run only, one to two minutes)")
     return cpp_extension.load(
         name=name,
         sources=[str(directory / "module.cpp")],

@@ -79,7 +79,7 @@ class EngineRuntime:
         torch.manual_seed(config.seed)
         say("finding the model")
         files = model_files(resolve_model(config.model, progress=progress), progress)
-        if device.type == "cpu":  # built once per machine (about a minute): say so, not stall
+        if device.type == "cpu":  # built once per machine (one to two minutes): say so, not stall
             cpu_kernels(say)
         weights = _early_gguf_weights(config, files, device)
         try:
