@@ -329,24 +329,30 @@ inline float finish_row(__m256 acc, __m256 offsets) {
 
 
 // Chunk c of a pass's kRowsPerPass weight rows (w: their codes, s: their lanes' weight scales) against activation
-// rows acts[0 .. mt), into their accumulators acc[t * kRowsPerPass + r]: a lane's scale is its weight scale times
-// its activation scale, the product gemv_rows forms before its permute.
+// row a, added to its accumulators sums[r]: a lane's scale is its weight scale times its activation scale, the
+// product gemv_rows forms before its permute.
+template <bool PRECISE, bool SYMMETRIC, int BITS>
+inline void chunk_products(const HalfCodes w[][2], const __m256 s[][2], const ActivationRow& a, int64_t c,
+                           const Layout& L, __m256 sums[]) {
+  const __m256 lane_scale[2] = {_mm256_load_ps(a.lane_scales + c * 16), _mm256_load_ps(a.lane_scales + c * 16 + 8)};
+  for (int r = 0; r < kRowsPerPass; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r][h], h, a, c, L);
+      sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), sums[r]);
+    }
+  }
+}
+
+// chunk_products of chunk c against activation rows acts[0 .. mt), into their accumulators acc[t * kRowsPerPass + r].
 template <bool PRECISE, bool SYMMETRIC, int BITS>
 inline void panel_chunk(const HalfCodes w[][2], const __m256 s[][2], const ActivationRow* acts, int64_t mt, int64_t c,
                         const Layout& L, __m256* acc) {
   for (int64_t t = 0; t < mt; ++t) {
-    const ActivationRow& a = acts[t];
-    const __m256 lane_scale[2] = {_mm256_load_ps(a.lane_scales + c * 16), _mm256_load_ps(a.lane_scales + c * 16 + 8)};
     // the row's sums in registers while the chunk's products go in (stores to the accumulators between them would
     // make the compiler load the activation's codes again for every weight row: they may alias)
     __m256 sums[kRowsPerPass];
     for (int r = 0; r < kRowsPerPass; ++r) sums[r] = acc[t * kRowsPerPass + r];
-    for (int r = 0; r < kRowsPerPass; ++r) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(w[r][h], h, a, c, L);
-        sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[r][h], lane_scale[h]), sums[r]);
-      }
-    }
+    chunk_products<PRECISE, SYMMETRIC, BITS>(w, s, acts[t], c, L, sums);
     for (int r = 0; r < kRowsPerPass; ++r) acc[t * kRowsPerPass + r] = sums[r];
   }
 }
@@ -362,8 +368,8 @@ constexpr int64_t kPanelChunks = 16;
 
 // A pass's chunks against activation rows acts[0 .. mt), into their accumulators acc[t * kRowsPerPass + r] (zeroed
 // here): unpack(c, chunk) fills each chunk, in ascending order, kPanelChunks at a time, then each activation row
-// runs through those with its accumulators in registers. A lane's scale is its weight scale times its activation
-// scale, the product gemv_rows forms before its permute, and each pair's products are added in chunk order.
+// runs through those with its accumulators in registers (chunk_products, each pair's products added in chunk
+// order, as panel_chunk adds them).
 // (Unpacking a chunk, then running every activation row through it, held 24 vectors of codes and scales, more than
 // AVX2's 16 registers: the compiler spilled them and loaded them back, with the accumulators, for every row. This
 // order made the file blocks' Q4_K panels 1.09-1.25x as fast and Q6_K's 0.98-1.33x on a Zen 3, with the same bits.
@@ -382,16 +388,7 @@ inline void panel_accumulate(int64_t chunks, const Layout& L, const ActivationRo
       __m256 sums[kRowsPerPass];
       for (int r = 0; r < kRowsPerPass; ++r) sums[r] = acc[t * kRowsPerPass + r];
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t c = c0 + i;
-        const UnpackedChunk& u = unpacked[i];
-        const __m256 lane_scale[2] = {_mm256_load_ps(a.lane_scales + c * 16),
-                                      _mm256_load_ps(a.lane_scales + c * 16 + 8)};
-        for (int r = 0; r < kRowsPerPass; ++r) {
-          for (int h = 0; h < 2; ++h) {
-            const __m256i dot = lane_dots<PRECISE, SYMMETRIC, BITS>(u.w[r][h], h, a, c, L);
-            sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(u.s[r][h], lane_scale[h]), sums[r]);
-          }
-        }
+        chunk_products<PRECISE, SYMMETRIC, BITS>(unpacked[i].w, unpacked[i].s, a, c0 + i, L, sums);
       }
       for (int r = 0; r < kRowsPerPass; ++r) acc[t * kRowsPerPass + r] = sums[r];
     }
