@@ -5,7 +5,6 @@
 // sliding window (only its keys are read), a softcap on the scores, and a sink logit per query head.
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>

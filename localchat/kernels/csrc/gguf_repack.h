@@ -4,7 +4,6 @@
 // where the torch ops took most of a minute.
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include <cstdint>
 #include <cstring>

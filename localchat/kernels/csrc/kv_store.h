@@ -2,7 +2,6 @@
 // key and value rows quantized into their slot, as kernels/kv_quant.quantize_q8_0 does, bit for bit.
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include "kv_rows.h"
 

@@ -4,7 +4,6 @@
 // the threads per expert and projection.
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>

@@ -4,7 +4,6 @@
 // activations, and runs the kernel dispatch.h picks, a pass of rows at a time (a decode) or in panels (a batch).
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>

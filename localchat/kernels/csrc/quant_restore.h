@@ -3,7 +3,6 @@
 // (dense_linear_bf16).
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include "quant/restore.h"
 #include "quant_linear.h"

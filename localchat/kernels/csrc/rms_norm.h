@@ -2,7 +2,6 @@
 // decomposes into about ten small ops, which at batch 1 cost more in dispatch than in arithmetic.
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <tuple>

@@ -14,7 +14,6 @@
 // the top k), and by min-p when its weight is at least min_p times the most likely token's.
 #pragma once
 #include "torch_api.h"
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
