@@ -10,6 +10,11 @@ Both engines stay loaded and take turns on each task (paired rounds); decode tok
 (tokens - 1) / (time of the last token - time of the first). The texts must be identical.
 
     python benchmarks/c6_speculative.py --rounds 3 --json c6.json [--threads 2]
+
+With `--quantization none --speculative-config '{"method": "draft_model", "model": GGUF}'` (GGUF:
+the default model's file) the model is the default model dequantized to float32 and its own Q4_1
+file drafts for it: the same tokenizer and nearly the same answers, a stand-in for a small draft of
+a larger model where no such pair of files can be fetched.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import math
 import platform
 import random
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -127,10 +133,17 @@ def main() -> None:
     parser.add_argument(
         "--speculative-config", type=json.loads, default=SPEC, help="JSON, as serve takes it"
     )
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        help="the model's (both engines'): none runs the default GGUF dequantized, a slower "
+        "target for a draft_model drafting with the file as it is",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    plain, spec = LLM(), LLM(speculative_config=args.speculative_config)
+    plain = LLM(quantization=args.quantization)
+    spec = LLM(quantization=args.quantization, speculative_config=args.speculative_config)
     work = {
         name: (lambda llm, turns=turns: run_task(llm, turns, args.max_tokens))
         for name, turns in tasks().items()
@@ -163,7 +176,11 @@ def main() -> None:
     summary = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/c6_speculative.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        + " ".join(
+            f"--{k.replace('_', '-')} {shlex.quote(json.dumps(v)) if isinstance(v, dict) else v}"
+            for k, v in vars(args).items()
+            if v is not None
+        ),
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),
