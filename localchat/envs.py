@@ -124,7 +124,9 @@ DENSE_MIN_ROWS: Setting[int | None] = Setting(
     "LOCALCHAT_DENSE_MIN_ROWS",
     "rows (0: never)",
     None,
-    "From this many rows a quantized weight is dequantized for one float32 GEMM; default: never.",
+    "From this many rows a quantized weight is dequantized for one float32 GEMM; default: never, "
+    "so a row's result does not depend on its batch (with 128, a small model's long prompt "
+    "prefills about 1.5x faster on an AVX2 CPU without VNNI).",
     int,
 )
 INT8_ACTIVATIONS: Setting[bool | None] = Setting(
