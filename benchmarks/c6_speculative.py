@@ -124,6 +124,11 @@ def c1(llm: LLM, seed: int) -> dict:
     }
 
 
+def _shell_word(value: object) -> str:
+    """An argument as the shell takes it back: a speculative config as its JSON."""
+    return shlex.quote(json.dumps(value) if isinstance(value, dict) else str(value))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -177,9 +182,9 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/c6_speculative.py "
         + " ".join(
-            f"--{k.replace('_', '-')} {shlex.quote(json.dumps(v)) if isinstance(v, dict) else v}"
-            for k, v in vars(args).items()
-            if v is not None
+            f"--{key.replace('_', '-')} {_shell_word(value)}"
+            for key, value in vars(args).items()
+            if value is not None
         ),
         "machine": {
             "cpu": platform.processor() or platform.machine(),
