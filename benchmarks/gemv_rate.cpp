@@ -6,7 +6,7 @@
 //   /tmp/gemv_rate Q4_K 32768 2048   # 38 MB, from DRAM
 //   /tmp/gemv_rate Q4_K 256 2048 generic   # the generic kernel instead of this build's ISA's
 //
-// Random blocks (each block's d and dmin set to a normal float16), random activations quantized as the
+// Random blocks (each block's float16 d, and dmin or m, set to a normal value), random activations quantized as the
 // extension quantizes them (one int8 code each, a large model's decode); the best of 30 runs, three times, as
 // GB/s of weights read. A GEMV whose rate does not fall from the L2-sized weight to the
 // DRAM-sized one is bound by its instructions, not by memory. (On a noisy VM, compare variants inside one run.)
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       std::memcpy(block + q.block_bytes - 2, &scale, 2);
     } else {
       std::memcpy(block, &scale, 2);
-      if (q.k_scales) std::memcpy(block + 2, &scale, 2);
+      if (q.mins) std::memcpy(block + 2, &scale, 2);  // dmin (K-quants) or m (Q4_1, Q5_1)
     }
   }
   std::vector<float> x(K);
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       const auto start = std::chrono::steady_clock::now();
       for (int64_t n = 0; n < N; n += kRowsPerPass) {
         const PassView v = pass_view(w.data(), nullptr, nullptr, nullptr, n, N, row_bytes, K / L.group_size, false);
-        gemv(v, row_bytes, K / L.group_size, act.chunks, row_bytes * N, L, act.rows[0],
+        gemv(v, row_bytes, K / L.group_size, act.chunks, L.code_bytes(K), L, act.rows[0],
              static_cast<int>(std::min<int64_t>(kRowsPerPass, N - n)), out.data() + n);
       }
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
