@@ -8,7 +8,9 @@ into one PackedWeight (or a tuple when their layouts differ).
 
 Checkpoints name the same tensor in several ways (Mixtral's w1/w2/w3, the experts of transformers
 5 and gpt-oss stacked in one 3-D tensor, a multimodal checkpoint's language_model prefix):
-`checkpoint_names` turns them into one set of names first.
+`checkpoint_names` turns them into one set of names first. gpt-oss's released checkpoints keep their
+experts in MXFP4 (`*_blocks` and `*_scales`): they become PackedWeights of llama.cpp's MXFP4 blocks,
+which the kernels read as they read a GGUF's.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
+from localchat.engine.loading.gguf_repack import file_blocks_weight
 from localchat.engine.loading.gguf_rows import GgufRows
 from localchat.engine.modeling.decoder import DecoderForCausalLM, RMSNorm, projection_slots
 from localchat.errors import UnsupportedModelError
@@ -87,6 +91,9 @@ _MIXTRAL_EXPERT = re.compile(r"^experts\.(\d+)\.(w[123])\.weight$")
 _STACKED_EXPERTS = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)(_bias)?$"
 )
+_MXFP4_EXPERTS = re.compile(
+    r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)_(blocks|scales)$"
+)
 
 Weight = torch.Tensor | PackedWeight | GgufRows
 
@@ -97,7 +104,9 @@ def checkpoint_names(
     """The checkpoint's tensors under the names WeightPlacer knows: prefixes of multimodal
     checkpoints stripped, Mixtral's block_sparse_moe renamed, stacked experts split into one tensor
     per expert (gpt-oss's [E, in, out] with gate and up interleaved; transformers 5's [E, out,
-    in] with gate before up)."""
+    in] with gate before up; gpt-oss's MXFP4 blocks and scales, once both have come, as one
+    PackedWeight per expert and projection)."""
+    packed: dict[str, dict[str, torch.Tensor]] = {}  # MXFP4 stacks whose other half is to come
     for name, tensor in tensors:
         for old, new in _PREFIXES:
             if name.startswith(old):
@@ -108,16 +117,67 @@ def checkpoint_names(
                 rest = f"experts.{expert.group(1)}.{_MIXTRAL[expert.group(2)]}.weight"
             name = f"{match.group(1)}mlp.{rest}"
         if name.endswith(("_blocks", "_scales")) and ".mlp.experts." in name:
-            raise UnsupportedModelError(
-                f"{name}: MXFP4 experts in safetensors are not supported yet; use the model's GGUF "
-                "file (kept in MXFP4) or a dequantized (bf16) checkpoint"
-            )
+            match = _MXFP4_EXPERTS.match(name)
+            if family != "gpt_oss" or match is None or not isinstance(tensor, torch.Tensor):
+                raise UnsupportedModelError(
+                    f"{name}: MXFP4 experts are read from gpt-oss checkpoints only"
+                )
+            stack = match.group(1) + match.group(2)
+            halves = packed.setdefault(stack, {})
+            halves[match.group(3)] = tensor
+            if len(halves) == 2:  # the blocks and their scales, in either order
+                del packed[stack]
+                yield from _mxfp4_experts(match.group(1), match.group(2), **halves)
+            continue
         if isinstance(tensor, torch.Tensor) and (match := _STACKED_EXPERTS.match(name)):
             yield from _split_experts(
                 match.group(1), match.group(2), bool(match.group(3)), tensor, family
             )
             continue
         yield name, tensor
+    for stack, halves in packed.items():
+        missing = "scales" if "blocks" in halves else "blocks"
+        present = next(iter(halves))
+        raise UnsupportedModelError(f"{stack}_{missing}: missing beside {stack}_{present}")
+
+
+def _mxfp4_experts(
+    prefix: str, kind: str, blocks: torch.Tensor, scales: torch.Tensor
+) -> Iterator[tuple[str, PackedWeight]]:
+    """One stack of gpt-oss's MXFP4 experts as the released checkpoints keep it (transformers'
+    `convert_moe_packed_tensors` reads it): blocks uint8 [experts, rows, in / 32, 16], byte b of
+    a block holding its values 2b and 2b + 1 in its low and high nibbles, and scales uint8
+    [experts, rows, in / 32], E8M0 exponents (2^(s - 127)); gate_up's rows alternate gate and up.
+    Each expert's projections become llama.cpp's MXFP4 blocks (the exponent byte, then byte j
+    holding values j and j + 16: the same E2M1 codes), as a GGUF keeps them."""
+    name = f"{prefix}{kind}"
+    if (
+        blocks.dtype != torch.uint8
+        or scales.dtype != torch.uint8
+        or blocks.dim() != 4
+        or blocks.shape[-1] != 16
+        or blocks.shape[:-1] != scales.shape
+    ):
+        raise UnsupportedModelError(
+            f"{name}_blocks: expected uint8 blocks [experts, rows, groups, 16] and uint8 scales "
+            f"[experts, rows, groups], got {blocks.dtype} {list(blocks.shape)} and {scales.dtype} "
+            f"{list(scales.shape)}"
+        )
+    for expert in range(blocks.shape[0]):
+        codes = blocks[expert]
+        values = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)  # [rows, groups, 32]
+        low_high = values[..., :16] | values[..., 16:] << 4
+        rows = torch.cat((scales[expert].unsqueeze(-1), low_high), -1).flatten(-2)
+        names = f"{prefix}{expert}."
+        if kind == "down_proj":
+            yield f"{names}down_proj.weight", _mxfp4_weight(rows)
+        else:
+            yield f"{names}gate_proj.weight", _mxfp4_weight(rows[0::2])
+            yield f"{names}up_proj.weight", _mxfp4_weight(rows[1::2])
+
+
+def _mxfp4_weight(rows: torch.Tensor) -> PackedWeight:
+    return file_blocks_weight(rows.contiguous(), GGMLQuantizationType.MXFP4)
 
 
 def _split_experts(

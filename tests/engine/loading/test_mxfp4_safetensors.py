@@ -1,0 +1,102 @@
+"""gpt-oss's released safetensors keep its experts in MXFP4 (`*_blocks` and `*_scales`, with
+`quantization_config.quant_method` mxfp4): they load, kept in 4 bits, and the model follows
+transformers' own model class with the experts transformers' own `convert_moe_packed_tensors`
+dequantizes from the same bytes, token for token."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
+
+from localchat import LLM, SamplingParams
+from localchat.errors import UnsupportedModelError
+from localchat.kernels.packed_weight import PackedWeight
+from tests.family_models import VOCAB, WINDOW, build
+
+STACK = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)$")
+NEW_TOKENS = 10
+
+
+def to_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stacked experts' weight [experts, in, out] as MXFP4 in the checkpoints' layout: blocks
+    uint8 [experts, out, in / 32, 16] (values 2b and 2b + 1 in byte b's low and high nibbles) and
+    E8M0 scales uint8 [experts, out, in / 32], each block's largest value at most 6 x its scale."""
+    rows = weight.transpose(1, 2).unflatten(-1, (-1, 32))  # [experts, out, groups, 32]
+    top = rows.abs().amax(dim=-1).clamp_min(2.0**-100)
+    exponent = torch.ceil(torch.log2(top / 6.0))
+    scaled = rows / torch.exp2(exponent).unsqueeze(-1)
+    grid = torch.tensor(FP4_VALUES[:8])
+    nearest = (scaled.abs().unsqueeze(-1) - grid).abs().argmin(dim=-1)
+    codes = (nearest | (scaled < 0).long() << 3).to(torch.uint8)
+    blocks = codes[..., 0::2] | codes[..., 1::2] << 4
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+@pytest.fixture(scope="module")
+def mxfp4_gpt_oss(tmp_path_factory):
+    """A tiny gpt-oss saved as the released checkpoints are (experts in MXFP4), and transformers'
+    model with the experts it dequantizes from those bytes."""
+    directory = tmp_path_factory.mktemp("gpt-oss-mxfp4")
+    model = build("gpt-oss", 0)
+    tensors = {}
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if STACK.match(name):
+                blocks, scales = to_mxfp4(value)
+                tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+                value.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            else:
+                tensors[name] = value.contiguous()
+    # the scales before the blocks in the file: either order pairs up
+    save_file(dict(sorted(tensors.items(), reverse=True)), str(directory / "model.safetensors"))
+    config = model.config.to_dict()
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory, model
+
+
+def _prompts(lengths: list[int]) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(3)
+    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def test_mxfp4_experts_follow_transformers_token_for_token(mxfp4_gpt_oss):
+    directory, hf = mxfp4_gpt_oss
+    hf.generation_config.eos_token_id = None
+    prompts = _prompts([6, WINDOW + 5, 3 * WINDOW])
+    expected = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
+            expected.append(out[0, len(prompt) :].tolist())
+    llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB")
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    with torch.no_grad():
+        reference = hf(torch.tensor([prompts[2]])).logits[0]
+    torch.testing.assert_close(
+        llm.engine.prompt_logits(prompts[2]), reference, rtol=1e-4, atol=1e-4
+    )
+    experts = llm.engine.runner.model.layers[0].mlp.experts
+    weights = [experts[0].gate_up_weight, experts[0].down_weight]
+    parts = [p for w in weights for p in (w if isinstance(w, tuple) else (w,))]
+    assert parts and all(isinstance(p, PackedWeight) and p.layout == "mxfp4" for p in parts)
+
+
+@pytest.mark.parametrize("drop", ["_scales", "_blocks"])
+def test_a_stack_missing_its_other_half_is_named(mxfp4_gpt_oss, tmp_path, drop):
+    directory, _ = mxfp4_gpt_oss
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    gone = "model.layers.1.mlp.experts.down_proj" + drop
+    del tensors[gone]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((directory / "config.json").read_text())
+    with pytest.raises(UnsupportedModelError, match=re.escape(gone) + ": missing beside"):
+        LLM(str(tmp_path), max_model_len=64, kv_cache_memory="16MiB")
