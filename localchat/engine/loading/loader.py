@@ -135,7 +135,14 @@ def load_model(
         elif tensors is None:
             tensors = _iter_safetensors(_safetensors_files(files.directory))
         try:
-            missing = load_weights(model, tensors, dtype=dtype, device=device, quantize_bits=bits)
+            missing = load_weights(
+                model,
+                tensors,
+                dtype=dtype,
+                device=device,
+                quantize_bits=bits,
+                dequantize=quantization == "none",
+            )
         except ValueError as exc:
             raise ModelNotFoundError(f"{files.source.path}: {exc}") from exc
         if missing:

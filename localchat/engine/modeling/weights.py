@@ -99,13 +99,13 @@ Weight = torch.Tensor | PackedWeight | GgufRows
 
 
 def checkpoint_names(
-    tensors: Iterable[tuple[str, Weight]], family: str
+    tensors: Iterable[tuple[str, Weight]], family: str, *, dequantize: bool = False
 ) -> Iterator[tuple[str, Weight]]:
     """The checkpoint's tensors under the names WeightPlacer knows: prefixes of multimodal
     checkpoints stripped, Mixtral's block_sparse_moe renamed, stacked experts split into one tensor
     per expert (gpt-oss's [E, in, out] with gate and up interleaved; transformers 5's [E, out,
     in] with gate before up; gpt-oss's MXFP4 blocks and scales, once both have come, as one
-    PackedWeight per expert and projection)."""
+    PackedWeight per expert and projection, or with `dequantize` as dense float32 weights)."""
     packed: dict[str, dict[str, torch.Tensor]] = {}  # MXFP4 stacks whose other half is to come
     for name, tensor in tensors:
         for old, new in _PREFIXES:
@@ -127,7 +127,9 @@ def checkpoint_names(
             halves[match.group(3)] = tensor
             if len(halves) == 2:  # the blocks and their scales, in either order
                 del packed[stack]
-                yield from _mxfp4_experts(match.group(1), match.group(2), **halves)
+                experts = _mxfp4_experts(match.group(1), match.group(2), **halves)
+                for expert, weight in experts:
+                    yield expert, weight.dequantize() if dequantize else weight
             continue
         if isinstance(tensor, torch.Tensor) and (match := _STACKED_EXPERTS.match(name)):
             yield from _split_experts(
@@ -303,10 +305,13 @@ def load_weights(
     dtype: torch.dtype,
     device: torch.device,
     quantize_bits: int | None = None,
+    dequantize: bool = False,
 ) -> list[str]:
-    """Place every tensor; return the names of parameters the checkpoint did not provide."""
+    """Place every tensor; return the names of parameters the checkpoint did not provide.
+    `dequantize`: a safetensors checkpoint's quantized tensors (gpt-oss's MXFP4 experts) as
+    dense ones."""
     placer = WeightPlacer(model, dtype, device, quantize_bits)
-    for name, tensor in checkpoint_names(tensors, model.spec.family):
+    for name, tensor in checkpoint_names(tensors, model.spec.family, dequantize=dequantize):
         placer.add(name, tensor)
     return placer.missing()
 

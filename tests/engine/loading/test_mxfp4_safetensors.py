@@ -88,6 +88,17 @@ def test_mxfp4_experts_follow_transformers_token_for_token(mxfp4_gpt_oss):
     assert parts and all(isinstance(p, PackedWeight) and p.layout == "mxfp4" for p in parts)
 
 
+def test_quantization_none_dequantizes_them(mxfp4_gpt_oss):
+    directory, hf = mxfp4_gpt_oss
+    prompt = _prompts([WINDOW + 5])[0]
+    llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB", quantization="none")
+    with torch.no_grad():
+        reference = hf(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(llm.engine.prompt_logits(prompt), reference, rtol=1e-4, atol=1e-4)
+    weight = llm.engine.runner.model.layers[0].mlp.experts[0].down_weight
+    assert isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+
+
 @pytest.mark.parametrize("drop", ["_scales", "_blocks"])
 def test_a_stack_missing_its_other_half_is_named(mxfp4_gpt_oss, tmp_path, drop):
     directory, _ = mxfp4_gpt_oss
