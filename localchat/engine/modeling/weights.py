@@ -128,8 +128,8 @@ def checkpoint_names(
             if len(halves) == 2:  # the blocks and their scales, in either order
                 del packed[stack]
                 experts = _mxfp4_experts(match.group(1), match.group(2), **halves)
-                for expert, weight in experts:
-                    yield expert, weight.dequantize() if dequantize else weight
+                for part, weight in experts:
+                    yield part, weight.dequantize() if dequantize else weight
             continue
         if isinstance(tensor, torch.Tensor) and (match := _STACKED_EXPERTS.match(name)):
             yield from _split_experts(
