@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
 from localchat import LLM, SamplingParams
+from localchat.engine.modeling.weights import checkpoint_names
 from localchat.errors import UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
 from tests.family_models import VOCAB, WINDOW, build
@@ -111,3 +112,26 @@ def test_a_stack_missing_its_other_half_is_named(mxfp4_gpt_oss, tmp_path, drop):
     (tmp_path / "config.json").write_text((directory / "config.json").read_text())
     with pytest.raises(UnsupportedModelError, match=re.escape(gone) + ": missing beside"):
         LLM(str(tmp_path), max_model_len=64, kv_cache_memory="16MiB")
+
+
+def test_int8_packs_the_rest_and_keeps_the_experts_mxfp4(mxfp4_gpt_oss):
+    directory, _ = mxfp4_gpt_oss
+    prompt = _prompts([3 * WINDOW])[0]
+    kept = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB")
+    int8 = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB", quantization="int8")
+    layer = int8.engine.runner.model.layers[0]
+    assert all(p.layout == "mxfp4" for p in layer.mlp.experts[0].gate_up_weight)
+    assert layer.self_attn.qkv_weight.layout == "u8"
+    top = [llm.engine.prompt_logits(prompt).argmax(-1) for llm in (kept, int8)]
+    assert (top[0] == top[1]).float().mean() >= 0.95
+
+
+def test_mxfp4_names_outside_gpt_oss_or_malformed_are_refused_by_name():
+    name = "model.layers.0.mlp.experts.gate_up_proj_blocks"
+    blocks = torch.zeros(2, 8, 2, 16, dtype=torch.uint8)
+    with pytest.raises(UnsupportedModelError, match=f"{name}: MXFP4 experts are read from gpt-oss"):
+        list(checkpoint_names([(name, blocks)], "qwen3_moe"))
+    scales = torch.zeros(2, 8, 3, dtype=torch.uint8)  # one group too many
+    pair = [(name, blocks), (name.replace("_blocks", "_scales"), scales)]
+    with pytest.raises(UnsupportedModelError, match=f"{name}: expected uint8 blocks"):
+        list(checkpoint_names(pair, "gpt_oss"))
