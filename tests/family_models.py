@@ -12,7 +12,10 @@ from pathlib import Path
 
 import torch
 
+from localchat import LLM, SamplingParams
+
 WINDOW = 24
+NEW_TOKENS = 10  # greedy tokens the family tests compare
 VOCAB = 256
 _BASE = dict(
     vocab_size=VOCAB,
@@ -197,3 +200,29 @@ def save(family: str, directory: Path, seed: int = 0):
     model = build(family, seed)
     model.save_pretrained(directory, safe_serialization=True)
     return model
+
+
+def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
+    """Prompts of random token ids (past the special ones) of the given lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def hf_greedy(hf, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    """transformers' greedy tokens, EOS neither stopping nor banned (as ignore_eos does)."""
+    hf.generation_config.eos_token_id = None
+    rotary = hf.model.rotary_emb
+    if rotary.rope_type == "dynamic":
+        # transformers' dynamic NTK keeps the base of the longest sequence it has seen until one is
+        # shorter than the original context: each prompt starts from the model's own state here
+        rotary.inv_freq = rotary.original_inv_freq.clone()
+        rotary.max_seq_len_cached = rotary.original_max_seq_len
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def greedy(llm: LLM, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Our greedy tokens for each prompt, in one batch, EOS ignored."""
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    return [out.token_ids for out in llm.generate(prompts, params)]

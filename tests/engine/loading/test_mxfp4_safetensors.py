@@ -13,14 +13,13 @@ import torch
 from safetensors.torch import save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
-from localchat import LLM, SamplingParams
+from localchat import LLM
 from localchat.engine.modeling.weights import checkpoint_names
 from localchat.errors import UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
-from tests.family_models import VOCAB, WINDOW, build
+from tests.family_models import WINDOW, build, greedy, hf_greedy, random_prompts
 
 STACK = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)$")
-NEW_TOKENS = 10
 
 
 def to_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,23 +60,12 @@ def mxfp4_gpt_oss(tmp_path_factory):
     return directory, model
 
 
-def _prompts(lengths: list[int]) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(3)
-    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
 def test_mxfp4_experts_follow_transformers_token_for_token(mxfp4_gpt_oss):
     directory, hf = mxfp4_gpt_oss
-    hf.generation_config.eos_token_id = None
-    prompts = _prompts([6, WINDOW + 5, 3 * WINDOW])
-    expected = []
-    with torch.no_grad():
-        for prompt in prompts:
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
-            expected.append(out[0, len(prompt) :].tolist())
+    prompts = random_prompts([6, WINDOW + 5, 3 * WINDOW], seed=3)
+    expected = [hf_greedy(hf, prompt) for prompt in prompts]
     llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB")
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert greedy(llm, prompts) == expected
     with torch.no_grad():
         reference = hf(torch.tensor([prompts[2]])).logits[0]
     torch.testing.assert_close(
@@ -91,7 +79,7 @@ def test_mxfp4_experts_follow_transformers_token_for_token(mxfp4_gpt_oss):
 
 def test_quantization_none_dequantizes_them(mxfp4_gpt_oss):
     directory, hf = mxfp4_gpt_oss
-    prompt = _prompts([WINDOW + 5])[0]
+    prompt = random_prompts([WINDOW + 5], seed=3)[0]
     llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB", quantization="none")
     with torch.no_grad():
         reference = hf(torch.tensor([prompt])).logits[0]
@@ -116,7 +104,7 @@ def test_a_stack_missing_its_other_half_is_named(mxfp4_gpt_oss, tmp_path, drop):
 
 def test_int8_packs_the_rest_and_keeps_the_experts_mxfp4(mxfp4_gpt_oss):
     directory, _ = mxfp4_gpt_oss
-    prompt = _prompts([3 * WINDOW])[0]
+    prompt = random_prompts([3 * WINDOW], seed=3)[0]
     kept = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB")
     int8 = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB", quantization="int8")
     layer = int8.engine.runner.model.layers[0]

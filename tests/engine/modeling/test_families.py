@@ -7,15 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat import LLM, SamplingParams
+from localchat import LLM
 from localchat.engine.modeling.registry import family_name
-from tests.family_models import FAMILIES, VOCAB, WINDOW, WINDOWED, save
+from tests.family_models import (
+    FAMILIES,
+    WINDOW,
+    WINDOWED,
+    greedy,
+    hf_greedy,
+    random_prompts,
+    save,
+)
 
 # dynamic NTK stretches its rotary base by the sequence's length, as transformers computes it: keys
 # computed for one length past the original context are not another length's, so the prefix cache
 # does not share them (test_dynamic_ntk_shares_no_blocks_across_lengths)
 LENGTH_DEPENDENT = {"llama-dynamic"}
-NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -26,34 +33,10 @@ def family(request, tmp_path_factory):
     return name, directory, hf
 
 
-def _prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
-def _hf_greedy(hf, prompt: list[int]) -> list[int]:
-    """transformers' greedy tokens, EOS neither stopping nor banned (as ignore_eos does)."""
-    hf.generation_config.eos_token_id = None
-    rotary = hf.model.rotary_emb
-    if rotary.rope_type == "dynamic":
-        # transformers' dynamic NTK keeps the base of the longest sequence it has seen until one is
-        # shorter than the original context: each prompt starts from the model's own state here
-        rotary.inv_freq = rotary.original_inv_freq.clone()
-        rotary.max_seq_len_cached = rotary.original_max_seq_len
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, len(prompt) :].tolist()
-
-
-def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    return [out.token_ids for out in llm.generate(prompts, params)]
-
-
 def test_prompt_logits_equal_transformers(family):
     _, directory, hf = family
     llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB")
-    prompt = _prompts([4 * WINDOW + 7])[0]  # past every window and every original context
+    prompt = random_prompts([4 * WINDOW + 7])[0]  # past every window and every original context
     with torch.no_grad():
         expected = hf(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(llm.engine.prompt_logits(prompt), expected, rtol=1e-4, atol=1e-4)
@@ -64,10 +47,10 @@ def test_greedy_tokens_equal_transformers_in_one_batch(family):
     _, directory, hf = family
     # lengths below, across and past the window (and past longrope's and dynamic NTK's original
     # context of 48 while generating)
-    prompts = _prompts([5, WINDOW + 3, 40, 3 * WINDOW])
-    expected = [_hf_greedy(hf, p) for p in prompts]
+    prompts = random_prompts([5, WINDOW + 3, 40, 3 * WINDOW])
+    expected = [hf_greedy(hf, p) for p in prompts]
     llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB")
-    assert _greedy(llm, prompts) == expected
+    assert greedy(llm, prompts) == expected
 
 
 @pytest.mark.parametrize(
@@ -78,14 +61,14 @@ def test_chunked_prefill_and_the_prefix_cache_keep_the_tokens(family, chunked):
     name, directory, hf = family
     if name in LENGTH_DEPENDENT:
         pytest.skip(f"{name}: no blocks are shared between lengths (see above)")
-    shared = _prompts([2 * WINDOW + 5], seed=2)[0]
-    prompts = [shared + tail for tail in _prompts([3, 17], seed=3)]
-    expected = [_hf_greedy(hf, p) for p in prompts]
+    shared = random_prompts([2 * WINDOW + 5], seed=2)[0]
+    prompts = [shared + tail for tail in random_prompts([3, 17], seed=3)]
+    expected = [hf_greedy(hf, p) for p in prompts]
     options = dict(max_num_batched_tokens=16, max_num_seqs=4) if chunked else {}
     llm = LLM(str(directory), max_model_len=192, kv_cache_memory="16MiB", **options)
-    assert _greedy(llm, prompts[:1]) == expected[:1]
+    assert greedy(llm, prompts[:1]) == expected[:1]
     hits_before = llm.engine.block_manager.prefix_cache_hits
-    assert _greedy(llm, prompts[1:]) == expected[1:]  # the shared blocks come from the cache
+    assert greedy(llm, prompts[1:]) == expected[1:]  # the shared blocks come from the cache
     assert llm.engine.block_manager.prefix_cache_hits > hits_before
 
 
@@ -101,12 +84,12 @@ def test_windowed_families_have_windows():
 
 def test_dynamic_ntk_shares_no_blocks_across_lengths_and_chunks_like_one_pass(tmp_path):
     hf = save("llama-dynamic", tmp_path)
-    shared = _prompts([60], seed=4)[0]  # past the original context of 48
-    prompts = [shared + tail for tail in _prompts([3, 9], seed=5)]
-    expected = [_hf_greedy(hf, p) for p in prompts]
+    shared = random_prompts([60], seed=4)[0]  # past the original context of 48
+    prompts = [shared + tail for tail in random_prompts([3, 9], seed=5)]
+    expected = [hf_greedy(hf, p) for p in prompts]
     llm = LLM(str(tmp_path), max_model_len=192, kv_cache_memory="16MiB", max_num_batched_tokens=16)
-    assert _greedy(llm, prompts[:1]) == expected[:1]  # chunks of 16: the whole length's base
-    assert _greedy(llm, prompts[1:]) == expected[1:]
+    assert greedy(llm, prompts[:1]) == expected[:1]  # chunks of 16: the whole length's base
+    assert greedy(llm, prompts[1:]) == expected[1:]
     assert llm.engine.block_manager.prefix_cache_hits == 0
-    assert _greedy(llm, prompts[1:]) == expected[1:]  # the same length: its own blocks again
+    assert greedy(llm, prompts[1:]) == expected[1:]  # the same length: its own blocks again
     assert llm.engine.block_manager.prefix_cache_hits > 0
