@@ -6,9 +6,9 @@
 //   /tmp/gemv_rate Q4_K 32768 2048   # 38 MB, from DRAM
 //   /tmp/gemv_rate Q4_K 256 2048 generic   # the generic kernel instead of this build's ISA's
 //
-// Random blocks (each block's float16 d, and dmin or m, set to a normal value), random activations quantized as the
-// extension quantizes them (one int8 code each, a large model's decode); the best of 30 runs, three times, as
-// GB/s of weights read. A GEMV whose rate does not fall from the L2-sized weight to the
+// Random blocks (each block's float16 d, and dmin or m, or MXFP4's exponent set to a normal value), random
+// activations quantized as the extension quantizes them (one int8 code each, a large model's decode); the best of
+// 30 runs, three times, as GB/s of weights read. A GEMV whose rate does not fall from the L2-sized weight to the
 // DRAM-sized one is bound by its instructions, not by memory. (On a noisy VM, compare variants inside one run.)
 #include <chrono>
 #include <cstdio>
@@ -44,9 +44,11 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> w(N * row_bytes);
   for (auto& b : w) b = static_cast<uint8_t>(rng());
   const uint16_t scale = float_to_half_bits(0.01f);
-  for (int64_t b = 0; b < N * blocks; ++b) {  // the float16 scales: first in a block, last in Q6_K's
+  for (int64_t b = 0; b < N * blocks; ++b) {  // float16 scales first in a block, last in Q6_K's; MXFP4's E8M0
     uint8_t* block = w.data() + b * q.block_bytes;
-    if (file == kBlocksQ6_K) {
+    if (file == kBlocksMXFP4) {
+      block[0] = 127 - 7;  // 2^-7
+    } else if (file == kBlocksQ6_K) {
       std::memcpy(block + q.block_bytes - 2, &scale, 2);
     } else {
       std::memcpy(block, &scale, 2);

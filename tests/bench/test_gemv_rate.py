@@ -1,5 +1,5 @@
 """benchmarks/gemv_rate.cpp, the kernels' GEMV rate without torch: it builds against the kernels'
-headers as its comment says, prints a rate per run for the ISA's kernel and the generic one, and
+headers as its comment says, prints a rate per round for the ISA's kernel or the generic one, and
 refuses bad arguments with a usage line."""
 
 from __future__ import annotations
