@@ -106,7 +106,8 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
     are checked in tests/engine/core/test_embeddings.py; how long a stream waits meanwhile depends
     on the machine, and benchmarks/embeddings_beside_streams.py measures it."""
     inputs = [" ".join(f"item{i}-{j}" for j in range(70)) for i in range(4)]  # ~1400 tokens
-    alone = np.array([d["embedding"] for d in _post(http, input=inputs)["data"]])
+    first = _post(http, input=inputs)
+    alone = np.array([d["embedding"] for d in first["data"]])
     wait_idle()
     run = beside_streams(
         3,
@@ -118,7 +119,7 @@ def test_embeddings_interleave_with_streams(http, wait_idle):
     assert all(after), f"tokens the streams had left once the embeddings were answered: {after}"
     vectors = np.array([d["embedding"] for d in loaded["data"]])
     assert np.allclose(vectors, alone, atol=1e-4)
-    assert loaded["usage"] == _post(http, input=inputs)["usage"]
+    assert loaded["usage"] == first["usage"]
 
 
 def _send_embeddings(base_url: str, inputs: list[list[int]]) -> socket.socket:

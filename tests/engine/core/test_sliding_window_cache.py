@@ -11,7 +11,7 @@ import torch
 from localchat import LLM, SamplingParams
 from localchat.engine.core.kv_groups import kv_layout
 from localchat.engine.modeling.registry import spec_from_config
-from tests.family_models import VOCAB, WINDOW, WINDOWED, save
+from tests.family_models import WINDOW, WINDOWED, hf_greedy, random_prompts, save
 
 MAX_MODEL_LEN = 128
 BLOCK_SIZE = 16
@@ -35,17 +35,6 @@ def family(request, tmp_path_factory):
     hf = save(name, directory)
     hf.generation_config.eos_token_id = None
     return name, str(directory), hf
-
-
-def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
-def _hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False)
-    return out[0, len(prompt) :].tolist()
 
 
 def _budget(hf, num_seqs: int, chunk: int) -> tuple[int, int]:
@@ -94,7 +83,7 @@ def test_a_long_generation_fits_a_budget_that_holds_the_windows_only(family):
     chunk = 16
     budget, every_layer = _budget(hf, 1, chunk)
     assert budget < every_layer
-    prompt = _prompts([20], seed=1)[0]
+    prompt = random_prompts([20], seed=1)[0]
     num_tokens = MAX_MODEL_LEN - len(prompt)
     llm = LLM(
         directory,
@@ -104,7 +93,7 @@ def test_a_long_generation_fits_a_budget_that_holds_the_windows_only(family):
         max_num_seqs=4,
     )
     run = Run(llm)
-    assert run.greedy([prompt], num_tokens) == [_hf_greedy(hf, prompt, num_tokens)]
+    assert run.greedy([prompt], num_tokens) == [hf_greedy(hf, prompt, num_tokens)]
     # not by preempting itself and taking back only its windows from the prefix cache
     assert llm.engine.scheduler.num_preemptions == 0
 
@@ -112,8 +101,8 @@ def test_a_long_generation_fits_a_budget_that_holds_the_windows_only(family):
 def test_a_batch_that_preempts_keeps_the_tokens(family):
     _, directory, hf = family
     budget, _ = _budget(hf, 1, 32)  # one full-length sequence: three at once preempt
-    prompts = _prompts([2 * WINDOW + 5, 70, 3 * WINDOW + 9], seed=2)
-    expected = [_hf_greedy(hf, p, 40) for p in prompts]
+    prompts = random_prompts([2 * WINDOW + 5, 70, 3 * WINDOW + 9], seed=2)
+    expected = [hf_greedy(hf, p, 40) for p in prompts]
     llm = LLM(
         directory,
         max_model_len=MAX_MODEL_LEN,
@@ -129,7 +118,7 @@ def test_a_chunked_prefill_gives_back_blocks_within_the_prompt(family):
     """Chunks shorter than the window: each chunk's queries read the window's keys from the
     chunks before, whose older blocks are already given back."""
     _, directory, hf = family
-    prompt = _prompts([4 * WINDOW + 7], seed=3)[0]
+    prompt = random_prompts([4 * WINDOW + 7], seed=3)[0]
     llm = LLM(
         directory,
         max_model_len=MAX_MODEL_LEN,
@@ -138,7 +127,7 @@ def test_a_chunked_prefill_gives_back_blocks_within_the_prompt(family):
         max_num_seqs=4,
     )
     run = Run(llm)
-    assert run.greedy([prompt], 12) == [_hf_greedy(hf, prompt, 12)]
+    assert run.greedy([prompt], 12) == [hf_greedy(hf, prompt, 12)]
     layout = llm.engine.runner.kv_layout
     every_block = len(layout.groups) * -(-(len(prompt) + 12) // BLOCK_SIZE)
     assert run.peak_blocks < every_block
@@ -149,22 +138,22 @@ def test_prefix_cached_follow_ups_keep_the_tokens(family):
     that shares only an early part (served by blocks the windows had given back, found by their
     hashes), and two samples of one prompt sharing it."""
     _, directory, hf = family
-    first = _prompts([50], seed=4)[0]  # and 20 generated: sliding blocks 0 and 1 given back
+    first = random_prompts([50], seed=4)[0]  # and 20 generated: sliding blocks 0 and 1 given back
     llm = LLM(directory, max_model_len=MAX_MODEL_LEN, kv_cache_memory="4MiB")
     run = Run(llm)
     (reply,) = run.greedy([first], 20)
-    assert reply == _hf_greedy(hf, first, 20)
+    assert reply == hf_greedy(hf, first, 20)
     bm = llm.engine.block_manager
-    turn = first + reply + _prompts([15], seed=5)[0]
+    turn = first + reply + random_prompts([15], seed=5)[0]
     hits = bm.prefix_cache_hits
-    assert run.greedy([turn], 10) == [_hf_greedy(hf, turn, 10)]
+    assert run.greedy([turn], 10) == [hf_greedy(hf, turn, 10)]
     assert bm.prefix_cache_hits - hits == (len(first) + len(reply)) // BLOCK_SIZE * BLOCK_SIZE
-    early = first[:40] + _prompts([9], seed=6)[0]  # the cut after 32 tokens reads from 9 on
+    early = first[:40] + random_prompts([9], seed=6)[0]  # the cut after 32 tokens reads from 9 on
     hits = bm.prefix_cache_hits
-    assert run.greedy([early], 10) == [_hf_greedy(hf, early, 10)]
+    assert run.greedy([early], 10) == [hf_greedy(hf, early, 10)]
     assert bm.prefix_cache_hits - hits == 32
-    twice = _prompts([3 * WINDOW], seed=7)[0]
-    assert run.greedy([twice], 10, n=2) == [[_hf_greedy(hf, twice, 10)] * 2]
+    twice = random_prompts([3 * WINDOW], seed=7)[0]
+    assert run.greedy([twice], 10, n=2) == [[hf_greedy(hf, twice, 10)] * 2]
 
 
 def test_the_cpu_default_context_counts_the_windows():
@@ -208,7 +197,7 @@ def test_a_longrope_switch_recomputes_a_windowed_sequence(tmp_path, monkeypatch)
     hf = save("phi4-mini-window", tmp_path)
     hf.generation_config.eos_token_id = None
     assert hf.config.sliding_window == WINDOW
-    prompts = _prompts([40, 44], seed=9)  # past the window, and past 48 while generating
+    prompts = random_prompts([40, 44], seed=9)  # past the window, and past 48 while generating
     llm = LLM(str(tmp_path), max_model_len=MAX_MODEL_LEN, kv_cache_memory="4MiB")
     assert llm.engine.block_manager.recompute_on_salt_change
-    assert Run(llm).greedy(prompts, 16) == [_hf_greedy(hf, p, 16) for p in prompts]
+    assert Run(llm).greedy(prompts, 16) == [hf_greedy(hf, p, 16) for p in prompts]

@@ -13,7 +13,7 @@ from localchat import LLM, SamplingParams
 from localchat.engine.distributed.shard_plan import check_tensor_parallel, plan_shards
 from localchat.engine.modeling.spec import DecoderSpec, LayerSpec, MoESpec
 from localchat.errors import InvalidParameterError
-from tests.family_models import FAMILIES, VOCAB, WINDOW, save
+from tests.family_models import FAMILIES, VOCAB, WINDOW, hf_greedy, random_prompts, save
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 NEW_TOKENS = 8
@@ -22,20 +22,6 @@ FAMILIES = {
     **FAMILIES,
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
 }
-
-
-def _prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(3)
-    return [
-        torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in (5, WINDOW + 3, 40)
-    ]
-
-
-def _hf_greedy(hf, prompt: list[int]) -> list[int]:
-    hf.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize(
@@ -53,8 +39,8 @@ def _hf_greedy(hf, prompt: list[int]) -> list[int]:
 def test_greedy_tokens_equal_one_rank_and_transformers(family, size, tmp_path, monkeypatch):
     monkeypatch.setattr("tests.family_models.FAMILIES", FAMILIES)
     hf = save(family, tmp_path)
-    prompts = _prompts()
-    expected = [_hf_greedy(hf, p) for p in prompts]
+    prompts = random_prompts([5, WINDOW + 3, 40], seed=3)
+    expected = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     with torch.no_grad():
         hf_logits = hf(torch.tensor([prompts[-1]])).logits[0]
     options = dict(max_model_len=128, kv_cache_memory="16MiB", max_num_batched_tokens=32)

@@ -14,8 +14,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from localchat import LLM, SamplingParams
+from localchat import LLM
 from localchat.errors import UnsupportedModelError
+from tests.family_models import greedy, hf_greedy
 from tests.gguf_writer import (
     GGUF_FAMILIES,
     NO_LAYOUT,
@@ -67,11 +68,7 @@ def test_f32_file_gives_transformers_logits_and_greedy_tokens(family):
         llm.engine.prompt_logits(prompt), _logits(model, prompt), rtol=1e-4, atol=1e-4
     )
     short = _prompt(40, seed=2)  # past the windows, and past longrope's original context
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([short]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    assert llm.generate([short], params)[0].token_ids == expected[0, len(short) :].tolist()
+    assert greedy(llm, [short], NEW_TOKENS) == [hf_greedy(model, short, NEW_TOKENS)]
     # the engine, `list` and `show` name the family
     assert llm.engine.model_info.family == family_name(model.config) != ""
     assert facts_of("gguf", f32).family == llm.engine.model_info.family
