@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from localchat.bench.gguf_parsing import shared_gguf_parsing
 from localchat.bench.offline import Advance, ModelTarget, _noop
 from localchat.bench.records import RequestRecord, RunResult
 from localchat.bench.workloads import BenchRequest
@@ -50,9 +51,10 @@ class HFPeer:
             model = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
         elif target.gguf_path is not None:  # transformers dequantizes the GGUF file itself
             gguf = target.gguf_path
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=target.dtype
-            )
+            with shared_gguf_parsing():
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(gguf.parent), gguf_file=gguf.name, dtype=target.dtype
+                )
         else:
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype)
         self.model = model.to(target.device).eval()

@@ -41,9 +41,12 @@ def hf_model(default_gguf):
     """transformers' own GGUF loading (its dequantization and Q/K un-permutation), float32."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(default_gguf.parent), gguf_file=default_gguf.name, dtype=torch.float32
-    )
+    from localchat.bench.gguf_parsing import shared_gguf_parsing
+
+    with shared_gguf_parsing():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(default_gguf.parent), gguf_file=default_gguf.name, dtype=torch.float32
+        )
     return model.eval()
 
 
