@@ -218,6 +218,7 @@ def test_the_file_loads_and_generates_in_localchat(arch, quant, tmp_path, defaul
     from transformers import AutoModelForCausalLM
 
     from localchat import LLM
+    from localchat.bench.gguf_parsing import shared_gguf_parsing
 
     # qwen3: head_dim != hidden / heads, as in Qwen3 itself
     head_dim = 128 if arch == "qwen3" else None
@@ -237,9 +238,10 @@ def test_the_file_loads_and_generates_in_localchat(arch, quant, tmp_path, defaul
         assert GGUFReader(str(path)).fields["qwen3.attention.key_length"].contents() == 128
     llm = LLM(str(path), max_model_len=256, kv_cache_memory="64MiB")
     # the file as transformers reads it (gguf-py's dequantization, its own Q/K un-permutation)
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(tmp_path), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with shared_gguf_parsing():
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(tmp_path), gguf_file=path.name, dtype=torch.float32
+        ).eval()
 
     def reference(ids: list[int]) -> torch.Tensor:
         with torch.no_grad():
