@@ -20,9 +20,10 @@ def architecture_of(config) -> str:
             return name
     if not names and getattr(config, "model_type", None) in BY_MODEL_TYPE:
         return BY_MODEL_TYPE[config.model_type]
+    model_type = getattr(config, "model_type", None) or "unset"
+    given = ", ".join(names) or f"(config.json names none; its model_type is {model_type})"
     raise UnsupportedModelError(
-        f"unsupported architecture {', '.join(names) or '(none given in config.json)'}; "
-        f"supported: {', '.join(ARCHITECTURES)}"
+        f"unsupported architecture {given}; supported: {', '.join(ARCHITECTURES)}"
     )
 
 

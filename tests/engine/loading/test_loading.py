@@ -137,6 +137,10 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     )
     with pytest.raises(UnsupportedModelError, match=r"LlamaForCausalLM.*Qwen3ForCausalLM"):
         LLM(str(tmp_path), load_format="dummy")
+    # a config saved without `architectures` is known by its model_type, and named by it
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3"}))
+    with pytest.raises(UnsupportedModelError, match=r"names none; its model_type is deepseek_v3"):
+        LLM(str(tmp_path), load_format="dummy")
 
 
 def tiny_checkpoint(path: Path, config: dict):
