@@ -4,6 +4,7 @@ session."""
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import os
 import shutil
@@ -54,18 +55,22 @@ def pytest_unconfigure(config):
     prebuild_kernels.finish(_PREBUILD)
 
 
+@functools.cache
+def _calls_serve_process(function) -> bool:
+    """Whether `function`'s source calls serve_process() (read once per function: the items of a
+    collection share their fixtures, and reading each item's again took seconds a worker)."""
+    try:
+        return "serve_process(" in inspect.getsource(function)
+    except (OSError, TypeError):  # no source: a builtin or generated fixture
+        return False
+
+
 def _starts_a_server(item) -> bool:
     """Whether the test, or a fixture it takes, calls serve_process() (a `localchat serve`)."""
     functions = [getattr(item, "function", None)]
     for definitions in item._fixtureinfo.name2fixturedefs.values():
         functions += [definition.func for definition in definitions]
-    for function in functions:
-        try:
-            if function is not None and "serve_process(" in inspect.getsource(function):
-                return True
-        except (OSError, TypeError):  # no source: a builtin or generated fixture
-            continue
-    return False
+    return any(function is not None and _calls_serve_process(function) for function in functions)
 
 
 def pytest_collection_modifyitems(items):
