@@ -140,13 +140,14 @@ def test_prefix_cache_and_chunked_prefill_keep_the_tokens(llm, default_gguf):
     assert small.engine.stats().prefix_cache_hits > hits
 
 
-def test_the_context_limit_is_kept(default_gguf):
-    """Drafts never run past max_model_len: a sequence near it ends as it would without them."""
-    plain = LLM(max_model_len=96)
+def test_the_context_limit_is_kept(llm):
+    """Drafts never run past max_model_len: a sequence near it ends as it would without them (as
+    the plain engine's with as many new tokens as the context leaves)."""
     spec = LLM(max_model_len=96, speculative_config=SPEC)
     prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,"
-    params = SamplingParams(temperature=0, ignore_eos=True)
-    a, b = plain.generate([prompt], params), spec.generate([prompt], params)
+    left = 96 - len(llm.engine.tokenize(prompt))
+    a = llm.generate([prompt], SamplingParams(temperature=0, ignore_eos=True, max_tokens=left))
+    b = spec.generate([prompt], SamplingParams(temperature=0, ignore_eos=True))
     assert tokens(a) == tokens(b)
     assert b[0].outputs[0].finish_reason == "length"
     assert spec.engine.stats().spec_accepted_tokens_total > 0
