@@ -103,14 +103,14 @@ def test_sliding_window_groups_give_back_q8_0_blocks(tmp_path, monkeypatch):
     budget of one sequence, whose windows' blocks are given back, chunks of 11 tokens and a batch
     that preempts give a roomy run's replies; its decodes read the window in C++."""
     from tests import family_models
-    from tests.engine.core.test_sliding_window_cache import Run, _prompts
+    from tests.engine.core.test_sliding_window_cache import Run
 
     config_class, model_class, overrides = family_models.FAMILIES["gemma2"]
     wide = (config_class, model_class, {**overrides, "head_dim": 32})
     monkeypatch.setitem(family_models.FAMILIES, "gemma2-head-dim-32", wide)
     family_models.save("gemma2-head-dim-32", tmp_path)
     window = family_models.WINDOW
-    prompts = _prompts([2 * window + 5, 70, 3 * window + 9], seed=2)
+    prompts = family_models.random_prompts([2 * window + 5, 70, 3 * window + 9], seed=2)
     options = dict(max_model_len=128, kv_cache_dtype="q8_0", max_num_seqs=4)
     roomy = LLM(str(tmp_path), kv_cache_memory="16MiB", enable_prefix_caching=False, **options)
     runner = roomy.engine.runner
