@@ -18,10 +18,12 @@ def architecture_of(config) -> str:
     for name in names:
         if name in FAMILIES:
             return name
-    if not names and getattr(config, "model_type", None) in BY_MODEL_TYPE:
-        return BY_MODEL_TYPE[config.model_type]
-    model_type = getattr(config, "model_type", None) or "unset"
-    given = ", ".join(names) or f"(config.json names none; its model_type is {model_type})"
+    model_type = getattr(config, "model_type", None)
+    if not names and model_type in BY_MODEL_TYPE:
+        return BY_MODEL_TYPE[model_type]
+    given = ", ".join(names) or (
+        f"(config.json names none; its model_type is {model_type or 'unset'})"
+    )
     raise UnsupportedModelError(
         f"unsupported architecture {given}; supported: {', '.join(ARCHITECTURES)}"
     )
