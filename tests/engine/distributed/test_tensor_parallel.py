@@ -275,13 +275,13 @@ def test_a_constrained_request_at_tp3_gives_the_json_of_one_rank(default_gguf):
 
     ask = "Return a JSON object with the keys name and age for a person called Ann, aged 30."
     messages = [{"role": "user", "content": ask}]
+    grammars = [response_format_grammar(response_format) for response_format in RESPONSE_FORMATS]
+    assert all(grammar is not None for grammar in grammars)
     texts: dict[int, list[str]] = {}
     for tp in (1, 3):
         llm = LLM(tensor_parallel_size=tp, kv_cache_memory="64MiB", max_model_len=1024)
         try:
-            for response_format in RESPONSE_FORMATS:
-                grammar = response_format_grammar(response_format)
-                assert grammar is not None
+            for grammar in grammars:
                 params = SamplingParams(temperature=0, max_tokens=96, grammar=grammar)
                 output = llm.generate([llm.render_chat(messages)], params)[0].outputs[0]
                 assert output.finish_reason == "stop", output.text  # a whole JSON value
