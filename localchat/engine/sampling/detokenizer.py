@@ -6,6 +6,12 @@ could still become one is held back, so nothing after a stop string is ever stre
 handed out always concatenate to the final text. The stop strings are watched by an automaton
 (engine/sampling/stop_strings.py): each token costs time in its own text, not in the stop strings'
 sizes.
+
+Byte-fallback tokenizers (SentencePiece's: Llama 2, Mistral, Gemma, Phi-3) can make the stream
+fail: a run of byte tokens that is not UTF-8 decodes as replacement characters once the run goes on,
+so text already streamed stops being a prefix of the decode ("Invalid prefix encountered while
+decoding stream"). A sampled sequence can hold such a run; the stream then starts again at the
+token, the run's undecodable bytes dropped (as vLLM does), rather than failing the request.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ class IncrementalDetokenizer:
 
         self._backend = tokenizer._tokenizer  # the Rust tokenizer behind a fast HF tokenizer
         context = prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]
-        self._stream = DecodeStream(context, skip_special_tokens=params.skip_special_tokens)
+        self._skip_special = params.skip_special_tokens
+        self._stream = DecodeStream(context, skip_special_tokens=self._skip_special)
         self._stops = params.stop or []
         self._matcher = StopMatcher(self._stops) if self._stops else None
         self._include_stop = params.include_stop_str_in_output
@@ -36,7 +43,7 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> str | None:
         """Append one token's text; return the stop string it completed, if any (the text is then
         cut)."""
-        chunk = self._stream.step(self._backend, token_id)
+        chunk = self._step(token_id)
         if not chunk:
             return None
         self.text += chunk
@@ -48,6 +55,18 @@ class IncrementalDetokenizer:
         stop = self._stops[match.index]
         self.text = self.text[: match.start + len(stop) if self._include_stop else match.start]
         return stop
+
+    def _step(self, token_id: int) -> str | None:
+        """The stream's next chunk; a stream whose prefix broke (module docstring) starts again."""
+        try:
+            return self._stream.step(self._backend, token_id)
+        except Exception as error:  # tokenizers raises a bare Exception
+            if "Invalid prefix" not in str(error):
+                raise
+        from tokenizers.decoders import DecodeStream
+
+        self._stream = DecodeStream(skip_special_tokens=self._skip_special)
+        return self._stream.step(self._backend, token_id)
 
     def take_delta(self, finished: bool) -> str:
         """The text not handed out yet that can no longer turn into a stop string."""
