@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType, get_tensor_name_map
-from gguf.constants import MODEL_ARCH_NAMES
+from gguf.constants import GGML_QUANT_SIZES, MODEL_ARCH_NAMES
 from gguf.quants import dequantize, quantize
 
 from tests import family_models
@@ -232,6 +232,28 @@ def quantize_blocks(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray
     return np.asarray(quantize(rows, qtype)).view(np.uint8).reshape(*rows.shape[:-1], -1)
 
 
+# where each type's float16 scales lie in its block, and their range
+_RANDOM_SCALES = {
+    T.Q3_K: ([108], (0.0005, 0.002)),
+    T.Q2_K: ([80, 82], (0.001, 0.004)),
+    T.IQ4_XS: ([0], (0.0001, 0.0004)),
+    T.IQ4_NL: ([0], (0.0005, 0.002)),
+}
+
+
+def random_blocks(shape: tuple[int, ...], qtype: GGMLQuantizationType, seed: int = 0) -> np.ndarray:
+    """uint8 blocks of qtype for a [..., n] tensor: random code bytes, finite float16 scales."""
+    per_block, size = GGML_QUANT_SIZES[qtype]
+    count = int(np.prod(shape)) // per_block
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (count, size), dtype=np.uint8)
+    offsets, (low, high) = _RANDOM_SCALES[qtype]
+    for at in offsets:
+        scale = rng.uniform(low, high, (count, 1)).astype(np.float16)
+        blocks[:, at : at + 2] = scale.view(np.uint8)
+    return blocks.reshape(*shape[:-1], shape[-1] // per_block * size)
+
+
 def _f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16)
 
@@ -321,9 +343,13 @@ def quantized_reference(model, family: str, quant: str):
 # --- the file ------------------------------------------------------------------------------------
 
 
-def write_gguf(model, family: str, path: Path, quant: str = "f32", tokenizer=None) -> Path:
+def write_gguf(
+    model, family: str, path: Path, quant: str = "f32", tokenizer=None, random_type=None
+) -> Path:
     """Write `model` as llama.cpp's converter would for the family, its matrices in `quant`;
-    `tokenizer(writer, arch)` writes the vocabulary where this module's is not the model's."""
+    `tokenizer(writer, arch)` writes the vocabulary where this module's is not the model's. With
+    `random_type` (a type gguf-py cannot quantize), every matrix whose rows it can hold is random
+    blocks of it instead (random_blocks: the file is then not the model)."""
     arch = GGUF_FAMILIES[family][0]
     writer = GGUFWriter(str(path), arch)
     _add_metadata(writer, model.config, arch)
@@ -331,7 +357,14 @@ def write_gguf(model, family: str, path: Path, quant: str = "f32", tokenizer=Non
     for _, gguf, tensor in _arch_tensors(model, arch):
         qtype = gguf_type(gguf, tensor, quant)
         array = tensor.contiguous().numpy().astype(np.float32)
-        if qtype == T.F32:
+        per_block = GGML_QUANT_SIZES[random_type][0] if random_type else 0
+        if (
+            random_type
+            and gguf_type(gguf, tensor, "q8_0") != T.F32
+            and array.shape[-1] % per_block == 0
+        ):
+            writer.add_tensor(gguf, random_blocks(array.shape, random_type), raw_dtype=random_type)
+        elif qtype == T.F32:
             writer.add_tensor(gguf, array)
         elif qtype == T.F16:
             writer.add_tensor(gguf, array.astype(np.float16))

@@ -23,6 +23,7 @@ from localchat.engine.loading.gguf_names import TensorTarget
 from localchat.engine.loading.gguf_names import tensor_target as _target
 from localchat.engine.loading.gguf_repack import DENSE_TYPES, QUANTIZED_TYPES, dense, repack
 from localchat.engine.loading.gguf_rows import GgufRows
+from localchat.engine.loading.gguf_transcode import TRANSCODED, transcode
 from localchat.errors import InvalidModelFileError, UnsupportedModelError
 from localchat.kernels.packed_weight import PackedWeight
 from localchat.models.gguf_header import GGUFHeader, read_header
@@ -195,11 +196,11 @@ def _check_type(entry: dict, path: Path) -> None:
     from gguf import GGMLQuantizationType
 
     qtype = GGMLQuantizationType(entry["type"])
-    if qtype in DENSE_TYPES or qtype in QUANTIZED_TYPES:
+    if qtype in DENSE_TYPES or qtype in QUANTIZED_TYPES or qtype in TRANSCODED:
         return
     raise UnsupportedModelError(
         f"{path.name}: tensor {entry['name']} has GGUF type {qtype.name}; supported: "
-        f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES))}"
+        f"{', '.join(t.name for t in (*DENSE_TYPES, *QUANTIZED_TYPES, *TRANSCODED))}"
     )
 
 
@@ -273,6 +274,9 @@ def _weight(
         order = _unpermute_index(shape[0], heads)
     # a norm, a bias or a gate vector: float32 (llama.cpp keeps them so)
     small = bool(target.shift or target.row_vector or len(shape) == 1)
+    if qtype in TRANSCODED and not (dequantize or small):  # blocks the kernels read, in memory
+        blocks, qtype = transcode(raw.reshape(shape[0], -1), qtype)
+        raw = blocks.reshape(-1)
     weight: torch.Tensor
     if qtype in DENSE_TYPES:
         weight = dense(raw, qtype, shape)

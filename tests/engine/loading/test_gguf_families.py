@@ -143,7 +143,7 @@ def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = 
         return original(name, tensor, quant)
 
     def blocks(rows, qtype):
-        if qtype == expert_type and qtype == GGMLQuantizationType.IQ4_NL:
+        if qtype == expert_type and qtype == GGMLQuantizationType.Q8_1:
             values, size = GGML_QUANT_SIZES[qtype]
             return np.zeros((*rows.shape[:-1], rows.shape[-1] // values * size), dtype=np.uint8)
         return original_blocks(rows, qtype)
@@ -161,9 +161,11 @@ def _write_gpt_oss(path, expert_type: GGMLQuantizationType, extra: str | None = 
 
 
 def test_unknown_types_and_tensors_are_refused_by_name(tmp_path, cache_dir):
-    """(gpt-oss's MXFP4 experts load: tests/kernels/cpu/test_mxfp4_experts.py.)"""
-    path = _write_gpt_oss(tmp_path / "gpt-oss-iq4_nl.gguf", GGMLQuantizationType.IQ4_NL)
-    with pytest.raises(UnsupportedModelError, match=r"ffn_gate_exps.weight has GGUF type IQ4_NL"):
+    """(gpt-oss's MXFP4 experts load: tests/kernels/cpu/test_mxfp4_experts.py; Q3_K, IQ4_NL,
+    IQ4_XS and Q2_K are rewritten at load: test_gguf_transcode.py.) Q8_1 (ggml's activation type,
+    never a file's weights) stands for the types we cannot read."""
+    path = _write_gpt_oss(tmp_path / "gpt-oss-q8_1.gguf", GGMLQuantizationType.Q8_1)
+    with pytest.raises(UnsupportedModelError, match=r"ffn_gate_exps.weight has GGUF type Q8_1"):
         LLM(str(path), **OPTIONS)
     path = _write_gpt_oss(tmp_path / "gpt-oss-extra.gguf", GGMLQuantizationType.Q8_0, "blk.0.x.y")
     with pytest.raises(UnsupportedModelError, match=r"'blk.0.x.y' is not supported"):
