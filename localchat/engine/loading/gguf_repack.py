@@ -56,7 +56,7 @@ QUANTIZED_TYPES = tuple(sorted((T(t.ggml_id) for t in QUANT_TYPES), key=int))
 _TYPES = {T(t.ggml_id): t for t in QUANT_TYPES}
 
 
-def _bytes(data: np.ndarray) -> torch.Tensor:
+def byte_tensor(data: np.ndarray) -> torch.Tensor:
     """A uint8 tensor sharing `data`'s (read-only, memory-mapped) buffer; we never write to it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -87,7 +87,7 @@ def repack(
     (kernels/csrc/gguf_repack.h) when the CPU kernels are built, else the torch reference below; the
     two are equal bit for bit."""
     rows = shape[0]
-    raw = _bytes(data).reshape(rows, -1)
+    raw = byte_tensor(data).reshape(rows, -1)
     ext = cpu_kernels()
     if ext is None:
         weight = repack_reference(raw, qtype, rows)
@@ -157,4 +157,4 @@ def dense(data: np.ndarray, qtype: T, shape: tuple[int, ...]) -> torch.Tensor:
     """An F32/F16/BF16 tensor as a torch tensor of its own dtype (a copy: the mapped file is
     read-only)."""
     dtype = DENSE_TYPES[qtype]
-    return _bytes(data).view(dtype).reshape(shape).clone()
+    return byte_tensor(data).view(dtype).reshape(shape).clone()

@@ -23,6 +23,9 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from localchat.engine.loading.gguf_repack import byte_tensor
+from localchat.kernels.cpu_extension import cpu_kernels
+
 # IQ4_NL's and IQ4_XS's code values
 IQ4_VALUES = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
@@ -33,11 +36,20 @@ _BLOCK_BYTES = {T.Q3_K: 110, T.IQ4_NL: 18, T.IQ4_XS: 136, T.Q2_K: 84}
 
 def transcode(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
     """raw (uint8 [rows, row bytes] of qtype's blocks) as uint8 [rows, row bytes] of
-    TRANSCODED[qtype]'s blocks, and that type."""
+    TRANSCODED[qtype]'s blocks, and that type: the C++ version (kernels/csrc/gguf_transcode.h,
+    the blocks shared between threads) where the CPU kernels are built, else numpy's below."""
+    ext = cpu_kernels()
+    if ext is not None:
+        return ext.transcode_gguf(byte_tensor(raw), int(qtype)).numpy(), TRANSCODED[qtype]
+    return transcode_reference(raw, qtype)
+
+
+def transcode_reference(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
+    """`transcode` in numpy."""
     rows = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(-1, _BLOCK_BYTES[qtype])
     if qtype == T.Q3_K:
-        out = _q6_k_blocks(*_q3_k_values(blocks))
+        out = _q3_k_as_q6_k(blocks)
     elif qtype == T.IQ4_NL:
         out = _q8_0_blocks(blocks[:, :2].copy().view(np.float16)[:, 0], _iq4_values(blocks[:, 2:]))
     elif qtype == T.IQ4_XS:
@@ -49,36 +61,35 @@ def transcode(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
     return out.reshape(rows, -1), TRANSCODED[qtype]
 
 
-def _q3_k_values(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q3_K blocks' values (int8 [n, 256], -4..3), sub-scales (int8 [n, 16], -32..31) and d
-    (float16 bytes [n, 2])."""
-    hmask, qs, packed, d = blocks[:, :32], blocks[:, 32:96], blocks[:, 96:108], blocks[:, 108:110]
-    # weight 128 h + 32 j + i (i < 32) has low bits (qs[32 h + i] >> 2 j) & 3 and its high bit
-    # in bit 4 h + j of hmask[i]; set, it counts as is, clear, 4 below
-    shifts = 2 * np.arange(4, dtype=np.uint8)[None, None, :, None]
-    low = (qs.reshape(-1, 2, 1, 32) >> shifts) & 3
-    bit = np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)
-    high = (hmask[:, None, None, :] >> bit) & 1
-    values = (low.astype(np.int8) - 4 * (1 - high).astype(np.int8)).reshape(-1, 256)
+def _q3_k_as_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """Q3_K blocks [n, 110] as Q6_K blocks [n, 210] of the same values."""
+    # (each field is copied out of the rows, and every operation below runs on whole contiguous
+    # arrays: numpy's broadcasts over strided views and short inner axes ran ten times slower)
+    hmask, qs, packed, d = (
+        np.ascontiguousarray(blocks[:, a:b]) for a, b in ((0, 32), (32, 96), (96, 108), (108, 110))
+    )
+    n = blocks.shape[0]
+    # weight 128 h + 32 j + i (i < 32) has low bits (qs[32 h + i] >> 2 j) & 3 and its high bit in
+    # bit 4 h + j of hmask[i]; set, it counts as is, clear, 4 below. As a Q6_K code (value + 32):
+    # low + 4 * high + 28, codes[j][:, h, i]
+    codes = []
+    for j in range(4):
+        low = ((qs >> (2 * j)) & 3).reshape(n, 2, 32)
+        high = np.stack([(hmask >> j) & 1, (hmask >> (4 + j)) & 1], axis=1)
+        codes.append(low | (high << 2) + 28)
+    # Q6_K: ql[64 h + l] holds code j = 0 (low nibble) and 2 (high), ql[64 h + 32 + l] j = 1 and
+    # 3; qh[32 h + l] the top two bits of j = 0, 1, 2, 3 from bit 0 up
+    ql = np.stack(
+        [(codes[0] & 0xF) | (codes[2] << 4), (codes[1] & 0xF) | (codes[3] << 4)], axis=2
+    ).reshape(n, 128)
+    qh = (codes[0] >> 4) | (codes[1] >> 4 << 2) | (codes[2] >> 4 << 4) | (codes[3] >> 4 << 6)
     # sub-scale k: the low nibbles of bytes 0-7 for k < 8, their high nibbles after, with two top
-    # bits each from bytes 8-11 (byte 8 + k % 4, bits 2 (k // 4) and up)
+    # bits each from bytes 8-11 (byte 8 + k % 4, bits 2 (k // 4) and up); Q6_K's are int8
     low4 = np.concatenate([packed[:, :8] & 0xF, packed[:, :8] >> 4], axis=1)
     top = packed[:, 8:12]
     top2 = np.concatenate([(top >> (2 * q)) & 3 for q in range(4)], axis=1)
-    scales = ((low4 | (top2 << 4)).astype(np.int16) - 32).astype(np.int8)
-    return values, scales, d
-
-
-def _q6_k_blocks(values: np.ndarray, scales: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Q6_K blocks of values (int8 [n, 256], -32..31) under sub-scales (int8 [n, 16]) and d."""
-    codes = (values.astype(np.int16) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # [n, h, k, l]
-    low, high = codes & 0xF, codes >> 4
-    # ql[64 h + l] holds k = 0 (low nibble) and 2 (high), ql[64 h + 32 + l] k = 1 and 3
-    ql = np.stack([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
-    # qh[32 h + l] holds the top two bits of k = 0, 1, 2, 3 from bit 0 up
-    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
-    n = values.shape[0]
-    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), scales.view(np.uint8), d], axis=1)
+    scales = (low4 | (top2 << 4)) - np.uint8(32)  # int8's bytes (wrapping as two's complement)
+    return np.concatenate([ql, qh.reshape(n, 64), scales, d], axis=1)
 
 
 def _iq4_values(qs: np.ndarray) -> np.ndarray:

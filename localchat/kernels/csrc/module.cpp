@@ -5,6 +5,7 @@
 #include "decode_attention.h"
 #include "decode_layer.h"
 #include "gguf_repack.h"
+#include "gguf_transcode.h"
 #include "kv_store.h"
 #include "quant_linear.h"
 #include "quant_restore.h"
@@ -22,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_kv_q8_0", &store_kv_q8_0, NoGil(), "quantize keys and values into their slots of a q8_0 KV pool");
   m.def("add_rms_norm", &add_rms_norm, NoGil(), "residual += x; rms_norm(residual) (float32)");
   m.def("repack_gguf", &repack_gguf, NoGil(), "GGUF quantized blocks -> [qweight, scales(, mins)] of a PackedWeight");
+  m.def("transcode_gguf", &transcode_gguf, NoGil(), "Q3_K, IQ4_NL, IQ4_XS or Q2_K blocks -> Q6_K or Q8_0 blocks");
   m.def("sample_tokens", &sample_tokens, NoGil(), "one token per logits row: greedy, or temperature/top-k/top-p/min-p and the race");
   m.def("interleave_weight", &interleave_weight, NoGil(), "a packed weight's rows into (or, back=True, out of) the interleaved layout, in place");
   m.def("dequantize", &dequantize, NoGil(), "the dense float32 weight of a packed u4/u8 weight");

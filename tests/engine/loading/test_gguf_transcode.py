@@ -11,16 +11,18 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 from localchat import LLM
-from localchat.engine.loading.gguf_transcode import TRANSCODED, transcode
+from localchat.engine.loading.gguf_transcode import TRANSCODED, transcode, transcode_reference
+from localchat.kernels.cpu_extension import cpu_kernels
 from tests.gguf_writer import build, random_blocks, write_gguf
 
 ROWS = 6
 
 
 @pytest.mark.parametrize("qtype", list(TRANSCODED))
-def test_rewritten_blocks_dequantize_to_the_originals_floats(qtype):
+@pytest.mark.parametrize("rewrite", [transcode, transcode_reference], ids=["kernels", "numpy"])
+def test_rewritten_blocks_dequantize_to_the_originals_floats(qtype, rewrite):
     raw = random_blocks((ROWS, 768), qtype)
-    blocks, target = transcode(raw, qtype)
+    blocks, target = rewrite(raw, qtype)
     assert target == TRANSCODED[qtype] and blocks.dtype == np.uint8 and blocks.shape[0] == ROWS
     original = dequantize(raw, qtype)
     rewritten = dequantize(blocks, target)
@@ -33,6 +35,15 @@ def test_rewritten_blocks_dequantize_to_the_originals_floats(qtype):
         # rounding to float16 times the largest code (127 * 2^-11 of a step)
         step = np.abs(original.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
         assert (np.abs(rewritten - original).reshape(-1, 32) <= 0.57 * step).all()
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="the C++ kernels are not built here")
+@pytest.mark.parametrize("qtype", [T.Q3_K, T.IQ4_NL, T.IQ4_XS])
+def test_the_kernels_rewrite_as_numpy_does(qtype):
+    """The C++ rewrite (the threads' share of blocks) equals numpy's bit for bit; rows taken from
+    a wider array (a stride) as the file's map gives them."""
+    raw = random_blocks((ROWS, 2048), qtype, seed=5)[:, : random_blocks((1, 1024), qtype).shape[1]]
+    np.testing.assert_array_equal(transcode(raw, qtype)[0], transcode_reference(raw, qtype)[0])
 
 
 @pytest.mark.parametrize("qtype", [T.Q3_K, T.IQ4_XS])
