@@ -59,7 +59,7 @@ def parity_prompts(llm):
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(hf_model, parity_prompts):
+def hf_parity_outputs(hf_model, parity_prompts):
     """HF greedy continuation of each prompt, run alone (no padding), EOS banned like min_tokens
     does."""
     outputs = []

@@ -40,21 +40,21 @@ def assert_all_blocks_free(llm):
     assert not llm.engine.has_unfinished()
 
 
-def test_greedy_matches_hf_in_one_mixed_batch(llm, parity_prompts, hf_greedy):
+def test_greedy_matches_hf_in_one_mixed_batch(llm, parity_prompts, hf_parity_outputs):
     assert len(parity_prompts) >= 8 and len({len(p) for p in parity_prompts}) >= 6
-    assert_same(generate_ids(llm, parity_prompts), hf_greedy)
+    assert_same(generate_ids(llm, parity_prompts), hf_parity_outputs)
     assert_all_blocks_free(llm)
 
 
-def test_preemption_keeps_outputs(parity_prompts, hf_greedy):
+def test_preemption_keeps_outputs(parity_prompts, hf_parity_outputs):
     # 24 blocks of 16 tokens: one long prompt and its output fit, the whole batch does not.
     llm = LLM(quantization="none", max_model_len=384, kv_cache_memory=24 * 16 * 2 * 30 * 3 * 64 * 4)
-    assert_same(generate_ids(llm, parity_prompts), hf_greedy)
+    assert_same(generate_ids(llm, parity_prompts), hf_parity_outputs)
     assert llm.engine.scheduler.num_preemptions > 0
     assert_all_blocks_free(llm)
 
 
-def test_chunked_prefill_keeps_outputs(parity_prompts, hf_greedy):
+def test_chunked_prefill_keeps_outputs(parity_prompts, hf_parity_outputs):
     llm = LLM(quantization="none", max_num_batched_tokens=16, max_num_seqs=16)
     engine = llm.engine
     chunked = []
@@ -71,18 +71,18 @@ def test_chunked_prefill_keeps_outputs(parity_prompts, hf_greedy):
         return batch
 
     engine.scheduler.schedule = spy
-    assert_same(generate_ids(llm, parity_prompts), hf_greedy)
+    assert_same(generate_ids(llm, parity_prompts), hf_parity_outputs)
     assert chunked, "no prompt was split across steps"
     assert_all_blocks_free(llm)
 
 
-def test_prefix_caching_off_keeps_outputs(parity_prompts, hf_greedy):
+def test_prefix_caching_off_keeps_outputs(parity_prompts, hf_parity_outputs):
     llm = LLM(quantization="none", enable_prefix_caching=False)
-    assert_same(generate_ids(llm, parity_prompts), hf_greedy)
+    assert_same(generate_ids(llm, parity_prompts), hf_parity_outputs)
     assert llm.engine.block_manager.prefix_cache_hits == 0
 
 
-def test_request_added_mid_decode_keeps_outputs(llm, parity_prompts, hf_greedy):
+def test_request_added_mid_decode_keeps_outputs(llm, parity_prompts, hf_parity_outputs):
     engine = llm.engine
     results: dict[str, list[int]] = {}
     for i in range(4):
@@ -99,5 +99,5 @@ def test_request_added_mid_decode_keeps_outputs(llm, parity_prompts, hf_greedy):
     ordered = [results[f"early-{i}"] for i in range(4)] + [
         results[f"late-{i}"] for i in range(4, len(parity_prompts))
     ]
-    assert_same(ordered, hf_greedy)
+    assert_same(ordered, hf_parity_outputs)
     assert_all_blocks_free(llm)
