@@ -194,22 +194,12 @@ LLAMA_CPP_DIFFERS = {"phi3": "llama.cpp disables Phi-3's sliding window"}
     importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
 )
 def test_logits_follow_llama_cpp_on_the_same_file(family):
-    from llama_cpp import Llama
+    from tests.llama_cpp_peer import llama_cpp, prompt_logits
 
     name, _, f32, _ = family
     if name in LLAMA_CPP_DIFFERS:
         pytest.skip(LLAMA_CPP_DIFFERS[name])
     prompt = _prompt(PROMPT_LENGTH)
     ours = LLM(str(f32), **EXACT).engine.prompt_logits(prompt)
-    peer = Llama(
-        model_path=str(f32),
-        n_ctx=256,
-        n_batch=256,
-        n_ubatch=256,
-        logits_all=True,
-        n_threads=2,
-        verbose=False,
-    )
-    peer.eval(prompt)
-    theirs = torch.from_numpy(np.array(peer.scores[: len(prompt)], dtype=np.float32))
+    theirs = prompt_logits(llama_cpp(f32), prompt)
     assert _top1_agreement(ours, theirs) >= 0.99
