@@ -11,8 +11,9 @@ way, each tensor's blocks rewritten in memory (not read from the file's map):
 - IQ4_XS -> Q8_0: the table's values under d * (6-bit sub-scale - 32) per 32, that product
   rounded to float16 (at most 2^-11 of a group's scale). 8.5 bits instead of 4.25.
 - Q2_K -> Q8_0: its groups of 16 carry their own minimum, which no kept type has, so each block is
-  dequantized and quantized again as Q8_0 (an error of at most half a step of 1/127 of each 32
-  weights' largest, far below Q2_K's own). 8.5 bits instead of 2.625.
+  dequantized and quantized again as Q8_0 (an error of about half a step, 1/127 of each 32
+  weights' largest, the step itself rounded to float16; Q2_K's own steps are a third of its
+  groups' range). 8.5 bits instead of 2.625.
 
 Layouts as ggml's (ggml-common.h): Q3_K is hmask[32] qs[64] scales[12] d, Q6_K ql[128] qh[64]
 scales[16] d, IQ4_NL d qs[16], IQ4_XS d scales_h scales_l[4] qs[128], Q8_0 d qs[32].
