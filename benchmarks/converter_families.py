@@ -309,6 +309,7 @@ def _family(
         reference = _ours(path, quantization="none").engine.prompt_logits(logit_prompt)
         dequantized = _dequantized_copy(path, work / f"{family}-{name.lower()}-dequantized.gguf")
         peer_float = Peer(dequantized).logits(logit_prompt)
+        dequantized.unlink()  # float32 again: most of the work directory's bytes
         ours_logits, theirs_logits = (
             llm.engine.prompt_logits(logit_prompt),
             peer.logits(logit_prompt),
