@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -363,7 +364,8 @@ def write_gguf(
             and gguf_type(gguf, tensor, "q8_0") != T.F32
             and array.shape[-1] % per_block == 0
         ):
-            writer.add_tensor(gguf, random_blocks(array.shape, random_type), raw_dtype=random_type)
+            blocks = random_blocks(array.shape, random_type, seed=zlib.crc32(gguf.encode()))
+            writer.add_tensor(gguf, blocks, raw_dtype=random_type)
         elif qtype == T.F32:
             writer.add_tensor(gguf, array)
         elif qtype == T.F16:
