@@ -22,17 +22,15 @@ scales[16] d, IQ4_NL d qs[16], IQ4_XS d scales_h scales_l[4] qs[128], Q8_0 d qs[
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from gguf.quants import IQ4_NL
 
 from localchat.engine.loading.gguf_repack import byte_tensor
 from localchat.kernels.cpu_extension import cpu_kernels
 
-# IQ4_NL's and IQ4_XS's code values
-IQ4_VALUES = np.array(
-    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
-)
+IQ4_VALUES = np.array(IQ4_NL.kvalues, dtype=np.int8)  # IQ4_NL's and IQ4_XS's code values
 TRANSCODED = {T.Q3_K: T.Q6_K, T.IQ4_NL: T.Q8_0, T.IQ4_XS: T.Q8_0, T.Q2_K: T.Q8_0}
-_BLOCK_BYTES = {T.Q3_K: 110, T.IQ4_NL: 18, T.IQ4_XS: 136, T.Q2_K: 84}
 
 
 def transcode(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
@@ -48,7 +46,7 @@ def transcode(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
 def transcode_reference(raw: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
     """`transcode` in numpy."""
     rows = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(-1, _BLOCK_BYTES[qtype])
+    blocks = np.ascontiguousarray(raw).reshape(-1, GGML_QUANT_SIZES[qtype][1])
     if qtype == T.Q3_K:
         out = _q3_k_as_q6_k(blocks)
     elif qtype == T.IQ4_NL:

@@ -5,25 +5,15 @@
 #pragma once
 #include "torch_api.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "quant/common.h"
+#include "quant/generic/kv_q8.h"
 
 namespace {
 
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-inline float half_bytes_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return static_cast<float>(at::Half(bits, at::Half::from_bits()));
-}
-
-inline void store_half(uint8_t* p, float value) {
-  const uint16_t bits = at::Half(value).x;
-  std::memcpy(p, &bits, 2);
-}
 
 // A Q3_K block (hmask[32] qs[64] scales[12] d) as a Q6_K block (ql[128] qh[64] scales[16] d) of the same values.
 inline void q3_k_to_q6_k(const uint8_t* in, uint8_t* out) {
@@ -66,21 +56,22 @@ inline void iq4_values(const uint8_t* qs, uint8_t* out) {
 
 // An IQ4_XS block (d scales_h scales_l[4] qs[128]) as 8 Q8_0 blocks, each scale d * (sub-scale - 32) in float16.
 inline void iq4_xs_to_q8_0(const uint8_t* in, uint8_t* out) {
-  const float d = half_bytes_to_float(in);
+  const float d = half_to_float(load_half_bits(in));
   uint16_t high;
   std::memcpy(&high, in + 2, 2);
   for (int g = 0; g < 8; ++g) {
     const int sub = ((in[4 + g / 2] >> (4 * (g % 2))) & 0xF) | (((high >> (2 * g)) & 3) << 4);
-    store_half(out + 34 * g, d * static_cast<float>(sub - 32));
+    const uint16_t scale = float_to_half(d * static_cast<float>(sub - 32));
+    std::memcpy(out + 34 * g, &scale, 2);
     iq4_values(in + 8 + 16 * g, out + 34 * g + 2);
   }
 }
 
-// A Q2_K block (scales[16] qs[64] d dmin) dequantized as ggml does, then as 8 Q8_0 blocks quantized as ggml's
-// reference quantizer (and gguf-py's) does: d = max |x| / 127, codes round(x / d).
+// A Q2_K block (scales[16] qs[64] d dmin) dequantized as ggml does, then as 8 Q8_0 blocks quantized as the q8_0 KV
+// pool's are (generic::kv_q8_quantize: d = max |x| / 127, codes x / d rounded to nearest even).
 inline void q2_k_to_q8_0(const uint8_t* in, uint8_t* out) {
   const uint8_t *scales = in, *qs = in + 16;
-  const float d = half_bytes_to_float(in + 80), dmin = half_bytes_to_float(in + 82);
+  const float d = half_to_float(load_half_bits(in + 80)), dmin = half_to_float(load_half_bits(in + 82));
   float y[256];
   for (int h = 0; h < 2; ++h) {
     for (int j = 0; j < 4; ++j) {
@@ -94,16 +85,7 @@ inline void q2_k_to_q8_0(const uint8_t* in, uint8_t* out) {
       }
     }
   }
-  for (int g = 0; g < 8; ++g) {
-    const float* x = y + 32 * g;
-    float amax = 0.f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax / 127.f, inverse = scale != 0.f ? 1.f / scale : 0.f;
-    store_half(out + 34 * g, scale);
-    for (int i = 0; i < 32; ++i) {
-      out[34 * g + 2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[i] * inverse)));
-    }
-  }
+  generic::kv_q8_quantize(y, 256, reinterpret_cast<KvQ8Block*>(out));
 }
 
 }  // namespace
